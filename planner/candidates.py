@@ -1,0 +1,180 @@
+"""Kernel candidates per node, for each layout its encrypted operands may arrive in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from planner.errors import SlotplanError
+from planner.graph import Graph, Node
+from planner.kernels.base import Candidate
+from planner.kernels.diagonal import DiagonalKernel
+from planner.kernels.fhelipe import FhelipeMatvec
+from planner.kernels.imra import ImraKernel
+from planner.kernels.problem import (
+    ChannelProblem,
+    KernelError,
+    conv_problem,
+    margin_layout,
+    matvec_problem,
+)
+from planner.layout import ChannelLayout, LayoutError, natural_layout
+from planner.program import ProgramBuilder, poly_depth
+
+LINEAR_KERNELS = ("imra", "bsgs", "hs-diagonal", "fhelipe")
+ELEMENTWISE_KERNELS = ("elementwise",)
+KERNELS = LINEAR_KERNELS + ELEMENTWISE_KERNELS
+
+
+class PlanError(SlotplanError):
+    """The graph is valid but cannot be planned; names the node and the reason."""
+
+    def __init__(self, rule: str, node: str | None = None):
+        self.node = node
+        self.rule = rule
+        super().__init__(f"node {node!r}: {rule}" if node else rule)
+
+
+def _linear_problem(graph: Graph, node: Node, base: ChannelLayout) -> ChannelProblem:
+    x, w = node.inputs
+    if node.op == "matvec":
+        n, k = graph.shape(x)
+        return matvec_problem(w, x, n, k, base)
+    stride = node.stride or (1, 1)
+    padding = node.padding or (0, 0)
+    groups = node.groups or 1
+    w_shape = graph.shape(w)
+    assert len(w_shape) == 4
+    try:
+        return conv_problem(x, w, (w_shape[0], w_shape[1], w_shape[2], w_shape[3]), base, stride, padding, groups)
+    except LayoutError:
+        c, h, ww = graph.shape(x)
+        m = margin_layout((c, h, ww), base.slots, (w_shape[2], w_shape[3]), stride, padding)
+        return conv_problem(x, w, (w_shape[0], w_shape[1], w_shape[2], w_shape[3]), m, stride, padding, groups)
+
+
+def linear_candidates(
+    graph: Graph, node: Node, base: ChannelLayout, allowed: Sequence[str], free_input: bool
+) -> list[Candidate]:
+    if node.op == "matvec":
+        mat, vec = node.inputs
+        if graph.encrypted(mat):
+            raise PlanError("matvec with an encrypted matrix is not supported: use matmul", node.id)
+        if not graph.encrypted(vec):
+            raise PlanError("matvec needs an encrypted vector operand", node.id)
+    else:
+        x, w = node.inputs
+        if graph.encrypted(w):
+            raise PlanError("conv2d with encrypted filters is not supported (filters are plaintext)", node.id)
+    try:
+        prob = _linear_problem(graph, node, base)
+    except (KernelError, LayoutError) as e:
+        raise PlanError(str(e), node.id) from e
+    out: list[Candidate] = []
+    errors: list[str] = []
+    for kind in allowed:
+        try:
+            if kind == "imra":
+                out.append(ImraKernel(prob, free_input=False).candidate(node.id))
+                if free_input:
+                    out.append(ImraKernel(prob, free_input=True).candidate(node.id))
+            elif kind in ("bsgs", "hs-diagonal"):
+                out.append(DiagonalKernel(prob, kind).candidate(node.id))
+            elif kind == "fhelipe" and node.op == "matvec":
+                out.append(FhelipeMatvec(prob).candidate(node.id))
+        except (KernelError, LayoutError) as e:
+            errors.append(f"{kind}: {e}")
+    if not out:
+        why = "; ".join(errors) if errors else f"no allowed kernel ({', '.join(allowed)}) implements {node.op}"
+        raise PlanError(why, node.id)
+    return out
+
+
+def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
+    def gen() -> tuple[np.ndarray, None]:
+        return lay.index_map(q).copy(), None
+
+    return gen
+
+
+def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[ChannelLayout]]) -> list[Candidate]:
+    """add/sub/mul/poly in the layout of one encrypted operand (the other converts)."""
+    enc = [t for t in node.inputs if graph.encrypted(t)]
+    if not enc:
+        raise PlanError(f"{node.op} has no encrypted operand: fold plaintext-only nodes before planning", node.id)
+    out: list[Candidate] = []
+    seen: set[ChannelLayout] = set()
+    shape = graph.shape(node.id)
+    for t in dict.fromkeys(enc):
+        for lay in bases[t]:
+            if lay.reps != 1:
+                continue
+            lay_out = replace(lay, shape=shape)
+            if lay_out in seen:
+                continue
+            seen.add(lay_out)
+            out.append(_elementwise(graph, node, lay, enc))
+    return out
+
+
+def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -> Candidate:
+    op = node.op
+    a = node.inputs[0]
+    b_ = node.inputs[1] if len(node.inputs) > 1 else None
+    in_layouts = {t: lay.with_clean(False) for t in enc}
+    if op == "poly":
+        coeffs = node.coeffs or (0.0,)
+        clean = lay.clean and coeffs[0] == 0.0
+    elif op == "mul":
+        clean = True if (b_ is not None and not (graph.encrypted(a) and graph.encrypted(b_))) else lay.clean
+    else:
+        clean = lay.clean
+    if op in ("add", "sub") and len(enc) == 2:
+        in_layouts = {t: lay for t in enc}  # clean flags must match to keep clean
+    out_layout = replace(lay, shape=graph.shape(node.id), clean=clean)
+
+    def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
+        outs = []
+        for q in range(lay.n_ct):
+            if op == "poly":
+                coeffs = node.coeffs or (0.0,)
+                outs.append(b.poly(regs[a][q], coeffs, poly_depth(coeffs)))
+                continue
+            assert b_ is not None
+            ea, eb = graph.encrypted(a), graph.encrypted(b_)
+            if ea and eb:
+                ra, rb = regs[a][q], regs[b_][q]
+                if op == "add":
+                    outs.append(b.add(ra, rb))
+                elif op == "sub":
+                    outs.append(b.sub(ra, rb))
+                else:
+                    outs.append(b.rescale(b.cmul(ra, rb)))
+                continue
+            ct, w = (a, b_) if ea else (b_, a)
+            pt = b.plaintext(w, f"pt/{node.id}/{q}", _pt_table_gen(lay, q))
+            r = regs[ct][q]
+            if op == "add":
+                outs.append(b.padd(r, pt))
+            elif op == "mul":
+                outs.append(b.rescale(b.pmul(r, pt)))
+            elif ea:  # ct - w
+                outs.append(b.psub(r, pt))
+            else:  # w - ct = (-1) * ct + w
+                neg = b.const_plaintext(("neg", lay.slots), "pt/const/minus1", lambda: -np.ones(lay.slots))
+                outs.append(b.padd(b.rescale(b.pmul(r, neg)), pt))
+        return outs
+
+    return Candidate(
+        node=node.id, kernel="elementwise", params={"op": op}, in_layouts=in_layouts,
+        out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
+    )
+
+
+def input_layout(graph: Graph, tensor: str, slots: int) -> ChannelLayout:
+    try:
+        return natural_layout(graph.shape(tensor), slots)
+    except LayoutError as e:
+        raise PlanError(f"tensor {tensor!r}: {e}") from e

@@ -1,0 +1,78 @@
+"""Objective weights of the planner, loaded strictly from data/costs/*.json.
+
+Each table gives the weight of one operation of a cost vector in a common unit.  The
+default table is the MetaKernel policy (rotations first); ``slotplan calibrate`` writes
+tables measured on Lattigo for a parameter set.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import SlotplanError
+from planner.kernels.base import CostVector
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+COSTS_DIR = DATA_DIR / "costs"
+# Costs are scaled to integers for the solvers; 1000 keeps 0.001-unit weights exact.
+OBJECTIVE_SCALE = 1000
+
+
+class Weights(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rotation: float = Field(ge=0)
+    hoisted_rotation: float = Field(ge=0)
+    pmul: float = Field(ge=0)
+    cmul: float = Field(ge=0)
+    add: float = Field(ge=0)
+    rescale: float = Field(ge=0)
+    poly: float = Field(ge=0)
+    depth: float = Field(ge=0)
+
+
+class CostTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_: str = Field(alias="schema", pattern=r"^slotplan\.costs/1$")
+    name: str
+    source: str
+    unit: str
+    weights: Weights
+    params: dict[str, object] | None = None
+    measurements: dict[str, object] | None = None
+
+    def score(self, c: CostVector) -> float:
+        w = self.weights
+        plain = c.rotations
+        return (
+            w.rotation * plain
+            + w.pmul * c.pmul
+            + w.cmul * c.cmul
+            + w.add * c.add
+            + w.rescale * c.rescale
+            + w.poly * c.poly
+            + w.depth * c.depth
+        )
+
+    def iscore(self, c: CostVector) -> int:
+        return int(round(self.score(c) * OBJECTIVE_SCALE))
+
+
+class CostTableError(SlotplanError):
+    pass
+
+
+def load_costs(name_or_path: str | Path = "default") -> CostTable:
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = COSTS_DIR / f"{name_or_path}.json"
+    try:
+        raw = json.loads(p.read_text())
+        return CostTable.model_validate(raw)
+    except FileNotFoundError as e:
+        known = sorted(q.stem for q in COSTS_DIR.glob("*.json"))
+        raise CostTableError(f"cost table {str(name_or_path)!r} not found; known: {', '.join(known)}") from e
+    except (ValidationError, json.JSONDecodeError) as e:
+        raise CostTableError(f"cost table {p}: {e}") from e

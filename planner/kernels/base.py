@@ -1,0 +1,118 @@
+"""Kernel candidates and their exact cost vectors.
+
+A candidate knows how to lower itself into a ProgramBuilder.  Its cost vector is obtained
+by lowering it once into a scratch builder and counting instructions, so the cost the
+solver optimises is, by construction, the cost of the program the plan contains.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.layout import ChannelLayout
+from planner.program import ProgramBuilder
+
+# in_regs: per encrypted operand, the registers of its ciphertexts (in layout order)
+LowerFn = Callable[[ProgramBuilder, dict[str, list[str]]], list[str]]
+
+
+@dataclass(frozen=True)
+class CostVector:
+    rotations: int = 0
+    rot_keys: frozenset[int] = frozenset()
+    hoisted_groups: int = 0
+    pmul: int = 0
+    cmul: int = 0
+    add: int = 0
+    rescale: int = 0
+    poly: int = 0
+    depth: int = 0
+    plaintexts: int = 0
+    ciphertexts_out: int = 0
+    slot_utilization: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rotations": self.rotations,
+            "rotation_keys": len(self.rot_keys),
+            "hoisted_groups": self.hoisted_groups,
+            "pmul": self.pmul,
+            "cmul": self.cmul,
+            "add": self.add,
+            "rescale": self.rescale,
+            "poly": self.poly,
+            "depth": self.depth,
+            "plaintexts": self.plaintexts,
+            "ciphertexts_out": self.ciphertexts_out,
+            "slot_utilization": round(self.slot_utilization, 6),
+        }
+
+
+def count_program(
+    instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float
+) -> CostVector:
+    ops: Counter[str] = Counter()
+    keys: set[int] = set()
+    rotations = 0
+    hoisted = 0
+    for ins in instrs:
+        op = ins["op"]
+        ops[op] += 1
+        if op == "rot":
+            rotations += 1
+            keys.add(ins["k"])
+        elif op == "rot_hoisted":
+            rotations += len(ins["ks"])
+            keys.update(ins["ks"])
+            hoisted += 1
+    return CostVector(
+        rotations=rotations,
+        rot_keys=frozenset(keys),
+        hoisted_groups=hoisted,
+        pmul=ops["pmul"],
+        cmul=ops["cmul"],
+        add=ops["add"] + ops["sub"] + ops["padd"] + ops["psub"],
+        rescale=ops["rescale"],
+        poly=ops["poly"],
+        depth=depth_out - depth_in,
+        plaintexts=n_pt,
+        ciphertexts_out=n_out,
+        slot_utilization=util,
+    )
+
+
+@dataclass
+class Candidate:
+    node: str
+    kernel: str  # "imra" | "hs-diagonal" | "bsgs" | "fhelipe" | "elementwise" | ...
+    params: dict[str, Any]
+    in_layouts: dict[str, ChannelLayout]  # encrypted operand -> layout it consumes
+    out_layout: ChannelLayout
+    lower: LowerFn
+    slot_utilization: float = 0.0
+    note: str = ""
+    _cost: CostVector | None = field(default=None, repr=False)
+
+    def cost(self, slots: int) -> CostVector:
+        if self._cost is None:
+            b = ProgramBuilder(slots)
+            regs: dict[str, list[str]] = {}
+            for name, lay in self.in_layouts.items():
+                regs[name] = []
+                for _ in range(lay.n_ct):
+                    r = b._reg(0)
+                    regs[name].append(r)
+            outs = self.lower(b, regs)
+            d_out = max((b.depth[r] for r in outs), default=0)
+            self._cost = count_program(
+                b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization
+            )
+        return self._cost
+
+    @property
+    def label(self) -> str:
+        ps = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if not isinstance(v, dict))
+        return f"{self.kernel}({ps})"

@@ -1,0 +1,378 @@
+"""CKKS parameters (SPEC section 3): presets, JSON form, validation and the memory model.
+
+A :class:`Params` is a validated, immutable, hashable parameter set: ring degree
+``N = 2**log_n`` (``slots = N/2``), the bit sizes of the ciphertext primes ``log_q``
+(``q_0`` first; ``max_level = len(log_q) - 1``), of the key-switching primes ``log_p``
+and the default scale ``2**log_scale``. These are exactly the inputs of Lattigo v6's
+``ckks.ParametersLiteral{LogN, LogQ, LogP, LogDefaultScale}``.
+
+Memory model (bytes), matching Lattigo v6 ``BinarySize()`` (which stores every residue
+coefficient as one ``uint64`` word, whatever the prime's bit size):
+
+* ciphertext at level l:  ``2 * (l+1) * N * 8``
+* plaintext at level l:   ``(l+1) * N * 8``
+* one rotation (Galois) key generated at level l:
+  ``dnum * 2 * (#Q + #P) * N * 8 + KEY_OVERHEAD_BYTES`` with ``#Q = l + 1``,
+  ``#P = len(log_p)`` and ``dnum = ceil(#Q / #P)`` (Lattigo's
+  ``BaseRNSDecompositionVectorSize(levelQ, levelP)``). A key generated at a lower level
+  (``rlwe.EvaluationKeyParameters{LevelQ: l}``) only has the first ``l+1`` Q primes, so
+  both its width ``#Q + #P`` and its gadget length ``dnum`` shrink; it can only serve
+  ciphertexts at level <= l (Lattigo silently computes garbage otherwise).
+* the relinearisation key has the same shape as a Galois key.
+
+Measured in Lattigo v6.1.1 (shared notes): LogN 13 [45,40,40,40]/[50] -> 2.5 MiB per key,
+LogN 14 N14QP438 ([45]+[34]*9 / [43,43]) -> 15 MiB, LogN 16 [60]+[45]*12 / [61]*3 -> 80 MiB,
+LogN 16 QP1761 (34 Q / 4 P primes) -> 342 MiB: all reproduced by the formula (tests).
+
+Relation to FAME's memory model (Eq. 17-18 of the FAME paper): with
+``B_limb = N * B_coeff``, Eq. 17 ``B_Ct^l = 2 (l+1) B_limb`` and Eq. 18
+``B_evk^l = 2 beta (l + k + 1) B_limb`` are the same formulas as ours once
+``B_coeff = 8`` bytes (Lattigo's uint64 words), ``k = #P`` and ``beta = dnum`` (FAME's
+digits have ``alpha = (l+1)/beta`` limbs; in Lattigo ``alpha = #P``, hence
+``beta = ceil((l+1)/#P)``; FAME's Set-B/Set-C (k = 8, beta = 2, L+1 = 16; k = 12, beta = 3,
+L+1 = 32) follow this rule). FAME's *second* form of Eq. 17, ``2 N log Q_l / 8``, counts
+bit-packed residues: that is the information content, not what Lattigo allocates, and it is
+smaller by the factor ``64 / (average prime bits)`` (FAME's "0.43 MB" Set-A ciphertext is
+``2 * 2^13 * 218 / 8`` bytes, while Lattigo would hold 5 limbs of 64-bit words: 640 KiB).
+slotplan models what Lattigo reports, i.e. the word form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import cast
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+
+from planner.errors import ParamsError
+
+__all__ = [
+    "KEY_OVERHEAD_BYTES",
+    "LOG_N_RANGE",
+    "PRESETS",
+    "PRIME_BITS_RANGE",
+    "SECURE_LOG_QP",
+    "WORD_BYTES",
+    "Params",
+    "ParamsLiteral",
+    "load_params",
+    "preset",
+]
+
+# Bytes per residue coefficient in Lattigo's polynomials (uint64).
+WORD_BYTES = 8
+# Fixed part of a serialised Galois key besides its polynomials (Galois element, NthRoot,
+# structure headers), as measured against Lattigo v6 BinarySize (shared notes: "+~544").
+KEY_OVERHEAD_BYTES = 544
+
+# Largest log2(QP) with 128-bit classical security for a uniform ternary secret
+# (HomomorphicEncryption.org standard for N <= 2^15; Lattigo's table for 2^16).
+# There is no published bound for N = 2^17 here: such sets are reported as not secure.
+SECURE_LOG_QP: Mapping[int, int] = MappingProxyType(
+    {10: 27, 11: 54, 12: 109, 13: 218, 14: 438, 15: 881, 16: 1761}
+)
+LOG_N_RANGE = range(10, 18)  # 10..17
+PRIME_BITS_RANGE = range(20, 62)  # 20..61: Lattigo generates NTT primes of at most 61 bits
+MAX_PRIMES = 128  # an absurd chain is a mistake, not a parameter set
+
+
+class ParamsLiteral(BaseModel):
+    """JSON form of a parameter set. Derived fields (``n``, ``slots``, ``max_level``,
+    ``log_qp``, ``secure``) are optional; when present they must agree with the rest, so
+    the output of :meth:`Params.to_json` loads back unchanged."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    log_n: StrictInt
+    log_q: list[StrictInt]
+    log_p: list[StrictInt]
+    log_scale: StrictInt
+    name: StrictStr | None = None
+    note: StrictStr | None = None
+    n: StrictInt | None = None
+    slots: StrictInt | None = None
+    max_level: StrictInt | None = None
+    log_qp: StrictInt | None = None
+    secure: StrictBool | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    """A validated CKKS parameter set (immutable, hashable). Construction validates and
+    raises :class:`ParamsError` naming the field at fault."""
+
+    log_n: int
+    log_q: tuple[int, ...]
+    log_p: tuple[int, ...]
+    log_scale: int
+    name: str = "custom"
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("log_q", "log_p"):
+            value = getattr(self, key)
+            if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+                raise ParamsError(f"must be a list of prime bit sizes, got {value!r}", field=key)
+            object.__setattr__(self, key, tuple(value))
+        _validate(self)
+
+    # -- derived quantities ----------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        """Ring degree N."""
+        return 1 << self.log_n
+
+    @property
+    def slots(self) -> int:
+        """Complex slots of a ciphertext: N/2 (slotplan packs real vectors of this length)."""
+        return self.n // 2
+
+    @property
+    def max_level(self) -> int:
+        return len(self.log_q) - 1
+
+    @property
+    def log_qp(self) -> int:
+        """Total modulus bits log2(Q*P) (sum of the prime sizes)."""
+        return sum(self.log_q) + sum(self.log_p)
+
+    @property
+    def security_limit(self) -> int | None:
+        """Largest log2(QP) that is 128-bit secure at this ring degree (None: unknown)."""
+        return SECURE_LOG_QP.get(self.log_n)
+
+    @property
+    def secure(self) -> bool:
+        """128-bit secure (log_qp within the standard's bound for this N)."""
+        limit = self.security_limit
+        return limit is not None and self.log_qp <= limit
+
+    # -- memory model ------------------------------------------------------------------------
+    def _level(self, level: int | None) -> int:
+        if level is None:
+            return self.max_level
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= self.max_level:
+            raise ParamsError(
+                f"level must be an integer in 0..{self.max_level}, got {level!r}", field="level"
+            )
+        return level
+
+    def dnum(self, level: int | None = None) -> int:
+        """Gadget length (number of RNS digits) of a key generated at ``level``:
+        ``ceil((level+1) / #P)``."""
+        lv = self._level(level)
+        return -(-(lv + 1) // len(self.log_p))
+
+    def ciphertext_bytes(self, level: int | None = None) -> int:
+        """Bytes of one ciphertext (degree 1) at ``level`` (default: max level)."""
+        return 2 * (self._level(level) + 1) * self.n * WORD_BYTES
+
+    def plaintext_bytes(self, level: int | None = None) -> int:
+        """Bytes of one encoded plaintext at ``level`` (default: max level)."""
+        return (self._level(level) + 1) * self.n * WORD_BYTES
+
+    def rotation_key_bytes(self, level: int | None = None) -> int:
+        """Bytes of one Galois (rotation) key generated at ``level`` (default: max level);
+        such a key serves ciphertexts at levels <= ``level``."""
+        lv = self._level(level)
+        return self.dnum(lv) * 2 * (lv + 1 + len(self.log_p)) * self.n * WORD_BYTES + KEY_OVERHEAD_BYTES
+
+    def relin_key_bytes(self, level: int | None = None) -> int:
+        """Bytes of the relinearisation key generated at ``level`` (same shape as a Galois key)."""
+        return self.rotation_key_bytes(level)
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "log_n": self.log_n,
+            "n": self.n,
+            "slots": self.slots,
+            "log_q": list(self.log_q),
+            "log_p": list(self.log_p),
+            "log_scale": self.log_scale,
+            "max_level": self.max_level,
+            "log_qp": self.log_qp,
+            "secure": self.secure,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> Params:
+        """Validate a JSON object (see :class:`ParamsLiteral`). Raises :class:`ParamsError`."""
+        if not isinstance(raw, Mapping):
+            raise ParamsError(f"params must be a JSON object, got {type(raw).__name__}")
+        try:
+            lit = ParamsLiteral.model_validate(dict(raw))
+        except ValidationError as exc:
+            raise _params_error_from_pydantic(exc) from None
+        params = cls(
+            log_n=lit.log_n,
+            log_q=tuple(lit.log_q),
+            log_p=tuple(lit.log_p),
+            log_scale=lit.log_scale,
+            name="custom" if lit.name is None else lit.name,
+            note=lit.note,
+        )
+        derived: dict[str, int | bool] = {
+            "n": params.n,
+            "slots": params.slots,
+            "max_level": params.max_level,
+            "log_qp": params.log_qp,
+            "secure": params.secure,
+        }
+        for key, expected in derived.items():
+            given = getattr(lit, key)
+            if given is not None and given != expected:
+                raise ParamsError(
+                    f"given {key} = {json.dumps(given)} disagrees with the moduli chain, which gives "
+                    f"{json.dumps(expected)}",
+                    field=key,
+                )
+        return params
+
+
+def _validate(p: Params) -> None:
+    if not isinstance(p.name, str) or not p.name.strip():
+        raise ParamsError("name must be a non-empty string", field="name")
+    if p.note is not None and not isinstance(p.note, str):
+        raise ParamsError("note must be a string", field="note")
+    for key in ("log_n", "log_scale"):
+        value = getattr(p, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"must be an integer, got {value!r}", field=key)
+    if p.log_n not in LOG_N_RANGE:
+        raise ParamsError(f"log_n must be in 10..17, got {p.log_n}", field="log_n")
+    for key, chain in (("log_q", p.log_q), ("log_p", p.log_p)):
+        if not chain:
+            raise ParamsError(f"{key} needs at least one prime", field=key)
+        if len(chain) > MAX_PRIMES:
+            raise ParamsError(f"{key} has {len(chain)} primes, over the limit {MAX_PRIMES}", field=key)
+        for i, bits in enumerate(chain):
+            if isinstance(bits, bool) or not isinstance(bits, int):
+                raise ParamsError(f"prime sizes must be integers, got {bits!r}", field=f"{key}[{i}]")
+            if bits not in PRIME_BITS_RANGE:
+                raise ParamsError(f"prime sizes must be 20..61 bits, got {bits}", field=f"{key}[{i}]")
+    if not 1 <= p.log_scale < p.log_q[0]:
+        raise ParamsError(
+            f"log_scale must be in 1..log_q[0]-1 = {p.log_q[0] - 1} (the scale must stay below q0), "
+            f"got {p.log_scale}",
+            field="log_scale",
+        )
+
+
+def _params_error_from_pydantic(exc: ValidationError) -> ParamsError:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = first["loc"]
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    kind = first["type"]
+    value = first.get("input")
+    if kind == "missing":
+        rule = "required field is missing"
+    elif kind == "extra_forbidden":
+        rule = f"unknown field (allowed: {', '.join(ParamsLiteral.model_fields)})"
+    elif kind == "int_type":
+        rule = f"must be an integer, got {value!r}"
+    elif kind == "list_type":
+        rule = f"must be a list of integers, got {type(value).__name__}"
+    else:
+        rule = str(first["msg"])
+    if len(errors) > 1:
+        rule += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return ParamsError(rule, field=path or None)
+
+
+# --------------------------------------------------------------------------------------
+# Presets
+# --------------------------------------------------------------------------------------
+
+PRESETS: Mapping[str, Params] = MappingProxyType(
+    {
+        # log QP = 170 + 50 = 220 > 109: NOT secure; for fast tests only.
+        "n12": Params(
+            12,
+            (50, 40, 40, 40),
+            (50,),
+            40,
+            name="n12",
+            note="test size: log QP = 220 exceeds the 128-bit bound 109 for N = 2^12; insecure",
+        ),
+        # 170 + 48 = 218 <= 218
+        "n13": Params(13, (50, 40, 40, 40), (48,), 40, name="n13", note="128-bit secure (log QP 218 <= 218)"),
+        # 55 + 8*40 + 55 = 430 <= 438
+        "n14": Params(14, (55, *[40] * 8), (55,), 40, name="n14", note="128-bit secure (log QP 430 <= 438)"),
+        # 60 + 15*45 + 2*61 = 857 <= 881
+        "n15": Params(
+            15, (60, *[45] * 15), (61, 61), 45, name="n15", note="128-bit secure (log QP 857 <= 881)"
+        ),
+        # 60 + 22*56 + 7*61 = 1719 <= 1761; the MetaKernel setting (Delta = 2^56, q0 = 2^60)
+        "n16": Params(
+            16,
+            (60, *[56] * 22),
+            (61,) * 7,
+            56,
+            name="n16",
+            note="128-bit secure (log QP 1719 <= 1761); MetaKernel's setting: scale 2^56, q0 ~ 2^60",
+        ),
+    }
+)
+
+
+def preset(name: str) -> Params:
+    """The preset called ``name`` (``n12`` .. ``n16``)."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ParamsError(
+            f"unknown preset {name!r} (presets: {', '.join(PRESETS)}; or give a JSON file)"
+        ) from None
+
+
+def load_params(spec: str | Path | Mapping[str, object] | Params) -> Params:
+    """Params from a preset name, a JSON file path, a JSON text, a dict, or a Params."""
+    if isinstance(spec, Params):
+        return spec
+    if isinstance(spec, Mapping):
+        return Params.from_json(spec)
+    if isinstance(spec, str):
+        if spec in PRESETS:
+            return PRESETS[spec]
+        if spec.lstrip().startswith("{"):
+            return Params.from_json(_decode(spec, "params JSON"))
+        path = Path(spec)
+        if not path.exists() and path.suffix.lower() != ".json":
+            raise ParamsError(
+                f"unknown preset {spec!r} and no such file (presets: {', '.join(PRESETS)}; or give a JSON file)"
+            )
+    elif isinstance(spec, Path):
+        path = spec
+    else:
+        raise ParamsError(f"params must be a preset name, a path or a dict, got {type(spec).__name__}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ParamsError(f"params file {str(path)!r} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ParamsError(f"cannot read params file {str(path)!r}: {exc.strerror or exc}") from None
+    return Params.from_json(_decode(text, f"params file {str(path)!r}"))
+
+
+def _decode(text: str, what: str) -> Mapping[str, object]:
+    try:
+        obj: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParamsError(
+            f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise ParamsError(f"{what} is nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ParamsError(f"params must be a JSON object, got {type(obj).__name__}")
+    return cast(dict[str, object], obj)

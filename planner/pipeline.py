@@ -1,0 +1,353 @@
+"""The planning pipeline: graph -> candidates -> choice model -> solver -> plan.
+
+One way only: candidates and conversions are priced here (planner), the solver layer
+picks one option per node/input (solver), and the plan is built from that frozen
+solution in a separate step (lower_solution), as HEIR separates its ILP analysis from
+the rewrite.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.candidates import (
+    ELEMENTWISE_KERNELS,
+    KERNELS,
+    LINEAR_KERNELS,
+    PlanError,
+    elementwise_candidates,
+    input_layout,
+    linear_candidates,
+)
+from planner.convert import plan_conversion
+from planner.costs import CostTable, load_costs
+from planner.graph import Graph
+from planner.kernels.base import Candidate
+from planner.layout import ChannelLayout
+from planner.params import Params
+from planner.program import LazyTables, ProgramBuilder
+from planner.summary import summarize
+from solver import create
+from solver.model import ChoiceModel, Edge, Group, Solution, Status
+
+PLAN_SCHEMA = "slotplan.plan/1"
+# Default solver time limit: the models of single kernels and small graphs prove optimal
+# in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
+DEFAULT_TIME_LIMIT_S = 10.0
+
+
+class PlanOptionsLiteral(BaseModel):
+    """Unchecked JSON/CLI form of the planning options."""
+
+    model_config = ConfigDict(extra="forbid")
+    solver: Literal["cpsat", "z3"] = "cpsat"
+    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=3600)
+    memory_cap_bytes: int | None = Field(default=None, gt=0)
+    kernels: list[str] | None = None
+    input_layout: Literal["free", "row-major"] = "free"
+    costs: str = "default"
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    solver: str = "cpsat"
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    memory_cap_bytes: int | None = None
+    kernels: tuple[str, ...] = KERNELS
+    input_layout: str = "free"
+    costs: str = "default"
+
+    @staticmethod
+    def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
+        kernels = tuple(lit.kernels) if lit.kernels else KERNELS
+        unknown = [k for k in kernels if k not in KERNELS]
+        if unknown:
+            raise PlanError(f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(KERNELS)}")
+        if not any(k in kernels for k in ELEMENTWISE_KERNELS):
+            kernels = kernels + ELEMENTWISE_KERNELS
+        return PlanOptions(
+            solver=lit.solver, time_limit_s=lit.time_limit_s, memory_cap_bytes=lit.memory_cap_bytes,
+            kernels=kernels, input_layout=lit.input_layout, costs=lit.costs,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "solver": self.solver,
+            "time_limit_s": self.time_limit_s,
+            "memory_cap_bytes": self.memory_cap_bytes,
+            "kernels": list(self.kernels),
+            "input_layout": self.input_layout,
+            "costs": self.costs,
+        }
+
+
+@dataclass
+class PlanProblem:
+    """Priced candidates and the choice model built from them."""
+
+    graph: Graph
+    params: Params
+    options: PlanOptions
+    costs: CostTable
+    candidates: dict[str, list[Candidate]]
+    input_options: dict[str, list[ChannelLayout]]
+    model: ChoiceModel
+    operand_source: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass
+class PlanResult:
+    plan: dict[str, Any]
+    tables: LazyTables
+    solution: Solution
+    problem: PlanProblem
+    seconds: float
+
+
+def _group_of(graph: Graph, tensor: str) -> str:
+    return tensor if graph.producer(tensor) is not None else f"input:{tensor}"
+
+
+def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanProblem:
+    S = params.slots
+    costs = load_costs(options.costs)
+    free = options.input_layout == "free"
+    linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
+    cands: dict[str, list[Candidate]] = {}
+    for node in graph.nodes:
+        enc = [t for t in node.inputs if graph.encrypted(t)]
+        bases: dict[str, list[ChannelLayout]] = {}
+        for t in enc:
+            prod = graph.producer(t)
+            if prod is None:
+                bases[t] = [input_layout(graph, t, S)]
+            else:
+                opts = list(dict.fromkeys(c.out_layout for c in cands[prod.id]))
+                bases[t] = opts
+        if node.op in ("matvec", "conv2d"):
+            t = enc[0] if enc else node.inputs[-1 if node.op == "matvec" else 0]
+            if not enc:
+                raise PlanError(f"{node.op} has no encrypted operand: nothing to plan", node.id)
+            is_input = graph.producer(t) is None
+            out: list[Candidate] = []
+            seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
+            for base in seen_bases:
+                out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
+        elif node.op in ("add", "sub", "mul", "poly"):
+            out = elementwise_candidates(graph, node, bases)
+        else:
+            raise PlanError(
+                f"op {node.op!r} is not supported by the slot kernels yet (supported: matvec, conv2d, "
+                "add, sub, mul, poly)",
+                node.id,
+            )
+        cands[node.id] = _prune(out, costs, S)
+
+    # encrypted graph inputs: the client packs any layout a consumer asks for
+    input_options: dict[str, list[ChannelLayout]] = {}
+    for t in graph.inputs:
+        if not graph.encrypted(t) or not graph.consumers(t):
+            continue
+        opts = [input_layout(graph, t, S)]
+        if free:
+            for n in graph.consumers(t):
+                for c in cands.get(n.id, []):
+                    lay = c.in_layouts.get(t)
+                    if lay is not None:
+                        opts.append(lay.with_clean(True))
+        input_options[t] = list(dict.fromkeys(opts))
+
+    groups: list[Group] = []
+    for t, opts in input_options.items():
+        groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
+    for node in graph.nodes:
+        cs = cands[node.id]
+        groups.append(
+            Group(node.id, tuple(costs.iscore(c.cost(S)) for c in cs), tuple(c.label for c in cs))
+        )
+    edges: list[Edge] = []
+    operand_source: dict[tuple[str, str], str] = {}
+    for node in graph.nodes:
+        for t in dict.fromkeys(node.inputs):
+            if not graph.encrypted(t):
+                continue
+            src = _group_of(graph, t)
+            operand_source[(node.id, t)] = src
+            src_layouts = input_options[t] if src.startswith("input:") else [c.out_layout for c in cands[src]]
+            mat: list[tuple[int | None, ...]] = []
+            for sl in src_layouts:
+                row: list[int | None] = []
+                for c in cands[node.id]:
+                    dl = c.in_layouts.get(t)
+                    if dl is None:
+                        row.append(None)
+                        continue
+                    try:
+                        row.append(costs.iscore(plan_conversion(sl, dl).cost()))
+                    except ValueError:
+                        row.append(None)
+                mat.append(tuple(row))
+            edges.append(Edge(src, node.id, t, tuple(mat)))
+    model = ChoiceModel(tuple(groups), tuple(edges))
+    hint = model.greedy()
+    model = ChoiceModel(
+        tuple(Group(g.name, g.costs, g.labels, hint.get(g.name, 0)) for g in model.groups), model.edges
+    )
+    return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source)
+
+
+def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candidate]:
+    """Keep the cheapest candidate per (kernel, input layouts, output layout) (Rotom keeps the
+    cheapest kernel per output layout; we keep one per kernel family so reports can show
+    every baseline).  Ties break on the label: deterministic."""
+    best: dict[tuple[Any, ...], Candidate] = {}
+    for c in cands:
+        key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout)
+        cur = best.get(key)
+        if cur is None or (costs.iscore(c.cost(slots)), c.label) < (costs.iscore(cur.cost(slots)), cur.label):
+            best[key] = c
+    return sorted(best.values(), key=lambda c: (costs.iscore(c.cost(slots)), c.kernel, c.label))
+
+
+def solve_problem(problem: PlanProblem) -> Solution:
+    sol = create(problem.options.solver).solve(problem.model, problem.options.time_limit_s)
+    if sol.status is Status.INFEASIBLE:
+        raise PlanError("no consistent assignment of layouts exists for this graph")
+    return sol
+
+
+class PlanTimeout(PlanError):
+    """The solver hit its time limit before finding any plan (CLI exit status 3)."""
+
+
+def lower_solution(problem: PlanProblem, sol: Solution) -> tuple[dict[str, Any], LazyTables]:
+    graph, params = problem.graph, problem.params
+    S = params.slots
+    b = ProgramBuilder(S)
+    choice = dict(sol.choice)
+    regs: dict[str, list[str]] = {}
+    layout_of: dict[str, ChannelLayout] = {}
+    for t, opts in problem.input_options.items():
+        lay = opts[choice[f"input:{t}"]]
+        layout_of[t] = lay
+        regs[t] = [
+            b.input(t, f"in/{t}/{q}", _map_gen(lay, q)) for q in range(lay.n_ct)
+        ]
+    nodes_json: list[dict[str, Any]] = []
+    for node in graph.nodes:
+        cand = problem.candidates[node.id][choice[node.id]]
+        start = len(b.instrs)
+        op_regs: dict[str, list[str]] = {}
+        conversions = []
+        for t in dict.fromkeys(node.inputs):
+            if not graph.encrypted(t):
+                continue
+            conv = plan_conversion(layout_of[t], cand.in_layouts[t])
+            op_regs[t] = conv.lower(b, regs[t], f"conv/{node.id}/{t}")
+            if conv.kind != "none":
+                conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
+        outs = cand.lower(b, op_regs)
+        regs[node.id] = outs
+        layout_of[node.id] = cand.out_layout
+        part = b.instrs[start:]
+        rot = sum(1 if i["op"] == "rot" else len(i["ks"]) if i["op"] == "rot_hoisted" else 0 for i in part)
+        cv = cand.cost(S)
+        nodes_json.append(
+            {
+                "id": node.id,
+                "op": node.op,
+                "kernel": cand.kernel,
+                "params": cand.params,
+                "rotations": rot,
+                "cost": cv.to_json(),
+                "in_layouts": [
+                    (cand.in_layouts[t].notation() if t in cand.in_layouts else "plaintext")
+                    for t in node.inputs
+                ],
+                "out_layout": cand.out_layout.notation(),
+                "conversions": conversions,
+            }
+        )
+    for t in graph.outputs:
+        lay = layout_of[t]
+        for q in range(lay.n_ct):
+            b.output(regs[t][q], t, f"out/{t}/{q}", _map_gen(lay, q))
+    program = b.instrs
+    summary = summarize(program, params, len(b.plaintexts))
+    if summary["depth"] > params.max_level:
+        raise PlanError(
+            f"the plan needs multiplicative depth {summary['depth']} but params {params.name} have "
+            f"{params.max_level} levels; choose a preset with more levels"
+        )
+    summary["memory_cap_bytes"] = problem.options.memory_cap_bytes
+    summary["solver"] = {
+        "name": sol.solver,
+        "status": sol.status.value,
+        "objective": sol.objective,
+        "bound": sol.bound,
+        "seconds": 0.0,
+    }
+    summary["plan_seconds"] = 0.0
+    plan = {
+        "schema": PLAN_SCHEMA,
+        "graph": {"name": graph.name, "sha256": graph.sha256, "spec": graph.to_json()},
+        "params": params.to_json(),
+        "options": problem.options.to_json(),
+        "summary": summary,
+        "outputs": {t: list(graph.shape(t)) for t in graph.outputs},
+        "nodes": nodes_json,
+        "plaintexts": {
+            name: {"source": p.source, "table": p.table} for name, p in b.plaintexts.items()
+        },
+        "program": program,
+    }
+    return plan, LazyTables(b.tables)
+
+
+def _map_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
+    def gen() -> tuple[np.ndarray, None]:
+        return lay.index_map(q).copy(), None
+
+    return gen
+
+
+def plan_graph(
+    graph: Graph, params: Params, options: PlanOptions | None = None, record_timings: bool = False
+) -> PlanResult:
+    """Plan a graph.  Timings go to PlanResult.seconds and solution.seconds; the plan
+    document records them only with ``record_timings`` (plans are byte-for-byte
+    deterministic by default)."""
+    t0 = time.perf_counter()
+    options = options or PlanOptions()
+    problem = build_problem(graph, params, options)
+    sol = solve_problem(problem)
+    if sol.status is Status.UNKNOWN:
+        raise PlanTimeout(
+            f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
+        )
+    plan, tables = lower_solution(problem, sol)
+    seconds = time.perf_counter() - t0
+    if record_timings:
+        plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
+        plan["summary"]["plan_seconds"] = round(seconds, 6)
+    return PlanResult(plan, tables, sol, problem, seconds)
+
+
+def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
+    names: list[str] = []
+    for ins in plan["program"]:
+        if "table" in ins:
+            names.append(ins["table"])
+    for p in plan["plaintexts"].values():
+        names.append(p["table"])
+    return list(dict.fromkeys(names))
+
+
+def kernel_names() -> Sequence[str]:
+    return KERNELS

@@ -1,0 +1,227 @@
+"""Straight-line HE program builder (SSA) with lazily generated slot tables.
+
+Instructions follow shared/SPEC.md section 4.  Tables (``T.idx`` / ``T.coef``) are not
+materialised while planning: each is a generator called when the tables are written or
+the plan is simulated, so planning an MVM2-sized kernel stays fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TableGen = Callable[[], tuple[np.ndarray, np.ndarray | None]]
+
+
+@dataclass
+class TableSpec:
+    name: str
+    gen: TableGen
+
+
+@dataclass
+class Plaintext:
+    name: str
+    source: str  # weight tensor name or "const"
+    table: str
+
+
+class LazyTables(Mapping[str, np.ndarray]):
+    """npz-like mapping ``"T.idx" / "T.coef" -> array`` backed by table generators.
+
+    Generated tables are cached only for the most recent table, so streaming through a
+    large plan keeps memory bounded.
+    """
+
+    def __init__(self, specs: Mapping[str, TableSpec]):
+        self._specs = dict(specs)
+        self._last: tuple[str, np.ndarray, np.ndarray | None] | None = None
+
+    def _get(self, table: str) -> tuple[np.ndarray, np.ndarray | None]:
+        if self._last is not None and self._last[0] == table:
+            return self._last[1], self._last[2]
+        idx, coef = self._specs[table].gen()
+        self._last = (table, idx, coef)
+        return idx, coef
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        table, _, kind = key.rpartition(".")
+        if table not in self._specs or kind not in ("idx", "coef"):
+            raise KeyError(key)
+        idx, coef = self._get(table)
+        if kind == "idx":
+            return idx
+        if coef is None:
+            raise KeyError(key)
+        return coef
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        table, _, kind = key.rpartition(".")
+        if table not in self._specs:
+            return False
+        if kind == "idx":
+            return True
+        if kind == "coef":
+            return self._get(table)[1] is not None
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        for name in self._specs:
+            yield f"{name}.idx"
+            if self._get(name)[1] is not None:
+                yield f"{name}.coef"
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def table_names(self) -> list[str]:
+        return list(self._specs)
+
+
+@dataclass
+class ProgramBuilder:
+    slots: int
+    instrs: list[dict[str, Any]] = field(default_factory=list)
+    plaintexts: dict[str, Plaintext] = field(default_factory=dict)
+    tables: dict[str, TableSpec] = field(default_factory=dict)
+    depth: dict[str, int] = field(default_factory=dict)
+    _n: int = 0
+    _np: int = 0
+    _const_cache: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- registers
+    def _reg(self, d: int) -> str:
+        name = f"c{self._n}"
+        self._n += 1
+        self.depth[name] = d
+        return name
+
+    def norm(self, k: int) -> int:
+        return k % self.slots
+
+    # ---------------------------------------------------------------- tables
+    def table(self, name: str, gen: TableGen) -> str:
+        if name in self.tables:
+            raise ValueError(f"table {name} defined twice")
+        self.tables[name] = TableSpec(name, gen)
+        return name
+
+    def plaintext(self, source: str, table: str, gen: TableGen) -> str:
+        self.table(table, gen)
+        name = f"p{self._np}"
+        self._np += 1
+        self.plaintexts[name] = Plaintext(name, source, table)
+        return name
+
+    def const_plaintext(self, key: tuple[Any, ...], table: str, coef: Callable[[], np.ndarray]) -> str:
+        """A ``source: "const"`` plaintext (masks); identical keys share one plaintext."""
+        if key in self._const_cache:
+            return self._const_cache[key]
+        slots = self.slots
+
+        def gen() -> tuple[np.ndarray, np.ndarray | None]:
+            return np.full(slots, -1, dtype=np.int64), coef().astype(np.float64)
+
+        name = self.plaintext("const", table, gen)
+        self._const_cache[key] = name
+        return name
+
+    # ---------------------------------------------------------------- instructions
+    def input(self, tensor: str, table: str, gen: TableGen) -> str:
+        self.table(table, gen)
+        dst = self._reg(0)
+        self.instrs.append({"op": "input", "dst": dst, "tensor": tensor, "table": table})
+        return dst
+
+    def output(self, src: str, tensor: str, table: str, gen: TableGen) -> None:
+        self.table(table, gen)
+        self.instrs.append({"op": "output", "src": src, "tensor": tensor, "table": table})
+
+    def rot(self, src: str, k: int) -> str:
+        k = self.norm(k)
+        if k == 0:
+            return src
+        dst = self._reg(self.depth[src])
+        self.instrs.append({"op": "rot", "dst": dst, "src": src, "k": k})
+        return dst
+
+    def rot_many(self, src: str, ks: Iterable[int]) -> dict[int, str]:
+        """Rotations of one ciphertext by several offsets: one hoisted instruction.
+
+        Returns a map from each requested offset (as given) to its register; offset 0
+        (mod slots) maps to ``src`` itself.
+        """
+        ks = list(ks)
+        norm = sorted({self.norm(k) for k in ks} - {0})
+        out: dict[int, str] = {}
+        if len(norm) == 1:
+            out[norm[0]] = self.rot(src, norm[0])
+        elif norm:
+            dsts = [self._reg(self.depth[src]) for _ in norm]
+            self.instrs.append({"op": "rot_hoisted", "dsts": dsts, "src": src, "ks": norm})
+            out.update(zip(norm, dsts, strict=True))
+        return {k: (src if self.norm(k) == 0 else out[self.norm(k)]) for k in ks}
+
+    def _bin(self, op: str, a: str, b: str) -> str:
+        dst = self._reg(max(self.depth[a], self.depth[b]))
+        self.instrs.append({"op": op, "dst": dst, "a": a, "b": b})
+        return dst
+
+    def add(self, a: str, b: str) -> str:
+        return self._bin("add", a, b)
+
+    def sub(self, a: str, b: str) -> str:
+        return self._bin("sub", a, b)
+
+    def cmul(self, a: str, b: str) -> str:
+        dst = self._reg(max(self.depth[a], self.depth[b]) + 1)
+        self.instrs.append({"op": "cmul", "dst": dst, "a": a, "b": b})
+        return dst
+
+    def pmul(self, src: str, pt: str) -> str:
+        dst = self._reg(self.depth[src] + 1)
+        self.instrs.append({"op": "pmul", "dst": dst, "src": src, "pt": pt})
+        return dst
+
+    def padd(self, src: str, pt: str) -> str:
+        dst = self._reg(self.depth[src])
+        self.instrs.append({"op": "padd", "dst": dst, "src": src, "pt": pt})
+        return dst
+
+    def psub(self, src: str, pt: str) -> str:
+        dst = self._reg(self.depth[src])
+        self.instrs.append({"op": "psub", "dst": dst, "src": src, "pt": pt})
+        return dst
+
+    def poly(self, src: str, coeffs: Iterable[float], depth_cost: int) -> str:
+        dst = self._reg(self.depth[src] + depth_cost)
+        self.instrs.append({"op": "poly", "dst": dst, "src": src, "coeffs": [float(c) for c in coeffs]})
+        return dst
+
+    def rescale(self, src: str) -> str:
+        dst = self._reg(self.depth[src])
+        self.instrs.append({"op": "rescale", "dst": dst, "src": src})
+        return dst
+
+    def add_many(self, regs: list[str]) -> str:
+        """Balanced-tree sum (depth-neutral; the shape keeps noise growth even)."""
+        if not regs:
+            raise ValueError("add_many of nothing")
+        level = list(regs)
+        while len(level) > 1:
+            nxt = [self.add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return level[0]
+
+
+def poly_depth(coeffs: Iterable[float]) -> int:
+    """Multiplicative depth of evaluating a polynomial of this degree (ceil(log2(deg + 1)))."""
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    return int(np.ceil(np.log2(deg + 1))) if deg > 0 else 0

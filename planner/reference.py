@@ -1,0 +1,136 @@
+"""The numpy reference: float64 evaluation of a graph, the definition of every op's meaning
+(SPEC section 2) and the oracle plans are checked against.
+
+* ``matvec`` ``W @ x``; ``matmul`` ``A @ B``;
+* ``conv2d``: cross-correlation exactly as ``torch.nn.functional.conv2d`` for one image
+  (zero padding, stride, groups): ``y[o, i, j] = sum_{c, a, b} w[o, c, a, b] *
+  xpad[g*C/groups + c, i*s1 + a, j*s2 + b]`` with ``g = o // (Co/groups)``;
+* ``add`` / ``sub`` / ``mul`` element-wise; ``poly`` ``c0 + c1 x + ...`` (Horner);
+* ``sum`` over ``axis`` (a rank-1 input gives shape ``(1,)``); ``transpose`` with ``perm``;
+  ``reshape`` row-major.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from planner.errors import ValuesError
+from planner.graph import Graph, Node
+
+__all__ = ["Array", "conv2d", "evaluate_node", "poly", "random_values", "reference"]
+
+Array = npt.NDArray[np.float64]
+
+
+def reference(graph: Graph, values: Mapping[str, npt.ArrayLike]) -> dict[str, Array]:
+    """Evaluate every node of ``graph`` in float64.
+
+    ``values`` must hold every declared input and weight with its declared shape (extra
+    keys are ignored). Returns the declared tensors (as float64 arrays) and every node
+    result, keyed by name. Raises :class:`ValuesError` for missing or mis-shaped values.
+    """
+    out: dict[str, Array] = {}
+    for name in (*graph.inputs, *graph.weights):
+        if name not in values:
+            raise ValuesError("no value given for this declared tensor", tensor=name)
+        raw = np.asarray(values[name])
+        if raw.dtype.kind not in "biuf":
+            raise ValuesError(f"values must be real numbers, got dtype {raw.dtype}", tensor=name)
+        arr = raw.astype(np.float64)
+        shape = graph.shape(name)
+        if arr.shape != shape:
+            raise ValuesError(f"value has shape {arr.shape}, the graph declares {shape}", tensor=name)
+        out[name] = arr
+    for node in graph.nodes:
+        result = evaluate_node(node, [out[i] for i in node.inputs])
+        out[node.id] = np.ascontiguousarray(result.reshape(graph.shape(node.id)), dtype=np.float64)
+    return out
+
+
+def evaluate_node(node: Node, args: Sequence[Array]) -> Array:
+    """Evaluate one validated node on float64 operands (in ``node.inputs`` order)."""
+    op = node.op
+    if op == "matvec":
+        return np.asarray(args[0] @ args[1], dtype=np.float64)
+    if op == "matmul":
+        return np.asarray(args[0] @ args[1], dtype=np.float64)
+    if op == "conv2d":
+        assert node.stride is not None and node.padding is not None and node.groups is not None
+        return conv2d(args[0], args[1], stride=node.stride, padding=node.padding, groups=node.groups)
+    if op == "add":
+        return args[0] + args[1]
+    if op == "sub":
+        return args[0] - args[1]
+    if op == "mul":
+        return args[0] * args[1]
+    if op == "poly":
+        assert node.coeffs is not None
+        return poly(args[0], node.coeffs)
+    if op == "sum":
+        assert node.axis is not None
+        return np.asarray(np.sum(args[0], axis=node.axis), dtype=np.float64)
+    if op == "transpose":
+        assert node.perm is not None
+        return np.ascontiguousarray(np.transpose(args[0], node.perm))
+    if op == "reshape":
+        assert node.shape is not None
+        return np.reshape(args[0], node.shape).copy()
+    raise AssertionError(f"unhandled op {op!r}")  # unreachable: ops are validated
+
+
+def poly(x: Array, coeffs: Sequence[float]) -> Array:
+    """``c0 + c1 x + c2 x^2 + ...`` element-wise, by Horner's rule."""
+    acc = np.full(x.shape, float(coeffs[-1]), dtype=np.float64)
+    for c in reversed(coeffs[:-1]):
+        acc = acc * x + float(c)
+    return acc
+
+
+def conv2d(
+    x: Array,
+    w: Array,
+    *,
+    stride: tuple[int, int] = (1, 1),
+    padding: tuple[int, int] = (0, 0),
+    groups: int = 1,
+) -> Array:
+    """``torch.nn.functional.conv2d`` for one image: ``x`` (C,H,W), ``w`` (Co,C/groups,K1,K2)
+    -> (Co, Ho, Wo) with ``Ho = (H + 2 p1 - K1) // s1 + 1`` (and likewise ``Wo``).
+
+    One matrix product per kernel offset (K1*K2 of them): memory stays O(padded input +
+    output), unlike a full im2col."""
+    c, h, wd = x.shape
+    co, cg, k1, k2 = w.shape
+    s1, s2 = stride
+    p1, p2 = padding
+    g = groups
+    if c != cg * g or co % g:
+        raise ValueError(f"conv2d: x {x.shape} and w {w.shape} do not fit groups={g}")
+    hp, wp = h + 2 * p1, wd + 2 * p2
+    ho, wo = (hp - k1) // s1 + 1, (wp - k2) // s2 + 1
+    if ho < 1 or wo < 1:
+        raise ValueError(f"conv2d: kernel {k1}x{k2} larger than padded input {hp}x{wp}")
+    xp = np.zeros((c, hp, wp), dtype=np.float64)
+    xp[:, p1 : p1 + h, p2 : p2 + wd] = x
+    xg = xp.reshape(g, cg, hp, wp)
+    wg = np.asarray(w, dtype=np.float64).reshape(g, co // g, cg, k1, k2)
+    out = np.zeros((g, co // g, ho * wo), dtype=np.float64)
+    for a in range(k1):
+        for b in range(k2):
+            patch = xg[:, :, a : a + s1 * (ho - 1) + 1 : s1, b : b + s2 * (wo - 1) + 1 : s2]
+            out += np.matmul(wg[:, :, :, a, b], patch.reshape(g, cg, ho * wo))
+    return out.reshape(co, ho, wo)
+
+
+def random_values(graph: Graph, seed: int) -> dict[str, Array]:
+    """Seeded uniform [-1, 1) values for every declared input and weight, drawn from
+    ``np.random.default_rng(seed)`` in sorted-name order (so the same seed gives the same
+    values whatever the file order)."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: rng.uniform(-1.0, 1.0, size=graph.shape(name))
+        for name in sorted((*graph.inputs, *graph.weights))
+    }

@@ -1,0 +1,161 @@
+"""Plan summary computed from the program itself (one source of truth).
+
+Counts follow shared/SPEC.md section 4: a ``rot_hoisted`` with ``len(ks)`` offsets counts
+``len(ks)`` rotations; ``rotation_keys`` is the number of distinct offsets;
+``key_loads`` the number of ``load_key``.  The memory model walks the program: live
+ciphertexts (SSA liveness, each at its level), plaintexts (resident from first to last
+use, encoded at the level of the ciphertext they meet) and rotation keys (resident
+between load and drop; all resident for the whole program when the plan has no key
+schedule, the keep-all model of ANT-ACE/Orion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.params import Params
+
+
+def reg_reads(ins: Mapping[str, Any]) -> list[str]:
+    op = ins["op"]
+    if op in ("add", "sub", "cmul"):
+        return [ins["a"], ins["b"]]
+    if op in ("rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "output"):
+        return [ins["src"]]
+    return []
+
+
+def reg_writes(ins: Mapping[str, Any]) -> list[str]:
+    if ins["op"] == "rot_hoisted":
+        return list(ins["dsts"])
+    if "dst" in ins:
+        return [ins["dst"]]
+    return []
+
+
+def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Multiplicative depth of every register (pmul/cmul add one, poly its degree's depth)."""
+    d: dict[str, int] = {}
+    for ins in program:
+        op = ins["op"]
+        if op == "input":
+            d[ins["dst"]] = 0
+        elif op in ("add", "sub"):
+            d[ins["dst"]] = max(d[ins["a"]], d[ins["b"]])
+        elif op == "cmul":
+            d[ins["dst"]] = max(d[ins["a"]], d[ins["b"]]) + 1
+        elif op == "pmul":
+            d[ins["dst"]] = d[ins["src"]] + 1
+        elif op == "poly":
+            deg = max((i for i, c in enumerate(ins["coeffs"]) if c != 0.0), default=0)
+            d[ins["dst"]] = d[ins["src"]] + (max(deg, 1) - 1).bit_length() if deg > 1 else d[ins["src"]] + deg
+        elif op == "rot_hoisted":
+            for r in ins["dsts"]:
+                d[r] = d[ins["src"]]
+        elif op in ("rot", "padd", "psub", "rescale"):
+            d[ins["dst"]] = d[ins["src"]]
+    return d
+
+
+def summarize(
+    program: Sequence[Mapping[str, Any]], params: Params, n_plaintexts: int
+) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    rotations = 0
+    offsets: set[int] = set()
+    for ins in program:
+        counts[ins["op"]] = counts.get(ins["op"], 0) + 1
+        if ins["op"] == "rot":
+            rotations += 1
+            offsets.add(int(ins["k"]))
+        elif ins["op"] == "rot_hoisted":
+            rotations += len(ins["ks"])
+            offsets.update(int(k) for k in ins["ks"])
+    depth = register_depths(program)
+    out_depth = max((depth[ins["src"]] for ins in program if ins["op"] == "output"), default=0)
+    mem = memory_profile(program, params, depth)
+    return {
+        "rotations": rotations,
+        "rotation_keys": len(offsets),
+        "pmul": counts.get("pmul", 0),
+        "cmul": counts.get("cmul", 0),
+        "add": sum(counts.get(k, 0) for k in ("add", "sub", "padd", "psub")),
+        "rescale": counts.get("rescale", 0),
+        "poly": counts.get("poly", 0),
+        "depth": out_depth,
+        "key_loads": counts.get("load_key", 0),
+        "plaintexts": n_plaintexts,
+        "instructions": len(program),
+        "peak_bytes": mem,
+    }
+
+
+def memory_profile(
+    program: Sequence[Mapping[str, Any]], params: Params, depth: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Peak modelled bytes of keys, plaintexts and ciphertexts, and of their sum, over
+    program points."""
+    depth = depth if depth is not None else register_depths(program)
+    L = params.max_level
+
+    def level(reg: str) -> int:
+        return max(0, L - depth[reg])
+
+    last_use: dict[str, int] = {}
+    pt_first: dict[str, int] = {}
+    pt_last: dict[str, int] = {}
+    pt_level: dict[str, int] = {}
+    for i, ins in enumerate(program):
+        for r in reg_reads(ins):
+            last_use[r] = i
+        if "pt" in ins:
+            pt_first.setdefault(ins["pt"], i)
+            pt_last[ins["pt"]] = i
+            pt_level.setdefault(ins["pt"], level(ins["src"]))
+    has_schedule = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+    key_bytes = params.rotation_key_bytes()
+    all_keys: set[int] = set()
+    for ins in program:
+        if ins["op"] == "rot":
+            all_keys.add(int(ins["k"]))
+        elif ins["op"] == "rot_hoisted":
+            all_keys.update(int(k) for k in ins["ks"])
+    pt_start: dict[int, list[str]] = {}
+    pt_end: dict[int, list[str]] = {}
+    for p, i in pt_first.items():
+        pt_start.setdefault(i, []).append(p)
+    for p, i in pt_last.items():
+        pt_end.setdefault(i, []).append(p)
+
+    live_ct = 0
+    live_pt = 0
+    keys = 0 if has_schedule else len(all_keys) * key_bytes
+    peak = {"keys": keys, "plaintexts": 0, "ciphertexts": 0, "total": keys}
+    resident: set[int] = set()
+    live: set[str] = set()
+    for i, ins in enumerate(program):
+        op = ins["op"]
+        if op == "load_key":
+            resident.add(int(ins["k"]))
+            keys = len(resident) * key_bytes
+        for p in pt_start.get(i, []):
+            live_pt += params.plaintext_bytes(pt_level[p])
+        for r in reg_writes(ins):
+            live.add(r)
+            live_ct += params.ciphertext_bytes(level(r))
+        peak["keys"] = max(peak["keys"], keys)
+        peak["plaintexts"] = max(peak["plaintexts"], live_pt)
+        peak["ciphertexts"] = max(peak["ciphertexts"], live_ct)
+        peak["total"] = max(peak["total"], keys + live_pt + live_ct)
+        # frees after the instruction: registers with no later read
+        for r in set(reg_reads(ins)) | set(reg_writes(ins)):
+            if last_use.get(r, -1) <= i and r in live:
+                live.discard(r)
+                live_ct -= params.ciphertext_bytes(level(r))
+        for p in pt_end.get(i, []):
+            live_pt -= params.plaintext_bytes(pt_level[p])
+        if op == "drop_key":
+            resident.discard(int(ins["k"]))
+            keys = len(resident) * key_bytes
+    return peak

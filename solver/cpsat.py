@@ -1,0 +1,74 @@
+"""OR-Tools CP-SAT back end of the choice model."""
+
+from __future__ import annotations
+
+import time
+
+from ortools.sat.python import cp_model
+
+from solver.model import ChoiceModel, Solution, Status
+
+# One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
+# gives the same plan byte for byte (the brief's rule).  The machine has 2 cores anyway.
+CPSAT_WORKERS = 1
+CPSAT_SEED = 0
+# Stop at a proven relative gap of zero: these models are small enough to prove optimal.
+CPSAT_RELATIVE_GAP = 0.0
+
+
+class CpSatSolver:
+    name = "cpsat"
+
+    def solve(self, model: ChoiceModel, time_limit_s: float) -> Solution:
+        t0 = time.perf_counter()
+        m = cp_model.CpModel()
+        # step 1: variables (one Boolean per option)
+        x = {g.name: [m.NewBoolVar(f"x[{g.name}][{o}]") for o in range(len(g.costs))] for g in model.groups}
+        # step 2: one option per group, with the greedy choice as a hint
+        for g in model.groups:
+            m.AddExactlyOne(x[g.name])
+            for o, v in enumerate(x[g.name]):
+                m.AddHint(v, 1 if o == g.hint else 0)
+        # step 3: layout edges (pair variables, tight linking; forbidden pairs excluded)
+        obj: list[tuple[int, cp_model.IntVar]] = []
+        for ei, e in enumerate(model.edges):
+            xs, xd = x[e.src], x[e.dst]
+            pairs: dict[tuple[int, int], cp_model.IntVar] = {}
+            for a in range(len(xs)):
+                for b in range(len(xd)):
+                    c = e.costs[a][b]
+                    if c is None:
+                        m.AddBoolOr([xs[a].Not(), xd[b].Not()])
+                        continue
+                    y = m.NewBoolVar(f"y[{ei}][{a}][{b}]")
+                    pairs[(a, b)] = y
+                    if c:
+                        obj.append((c, y))
+            for a in range(len(xs)):
+                m.Add(sum(y for (aa, _), y in pairs.items() if aa == a) == xs[a])
+            for b in range(len(xd)):
+                m.Add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
+        # step 4: objective
+        for g in model.groups:
+            obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
+        m.Minimize(sum(c * v for c, v in obj))
+        s = cp_model.CpSolver()
+        s.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+        s.parameters.num_workers = CPSAT_WORKERS
+        s.parameters.random_seed = CPSAT_SEED
+        s.parameters.relative_gap_limit = CPSAT_RELATIVE_GAP
+        st = s.Solve(m)
+        status = {
+            cp_model.OPTIMAL: Status.OPTIMAL,
+            cp_model.FEASIBLE: Status.FEASIBLE,
+            cp_model.INFEASIBLE: Status.INFEASIBLE,
+        }.get(st, Status.UNKNOWN)
+        if status in (Status.OPTIMAL, Status.FEASIBLE):
+            choice = tuple(
+                (g.name, next(o for o, v in enumerate(x[g.name]) if s.Value(v))) for g in model.groups
+            )
+            objective: int | None = int(round(s.ObjectiveValue()))
+            bound: int | None = int(round(s.BestObjectiveBound()))
+        else:
+            choice, objective, bound = (), None, None
+        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name)

@@ -1,0 +1,58 @@
+"""z3 back end of the choice model (same variables, constraints and objective as CP-SAT)."""
+
+from __future__ import annotations
+
+import time
+
+import z3
+
+from solver.model import ChoiceModel, Solution, Status
+
+
+class Z3Solver:
+    name = "z3"
+
+    def solve(self, model: ChoiceModel, time_limit_s: float) -> Solution:
+        t0 = time.perf_counter()
+        opt = z3.Optimize()
+        opt.set("timeout", max(10, int(time_limit_s * 1000)))
+        # step 1: variables
+        x = {g.name: [z3.Bool(f"x[{g.name}][{o}]") for o in range(len(g.costs))] for g in model.groups}
+        terms: list[z3.ArithRef] = []
+        # step 2: one option per group
+        for g in model.groups:
+            opt.add(z3.PbEq([(v, 1) for v in x[g.name]], 1))
+            terms.extend(z3.If(v, c, 0) for c, v in zip(g.costs, x[g.name], strict=True) if c)
+        # step 3: layout edges
+        for e in model.edges:
+            for a, va in enumerate(x[e.src]):
+                for b, vb in enumerate(x[e.dst]):
+                    c = e.costs[a][b]
+                    if c is None:
+                        opt.add(z3.Not(z3.And(va, vb)))
+                    elif c:
+                        terms.append(z3.If(z3.And(va, vb), c, 0))
+        # step 4: objective
+        total = z3.Sum(terms) if terms else z3.IntVal(0)
+        h = opt.minimize(total)
+        res = opt.check()
+        seconds = time.perf_counter() - t0
+        if res == z3.unsat:
+            return Solution((), Status.INFEASIBLE, None, None, seconds, self.name)
+        try:
+            mdl = opt.model()
+        except z3.Z3Exception:
+            mdl = None
+        if mdl is None or len(mdl) == 0 and model.groups:
+            return Solution((), Status.UNKNOWN, None, None, seconds, self.name)
+        choice = tuple(
+            (g.name, next((o for o, v in enumerate(x[g.name]) if z3.is_true(mdl.eval(v, True))), 0))
+            for g in model.groups
+        )
+        objective = mdl.eval(total, True).as_long()
+        status = Status.OPTIMAL if res == z3.sat else Status.FEASIBLE
+        lower = opt.lower(h)
+        bound = lower.as_long() if z3.is_int_value(lower) else None
+        if status is Status.OPTIMAL:
+            bound = objective
+        return Solution(choice, status, objective, bound, seconds, self.name)
