@@ -208,6 +208,11 @@ class ProgramBuilder:
         self.instrs.append({"op": "rescale", "dst": dst, "src": src})
         return dst
 
+    def accumulate(self, acc: str | None, term: str) -> str:
+        """acc + term, or term when acc is None: summing as terms are produced keeps
+        only one partial sum live (the peak-memory friendly order)."""
+        return term if acc is None else self.add(acc, term)
+
     def add_many(self, regs: list[str]) -> str:
         """Balanced-tree sum (depth-neutral; the shape keeps noise growth even)."""
         if not regs:

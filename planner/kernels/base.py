@@ -94,10 +94,18 @@ class Candidate:
     lower: LowerFn
     slot_utilization: float = 0.0
     note: str = ""
+    analytic: Callable[[], CostVector] | None = field(default=None, repr=False)
     _cost: CostVector | None = field(default=None, repr=False)
 
     def cost(self, slots: int) -> CostVector:
-        if self._cost is None:
+        """Exact cost vector: analytic when the kernel provides one (tests check it equals
+        the lowered program's counts), otherwise counted from a scratch lowering."""
+        if self._cost is None and self.analytic is not None:
+            self._cost = self.analytic()
+        return self.lowered_cost(slots) if self._cost is None else self._cost
+
+    def lowered_cost(self, slots: int) -> CostVector:
+        if self._cost is None or self.analytic is not None:
             b = ProgramBuilder(slots)
             regs: dict[str, list[str]] = {}
             for name, lay in self.in_layouts.items():
@@ -107,9 +115,11 @@ class Candidate:
                     regs[name].append(r)
             outs = self.lower(b, regs)
             d_out = max((b.depth[r] for r in outs), default=0)
-            self._cost = count_program(
-                b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization
-            )
+            counted = count_program(b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization)
+            if self.analytic is not None:
+                return counted
+            self._cost = counted
+        assert self._cost is not None
         return self._cost
 
     @property

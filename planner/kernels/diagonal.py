@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.kernels.base import Candidate
+from planner.kernels.base import Candidate, CostVector
 from planner.kernels.problem import ChannelProblem
 from planner.program import ProgramBuilder
 
@@ -36,6 +36,13 @@ class DiagonalKernel:
         self.kind = kind
         self._keys = {
             (o, i): self._diag_keys(o, i) for o in range(prob.p_out) for i in range(prob.p_in)
+        }
+        taps = np.asarray(prob.taps, dtype=np.int64)
+        self._deltas = {
+            oi: (np.asarray([dc for dc, _ in ks], dtype=np.int64) * prob.lc
+                 + taps[np.asarray([t for _, t in ks], dtype=np.int64)]) % prob.slots
+            if ks else np.zeros(0, dtype=np.int64)
+            for oi, ks in self._keys.items()
         }
         self.n1 = self._choose_n1() if kind == "bsgs" else prob.slots
 
@@ -58,21 +65,49 @@ class DiagonalKernel:
         dc, t = key
         return (dc * self.prob.lc + self.prob.taps[t]) % self.prob.slots
 
-    def _rotations(self, n1: int) -> int:
+    def _sets(self, n1: int) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+        """Per input part the baby offsets, per output part the giant offsets and the
+        number of (giant, input-part) accumulation groups... per output part."""
         p = self.prob
-        total = 0
+        betas = []
         for i in range(p.p_in):
-            betas = {self.delta(k) % n1 for o in range(p.p_out) for k in self._keys[(o, i)]}
-            total += len(betas - {0})
+            d = np.concatenate([self._deltas[(o, i)] for o in range(p.p_out)])
+            betas.append(np.unique(d % n1))
+        gammas = []
         for o in range(p.p_out):
-            gams = {self.delta(k) - self.delta(k) % n1 for i in range(p.p_in) for k in self._keys[(o, i)]}
-            total += len(gams - {0})
-        return total
+            d = np.concatenate([self._deltas[(o, i)] for i in range(p.p_in)])
+            gammas.append(np.unique(d - d % n1))
+        return betas, gammas, []
+
+    def _rotations(self, n1: int) -> int:
+        betas, gammas, _ = self._sets(n1)
+        return sum(int(np.count_nonzero(b)) for b in betas) + sum(int(np.count_nonzero(g)) for g in gammas)
 
     def _choose_n1(self) -> int:
         S = self.prob.slots
         cands = [1 << e for e in range(S.bit_length()) if (1 << e) <= S]
         return min(cands, key=lambda n1: (self._rotations(n1), n1))
+
+    def analytic_cost(self) -> CostVector:
+        """Counts of the program ``lower`` emits (checked against it by the tests)."""
+        p = self.prob
+        betas, gammas, _ = self._sets(self.n1)
+        rot_b = [int(np.count_nonzero(b)) for b in betas]
+        rot_g = [int(np.count_nonzero(g)) for g in gammas]
+        keys: set[int] = set()
+        for b in betas:
+            keys.update(int(v) for v in b if v)
+        for g in gammas:
+            keys.update(int(v) % p.slots for v in g if v)
+        pmul = sum(len(v) for v in self._deltas.values())
+        n_giants = sum(len(g) for g in gammas)
+        # per output part: (terms - 1) adds inside giant groups, (giants - 1) to combine them
+        adds = pmul - n_giants + sum(max(0, len(g) - 1) for g in gammas)
+        return CostVector(
+            rotations=sum(rot_b) + sum(rot_g), rot_keys=frozenset(keys),
+            hoisted_groups=sum(1 for r in rot_b if r > 1), pmul=pmul, add=adds, rescale=n_giants,
+            depth=1, plaintexts=pmul, ciphertexts_out=p.p_out, slot_utilization=self.slot_utilization(),
+        )
 
     # ------------------------------------------------------------------ tables
     def plaintext_table(self, o: int, i: int, key: DiagKey, gam: int) -> np.ndarray:
@@ -114,17 +149,23 @@ class DiagonalKernel:
                 babies[i] = b.rot_many(xs[i], used)
         outs = []
         for o in range(p.p_out):
-            by_giant: dict[int, list[str]] = {}
+            by_giant: dict[int, list[tuple[int, DiagKey, int]]] = {}
             for i in range(p.p_in):
                 for key in self._keys[(o, i)]:
                     dl = self.delta(key)
                     beta = dl % n1
-                    gam = dl - beta
+                    by_giant.setdefault(dl - beta, []).append((i, key, beta))
+            total: str | None = None
+            for gam, terms in sorted(by_giant.items()):
+                acc: str | None = None
+                for i, key, beta in terms:
                     table = f"pt/{node}/o{o}i{i}/d{key[0]}t{key[1]}"
                     pt = b.plaintext(p.w, table, self._gen(o, i, key, gam))
-                    by_giant.setdefault(gam, []).append(b.pmul(babies[i][beta], pt))
-            rotated = [b.rot(b.rescale(b.add_many(ps)), gam) for gam, ps in sorted(by_giant.items())]
-            outs.append(b.add_many(rotated))
+                    acc = b.accumulate(acc, b.pmul(babies[i][beta], pt))
+                assert acc is not None
+                total = b.accumulate(total, b.rot(b.rescale(acc), gam))
+            assert total is not None
+            outs.append(total)
         return outs
 
     def slot_utilization(self) -> float:
@@ -147,4 +188,5 @@ class DiagonalKernel:
             out_layout=self.prob.out_layout.with_clean(True),
             lower=lambda b, regs: self.lower(b, regs, node),
             slot_utilization=self.slot_utilization(),
+            analytic=self.analytic_cost,
         )

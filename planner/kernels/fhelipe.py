@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.kernels.base import Candidate
+from planner.kernels.base import Candidate, CostVector
 from planner.kernels.imra import sum_of_shifts
 from planner.kernels.problem import ChannelProblem, KernelError
 from planner.layout import ChannelLayout
@@ -83,6 +83,21 @@ class FhelipeMatvec:
         merged = [b.rot(b.rescale(b.pmul(acc, m)), -j) for j, acc in enumerate(parts)]
         return [b.add_many(merged)]
 
+    def analytic_cost(self) -> CostVector:
+        """Counts of the program ``lower`` emits (checked against it by the tests)."""
+        S, k2, R, nct = self.prob.slots, self.k2, self.R, self.nct
+        lr, lk = R.bit_length() - 1, k2.bit_length() - 1
+        keys = {(-(1 << e) * k2) % S for e in range(lr)} | {1 << e for e in range(lk)}
+        merge = nct - 1 if nct > 1 else 0
+        keys |= {(-j) % S for j in range(1, nct)} if nct > 1 else set()
+        masks = nct if nct > 1 else 0
+        return CostVector(
+            rotations=lr + nct * lk + merge, rot_keys=frozenset(keys), hoisted_groups=0,
+            pmul=nct + masks, add=lr + nct * lk + merge, rescale=nct + masks,
+            depth=2 if nct > 1 else 1, plaintexts=nct + (1 if nct > 1 else 0), ciphertexts_out=1,
+            slot_utilization=self.prob.n * self.prob.k / (S * nct),
+        )
+
     def candidate(self, node: str) -> Candidate:
         p = self.prob
         return Candidate(
@@ -92,4 +107,5 @@ class FhelipeMatvec:
             out_layout=self.out,
             lower=lambda b, regs: self.lower(b, regs, node),
             slot_utilization=p.n * p.k / (p.slots * self.nct),
+            analytic=self.analytic_cost,
         )

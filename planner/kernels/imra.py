@@ -290,17 +290,22 @@ class ImraKernel:
             babies[i] = b.rot_many(X, used)
         outs: list[str] = []
         for o in range(p.p_out):
-            by_giant: dict[int, list[str]] = {}
+            by_giant: dict[int, list[tuple[int, tuple[int, int, int, int]]]] = {}
             for i in range(p.p_in):
                 for key in keys[(o, i)]:
-                    table = f"pt/{node}/o{o}i{i}/g{key[0]}m{key[1]}c{key[2]}t{key[3]}"
-                    pt = b.plaintext(p.w, table, self._pt_gen(o, i, key))
-                    prod = b.pmul(babies[i][self.baby_offset(key)], pt)
-                    by_giant.setdefault(self.giant_offset(key), []).append(prod)
+                    by_giant.setdefault(self.giant_offset(key), []).append((i, key))
             if not by_giant:
                 raise KernelError(f"node {node}: output part {o} has no nonzero weights")
-            rotated = [b.rot(b.rescale(b.add_many(ps)), gam) for gam, ps in sorted(by_giant.items())]
-            Z = b.add_many(rotated)
+            Z: str | None = None
+            for gam, terms in sorted(by_giant.items()):
+                acc: str | None = None
+                for i, key in terms:
+                    table = f"pt/{node}/o{o}i{i}/g{key[0]}m{key[1]}c{key[2]}t{key[3]}"
+                    pt = b.plaintext(p.w, table, self._pt_gen(o, i, key))
+                    acc = b.accumulate(acc, b.pmul(babies[i][self.baby_offset(key)], pt))
+                assert acc is not None
+                Z = b.accumulate(Z, b.rot(b.rescale(acc), gam))
+            assert Z is not None
             if ch.Ps > 1:
                 Z = sum_of_shifts(b, Z, ch.Ps, g.R)
             if g.kk > g.nn:

@@ -1,0 +1,222 @@
+"""slotplan command line (shared/SPEC.md section 5).  Calls the pipeline only.
+
+Exit status: 0 success; 1 a run mismatched its reference (or a regression in diff);
+2 bad input (one line on stderr, nothing written); 3 solver time-out without a plan.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from planner.candidates import KERNELS
+from planner.errors import SlotplanError
+from planner.io import DEFAULT_MAX_TABLE_BYTES, load_plan, load_tables, parse_size, write_outputs
+from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Layout planner for CKKS tensor programs.")
+out = Console()
+err = Console(stderr=True)
+
+
+class ExitError(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(e: Exception, code: int = 2) -> ExitError:
+    msg = " ".join(str(e).split())
+    return ExitError(msg, code)
+
+
+@app.command()
+def plan(
+    graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
+    params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
+    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
+    solver: Annotated[str, typer.Option("--solver", help="cpsat | z3")] = "cpsat",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
+    tables: Annotated[Path | None, typer.Option("--tables", help="npz tables file to write")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {','.join(KERNELS)}")] = None,
+    input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
+    max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
+    record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
+) -> None:
+    """Plan one graph."""
+    from pydantic import ValidationError
+
+    from planner.graph import load_graph
+    from planner.params import load_params
+    from planner.pipeline import plan_graph
+
+    try:
+        g = load_graph(graph)
+        p = load_params(params)
+        cap = parse_size(memory_cap) if memory_cap is not None else None
+        limit = parse_size(max_table_bytes)
+        if solver not in ("cpsat", "z3"):
+            raise SlotplanError(f"unknown solver {solver!r}; known solvers: cpsat, z3")
+        lit = PlanOptionsLiteral(
+            solver=solver,  # type: ignore[arg-type]
+            time_limit_s=time_limit,
+            memory_cap_bytes=cap,
+            kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
+            input_layout=input_layout,  # type: ignore[arg-type]
+        )
+        opts = PlanOptions.from_literal(lit)
+        res = plan_graph(g, p, opts, record_timings=record_timings)
+        summary = res.plan["summary"]
+        if cap is not None and summary["peak_bytes"]["total"] > cap:
+            raise SlotplanError(
+                f"modelled peak {summary['peak_bytes']['total']} bytes exceeds --memory-cap {cap} bytes "
+                "and this plan has no key schedule (keep-all model)"
+            )
+        write_outputs(res.plan, output, res.tables if tables else None, tables, limit)
+    except PlanTimeout as e:
+        raise _fail(e, 3) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise _fail(ValueError(f"option {loc}: {first['msg']}")) from None
+    except SlotplanError as e:
+        raise _fail(e) from None
+    if as_json:
+        timing = {"plan_seconds": round(res.seconds, 6), "solver_seconds": round(res.solution.seconds, 6)}
+        out.print_json(json.dumps({"summary": summary, "nodes": res.plan["nodes"], "timing": timing}))
+        return
+    t = Table(title=escape(f"{g.name} @ {p.name} ({p.slots} slots)"))
+    for col in ("node", "kernel", "params", "rotations", "pmul", "out layout"):
+        t.add_column(col)
+    for n in res.plan["nodes"]:
+        ps = ", ".join(f"{k}={v}" for k, v in n["params"].items() if k in ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "op"))
+        t.add_row(escape(n["id"]), n["kernel"], ps, str(n["rotations"]), str(n["cost"]["pmul"]), escape(n["out_layout"]))
+    out.print(t)
+    pk = summary["peak_bytes"]
+    out.print(
+        f"rotations {summary['rotations']}  keys {summary['rotation_keys']}  pmul {summary['pmul']}  "
+        f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
+        f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
+    )
+
+
+@app.command()
+def run(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
+    tables: Annotated[Path | None, typer.Option("--tables", help="npz tables (regenerated from the plan if absent)")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="sim | lattigo")] = "sim",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Execute a plan on seeded random data and compare with the numpy reference."""
+    from backends.runner import run_plan
+
+    try:
+        if backend not in ("sim", "lattigo"):
+            raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
+        pl = load_plan(plan_file)
+        tb = load_tables(tables) if tables is not None else None
+        rep = run_plan(pl, tb, backend, seed)
+    except SlotplanError as e:
+        raise _fail(e) from None
+    if as_json:
+        out.print_json(json.dumps(rep.to_json()))
+    else:
+        status = "[green]OK[/green]" if rep.ok else "[red]MISMATCH[/red]"
+        out.print(
+            f"{status} backend={rep.backend} max_abs_error={rep.max_abs_error:.3e} "
+            f"max_rel_error={rep.max_rel_error:.3e} (tolerance {rep.tolerance:g})"
+        )
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(rep.counts.items()))
+        out.print(f"ops: {ops}")
+        out.print(
+            f"rotations {rep.rotations}  key loads {rep.key_loads}  "
+            f"peak resident keys {rep.peak_resident_key_bytes / 2**20:.1f} MiB  time {rep.seconds:.3f}s"
+        )
+        if rep.stats:
+            out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
+    if not rep.ok:
+        raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
+
+
+@app.command()
+def bench(
+    suite: Annotated[Path, typer.Argument(help="suite file (data/suites/*.json)")],
+    params: Annotated[str | None, typer.Option("--params", help="override the suite's preset")] = None,
+    sim: Annotated[bool, typer.Option("--sim/--no-sim", help="also run the IMRA plans in the simulator")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
+) -> None:
+    """Our plans vs the paper's MKR / FHELIPE / BSGS numbers and the baselines."""
+    from planner.bench import run_suite
+
+    rows: list[dict[str, Any]] = []
+    try:
+        for row in run_suite(suite, params, sim):
+            rows.append(row)
+            if as_json:
+                print(json.dumps(row, sort_keys=True), flush=True)
+    except SlotplanError as e:
+        raise _fail(e) from None
+    if as_json:
+        return
+    t = Table(title=f"bench {suite.name}")
+    cols = ["kernel", "IMRA rot", "MKR(paper)", "Pb,Ps,bs,ss", "T8", "best", "bsgs", "hs-diag", "fhelipe",
+            "FHELIPE(p)", "BSGS(p)", "util", "plan s"]
+    if sim:
+        cols.append("sim err")
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        ip = r["imra"]["params"]
+        bl = r["baselines"]
+        cells = [
+            r["workload"], str(r["imra"]["rotations"]), str(r["paper"].get("MKR")),
+            f"{ip['Pb']},{ip['Ps']},{ip['bs_opt']},{ip['search_space']}",
+            "yes" if r["table8_match"] else "NO" if r["table8_match"] is False else "-",
+            f"{r['best']['kernel']}:{r['best']['rotations']}",
+            str(bl.get("bsgs", {}).get("rotations", "-")), str(bl.get("hs-diagonal", {}).get("rotations", "-")),
+            str(bl.get("fhelipe", {}).get("rotations", "-")),
+            str(r["paper"].get("FHELIPE", "-")), str(r["paper"].get("BSGS") or "-"),
+            f"{r['imra']['slot_utilization']:.1%}", f"{r['imra_seconds']:.2f}",
+        ]
+        if sim:
+            cells.append(f"{r['sim']['max_rel_error']:.1e}")
+        t.add_row(*cells)
+    out.print(t)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ExitError as e:
+        if e.code != 1 or str(e):
+            err.print(f"slotplan: {e}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(e.code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("slotplan: aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.exceptions.UsageError):
+            err.print(f"slotplan: {e.format_message()}", markup=False)
+            sys.exit(2)
+        if isinstance(e, click.ClickException):
+            err.print(f"slotplan: {e.format_message()}", markup=False)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

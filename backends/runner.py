@@ -1,0 +1,118 @@
+"""Execute a plan on seeded random data and compare with the numpy reference of its graph."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backends.sim import simulate
+from planner.errors import SlotplanError
+from planner.graph import parse_graph
+from planner.params import Params
+from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
+from planner.reference import random_values, reference
+
+# The simulator is exact up to float64 round-off; the acceptance bound for it.
+SIM_RTOL = 1e-9
+# CKKS is approximate: agreement "to CKKS precision" at the presets' 2^40+ scales.
+LATTIGO_RTOL = 1e-4
+
+
+@dataclass
+class RunReport:
+    backend: str
+    ok: bool
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float
+    counts: dict[str, int]
+    rotations: int
+    key_loads: int
+    peak_resident_key_bytes: int
+    seconds: float
+    stats: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "ok": self.ok,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+            "tolerance": self.tolerance,
+            "counts": self.counts,
+            "rotations": self.rotations,
+            "key_loads": self.key_loads,
+            "peak_resident_key_bytes": self.peak_resident_key_bytes,
+            "seconds": round(self.seconds, 6),
+            "stats": self.stats,
+        }
+
+
+def regenerate_tables(plan: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
+    """Re-plan from the graph, parameters and options embedded in the plan (planning is
+    deterministic) and check the program is identical before using its lazy tables."""
+    graph = parse_graph(plan["graph"]["spec"])
+    params = Params.from_json(plan["params"])
+    opts = PlanOptions.from_literal(PlanOptionsLiteral(**plan.get("options", {})))
+    res = plan_graph(graph, params, opts)
+    if res.plan["program"] != plan["program"]:
+        raise SlotplanError(
+            "the plan's program differs from what this slotplan produces for its graph; pass --tables"
+        )
+    return res.tables
+
+
+def run_plan(
+    plan: Mapping[str, Any],
+    tables: Mapping[str, np.ndarray] | None,
+    backend: str = "sim",
+    seed: int = 0,
+) -> RunReport:
+    if "spec" not in plan["graph"]:
+        raise SlotplanError("the plan does not embed its graph (graph.spec): cannot compute the reference")
+    graph = parse_graph(plan["graph"]["spec"])
+    if graph.sha256 != plan["graph"]["sha256"]:
+        raise SlotplanError("graph.sha256 does not match the embedded graph")
+    params = Params.from_json(plan["params"])
+    if tables is None:
+        tables = regenerate_tables(plan)
+    values = random_values(graph, seed)
+    ref = reference(graph, values)
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {}
+    if backend == "sim":
+        res = simulate(plan, tables, values)
+        outputs, counts = res.outputs, res.counts
+        rotations, loads = res.rotations, res.key_loads
+        peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
+        tol = SIM_RTOL
+    elif backend == "lattigo":
+        from backends.lattigo_backend import run_plan as lattigo_run
+
+        lr = lattigo_run(dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights},
+                         tables)
+        outputs = lr.outputs
+        stats = dict(lr.stats)
+        counts = {k: int(v) for k, v in stats.get("counts", {}).items()}
+        rotations = int(stats.get("rotations", counts.get("rot", 0)))
+        loads = int(stats.get("key_loads", 0))
+        peak_keys = int(stats.get("peak_key_bytes", 0))
+        tol = LATTIGO_RTOL
+    else:
+        raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
+    seconds = time.perf_counter() - t0
+    max_abs = 0.0
+    max_rel = 0.0
+    for t in graph.outputs:
+        got = np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t))
+        want = ref[t]
+        err = float(np.max(np.abs(got - want))) if want.size else 0.0
+        scale = float(np.max(np.abs(want))) if want.size else 1.0
+        max_abs = max(max_abs, err)
+        max_rel = max(max_rel, err / scale if scale > 0 else err)
+    ok = bool(np.isfinite(max_rel) and max_rel <= tol)
+    return RunReport(backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats)
