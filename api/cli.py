@@ -12,31 +12,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from api.common import ExitError, err, fail, out
 from planner.candidates import KERNELS
 from planner.errors import SlotplanError
 from planner.io import DEFAULT_MAX_TABLE_BYTES, load_plan, load_tables, parse_size, write_outputs
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Layout planner for CKKS tensor programs.")
-out = Console()
-err = Console(stderr=True)
-
-
-class ExitError(Exception):
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-
-def _fail(e: Exception, code: int = 2) -> ExitError:
-    msg = " ".join(str(e).split())
-    return ExitError(msg, code)
-
-
+_fail = fail
 @app.command()
 def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
@@ -192,6 +178,23 @@ def bench(
             cells.append(f"{r['sim']['max_rel_error']:.1e}")
         t.add_row(*cells)
     out.print(t)
+
+
+def _register_extensions() -> None:
+    """Commands that live in their own modules (batch, diff, serve, show, calibrate, ...)."""
+    import importlib
+
+    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        m.register(app)
+
+
+_register_extensions()
 
 
 def main() -> None:

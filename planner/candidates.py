@@ -55,6 +55,26 @@ def _linear_problem(graph: Graph, node: Node, base: ChannelLayout) -> ChannelPro
         return conv_problem(x, w, (w_shape[0], w_shape[1], w_shape[2], w_shape[3]), m, stride, padding, groups)
 
 
+def _imra_kernel(prob: ChannelProblem) -> ImraKernel:
+    """IMRA with the default output partition, else with fewer output channels per
+    ciphertext (a smaller square-ified block can fit when padding would not)."""
+    first: KernelError | None = None
+    tried: set[int] = set()
+    cpc = prob.cpc_out
+    options = [cpc, min(prob.cpc_in, prob.n)] + [max(1, cpc >> s) for s in range(1, cpc.bit_length())]
+    for c in options:
+        if c in tried:
+            continue
+        tried.add(c)
+        variant = prob if c == cpc else replace(prob, out_layout=replace(prob.out_layout, cpc=c))
+        try:
+            return ImraKernel(variant, free_input=False)
+        except KernelError as e:
+            first = first or e
+    assert first is not None
+    raise first
+
+
 def linear_candidates(
     graph: Graph, node: Node, base: ChannelLayout, allowed: Sequence[str], free_input: bool
 ) -> list[Candidate]:
@@ -77,9 +97,10 @@ def linear_candidates(
     for kind in allowed:
         try:
             if kind == "imra":
-                out.append(ImraKernel(prob, free_input=False).candidate(node.id))
+                k = _imra_kernel(prob)
+                out.append(k.candidate(node.id))
                 if free_input:
-                    out.append(ImraKernel(prob, free_input=True).candidate(node.id))
+                    out.append(ImraKernel(k.prob, free_input=True).candidate(node.id))
             elif kind in ("bsgs", "hs-diagonal"):
                 out.append(DiagonalKernel(prob, kind).candidate(node.id))
             elif kind == "fhelipe" and node.op == "matvec":

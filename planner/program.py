@@ -213,6 +213,13 @@ class ProgramBuilder:
         only one partial sum live (the peak-memory friendly order)."""
         return term if acc is None else self.add(acc, term)
 
+    def zero_like(self, src: str) -> str:
+        """A ciphertext of zeros (the output of a map whose weights are all zero), made by
+        multiplying any ciphertext by a zero plaintext."""
+        slots = self.slots
+        pt = self.const_plaintext(("zero", slots), "pt/const/zero", lambda: np.zeros(slots))
+        return self.rescale(self.pmul(src, pt))
+
     def add_many(self, regs: list[str]) -> str:
         """Balanced-tree sum (depth-neutral; the shape keeps noise growth even)."""
         if not regs:

@@ -23,12 +23,12 @@ class CpSatSolver:
         t0 = time.perf_counter()
         m = cp_model.CpModel()
         # step 1: variables (one Boolean per option)
-        x = {g.name: [m.NewBoolVar(f"x[{g.name}][{o}]") for o in range(len(g.costs))] for g in model.groups}
+        x = {g.name: [m.new_bool_var(f"x[{g.name}][{o}]") for o in range(len(g.costs))] for g in model.groups}
         # step 2: one option per group, with the greedy choice as a hint
         for g in model.groups:
-            m.AddExactlyOne(x[g.name])
+            m.add_exactly_one(x[g.name])
             for o, v in enumerate(x[g.name]):
-                m.AddHint(v, 1 if o == g.hint else 0)
+                m.add_hint(v, 1 if o == g.hint else 0)
         # step 3: layout edges (pair variables, tight linking; forbidden pairs excluded)
         obj: list[tuple[int, cp_model.IntVar]] = []
         for ei, e in enumerate(model.edges):
@@ -38,26 +38,26 @@ class CpSatSolver:
                 for b in range(len(xd)):
                     c = e.costs[a][b]
                     if c is None:
-                        m.AddBoolOr([xs[a].Not(), xd[b].Not()])
+                        m.add_bool_or([xs[a].Not(), xd[b].Not()])
                         continue
-                    y = m.NewBoolVar(f"y[{ei}][{a}][{b}]")
+                    y = m.new_bool_var(f"y[{ei}][{a}][{b}]")
                     pairs[(a, b)] = y
                     if c:
                         obj.append((c, y))
             for a in range(len(xs)):
-                m.Add(sum(y for (aa, _), y in pairs.items() if aa == a) == xs[a])
+                m.add(sum(y for (aa, _), y in pairs.items() if aa == a) == xs[a])
             for b in range(len(xd)):
-                m.Add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
+                m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
         # step 4: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
-        m.Minimize(sum(c * v for c, v in obj))
+        m.minimize(sum(c * v for c, v in obj))
         s = cp_model.CpSolver()
         s.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
         s.parameters.num_workers = CPSAT_WORKERS
         s.parameters.random_seed = CPSAT_SEED
         s.parameters.relative_gap_limit = CPSAT_RELATIVE_GAP
-        st = s.Solve(m)
+        st = s.solve(m)
         status = {
             cp_model.OPTIMAL: Status.OPTIMAL,
             cp_model.FEASIBLE: Status.FEASIBLE,
@@ -65,10 +65,10 @@ class CpSatSolver:
         }.get(st, Status.UNKNOWN)
         if status in (Status.OPTIMAL, Status.FEASIBLE):
             choice = tuple(
-                (g.name, next(o for o, v in enumerate(x[g.name]) if s.Value(v))) for g in model.groups
+                (g.name, next(o for o, v in enumerate(x[g.name]) if s.value(v))) for g in model.groups
             )
-            objective: int | None = int(round(s.ObjectiveValue()))
-            bound: int | None = int(round(s.BestObjectiveBound()))
+            objective: int | None = int(round(s.objective_value))
+            bound: int | None = int(round(s.best_objective_bound))
         else:
             choice, objective, bound = (), None, None
         return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name)

@@ -36,27 +36,27 @@ def _tie_weights(nd: int) -> tuple[int, int]:
 def solve_cpsat(nd: int, kd: int, T: int, lc: int, slots: int) -> Eq11Result | None:
     def build() -> tuple[cp_model.CpModel, cp_model.IntVar, cp_model.IntVar, cp_model.LinearExpr]:
         m = cp_model.CpModel()
-        pb = m.NewIntVar(1, nd, "Pb")
-        ps = m.NewIntVar(1, nd, "Ps")
-        q = m.NewIntVar(1, nd, "q")
-        gs = m.NewIntVar(1, nd, "gs")
-        m.AddMultiplicationEquality(nd, [pb, q])  # (1)+(2): Pb divides nd
-        m.AddMultiplicationEquality(pb, [ps, gs])  # (3): Ps divides Pb
-        m.Add(ps * kd * lc + nd * lc <= slots)  # (4)
-        g = m.NewIntVar(0, 10 * nd + 10, "gamma")
-        m.AddElement(ps, [0] + [gamma(p + 1) for p in range(1, nd + 1)], g)
+        pb = m.new_int_var(1, nd, "Pb")
+        ps = m.new_int_var(1, nd, "Ps")
+        q = m.new_int_var(1, nd, "q")
+        gs = m.new_int_var(1, nd, "gs")
+        m.add_multiplication_equality(nd, [pb, q])  # (1)+(2): Pb divides nd
+        m.add_multiplication_equality(pb, [ps, gs])  # (3): Ps divides Pb
+        m.add(ps * kd * lc + nd * lc <= slots)  # (4)
+        g = m.new_int_var(0, 10 * nd + 10, "gamma")
+        m.add_element(ps, [0] + [gamma(p + 1) for p in range(1, nd + 1)], g)
         rot = g + q * T - 1 + gs - 1 + ps - 1
         return m, pb, ps, rot
 
     m, pb, ps, rot = build()
     w_rot, w_ps = _tie_weights(nd)
-    m.Minimize(w_rot * rot - w_ps * ps + pb)
+    m.minimize(w_rot * rot - w_ps * ps + pb)
     s = cp_model.CpSolver()
     s.parameters.num_workers = 1
-    st = s.Solve(m)
+    st = s.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    best_pb, best_ps = s.Value(pb), s.Value(ps)
+    best_pb, best_ps = s.value(pb), s.value(ps)
 
     m2, pb2, ps2, _ = build()
     count = 0
@@ -69,7 +69,7 @@ def solve_cpsat(nd: int, kd: int, T: int, lc: int, slots: int) -> Eq11Result | N
     s2 = cp_model.CpSolver()
     s2.parameters.enumerate_all_solutions = True
     s2.parameters.num_workers = 1
-    s2.Solve(m2, Counter())
+    s2.solve(m2, Counter())
     return Eq11Result(best_pb, best_ps, eq11(nd, T, best_pb, best_ps), count)
 
 

@@ -13,7 +13,7 @@ constraints, objective.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class ChoiceModel:
         return choice
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OPTIMAL = "optimal"
     FEASIBLE = "feasible"  # time limit reached with a solution
     INFEASIBLE = "infeasible"

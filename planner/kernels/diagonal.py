@@ -99,14 +99,16 @@ class DiagonalKernel:
             keys.update(int(v) for v in b if v)
         for g in gammas:
             keys.update(int(v) % p.slots for v in g if v)
-        pmul = sum(len(v) for v in self._deltas.values())
+        terms = sum(len(v) for v in self._deltas.values())
         n_giants = sum(len(g) for g in gammas)
+        zero_parts = sum(1 for g in gammas if len(g) == 0)
         # per output part: (terms - 1) adds inside giant groups, (giants - 1) to combine them
-        adds = pmul - n_giants + sum(max(0, len(g) - 1) for g in gammas)
+        adds = terms - n_giants + sum(max(0, len(g) - 1) for g in gammas)
         return CostVector(
             rotations=sum(rot_b) + sum(rot_g), rot_keys=frozenset(keys),
-            hoisted_groups=sum(1 for r in rot_b if r > 1), pmul=pmul, add=adds, rescale=n_giants,
-            depth=1, plaintexts=pmul, ciphertexts_out=p.p_out, slot_utilization=self.slot_utilization(),
+            hoisted_groups=sum(1 for r in rot_b if r > 1), pmul=terms + zero_parts, add=adds,
+            rescale=n_giants + zero_parts, depth=1, plaintexts=terms + (1 if zero_parts else 0),
+            ciphertexts_out=p.p_out, slot_utilization=self.slot_utilization(),
         )
 
     # ------------------------------------------------------------------ tables
@@ -155,6 +157,9 @@ class DiagonalKernel:
                     dl = self.delta(key)
                     beta = dl % n1
                     by_giant.setdefault(dl - beta, []).append((i, key, beta))
+            if not by_giant:  # every weight of this part is structurally zero
+                outs.append(b.zero_like(xs[0]))
+                continue
             total: str | None = None
             for gam, terms in sorted(by_giant.items()):
                 acc: str | None = None

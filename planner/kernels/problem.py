@@ -100,7 +100,7 @@ class ChannelProblem:
 
     @cached_property
     def tap_used(self) -> np.ndarray:
-        return self.anchor_tables[2].any(axis=1)
+        return np.asarray(self.anchor_tables[2].any(axis=1))
 
     def weight_index(self, co: np.ndarray, ci: np.ndarray, t: int) -> np.ndarray:
         """Flat index into the weight tensor of W(co, ci, tap t), -1 where structurally zero."""
@@ -115,7 +115,7 @@ class ChannelProblem:
         return np.where(ok, idx, -1)
 
     def pair_nonzero(self, co: np.ndarray, ci: np.ndarray) -> np.ndarray:
-        ok = (co < self.n) & (ci < self.k)
+        ok: np.ndarray = np.asarray((co < self.n) & (ci < self.k))
         if self.groups > 1:
             ok &= (co // (self.n // self.groups)) == (ci // (self.k // self.groups))
         return ok
@@ -147,6 +147,10 @@ def conv_output_layout(
     hi = base + (Ho - 1) * lh + (Wo - 1) * lw
     if lo < 0 or hi >= lay.lc:
         raise LayoutError("conv output anchors leave the channel block (padding needs margins)")
+    ho, wo = np.meshgrid(np.arange(Ho), np.arange(Wo), indexing="ij")
+    anchors = base + ho * lh + wo * lw
+    if np.unique(anchors).size != Ho * Wo:
+        raise LayoutError("conv output anchors collide in this layout (padding needs margins)")
     cpc_out = channels_per_ct(n_out, lay.lc, lay.slots)
     out = ChannelLayout(
         shape=(n_out, Ho, Wo), channels=n_out, height=Ho, width=Wo, slots=lay.slots,

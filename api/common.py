@@ -1,0 +1,27 @@
+"""Shared pieces of the CLI commands: consoles and the exit-status convention.
+
+Exit status: 0 success; 1 a run mismatched / a regression was found; 2 bad input (one
+line on stderr, nothing written); 3 solver time-out without a plan.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+class ExitError(Exception):
+    """Raise from a command to exit with ``code`` after printing the message on stderr."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def fail(e: Exception, code: int = 2) -> ExitError:
+    """One-line error (whitespace folded) with the given exit status."""
+    return ExitError(" ".join(str(e).split()), code)

@@ -1,0 +1,330 @@
+// Package slotlattigo runs slotplan plans (shared/SPEC.md section 4) under CKKS with
+// Lattigo v6, for Python through gopy. Its exported API is deliberately small and uses only
+// strings, byte slices and errors: plans and results as JSON, vectors as packed
+// little-endian float64. Every exported function recovers from panics and returns them as
+// errors, because a Go panic would abort the Python process.
+package slotlattigo
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// LattigoVersion is the Lattigo release this backend is built and tested against.
+const LattigoVersion = "v6.1.1"
+
+// Version returns the backend and Lattigo versions.
+func Version() (v string) {
+	defer func() {
+		if recover() != nil {
+			v = "unknown"
+		}
+	}()
+	return "slotlattigo 1 (lattigo " + LattigoVersion + ")"
+}
+
+// Run executes a plan end to end and returns a result JSON.
+//
+//   - planJSON: the plan (schema slotplan.plan/1).
+//   - inputs: for each "input" instruction in program order, its length-slots vector as
+//     little-endian float64, concatenated.
+//   - plaintexts: for each entry of the plan's "plaintexts" in sorted name order, its
+//     length-slots value vector, concatenated the same way.
+//   - optionsJSON: "" or an object with optional fields
+//     "key_dir" (where the client writes the evaluation keys; default: a temporary
+//     directory removed afterwards) and "key_level" (level of the generated rotation keys;
+//     default: the top level).
+//
+// The client side generates a secret key, only the plan's rotation keys (and the
+// relinearisation key when the plan multiplies ciphertexts) into the key directory, and
+// encrypts and decrypts; the evaluation side loads keys from the directory following the
+// plan's load_key/drop_key schedule (all keys up front when the plan has no load_key).
+//
+// The result JSON has "outputs" (one per "output" instruction in program order: tensor,
+// table, level, log2_scale, and "data" = base64 of the decrypted length-slots vector as
+// little-endian float64) and "stats".
+func Run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (result string, err error) {
+	defer recoverError(&err)
+	return run(planJSON, inputs, plaintexts, optionsJSON)
+}
+
+// Sizes reports what Lattigo's BinarySize gives for the objects of a parameter set
+// (a plan's "params" object as JSON): per level 0..max, the bytes of a ciphertext, a
+// plaintext and one rotation key generated at that level, and the relinearisation key.
+func Sizes(paramsJSON string) (result string, err error) {
+	defer recoverError(&err)
+	var pp planParams
+	if err := json.Unmarshal([]byte(paramsJSON), &pp); err != nil {
+		return "", fmt.Errorf("params are not valid JSON: %w", err)
+	}
+	params, err := pp.ckksParameters()
+	if err != nil {
+		return "", err
+	}
+	out := struct {
+		LogN            int      `json:"log_n"`
+		Slots           int      `json:"slots"`
+		MaxLevel        int      `json:"max_level"`
+		Q               []uint64 `json:"q"`
+		P               []uint64 `json:"p"`
+		LogQP           float64  `json:"log_qp"`
+		CiphertextBytes []int    `json:"ciphertext_bytes"`
+		PlaintextBytes  []int    `json:"plaintext_bytes"`
+		GaloisKeyBytes  []int    `json:"galois_key_bytes"`
+		RelinKeyBytes   int      `json:"relin_key_bytes"`
+	}{
+		LogN: params.LogN(), Slots: params.MaxSlots(), MaxLevel: params.MaxLevel(),
+		Q: params.Q(), P: params.P(), LogQP: params.LogQP(),
+		RelinKeyBytes: rlwe.NewRelinearizationKey(params).BinarySize(),
+	}
+	levelP := params.MaxLevelP()
+	for l := 0; l <= params.MaxLevel(); l++ {
+		out.CiphertextBytes = append(out.CiphertextBytes, ckks.NewCiphertext(params, 1, l).BinarySize())
+		out.PlaintextBytes = append(out.PlaintextBytes, ckks.NewPlaintext(params, l).BinarySize())
+		lq := l
+		gk := rlwe.NewGaloisKey(params, rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &levelP})
+		out.GaloisKeyBytes = append(out.GaloisKeyBytes, gk.BinarySize())
+	}
+	data, err := json.Marshal(out)
+	return string(data), err
+}
+
+func recoverError(err *error) {
+	if r := recover(); r != nil {
+		// Keep the frames from the panic site on (a few, enough to locate it).
+		stack := strings.Split(string(debug.Stack()), "\n")
+		for i, line := range stack {
+			if strings.HasPrefix(line, "panic(") {
+				stack = stack[i+2:]
+				break
+			}
+		}
+		if len(stack) > 12 {
+			stack = stack[:12]
+		}
+		*err = fmt.Errorf("internal error in the Lattigo backend (Go panic): %v\n%s", r, strings.Join(stack, "\n"))
+	}
+}
+
+type runOptions struct {
+	KeyDir   string `json:"key_dir"`
+	KeyLevel *int   `json:"key_level"`
+	// DebugPanic panics inside Run; tests use it to check that panics become errors.
+	DebugPanic bool `json:"debug_panic"`
+}
+
+type stats struct {
+	LogN                int                `json:"log_n"`
+	Slots               int                `json:"slots"`
+	MaxLevel            int                `json:"max_level"`
+	OpCounts            map[string]int     `json:"op_counts"`
+	OpSeconds           map[string]float64 `json:"op_seconds"`
+	Rotations           int                `json:"rotations"`
+	RotationKeys        int                `json:"rotation_keys"`
+	KeyMode             string             `json:"key_mode"`
+	KeyLevel            int                `json:"key_level"`
+	KeyLoads            int                `json:"key_loads"`
+	KeyLoadSeconds      float64            `json:"key_load_seconds"`
+	GaloisKeyBytes      int                `json:"galois_key_bytes"`
+	PeakKeyBytes        int64              `json:"peak_key_bytes"`
+	PeakResidentKeys    int                `json:"peak_resident_keys"`
+	RelinKeyBytes       int                `json:"relin_key_bytes"`
+	PeakCiphertextBytes int64              `json:"peak_ciphertext_bytes"`
+	SkippedRescales     int                `json:"skipped_rescales"`
+	MaxScaleFix         float64            `json:"max_scale_fix"`
+	KeygenSeconds       float64            `json:"keygen_seconds"`
+	KeyWriteSeconds     float64            `json:"key_write_seconds"`
+	SetupSeconds        float64            `json:"setup_seconds"`
+	EvalSeconds         float64            `json:"eval_seconds"`
+	TotalSeconds        float64            `json:"total_seconds"`
+}
+
+func (s *stats) addOp(op string, seconds float64) {
+	s.OpCounts[op]++
+	s.OpSeconds[op] += seconds
+}
+
+type outputRecord struct {
+	Tensor    string  `json:"tensor"`
+	Table     string  `json:"table"`
+	Level     int     `json:"level"`
+	Log2Scale float64 `json:"log2_scale"`
+	Data      string  `json:"data"`
+}
+
+type runResult struct {
+	Outputs []outputRecord `json:"outputs"`
+	Stats   *stats         `json:"stats"`
+}
+
+// unpack splits packed little-endian float64 into n vectors of length slots.
+func unpack(what string, data []byte, n, slots int) ([][]float64, error) {
+	if len(data) != n*slots*8 {
+		return nil, fmt.Errorf("%s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
+			what, n, slots, n*slots*8, len(data))
+	}
+	vecs := make([][]float64, n)
+	for i := range vecs {
+		v := make([]float64, slots)
+		if err := binary.Read(bytes.NewReader(data[i*slots*8:(i+1)*slots*8]), binary.LittleEndian, v); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		for s, x := range v {
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return nil, fmt.Errorf("%s: vector %d slot %d is %v", what, i, s, x)
+			}
+		}
+		vecs[i] = v
+	}
+	return vecs, nil
+}
+
+func pack(v []float64) string {
+	buf := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(x))
+	}
+	return base64.StdEncoding.EncodeToString(buf)
+}
+
+type runIO struct {
+	c       *client
+	p       *plan
+	inputs  [][]float64
+	outputs []outputRecord
+	outIdx  []int // program index of each output instruction
+}
+
+func (r *runIO) input(n int) (*rlwe.Ciphertext, error) {
+	return r.c.encrypt(r.inputs[n])
+}
+
+func (r *runIO) output(n int, ct *rlwe.Ciphertext) error {
+	v, err := r.c.decrypt(ct)
+	if err != nil {
+		return err
+	}
+	in := r.p.Program[r.outIdx[n]]
+	r.outputs = append(r.outputs, outputRecord{
+		Tensor: in.Tensor, Table: in.Table, Level: ct.Level(), Log2Scale: ct.Scale.Log2(), Data: pack(v),
+	})
+	return nil
+}
+
+func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (string, error) {
+	t0 := time.Now()
+	var opt runOptions
+	if strings.TrimSpace(optionsJSON) != "" {
+		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
+			return "", fmt.Errorf("options are not valid JSON: %w", err)
+		}
+	}
+	if opt.DebugPanic {
+		panic("debug_panic requested")
+	}
+	p, err := parsePlan(planJSON)
+	if err != nil {
+		return "", err
+	}
+	params, err := p.Params.ckksParameters()
+	if err != nil {
+		return "", err
+	}
+	slots := params.MaxSlots()
+	if err = p.validate(slots); err != nil {
+		return "", err
+	}
+	io := &runIO{p: p}
+	for i, in := range p.Program {
+		if in.Op == "output" {
+			io.outIdx = append(io.outIdx, i)
+		}
+	}
+	if io.inputs, err = unpack("inputs", inputs, p.count("input"), slots); err != nil {
+		return "", err
+	}
+	names := p.plaintextNames()
+	ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+	if err != nil {
+		return "", err
+	}
+	ptValues := map[string][]float64{}
+	for i, n := range names {
+		ptValues[n] = ptVecs[i]
+	}
+	keyLevel := params.MaxLevel()
+	if opt.KeyLevel != nil {
+		if *opt.KeyLevel < 0 || *opt.KeyLevel > params.MaxLevel() {
+			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", params.MaxLevel(), *opt.KeyLevel)
+		}
+		keyLevel = *opt.KeyLevel
+	}
+	keyDir := opt.KeyDir
+	if keyDir == "" {
+		if keyDir, err = os.MkdirTemp("", "slotlattigo-keys-"); err != nil {
+			return "", fmt.Errorf("cannot create a temporary key directory: %w", err)
+		}
+		defer os.RemoveAll(keyDir)
+	}
+
+	st := &stats{
+		LogN: params.LogN(), Slots: slots, MaxLevel: params.MaxLevel(),
+		OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
+		KeyMode: "keep_all", KeyLevel: keyLevel,
+	}
+	if p.hasKeySchedule() {
+		st.KeyMode = "scheduled"
+	}
+
+	// Client: secret key and evaluation keys into the key directory.
+	t := time.Now()
+	c := newClient(params)
+	io.c = c
+	skSec := time.Since(t).Seconds()
+	offsets := p.rotationOffsets()
+	m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), keyLevel)
+	if err != nil {
+		return "", err
+	}
+	st.KeygenSeconds, st.KeyWriteSeconds = skSec+genSec, writeSec
+	st.RotationKeys = len(offsets)
+	if len(m.Rotations) > 0 {
+		st.GaloisKeyBytes = m.Rotations[0].Bytes
+	}
+	st.RelinKeyBytes = m.RelinSize
+
+	// Evaluation side: only the key directory and ciphertexts.
+	t = time.Now()
+	keys, err := openKeyStore(keyDir, params)
+	if err != nil {
+		return "", err
+	}
+	ex := newExecutor(params, keys, p, ptValues, io, st)
+	st.SetupSeconds = time.Since(t).Seconds()
+
+	t = time.Now()
+	err = ex.run()
+	st.EvalSeconds = time.Since(t).Seconds()
+	st.KeyLoads, st.KeyLoadSeconds = keys.loads, keys.loadSeconds
+	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
+	if err != nil {
+		return "", err
+	}
+	st.TotalSeconds = time.Since(t0).Seconds()
+	data, err := json.Marshal(runResult{Outputs: io.outputs, Stats: st})
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the result: %w", err)
+	}
+	return string(data), nil
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds the Lattigo extension (Go package slotlattigo wrapped by gopy) and makes it
+# importable from the project's virtual environment:
+#
+#     import slotlattigo.slotlattigo          # what backends/lattigo_backend.py does
+#
+# Called by `make lattigo` (and so by `make install`, `make test`). Idempotent: when the
+# sources, the Go toolchain and the Python interpreter are unchanged since the last
+# successful build it only re-checks the import and exits.
+#
+# Needs: Go >= 1.24 with cgo (a C compiler), the venv's Python with its headers, and the
+# Go module proxy. Everything else is fetched at pinned versions:
+#   - gopy v0.4.10 and goimports, built from tools/go.mod against golang.org/x/tools
+#     v0.39.0 (`go install gopy@latest` does not work here, and the x/tools that gopy
+#     pins does not compile with recent Go);
+#   - pybindgen, pip-installed into the venv when missing.
+#
+# Layout (all ignored by git): build/bin (gopy, goimports), build/stamp, _gen/slotlattigo
+# (the Python package gopy generates; "_" keeps it out of the Go tool's ./... patterns),
+# and a slotplan_lattigo.pth in the venv's site-packages pointing at _gen.
+#
+# Usage: bash backends/lattigo/build.sh [--force]     (env VENV=... to use another venv)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+venv=${VENV:-$root/.venv}
+py=$venv/bin/python
+bin=$here/build/bin
+gen=$here/_gen
+stamp=$here/build/stamp
+force=0
+[ "${1:-}" = "--force" ] && force=1
+
+say() { echo "lattigo: $*"; }
+die() { echo "lattigo: error: $*" >&2; exit 1; }
+
+[ -x "$py" ] || die "no Python at $py: create the virtual environment first (make install)"
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+command -v go >/dev/null 2>&1 || die "the Go toolchain (go >= 1.24) is not on PATH"
+command -v "${CC:-cc}" >/dev/null 2>&1 || die "no C compiler (${CC:-cc}) for cgo"
+
+export CGO_ENABLED=1
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod"
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+
+# Make the generated package importable from the venv (cheap; also repairs a moved repo).
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$gen" > "$site/slotplan_lattigo.pth"
+
+smoke() { "$py" -c 'from slotlattigo import slotlattigo as m; print(m.Version())' 2>/dev/null; }
+
+fingerprint() {
+  {
+    cd "$here"
+    # Sources that go into the extension, the tool pins, this script.
+    ls ./*.go go.mod go.sum tools/go.mod tools/go.sum build.sh | grep -v '_test\.go$' | sort | xargs sha256sum
+    go version
+    "$py" -c 'import sys; print(sys.version, sys.executable)'
+  } | sha256sum | cut -d' ' -f1
+}
+want=$(fingerprint)
+
+if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && version=$(smoke); then
+  say "up to date ($version)"
+  exit 0
+fi
+
+start=$(date +%s)
+say "building gopy and goimports (pinned in tools/go.mod)"
+mkdir -p "$bin"
+(cd "$here/tools" && go build -o "$bin/gopy" github.com/go-python/gopy \
+                  && go build -o "$bin/goimports" golang.org/x/tools/cmd/goimports)
+
+if ! "$py" -c 'import pybindgen' 2>/dev/null; then
+  say "installing pybindgen into $venv"
+  "$py" -m pip install -q 'pybindgen>=0.22'
+fi
+
+say "gopy build (Lattigo $(sed -n 's/.*tuneinsight\/lattigo\/v6 \(v[0-9.]*\).*/\1/p' "$here/go.mod"))"
+rm -rf "$gen" "$stamp"
+mkdir -p "$gen"
+log=$here/build/gopy.log
+# gopy must run inside the Go module it wraps, with its output inside that module too.
+if ! (cd "$here" && PATH="$bin:$venv/bin:$PATH" "$bin/gopy" build -output="$gen/slotlattigo" -vm="$py" . >"$log" 2>&1); then
+  tail -n 40 "$log" >&2
+  die "gopy build failed (full log: $log)"
+fi
+# Build intermediates are not needed at run time.
+rm -f "$gen/slotlattigo/"*.c "$gen/slotlattigo/"*.h "$gen/slotlattigo/"*.go \
+      "$gen/slotlattigo/build.py" "$gen/slotlattigo/Makefile" "$gen/slotlattigo/slotlattigo_go.so"
+
+version=$(smoke) || die "the extension was built but does not import from $py (see $log)"
+echo "$want" > "$stamp"
+say "built $version in $(( $(date +%s) - start )) s -> $gen/slotlattigo"

@@ -1,0 +1,460 @@
+package slotlattigo
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+	"github.com/tuneinsight/lattigo/v6/utils/bignum"
+)
+
+// Level and scale policy (what the executor does so that any plan of SPEC section 4 runs):
+//
+//   - input: encrypted at the top level with the default scale 2^log_scale.
+//   - pmul: the plaintext is encoded at the ciphertext's level with scale q_level (the
+//     prime a rescale removes), so the following rescale restores the ciphertext's scale
+//     exactly. cmul multiplies the scales (relinearised at once).
+//   - An operand "carries an unrescaled product" when rescaling it would leave a scale of
+//     at least 2^(log_scale/2). Before every multiplication (pmul, cmul, poly) such an
+//     operand is rescaled automatically, so plans that never say "rescale" still work and
+//     scales never overflow. The register is replaced by its rescaled value (same value).
+//   - add/sub: operands whose scales differ are first auto-rescaled where possible (so a
+//     fresh ciphertext plus an unrescaled product works); a remaining relative scale
+//     difference below 2^-16 (drift of cmul results, whose scale is s_a*s_b/q) is
+//     absorbed by relabelling one scale and reported as max_scale_fix; anything larger is
+//     an error. Operands at different levels are combined at the lower level.
+//   - padd/psub: the plaintext is encoded at the ciphertext's level and exact scale.
+//   - rescale: a real Rescale when the operand carries an unrescaled product; otherwise the
+//     value is passed through unchanged (counted as skipped_rescales), because dividing a
+//     ciphertext at the default scale by q would destroy its precision.
+//   - poly: Lattigo's polynomial evaluator (monomial basis, Paterson-Stockmeyer); it uses
+//     ceil(log2(degree+1)) levels (none for a constant). Its target scale is the default
+//     scale when the input's is within 2^-10 of it (this removes cmul drift), else the
+//     input's scale.
+//   - Multiplying at a level with nothing left to rescale is an error naming the register.
+//   - rot/rot_hoisted: the key must be resident and generated at a level >= the
+//     ciphertext's level (a lower-level key would give silently wrong results).
+
+type executor struct {
+	params   ckks.Parameters
+	eval     *ckks.Evaluator
+	polyEval *polynomial.Evaluator
+	ecd      *ckks.Encoder
+	keys     *keyStore
+	plan     *plan
+	ptValues map[string][]float64
+	io       clientIO
+
+	scheduled bool
+	regs      map[string]*rlwe.Ciphertext
+	refs      map[*rlwe.Ciphertext]int
+	lastUse   map[string]int
+
+	liveBytes int64
+	st        *stats
+
+	rescaleSec float64 // auto-rescale time inside the current instruction
+	nInput     int
+	nOutput    int
+}
+
+// clientIO is how the evaluation side reaches the client: it asks for the n-th input
+// ciphertext and hands over the n-th output ciphertext.
+type clientIO interface {
+	input(n int) (*rlwe.Ciphertext, error)
+	output(n int, ct *rlwe.Ciphertext) error
+}
+
+func newExecutor(params ckks.Parameters, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats) *executor {
+	eval := ckks.NewEvaluator(params, keys)
+	e := &executor{
+		params:    params,
+		eval:      eval,
+		polyEval:  polynomial.NewEvaluator(params, eval),
+		ecd:       ckks.NewEncoder(params),
+		keys:      keys,
+		plan:      p,
+		ptValues:  ptValues,
+		io:        io,
+		scheduled: p.hasKeySchedule(),
+		regs:      map[string]*rlwe.Ciphertext{},
+		refs:      map[*rlwe.Ciphertext]int{},
+		lastUse:   map[string]int{},
+		st:        st,
+	}
+	for i, in := range p.Program {
+		for _, r := range in.defs() {
+			e.lastUse[r] = i
+		}
+		for _, r := range in.uses() {
+			e.lastUse[r] = i
+		}
+	}
+	return e
+}
+
+func (e *executor) run() error {
+	if !e.scheduled {
+		if err := e.keys.loadAll(); err != nil {
+			return fmt.Errorf("keep-all key policy: %w", err)
+		}
+	}
+	for i, in := range e.plan.Program {
+		t := time.Now()
+		e.rescaleSec = 0
+		if err := e.step(in); err != nil {
+			return fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
+		}
+		e.st.addOp(in.Op, time.Since(t).Seconds()-e.rescaleSec)
+		if in.Op == "rot_hoisted" {
+			e.st.Rotations += len(in.Ks)
+		} else if in.Op == "rot" {
+			e.st.Rotations++
+		}
+		if e.liveBytes > e.st.PeakCiphertextBytes {
+			e.st.PeakCiphertextBytes = e.liveBytes
+		}
+		// Free the registers this instruction read or wrote for the last time.
+		for _, r := range append(in.uses(), in.defs()...) {
+			if e.lastUse[r] == i {
+				e.set(r, nil)
+			}
+		}
+	}
+	return nil
+}
+
+// set binds a register (nil unbinds it) and keeps the live ciphertext bytes; registers
+// may share one ciphertext (skipped rescale, duplicate hoisted offsets).
+func (e *executor) set(name string, ct *rlwe.Ciphertext) {
+	if old, ok := e.regs[name]; ok {
+		e.refs[old]--
+		if e.refs[old] == 0 {
+			delete(e.refs, old)
+			e.liveBytes -= int64(old.BinarySize())
+		}
+		delete(e.regs, name)
+	}
+	if ct == nil {
+		return
+	}
+	if e.refs[ct] == 0 {
+		e.liveBytes += int64(ct.BinarySize())
+	}
+	e.refs[ct]++
+	e.regs[name] = ct
+}
+
+func (e *executor) newCt(level int) *rlwe.Ciphertext {
+	return ckks.NewCiphertext(e.params, 1, level)
+}
+
+// rescaleFactor is the scale one rescale divides by at this level.
+func (e *executor) rescaleFactor(level int) rlwe.Scale {
+	f := rlwe.NewScale(1)
+	q := e.params.Q()
+	for i := 0; i < e.params.LevelsConsumedPerRescaling(); i++ {
+		f = f.Mul(rlwe.NewScale(q[level-i]))
+	}
+	return f
+}
+
+// canRescale: the ciphertext carries an unrescaled product (see the policy above).
+func (e *executor) canRescale(ct *rlwe.Ciphertext) bool {
+	if ct.Level() < e.params.LevelsConsumedPerRescaling() {
+		return false
+	}
+	return ct.Scale.Div(e.rescaleFactor(ct.Level())).Log2() >= float64(e.params.LogDefaultScale())/2
+}
+
+func (e *executor) rescale(ct *rlwe.Ciphertext) (*rlwe.Ciphertext, error) {
+	out := e.newCt(ct.Level() - e.params.LevelsConsumedPerRescaling())
+	if err := e.eval.Rescale(ct, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// operand returns a register's ciphertext, first rescaling it (and rebinding the
+// register) when it carries an unrescaled product and rescaleFirst is set.
+func (e *executor) operand(name string, rescaleFirst bool) (*rlwe.Ciphertext, error) {
+	ct := e.regs[name]
+	if ct == nil {
+		return nil, fmt.Errorf("register %q is not live", name)
+	}
+	if !rescaleFirst || !e.canRescale(ct) {
+		return ct, nil
+	}
+	t := time.Now()
+	out, err := e.rescale(ct)
+	if err != nil {
+		return nil, fmt.Errorf("automatic rescale of %q: %w", name, err)
+	}
+	d := time.Since(t).Seconds()
+	e.rescaleSec += d
+	e.st.addOp("auto_rescale", d)
+	e.set(name, out)
+	return out, nil
+}
+
+// checkMulLevel refuses a multiplication whose result could not be rescaled.
+func (e *executor) checkMulLevel(name string, ct *rlwe.Ciphertext, levels int) error {
+	if need := levels * e.params.LevelsConsumedPerRescaling(); ct.Level() < need {
+		return fmt.Errorf("register %q is at level %d but this multiplication needs %d level(s): the plan uses more multiplicative depth than log_q provides (%d levels)",
+			name, ct.Level(), need, e.params.MaxLevel())
+	}
+	return nil
+}
+
+// binaryOperands prepares add/sub operands so that their scales agree (policy above).
+func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Ciphertext, error) {
+	a, b := e.regs[an], e.regs[bn]
+	if a.Scale.Cmp(b.Scale) != 0 {
+		var err error
+		if a, err = e.operand(an, true); err != nil {
+			return nil, nil, err
+		}
+		if b, err = e.operand(bn, true); err != nil {
+			return nil, nil, err
+		}
+	}
+	if a.Scale.Cmp(b.Scale) != 0 {
+		ratio := a.Scale.Div(b.Scale).Float64()
+		rel := math.Abs(ratio - 1)
+		if rel > 1.0/65536 {
+			return nil, nil, fmt.Errorf("operands %q (level %d, scale 2^%.3f) and %q (level %d, scale 2^%.3f) have incompatible scales",
+				an, a.Level(), a.Scale.Log2(), bn, b.Level(), b.Scale.Log2())
+		}
+		// Relabel b's scale (shallow copy: the polynomials are shared, read only).
+		md := *b.MetaData
+		md.Scale = a.Scale
+		b = &rlwe.Ciphertext{Element: rlwe.Element[ring.Poly]{Value: b.Value, MetaData: &md}}
+		if rel > e.st.MaxScaleFix {
+			e.st.MaxScaleFix = rel
+		}
+	}
+	return a, b, nil
+}
+
+func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Plaintext, error) {
+	pt := ckks.NewPlaintext(e.params, level)
+	pt.Scale = scale
+	if err := e.ecd.Encode(e.ptValues[name], pt); err != nil {
+		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
+	}
+	return pt, nil
+}
+
+// rotationKey checks that the key for offset k can rotate ct.
+func (e *executor) rotationKey(k int, ct *rlwe.Ciphertext) error {
+	gk := e.keys.residentKey(k)
+	if gk == nil {
+		if e.scheduled {
+			return fmt.Errorf("no key for k=%d resident (the key schedule must load_key it before this rotation)", k)
+		}
+		return fmt.Errorf("no key for k=%d", k)
+	}
+	if gk.LevelQ() < ct.Level() {
+		return fmt.Errorf("rotation key k=%d was generated at level %d, below the ciphertext's level %d (it would give wrong results)",
+			k, gk.LevelQ(), ct.Level())
+	}
+	return nil
+}
+
+func (e *executor) step(in instr) error {
+	switch in.Op {
+	case "input":
+		ct, err := e.io.input(e.nInput)
+		if err != nil {
+			return err
+		}
+		e.nInput++
+		e.set(in.Dst, ct)
+
+	case "output":
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		if err = e.io.output(e.nOutput, ct); err != nil {
+			return err
+		}
+		e.nOutput++
+
+	case "rot":
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		if err = e.rotationKey(*in.K, ct); err != nil {
+			return err
+		}
+		out := e.newCt(ct.Level())
+		if err = e.eval.Rotate(ct, *in.K, out); err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "rot_hoisted":
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		outs := map[int]*rlwe.Ciphertext{}
+		var ks []int
+		for _, k := range in.Ks {
+			if err = e.rotationKey(k, ct); err != nil {
+				return err
+			}
+			if _, ok := outs[k]; !ok {
+				outs[k] = e.newCt(ct.Level())
+				ks = append(ks, k)
+			}
+		}
+		if err = e.eval.RotateHoisted(ct, ks, outs); err != nil {
+			return err
+		}
+		for j, k := range in.Ks {
+			e.set(in.Dsts[j], outs[k])
+		}
+
+	case "add", "sub":
+		a, b, err := e.binaryOperands(in.A, in.B)
+		if err != nil {
+			return err
+		}
+		out := e.newCt(min(a.Level(), b.Level()))
+		if in.Op == "add" {
+			err = e.eval.Add(a, b, out)
+		} else {
+			err = e.eval.Sub(a, b, out)
+		}
+		if err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "padd", "psub":
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		pt, err := e.plaintext(in.Pt, ct.Level(), ct.Scale)
+		if err != nil {
+			return err
+		}
+		out := e.newCt(ct.Level())
+		if in.Op == "padd" {
+			err = e.eval.Add(ct, pt, out)
+		} else {
+			err = e.eval.Sub(ct, pt, out)
+		}
+		if err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "pmul":
+		ct, err := e.operand(in.Src, true)
+		if err != nil {
+			return err
+		}
+		if err = e.checkMulLevel(in.Src, ct, 1); err != nil {
+			return err
+		}
+		pt, err := e.plaintext(in.Pt, ct.Level(), e.rescaleFactor(ct.Level()))
+		if err != nil {
+			return err
+		}
+		out := e.newCt(ct.Level())
+		if err = e.eval.Mul(ct, pt, out); err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "cmul":
+		a, err := e.operand(in.A, true)
+		if err != nil {
+			return err
+		}
+		b, err := e.operand(in.B, true)
+		if err != nil {
+			return err
+		}
+		if err = e.checkMulLevel(in.A, a, 1); err != nil {
+			return err
+		}
+		if err = e.checkMulLevel(in.B, b, 1); err != nil {
+			return err
+		}
+		if e.keys.rlk == nil {
+			return fmt.Errorf("no relinearisation key")
+		}
+		out := e.newCt(min(a.Level(), b.Level()))
+		if err = e.eval.MulRelin(a, b, out); err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "poly":
+		ct, err := e.operand(in.Src, true)
+		if err != nil {
+			return err
+		}
+		d := polyDegree(in.Coeffs)
+		var out *rlwe.Ciphertext
+		if d == 0 {
+			// c0 everywhere: 0 * ct + c0 keeps level and scale.
+			if out, err = e.eval.MulNew(ct, 0); err == nil {
+				err = e.eval.Add(out, in.Coeffs[0], out)
+			}
+		} else {
+			if err = e.checkMulLevel(in.Src, ct, bits.Len(uint(d))); err != nil {
+				return err
+			}
+			// Target the default scale when the input is close to it: this also removes
+			// the small scale drift that cmul results carry.
+			target := ct.Scale
+			if math.Abs(ct.Scale.Div(e.params.DefaultScale()).Float64()-1) < 1.0/1024 {
+				target = e.params.DefaultScale()
+			}
+			poly := bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
+			out, err = e.polyEval.Evaluate(ct, poly, target)
+		}
+		if err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "rescale":
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		if !e.canRescale(ct) {
+			e.st.SkippedRescales++
+			e.set(in.Dst, ct)
+			return nil
+		}
+		out, err := e.rescale(ct)
+		if err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "load_key":
+		return e.keys.load(*in.K)
+
+	case "drop_key":
+		e.keys.drop(*in.K)
+
+	default:
+		return fmt.Errorf("unknown op %q", in.Op)
+	}
+	return nil
+}

@@ -1,0 +1,182 @@
+package slotlattigo
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// keyStore is the evaluation side's rlwe.EvaluationKeySet. It knows every key of a key
+// directory (from its manifest) but holds in memory only the resident ones: load reads a
+// key from disk, drop forgets it. Lattigo asks it for a key on every rotation.
+//
+// GetGaloisKeysList returns every Galois element the directory can serve (not only the
+// resident ones): Lattigo's evaluator precomputes its automorphism index tables from that
+// list, and an incomplete list makes it fill the table lazily (a data race) or panic.
+//
+// The store is used by one goroutine; ShallowCopy returns the store itself.
+type keyStore struct {
+	dir      string
+	params   ckks.Parameters
+	manifest keyManifest
+	byGalEl  map[uint64]manifestKey
+	galEls   []uint64
+
+	resident map[uint64]*rlwe.GaloisKey
+	rlk      *rlwe.RelinearizationKey
+
+	residentBytes int64
+	peakBytes     int64
+	peakCount     int
+	loads         int
+	loadSeconds   float64
+}
+
+func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
+	data, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if err != nil {
+		return nil, fmt.Errorf("key directory %s has no readable %s: %w", dir, manifestName, err)
+	}
+	var m keyManifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("key directory %s: %s is not valid: %w", dir, manifestName, err)
+	}
+	if m.LogN != params.LogN() || !slices.Equal(m.Q, params.Q()) || !slices.Equal(m.P, params.P()) {
+		return nil, fmt.Errorf("key directory %s holds keys for other parameters (log_n %d, %d+%d primes)",
+			dir, m.LogN, len(m.Q), len(m.P))
+	}
+	s := &keyStore{
+		dir: dir, params: params, manifest: m,
+		byGalEl:  map[uint64]manifestKey{},
+		resident: map[uint64]*rlwe.GaloisKey{},
+	}
+	for _, mk := range m.Rotations {
+		if mk.GaloisElement != params.GaloisElement(mk.K) {
+			return nil, fmt.Errorf("key directory %s: key %s claims k=%d but Galois element %d", dir, mk.File, mk.K, mk.GaloisElement)
+		}
+		s.byGalEl[mk.GaloisElement] = mk
+		s.galEls = append(s.galEls, mk.GaloisElement)
+	}
+	sort.Slice(s.galEls, func(i, j int) bool { return s.galEls[i] < s.galEls[j] })
+	if m.Relin != "" {
+		rlk := new(rlwe.RelinearizationKey)
+		if err := s.readInto(m.Relin, rlk); err != nil {
+			return nil, err
+		}
+		s.rlk = rlk
+	}
+	return s, nil
+}
+
+// readInto streams a key file into obj (no second in-memory copy of the key).
+func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
+	path := filepath.Join(s.dir, name)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("cannot read key file: %w", err)
+	}
+	defer f.Close()
+	if _, err := obj.ReadFrom(bufio.NewReaderSize(f, 1<<20)); err != nil {
+		return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
+	}
+	return nil
+}
+
+// has reports whether the directory holds a key for rotation offset k.
+func (s *keyStore) has(k int) bool {
+	_, ok := s.byGalEl[s.params.GaloisElement(k)]
+	return ok
+}
+
+// residentKey returns the resident key for offset k, or nil.
+func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
+	return s.resident[s.params.GaloisElement(k)]
+}
+
+// load makes the key for offset k resident (a no-op when it already is).
+func (s *keyStore) load(k int) error {
+	galEl := s.params.GaloisElement(k)
+	if _, ok := s.resident[galEl]; ok {
+		return nil
+	}
+	mk, ok := s.byGalEl[galEl]
+	if !ok {
+		return fmt.Errorf("key directory %s has no rotation key for k=%d", s.dir, k)
+	}
+	t := time.Now()
+	gk := new(rlwe.GaloisKey)
+	if err := s.readInto(mk.File, gk); err != nil {
+		return err
+	}
+	if gk.GaloisElement != galEl {
+		return fmt.Errorf("key file %s holds Galois element %d, expected %d (k=%d)", mk.File, gk.GaloisElement, galEl, k)
+	}
+	s.loadSeconds += time.Since(t).Seconds()
+	s.loads++
+	s.resident[galEl] = gk
+	s.residentBytes += int64(gk.BinarySize())
+	if s.residentBytes > s.peakBytes {
+		s.peakBytes = s.residentBytes
+	}
+	if len(s.resident) > s.peakCount {
+		s.peakCount = len(s.resident)
+	}
+	return nil
+}
+
+// drop forgets the key for offset k (a no-op when it is not resident).
+func (s *keyStore) drop(k int) {
+	galEl := s.params.GaloisElement(k)
+	if gk, ok := s.resident[galEl]; ok {
+		s.residentBytes -= int64(gk.BinarySize())
+		delete(s.resident, galEl)
+	}
+}
+
+// loadAll makes every key of the directory resident (the keep-all policy).
+func (s *keyStore) loadAll() error {
+	for _, mk := range s.manifest.Rotations {
+		if err := s.load(mk.K); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetGaloisKey implements rlwe.EvaluationKeySet.
+func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
+	if gk, ok := s.resident[galEl]; ok {
+		return gk, nil
+	}
+	if mk, ok := s.byGalEl[galEl]; ok {
+		return nil, fmt.Errorf("rotation key k=%d is not resident", mk.K)
+	}
+	return nil, fmt.Errorf("no rotation key for Galois element %d", galEl)
+}
+
+// GetGaloisKeysList implements rlwe.EvaluationKeySet: every element the store can serve.
+func (s *keyStore) GetGaloisKeysList() []uint64 {
+	return slices.Clone(s.galEls)
+}
+
+// GetRelinearizationKey implements rlwe.EvaluationKeySet.
+func (s *keyStore) GetRelinearizationKey() (*rlwe.RelinearizationKey, error) {
+	if s.rlk == nil {
+		return nil, fmt.Errorf("no relinearisation key in %s", s.dir)
+	}
+	return s.rlk, nil
+}
+
+// ShallowCopy implements rlwe.EvaluationKeySet (single goroutine: the store itself).
+func (s *keyStore) ShallowCopy() rlwe.EvaluationKeySet {
+	return s
+}

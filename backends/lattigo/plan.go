@@ -1,0 +1,317 @@
+package slotlattigo
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+const planSchema = "slotplan.plan/1"
+
+// planParams is the part of a plan's "params" object the backend reads (SPEC section 3).
+type planParams struct {
+	LogN     int   `json:"log_n"`
+	LogQ     []int `json:"log_q"`
+	LogP     []int `json:"log_p"`
+	LogScale int   `json:"log_scale"`
+	Slots    int   `json:"slots"`
+}
+
+type plaintextSpec struct {
+	Source string `json:"source"`
+	Table  string `json:"table"`
+}
+
+// instr is one program instruction (SPEC section 4). Which fields are used depends on Op.
+type instr struct {
+	Op     string    `json:"op"`
+	Dst    string    `json:"dst"`
+	Dsts   []string  `json:"dsts"`
+	Src    string    `json:"src"`
+	A      string    `json:"a"`
+	B      string    `json:"b"`
+	K      *int      `json:"k"`
+	Ks     []int     `json:"ks"`
+	Pt     string    `json:"pt"`
+	Coeffs []float64 `json:"coeffs"`
+	Tensor string    `json:"tensor"`
+	Table  string    `json:"table"`
+}
+
+type plan struct {
+	Schema     string                   `json:"schema"`
+	Params     *planParams              `json:"params"`
+	Plaintexts map[string]plaintextSpec `json:"plaintexts"`
+	Program    []instr                  `json:"program"`
+}
+
+// opName is used in error messages; it never fails on an instruction without "op".
+func (in instr) opName() string {
+	if in.Op == "" {
+		return "?"
+	}
+	return in.Op
+}
+
+// uses lists the registers an instruction reads.
+func (in instr) uses() []string {
+	switch in.Op {
+	case "rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "output":
+		return []string{in.Src}
+	case "add", "sub", "cmul":
+		return []string{in.A, in.B}
+	}
+	return nil
+}
+
+// defs lists the registers an instruction writes.
+func (in instr) defs() []string {
+	switch in.Op {
+	case "rot_hoisted":
+		return in.Dsts
+	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale":
+		return []string{in.Dst}
+	}
+	return nil
+}
+
+func parsePlan(planJSON string) (*plan, error) {
+	dec := json.NewDecoder(strings.NewReader(planJSON))
+	var p plan
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("plan is not valid JSON for %s: %w", planSchema, err)
+	}
+	if p.Schema != planSchema {
+		return nil, fmt.Errorf("plan schema is %q, expected %q", p.Schema, planSchema)
+	}
+	if p.Params == nil {
+		return nil, fmt.Errorf("plan has no \"params\" object")
+	}
+	if p.Plaintexts == nil {
+		p.Plaintexts = map[string]plaintextSpec{}
+	}
+	return &p, nil
+}
+
+// ckksParameters turns a plan's params object into Lattigo parameters.
+func (pp *planParams) ckksParameters() (ckks.Parameters, error) {
+	if pp.LogN < 10 || pp.LogN > 17 {
+		return ckks.Parameters{}, fmt.Errorf("params: log_n must be in 10..17, got %d", pp.LogN)
+	}
+	if len(pp.LogQ) == 0 {
+		return ckks.Parameters{}, fmt.Errorf("params: log_q must list at least one prime size")
+	}
+	if len(pp.LogP) == 0 {
+		return ckks.Parameters{}, fmt.Errorf("params: log_p must list at least one prime size (rotations need key switching)")
+	}
+	if pp.LogScale < 10 || pp.LogScale > 120 {
+		return ckks.Parameters{}, fmt.Errorf("params: log_scale must be in 10..120, got %d", pp.LogScale)
+	}
+	if slots := 1 << (pp.LogN - 1); pp.Slots != 0 && pp.Slots != slots {
+		return ckks.Parameters{}, fmt.Errorf("params: slots = %d but log_n = %d gives %d slots", pp.Slots, pp.LogN, slots)
+	}
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN:            pp.LogN,
+		LogQ:            pp.LogQ,
+		LogP:            pp.LogP,
+		LogDefaultScale: pp.LogScale,
+	})
+	if err != nil {
+		return ckks.Parameters{}, fmt.Errorf("params: Lattigo rejects log_n=%d log_q=%v log_p=%v log_scale=%d: %w",
+			pp.LogN, pp.LogQ, pp.LogP, pp.LogScale, err)
+	}
+	return params, nil
+}
+
+// validate checks the program's structure (SSA, operands, fields, offsets) before any
+// cryptography runs, so errors name the instruction and the rule broken.
+func (p *plan) validate(slots int) error {
+	defined := map[string]int{}
+	checkK := func(k int) error {
+		if k < 1 || k >= slots {
+			return fmt.Errorf("rotation offset k=%d outside 1..%d (offsets must be normalised mod slots)", k, slots-1)
+		}
+		return nil
+	}
+	for i, in := range p.Program {
+		fail := func(format string, args ...any) error {
+			return fmt.Errorf("instruction %d (%s): %s", i, in.opName(), fmt.Sprintf(format, args...))
+		}
+		need := func(field, value string) error {
+			if value == "" {
+				return fail("missing field %q", field)
+			}
+			return nil
+		}
+		var err error
+		switch in.Op {
+		case "input", "output":
+			if in.Op == "input" {
+				err = need("dst", in.Dst)
+			} else {
+				err = need("src", in.Src)
+			}
+			if err == nil {
+				err = need("tensor", in.Tensor)
+			}
+			if err == nil {
+				err = need("table", in.Table)
+			}
+		case "rot":
+			if err = need("dst", in.Dst); err == nil {
+				err = need("src", in.Src)
+			}
+			if err == nil && in.K == nil {
+				err = fail("missing field \"k\"")
+			}
+			if err == nil {
+				if e := checkK(*in.K); e != nil {
+					err = fail("%v", e)
+				}
+			}
+		case "rot_hoisted":
+			err = need("src", in.Src)
+			if err == nil && (len(in.Ks) == 0 || len(in.Ks) != len(in.Dsts)) {
+				err = fail("needs non-empty \"ks\" and \"dsts\" of equal length (got %d and %d)", len(in.Ks), len(in.Dsts))
+			}
+			for j := 0; err == nil && j < len(in.Ks); j++ {
+				if e := checkK(in.Ks[j]); e != nil {
+					err = fail("%v", e)
+				} else if in.Dsts[j] == "" {
+					err = fail("dsts[%d] is empty", j)
+				}
+			}
+		case "add", "sub", "cmul":
+			if err = need("dst", in.Dst); err == nil {
+				if err = need("a", in.A); err == nil {
+					err = need("b", in.B)
+				}
+			}
+		case "pmul", "padd", "psub":
+			if err = need("dst", in.Dst); err == nil {
+				if err = need("src", in.Src); err == nil {
+					err = need("pt", in.Pt)
+				}
+			}
+			if err == nil {
+				if _, ok := p.Plaintexts[in.Pt]; !ok {
+					err = fail("plaintext %q is not declared in \"plaintexts\"", in.Pt)
+				}
+			}
+		case "poly":
+			if err = need("dst", in.Dst); err == nil {
+				err = need("src", in.Src)
+			}
+			if err == nil && len(in.Coeffs) == 0 {
+				err = fail("missing or empty \"coeffs\"")
+			}
+			for _, c := range in.Coeffs {
+				if err == nil && (math.IsNaN(c) || math.IsInf(c, 0)) {
+					err = fail("coefficient %v is not finite", c)
+				}
+			}
+		case "rescale":
+			if err = need("dst", in.Dst); err == nil {
+				err = need("src", in.Src)
+			}
+		case "load_key", "drop_key":
+			if in.K == nil {
+				err = fail("missing field \"k\"")
+			} else if e := checkK(*in.K); e != nil {
+				err = fail("%v", e)
+			}
+		case "":
+			err = fail("missing field \"op\"")
+		default:
+			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale load_key drop_key output)", in.Op)
+		}
+		if err != nil {
+			return err
+		}
+		for _, r := range in.uses() {
+			if _, ok := defined[r]; !ok {
+				return fail("reads register %q before it is written", r)
+			}
+		}
+		for _, r := range in.defs() {
+			if j, ok := defined[r]; ok {
+				return fail("writes register %q a second time (first written by instruction %d; programs are SSA)", r, j)
+			}
+			defined[r] = i
+		}
+	}
+	return nil
+}
+
+// rotationOffsets returns the sorted distinct offsets the plan needs keys for.
+func (p *plan) rotationOffsets() []int {
+	set := map[int]bool{}
+	for _, in := range p.Program {
+		switch in.Op {
+		case "rot", "load_key":
+			set[*in.K] = true
+		case "rot_hoisted":
+			for _, k := range in.Ks {
+				set[k] = true
+			}
+		}
+	}
+	ks := make([]int, 0, len(set))
+	for k := range set {
+		ks = append(ks, k)
+	}
+	sort.Ints(ks)
+	return ks
+}
+
+// needsRelin reports whether the program multiplies two ciphertexts (cmul, poly of degree >= 2).
+func (p *plan) needsRelin() bool {
+	for _, in := range p.Program {
+		if in.Op == "cmul" || (in.Op == "poly" && polyDegree(in.Coeffs) >= 2) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *plan) hasKeySchedule() bool {
+	for _, in := range p.Program {
+		if in.Op == "load_key" {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *plan) count(op string) int {
+	n := 0
+	for _, in := range p.Program {
+		if in.Op == op {
+			n++
+		}
+	}
+	return n
+}
+
+// plaintextNames returns the plaintext names in the order their vectors are packed.
+func (p *plan) plaintextNames() []string {
+	names := make([]string, 0, len(p.Plaintexts))
+	for n := range p.Plaintexts {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// polyDegree is the degree after trailing zero coefficients are dropped.
+func polyDegree(coeffs []float64) int {
+	d := len(coeffs) - 1
+	for d > 0 && coeffs[d] == 0 {
+		d--
+	}
+	return d
+}

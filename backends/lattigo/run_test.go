@@ -1,0 +1,104 @@
+package slotlattigo
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"math/rand"
+	"strings"
+	"testing"
+)
+
+// A quick Go-side check of Run; the full suite is tests/test_lattigo_backend.py.
+
+const testParams = `{"log_n": 12, "slots": 2048, "log_q": [55, 40, 40, 40, 40], "log_p": [55], "log_scale": 40}`
+
+func packVecs(vs ...[]float64) []byte {
+	var out []byte
+	for _, v := range vs {
+		for _, x := range v {
+			out = binary.LittleEndian.AppendUint64(out, math.Float64bits(x))
+		}
+	}
+	return out
+}
+
+func decodeOut(t *testing.T, s string) []float64 {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := make([]float64, len(raw)/8)
+	for i := range v {
+		v[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+	}
+	return v
+}
+
+func TestRunSmall(t *testing.T) {
+	const slots = 2048
+	rng := rand.New(rand.NewSource(1))
+	x := make([]float64, slots)
+	w := make([]float64, slots)
+	for i := range x {
+		x[i], w[i] = rng.Float64()*2-1, rng.Float64()*2-1
+	}
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}},
+	  "program": [
+	    {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+	    {"op": "rot", "dst": "c1", "src": "c0", "k": 5},
+	    {"op": "pmul", "dst": "c2", "src": "c1", "pt": "p0"},
+	    {"op": "rescale", "dst": "c3", "src": "c2"},
+	    {"op": "cmul", "dst": "c4", "a": "c3", "b": "c0"},
+	    {"op": "poly", "dst": "c5", "src": "c4", "coeffs": [0.5, -1.0, 0.25]},
+	    {"op": "add", "dst": "c6", "a": "c5", "b": "c0"},
+	    {"op": "output", "src": "c6", "tensor": "y", "table": "out/y"}
+	  ]}`
+	res, err := Run(planJSON, packVecs(x), packVecs(w), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r runResult
+	if err := json.Unmarshal([]byte(res), &r); err != nil {
+		t.Fatal(err)
+	}
+	got := decodeOut(t, r.Outputs[0].Data)
+	maxErr := 0.0
+	for s := 0; s < slots; s++ {
+		v := x[(s+5)%slots] * w[s] * x[s]
+		want := 0.5 - v + 0.25*v*v + x[s]
+		maxErr = math.Max(maxErr, math.Abs(got[s]-want))
+	}
+	if maxErr > 1e-5 {
+		t.Fatalf("max abs error %g", maxErr)
+	}
+	t.Logf("max abs error %.3g, output level %d, stats %+v", maxErr, r.Outputs[0].Level, *r.Stats)
+}
+
+func TestRunErrors(t *testing.T) {
+	cases := map[string]string{
+		`{"schema": "slotplan.plan/1", "params": ` + testParams + `, "program": [
+		   {"op": "input", "dst": "c0", "tensor": "x", "table": "t"},
+		   {"op": "load_key", "k": 1},
+		   {"op": "rot", "dst": "c1", "src": "c0", "k": 2}]}`: "instruction 2 (rot): no key for k=2 resident",
+		`{"schema": "slotplan.plan/1", "params": ` + testParams + `, "program": [
+		   {"op": "input", "dst": "c0", "tensor": "x", "table": "t"},
+		   {"op": "rot", "dst": "c1", "src": "c0", "k": 2048}]}`: "instruction 1 (rot): rotation offset k=2048 outside 1..2047",
+		`{"schema": "slotplan.plan/1", "params": ` + testParams + `, "program": [
+		   {"op": "input", "dst": "c0", "tensor": "x", "table": "t"},
+		   {"op": "add", "dst": "c0", "a": "c0", "b": "c0"}]}`: "instruction 1 (add): writes register \"c0\" a second time",
+		`{"schema": "slotplan.plan/1", "params": ` + testParams: "plan is not valid JSON",
+	}
+	x := packVecs(make([]float64, 2048))
+	for plan, want := range cases {
+		_, err := Run(plan, x, nil, "")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want error containing %q, got %v", want, err)
+		}
+	}
+	if _, err := Run("{}", nil, nil, `{"debug_panic": true}`); err == nil || !strings.Contains(err.Error(), "Go panic") {
+		t.Errorf("panic not recovered: %v", err)
+	}
+}

@@ -1,0 +1,299 @@
+"""Encrypted execution of slotplan plans with Lattigo v6 (CKKS), through gopy.
+
+The Go side (``backends/lattigo``, built by ``make lattigo``) runs a whole plan: the client
+part generates a secret key and only the plan's rotation keys into a key directory,
+encrypts and decrypts; the evaluation part never sees the secret key, loads rotation keys
+from the directory following the plan's ``load_key``/``drop_key`` schedule (all up front
+when the plan has none) and executes every instruction of SPEC section 4.
+
+This module does what needs tensors and tables, so Go never sees them: it packs one
+length-``slots`` vector per ``input`` instruction (program order) and per plaintext (sorted
+by name), and scatters the decrypted vector of each ``output`` instruction back into its
+tensor. How levels and scales are managed (automatic rescaling of unrescaled products
+before a multiplication, ...) is documented at the top of ``backends/lattigo/executor.go``.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LattigoError",
+    "LattigoResult",
+    "available",
+    "pack_vectors",
+    "run_plan",
+    "run_raw",
+    "sizes",
+    "version",
+]
+
+_EXT = "slotlattigo.slotlattigo"
+_BUILD_HINT = "the Lattigo extension is not built: run `make lattigo` (backends/lattigo/build.sh)"
+
+
+class LattigoError(Exception):
+    """Any failure of the Lattigo backend: bad plan or data, missing key, Go-side error."""
+
+
+@dataclass
+class OutputVector:
+    """One ``output`` instruction's decrypted vector and where it came from."""
+
+    tensor: str
+    table: str
+    level: int
+    log2_scale: float
+    values: np.ndarray
+
+
+@dataclass
+class LattigoResult:
+    outputs: dict[str, np.ndarray]
+    """Output tensors by name (shape from ``output_shapes`` or flat)."""
+    stats: dict[str, Any]
+    """Go-side statistics: ``op_counts``, ``op_seconds`` (per op class), ``rotations``,
+    ``rotation_keys``, ``key_mode`` (``scheduled``/``keep_all``), ``key_loads``,
+    ``galois_key_bytes`` (one key), ``peak_key_bytes``, ``peak_resident_keys``,
+    ``relin_key_bytes``, ``peak_ciphertext_bytes``, ``keygen_seconds``, ``eval_seconds``,
+    ``total_seconds``, ... plus ``pack_seconds`` and ``wall_seconds`` measured here."""
+    vectors: list[OutputVector] = field(default_factory=list)
+    """The raw decrypted vectors, one per ``output`` instruction in program order."""
+
+
+_modules: tuple[Any, Any] | None = None
+
+
+def _ext() -> tuple[Any, Any]:
+    global _modules
+    if _modules is None:
+        try:
+            _modules = (importlib.import_module(_EXT), importlib.import_module("slotlattigo.go"))
+        except ImportError as e:
+            raise LattigoError(f"{_BUILD_HINT} ({e})") from e
+    return _modules
+
+
+def available() -> bool:
+    """True when the gopy extension imports."""
+    try:
+        _ext()
+    except LattigoError:
+        return False
+    return True
+
+
+def version() -> str:
+    return str(_ext()[0].Version())
+
+
+def _call(fn: Any, *args: Any) -> str:
+    try:
+        return str(fn(*args))
+    except RuntimeError as e:  # gopy turns a Go error into RuntimeError
+        raise LattigoError(str(e)) from None
+
+
+def sizes(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Lattigo's ``BinarySize`` of a ciphertext / plaintext / rotation key per level."""
+    mod, _ = _ext()
+    out: dict[str, Any] = json.loads(_call(mod.Sizes, json.dumps(dict(params))))
+    return out
+
+
+def _table(
+    tables: Mapping[str, np.ndarray], name: str, slots: int, what: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    key = f"{name}.idx"
+    if key not in tables:
+        raise LattigoError(f"{what}: table {name!r} has no {key!r} array")
+    idx = np.asarray(tables[key])
+    if idx.shape != (slots,) or not np.issubdtype(idx.dtype, np.integer):
+        raise LattigoError(
+            f"{what}: {key} must be an integer array of length {slots}, got {idx.dtype} {idx.shape}"
+        )
+    coef = None
+    if f"{name}.coef" in tables:
+        coef = np.asarray(tables[f"{name}.coef"], dtype=np.float64)
+        if coef.shape != (slots,):
+            raise LattigoError(f"{what}: {name}.coef must have length {slots}, got shape {coef.shape}")
+    return idx.astype(np.int64, copy=False), coef
+
+
+def _gather(values: np.ndarray, idx: np.ndarray, what: str) -> np.ndarray:
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    if idx.size and int(idx.max()) >= flat.size:
+        raise LattigoError(f"{what}: table index {int(idx.max())} is out of range for {flat.size} elements")
+    out = np.zeros(idx.shape, dtype=np.float64)
+    mask = idx >= 0
+    out[mask] = flat[idx[mask]]
+    return out
+
+
+def pack_vectors(
+    plan: Mapping[str, Any],
+    inputs: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    tables: Mapping[str, np.ndarray],
+) -> tuple[bytes, bytes]:
+    """The packed input and plaintext vectors ``Run`` expects (SPEC section 4 semantics)."""
+    slots = _slots(plan)
+    vecs = []
+    for i, ins in enumerate(plan.get("program", [])):
+        if ins.get("op") != "input":
+            continue
+        what = f"instruction {i} (input)"
+        tensor = ins.get("tensor")
+        if tensor not in inputs:
+            raise LattigoError(f"{what}: input tensor {tensor!r} was not given")
+        idx, _ = _table(tables, str(ins.get("table")), slots, what)
+        vecs.append(_gather(inputs[tensor], idx, f"{what}, tensor {tensor!r}"))
+    pts = []
+    plaintexts = plan.get("plaintexts") or {}
+    for name in sorted(plaintexts):
+        spec = plaintexts[name]
+        what = f"plaintext {name!r}"
+        idx, coef = _table(tables, str(spec.get("table")), slots, what)
+        source = spec.get("source")
+        if coef is None:
+            coef = np.ones(slots)
+        if source == "const":
+            pts.append(coef.copy())
+        elif source in weights:
+            pts.append(coef * _gather(weights[source], idx, f"{what}, weight {source!r}"))
+        else:
+            raise LattigoError(f"{what}: weight tensor {source!r} was not given")
+    return _pack(vecs), _pack(pts)
+
+
+def _pack(vecs: list[np.ndarray]) -> bytes:
+    return b"".join(np.ascontiguousarray(v, dtype="<f8").tobytes() for v in vecs)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"plan contains a {type(obj).__name__}, which is not JSON")
+
+
+def _slots(plan: Mapping[str, Any]) -> int:
+    params = plan.get("params")
+    if not isinstance(params, Mapping) or not isinstance(params.get("log_n"), int):
+        raise LattigoError("plan has no params.log_n")
+    slots = 1 << (params["log_n"] - 1)
+    if params.get("slots", slots) != slots:
+        raise LattigoError(
+            f"plan params: slots = {params.get('slots')} but log_n = {params['log_n']} gives {slots}"
+        )
+    return slots
+
+
+def _scatter(
+    vectors: list[OutputVector],
+    tables: Mapping[str, np.ndarray],
+    slots: int,
+    output_shapes: Mapping[str, Sequence[int]] | None,
+) -> dict[str, np.ndarray]:
+    by_tensor: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for ov in vectors:
+        idx, _ = _table(tables, ov.table, slots, f"output {ov.tensor!r}")
+        by_tensor.setdefault(ov.tensor, []).append((idx, ov.values))
+    out: dict[str, np.ndarray] = {}
+    for tensor, parts in by_tensor.items():
+        if output_shapes is not None and tensor in output_shapes:
+            shape = tuple(int(d) for d in output_shapes[tensor])
+            size = int(np.prod(shape, dtype=np.int64))
+        else:
+            size = max((int(idx.max()) + 1 for idx, _ in parts), default=0)
+            shape = (size,)
+        y = np.full(size, np.nan)
+        for idx, vals in parts:
+            mask = idx >= 0
+            if mask.any() and int(idx[mask].max()) >= size:
+                raise LattigoError(
+                    f"output {tensor!r}: table index {int(idx[mask].max())} out of range for shape {shape}"
+                )
+            y[idx[mask]] = vals[mask]
+        missing = int(np.isnan(y).sum())
+        if missing:
+            raise LattigoError(
+                f"output {tensor!r}: {missing} of {size} elements are written by no output instruction"
+            )
+        out[tensor] = y.reshape(shape)
+    return out
+
+
+def run_raw(
+    plan_json: str, inputs: bytes, plaintexts: bytes, options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Low-level call of the Go ``Run``: packed vectors in (see ``pack_vectors``), the
+    parsed result JSON out (``outputs`` with base64 vectors, ``stats``)."""
+    mod, go = _ext()
+    raw = _call(
+        mod.Run,
+        plan_json,
+        go.Slice_byte.from_bytes(bytes(inputs)),
+        go.Slice_byte.from_bytes(bytes(plaintexts)),
+        json.dumps(dict(options or {})),
+    )
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def run_plan(
+    plan: Mapping[str, Any],
+    inputs: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    tables: Mapping[str, np.ndarray],
+    key_dir: str | None = None,
+    *,
+    output_shapes: Mapping[str, Sequence[int]] | None = None,
+    key_level: int | None = None,
+) -> LattigoResult:
+    """Execute ``plan`` encrypted with Lattigo and return the decrypted output tensors.
+
+    ``tables`` maps ``"T.idx"`` / ``"T.coef"`` to arrays (npz content); ``inputs`` and
+    ``weights`` map tensor names to arrays of the graph's shapes. ``key_dir`` is where the
+    client writes the evaluation keys (kept afterwards; default: a temporary directory).
+    ``output_shapes`` gives the graph's output shapes (else outputs are flat, sized by the
+    largest table index). ``key_level`` generates the rotation keys at a lower level (they
+    are smaller, and refused for ciphertexts above that level).
+    """
+    t0 = time.perf_counter()
+    _ext()
+    slots = _slots(plan)
+    packed_inputs, packed_pts = pack_vectors(plan, inputs, weights, tables)
+    options: dict[str, Any] = {}
+    if key_dir is not None:
+        options["key_dir"] = str(key_dir)
+    if key_level is not None:
+        options["key_level"] = int(key_level)
+    pack_seconds = time.perf_counter() - t0
+    result = run_raw(json.dumps(plan, default=_json_default), packed_inputs, packed_pts, options)
+    vectors = [
+        OutputVector(
+            tensor=o["tensor"],
+            table=o["table"],
+            level=int(o["level"]),
+            log2_scale=float(o["log2_scale"]),
+            values=np.frombuffer(base64.b64decode(o["data"]), dtype="<f8").astype(np.float64),
+        )
+        for o in result["outputs"]
+    ]
+    outputs = _scatter(vectors, tables, slots, output_shapes)
+    stats: dict[str, Any] = result["stats"]
+    stats["pack_seconds"] = pack_seconds
+    stats["wall_seconds"] = time.perf_counter() - t0
+    return LattigoResult(outputs=outputs, stats=stats, vectors=vectors)

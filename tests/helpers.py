@@ -1,0 +1,59 @@
+"""Small graph builders and a plan-and-simulate check shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from backends.sim import simulate
+from planner.graph import Graph, parse_graph
+from planner.params import Params
+from planner.pipeline import PlanOptions, PlanResult, plan_graph
+from planner.reference import random_values, reference
+
+
+def small_params(log_n: int = 10, levels: int = 4) -> Params:
+    """A test-size ring (log_n 10 = 512 slots) so small tensors span several ciphertexts."""
+    return Params(log_n=log_n, log_q=(50,) + (40,) * levels, log_p=(50,), log_scale=40, name=f"test{log_n}")
+
+
+def matvec_graph(n: int, k: int) -> Graph:
+    return parse_graph({
+        "schema": "slotplan.graph/1", "name": f"mv{n}x{k}",
+        "tensors": {"W": {"shape": [n, k], "role": "weight"}, "x": {"shape": [k], "role": "input"}},
+        "nodes": [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}], "outputs": ["y"],
+    })
+
+
+def conv_graph(c: int, h: int, w: int, co: int, k1: int, k2: int, stride: tuple[int, int],
+               padding: tuple[int, int], groups: int) -> Graph:
+    return parse_graph({
+        "schema": "slotplan.graph/1", "name": "conv",
+        "tensors": {"x": {"shape": [c, h, w], "role": "input"},
+                    "w": {"shape": [co, c // groups, k1, k2], "role": "weight"}},
+        "nodes": [{"id": "y", "op": "conv2d", "inputs": ["x", "w"], "stride": list(stride),
+                   "padding": list(padding), "groups": groups}],
+        "outputs": ["y"],
+    })
+
+
+def check_plan(res: PlanResult, graph: Graph, seed: int = 0, rtol: float = 1e-9) -> dict[str, Any]:
+    vals = random_values(graph, seed)
+    ref = reference(graph, vals)
+    out = simulate(res.plan, res.tables, vals)
+    for t in graph.outputs:
+        want = ref[t]
+        got = out.outputs[t]
+        scale = max(1.0, float(np.max(np.abs(want))))
+        err = float(np.max(np.abs(got - want))) / scale
+        assert err < rtol, f"{t}: relative error {err:.3e}"
+    # the summary is the program's own count
+    assert out.rotations == res.plan["summary"]["rotations"]
+    return {"rotations": out.rotations}
+
+
+def plan_and_check(graph: Graph, params: Params, **opts: Any) -> PlanResult:
+    res = plan_graph(graph, params, PlanOptions(**opts))
+    check_plan(res, graph)
+    return res
