@@ -36,6 +36,7 @@ def plan(
     kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {','.join(KERNELS)}")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
+    costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
 ) -> None:
     """Plan one graph."""
@@ -58,6 +59,7 @@ def plan(
             memory_cap_bytes=cap,
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
             input_layout=input_layout,  # type: ignore[arg-type]
+            costs=costs,
         )
         opts = PlanOptions.from_literal(lit)
         res = plan_graph(g, p, opts, record_timings=record_timings)

@@ -10,8 +10,8 @@ import sys
 
 from rich.console import Console
 
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 200, emoji=False, highlight=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200, emoji=False, highlight=False)
 
 
 class ExitError(Exception):

@@ -93,11 +93,13 @@ def run_plan(
     elif backend == "lattigo":
         from backends.lattigo_backend import run_plan as lattigo_run
 
-        lr = lattigo_run(dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights},
-                         tables)
+        lr = lattigo_run(
+            dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
+            output_shapes={t: graph.shape(t) for t in graph.outputs},
+        )
         outputs = lr.outputs
         stats = dict(lr.stats)
-        counts = {k: int(v) for k, v in stats.get("counts", {}).items()}
+        counts = {k: int(v) for k, v in stats.get("op_counts", {}).items()}
         rotations = int(stats.get("rotations", counts.get("rot", 0)))
         loads = int(stats.get("key_loads", 0))
         peak_keys = int(stats.get("peak_key_bytes", 0))

@@ -198,6 +198,14 @@ def simulate(
         for r in reg_reads(ins):
             if last_use.get(r) == i:
                 regs.pop(r, None)
+    if not schedule:  # keep-all: every key the program uses is resident throughout
+        used: set[int] = set()
+        for ins in program:
+            if ins["op"] == "rot":
+                used.add(int(ins["k"]))
+            elif ins["op"] == "rot_hoisted":
+                used.update(int(k) for k in ins["ks"])
+        peak_keys = len(used)
     outputs: dict[str, np.ndarray] = {}
     for t, v in out_vals.items():
         if not written[t].all():
