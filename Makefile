@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: install lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest
 
 bench: install
 	$(SLOTPLAN) bench data/suites/metakernel.json --params n16
