@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -18,13 +19,15 @@ from planner.kernels.problem import (
     KernelError,
     conv_problem,
     margin_layout,
+    matmul_problem,
     matvec_problem,
 )
-from planner.layout import ChannelLayout, LayoutError, natural_layout
+from planner.kernels.tensor_ops import matmul_ct_ct_candidate, shape_view_candidates, sum_candidate
+from planner.layout import ChannelLayout, LayoutError, natural_layout, view_layout
 from planner.program import ProgramBuilder, poly_depth
 
 LINEAR_KERNELS = ("imra", "bsgs", "hs-diagonal", "fhelipe")
-ELEMENTWISE_KERNELS = ("elementwise",)
+ELEMENTWISE_KERNELS = ("elementwise", "ct-ct-diagonal", "view", "sum")
 KERNELS = LINEAR_KERNELS + ELEMENTWISE_KERNELS
 
 
@@ -75,6 +78,83 @@ def _imra_kernel(prob: ChannelProblem) -> ImraKernel:
     raise first
 
 
+def problem_candidates(
+    prob: ChannelProblem, node: Node, allowed: Sequence[str], free_input: bool
+) -> list[Candidate]:
+    out: list[Candidate] = []
+    errors: list[str] = []
+    for kind in allowed:
+        try:
+            if kind == "imra":
+                k = _imra_kernel(prob)
+                out.append(k.candidate(node.id))
+                if free_input:
+                    out.append(ImraKernel(k.prob, free_input=True).candidate(node.id))
+            elif kind in ("bsgs", "hs-diagonal"):
+                out.append(DiagonalKernel(prob, kind).candidate(node.id))
+            elif kind == "fhelipe" and prob.op == "matvec":
+                out.append(FhelipeMatvec(prob).candidate(node.id))
+        except (KernelError, LayoutError) as e:
+            errors.append(f"{kind}: {e}")
+    if not out:
+        why = "; ".join(errors) if errors else f"no allowed kernel ({', '.join(allowed)}) implements {node.op}"
+        raise PlanError(why, node.id)
+    return out
+
+
+def matmul_candidates(
+    graph: Graph, node: Node, bases: dict[str, list[Any]], allowed: Sequence[str], free: set[str]
+) -> list[Candidate]:
+    A, B = node.inputs
+    (m, k), (_, n) = graph.shape(A), graph.shape(B)
+    S = next(iter(bases.values()))[0].slots
+    ea, eb = graph.encrypted(A), graph.encrypted(B)
+    out: list[Candidate] = []
+    if ea and eb:
+        if not any(k_ in allowed for k_ in ("ct-ct-diagonal",)):
+            raise PlanError("ct-ct matmul needs the ct-ct-diagonal kernel", node.id)
+        for base in dict.fromkeys(bases[A]):
+            lay = base if isinstance(base, ChannelLayout) else view_layout((m, k), S, (1, 0))
+            try:
+                out.append(matmul_ct_ct_candidate(graph, node, lay, S))
+            except KernelError as e:
+                raise PlanError(str(e), node.id) from e
+        return out
+    x, axes = (A, (1, 0)) if ea else (B, (0, 1))
+    lin = [a for a in allowed if a in LINEAR_KERNELS]
+    for base in dict.fromkeys(bases[x]):
+        ok = isinstance(base, ChannelLayout) and base.axes == axes and base.width == 1 and base.reps == 1
+        try:
+            lay = base.with_clean(True) if ok else view_layout(graph.shape(x), S, axes)
+            prob = matmul_problem(x, B if ea else A, lay, n if ea else m, (m, n), ea)
+        except (KernelError, LayoutError) as e:
+            raise PlanError(str(e), node.id) from e
+        out.extend(problem_candidates(prob, node, lin, free_input=x in free))
+    return out
+
+
+def view_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
+    x = node.inputs[0]
+    if node.op in ("transpose", "reshape"):
+        return shape_view_candidates(graph, node, list(dict.fromkeys(bases[x])))
+    # sum
+    out = []
+    axis = node.axis if node.axis is not None else 0
+    S = bases[x][0].slots
+    for base in dict.fromkeys(bases[x]):
+        lay = base if isinstance(base, ChannelLayout) and base.axes and axis in base.axes else None
+        if lay is None:
+            shape = graph.shape(x)
+            lay = view_layout(shape, S, tuple(range(len(shape)))) if len(shape) <= 3 else None
+        if lay is None:
+            raise PlanError("sum over a tensor of rank > 3 is not supported", node.id)
+        try:
+            out.append(sum_candidate(graph, node, lay))
+        except (KernelError, LayoutError) as e:
+            raise PlanError(str(e), node.id) from e
+    return out
+
+
 def linear_candidates(
     graph: Graph, node: Node, base: ChannelLayout, allowed: Sequence[str], free_input: bool
 ) -> list[Candidate]:
@@ -88,29 +168,13 @@ def linear_candidates(
         x, w = node.inputs
         if graph.encrypted(w):
             raise PlanError("conv2d with encrypted filters is not supported (filters are plaintext)", node.id)
+    if not isinstance(base, ChannelLayout):
+        base = input_layout(graph, node.inputs[1] if node.op == "matvec" else node.inputs[0], base.slots)
     try:
         prob = _linear_problem(graph, node, base)
     except (KernelError, LayoutError) as e:
         raise PlanError(str(e), node.id) from e
-    out: list[Candidate] = []
-    errors: list[str] = []
-    for kind in allowed:
-        try:
-            if kind == "imra":
-                k = _imra_kernel(prob)
-                out.append(k.candidate(node.id))
-                if free_input:
-                    out.append(ImraKernel(k.prob, free_input=True).candidate(node.id))
-            elif kind in ("bsgs", "hs-diagonal"):
-                out.append(DiagonalKernel(prob, kind).candidate(node.id))
-            elif kind == "fhelipe" and node.op == "matvec":
-                out.append(FhelipeMatvec(prob).candidate(node.id))
-        except (KernelError, LayoutError) as e:
-            errors.append(f"{kind}: {e}")
-    if not out:
-        why = "; ".join(errors) if errors else f"no allowed kernel ({', '.join(allowed)}) implements {node.op}"
-        raise PlanError(why, node.id)
-    return out
+    return problem_candidates(prob, node, allowed, free_input)
 
 
 def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
@@ -130,7 +194,7 @@ def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[Chann
     shape = graph.shape(node.id)
     for t in dict.fromkeys(enc):
         for lay in bases[t]:
-            if lay.reps != 1:
+            if getattr(lay, "reps", 1) != 1:
                 continue
             lay_out = replace(lay, shape=shape)
             if lay_out in seen:

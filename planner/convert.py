@@ -20,7 +20,7 @@ layouts and Rotom layouts alike, and is priced by lowering it (kernels' exactnes
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -33,9 +33,14 @@ from planner.program import ProgramBuilder
 class Layout(Protocol):
     """What conversions need of a layout (ChannelLayout, RotomLayout, MappedLayout)."""
 
-    shape: tuple[int, ...]
-    slots: int
-    clean: bool
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def clean(self) -> bool: ...
 
     @property
     def n_ct(self) -> int: ...
@@ -60,20 +65,36 @@ def same_placement(a: Layout, b: Layout) -> bool:
     return all(np.array_equal(a.index_map(q), b.index_map(q)) for q in range(a.n_ct))
 
 
-@dataclass(frozen=True)
-class Move:
-    """Moves into one target ciphertext: whole source ciphertexts by offset, and masked
-    groups (source ct, offset) -> target slots."""
+@dataclass(frozen=True, eq=False)
+class Moves:
+    """All element moves of a conversion, grouped.
 
-    whole: tuple[tuple[int, int], ...]  # (src ct, offset)
-    masked: tuple[tuple[int, int, tuple[int, ...]], ...] = field(default=())  # (src ct, offset, target slots)
+    ``whole``: (dst ct, src ct, offset) moves of entire source ciphertexts (no mask).
+    Masked elements, sorted by (dst ct, src ct, offset): arrays ``qd, qs, off, t`` and the
+    group boundaries ``starts`` / ``ends`` (one group = one masked pmul before BSGS).
+    """
+
+    whole: tuple[tuple[int, int, int], ...]
+    qd: np.ndarray
+    qs: np.ndarray
+    off: np.ndarray
+    t: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    n_dst: int
+    n_src: int
+    slots: int
+
+    def group_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        i = self.starts
+        return self.qd[i], self.qs[i], self.off[i]
 
 
 @dataclass(frozen=True)
 class Conversion:
     src: Any
     dst: Any
-    kind: str  # "none" | "mask" | "replicate" | "permute"
+    kind: str  # "none" | "mask" | "replicate" | "permute" | "permute+replicate"
 
     def lower(self, b: ProgramBuilder, regs: list[str], tag: str) -> list[str]:
         if self.kind == "none":
@@ -84,11 +105,18 @@ class Conversion:
                 pt = _mask_plaintext(b, self.dst, q)
                 out.append(b.rescale(b.pmul(r, pt)))
             return out
-        if self.kind == "replicate":
-            from planner.kernels.imra import sum_of_shifts
+        from planner.kernels.imra import sum_of_shifts
 
-            m, period = _replication(self.src, self.dst)  # type: ignore[misc]
-            return [sum_of_shifts(b, r, m, -period) for r in regs]
+        if self.kind == "replicate":
+            rep = _replication(self.src, self.dst)
+            assert rep is not None
+            return [sum_of_shifts(b, r, rep[0], -rep[1]) for r in regs]
+        if self.kind == "permute+replicate":
+            split = _split_replication(self.dst)
+            assert split is not None
+            single, m, period = split
+            mid = _lower_permute(b, self.src, single, regs, tag)
+            return [sum_of_shifts(b, r, m, -period) for r in mid]
         return _lower_permute(b, self.src, self.dst, regs, tag)
 
     def cost(self) -> CostVector:
@@ -111,7 +139,42 @@ def plan_conversion(src: Layout, dst: Layout) -> Conversion:
         return Conversion(src, dst, "none")
     if src.clean and _replication(src, dst) is not None:
         return Conversion(src, dst, "replicate")
+    if _split_replication(dst) is not None:
+        return Conversion(src, dst, "permute+replicate")
     return Conversion(src, dst, "permute")
+
+
+@lru_cache(maxsize=256)
+def _split_replication(dst: Layout) -> tuple[Any, int, int] | None:
+    """When every element of dst appears m > 1 times per ciphertext at a constant period,
+    the layout holding only the first copies (a permute target) and (m, period)."""
+    from planner.layout import MappedLayout, all_maps
+
+    maps = all_maps(dst)
+    first = np.full_like(maps, -1)
+    found: tuple[int, int] | None = None
+    for q in range(maps.shape[0]):
+        row = maps[q]
+        s = np.nonzero(row >= 0)[0]
+        if s.size == 0:
+            continue
+        order = np.argsort(row[s], kind="stable")
+        vals, slots_ = row[s][order], s[order]
+        uniq, starts, counts = np.unique(vals, return_index=True, return_counts=True)
+        if counts.min() != counts.max() or counts[0] < 2:
+            return None
+        m = int(counts[0])
+        grid = slots_.reshape(-1, m)  # each element's slots, ascending
+        period = int(grid[0, 1] - grid[0, 0])
+        if period < 1 or not np.all(grid - grid[:, :1] == np.arange(m)[None, :] * period):
+            return None
+        if found is not None and found != (m, period):
+            return None
+        found = (m, period)
+        first[q, grid[:, 0]] = uniq
+    if found is None:
+        return None
+    return MappedLayout.of(dst.shape, first, True, "first-copies"), found[0], found[1]
 
 
 @lru_cache(maxsize=1024)
@@ -147,7 +210,8 @@ def _replication(src: Layout, dst: Layout) -> tuple[int, int] | None:
     return found
 
 
-def _moves(src: Layout, dst: Layout) -> list[Move]:
+@lru_cache(maxsize=512)
+def _moves(src: Layout, dst: Layout) -> Moves:
     S = src.slots
     pos_ct = np.full(src.size, -1, dtype=np.int64)
     pos_slot = np.full(src.size, -1, dtype=np.int64)
@@ -158,36 +222,46 @@ def _moves(src: Layout, dst: Layout) -> list[Move]:
         pos_ct[m[s]] = q
         pos_slot[m[s]] = s
         src_count[q] = s.size
-    moves = []
-    for qd in range(dst.n_ct):
-        m = dst.index_map(qd)
-        t = np.nonzero(m >= 0)[0]
-        e = m[t]
-        qs, ss = pos_ct[e], pos_slot[e]
-        off = (ss - t) % S
-        key = qs * S + off
-        order = np.argsort(key, kind="stable")
-        key, t_sorted, ss_sorted = key[order], t[order], ss[order]
-        uniq, starts = np.unique(key, return_index=True)
-        ends = list(starts[1:]) + [len(key)]
-        whole: list[tuple[int, int]] = []
-        masked: list[tuple[int, int, tuple[int, ...]]] = []
-        groups = [(int(u // S), int(u % S), a, z) for u, a, z in zip(uniq.tolist(), starts.tolist(), ends, strict=True)]
-        per_src: dict[int, int] = {}
-        for q, _, _, _ in groups:
-            per_src[q] = per_src.get(q, 0) + 1
-        for q, o, a, z in groups:
-            n_src_slots = np.unique(ss_sorted[a:z]).size
-            # a whole move: the group carries every element of src ct q, and nothing else
-            # lands where rot(src_q, o) puts them; garbage of an unclean source is only
-            # acceptable when this group alone fills a target that need not be clean
-            ok_clean = src.clean or (len(groups) == 1 and not dst.clean)
-            if per_src[q] == 1 and n_src_slots == src_count[q] and ok_clean and _whole_fits(src, dst, q, qd, o):
-                whole.append((q, o))
-            else:
-                masked.append((q, o, tuple(t_sorted[a:z].tolist())))
-        moves.append(Move(tuple(whole), tuple(masked)))
-    return moves
+    qd_l, t_l = [], []
+    for q in range(dst.n_ct):
+        t = np.nonzero(dst.index_map(q) >= 0)[0]
+        qd_l.append(np.full(t.size, q, dtype=np.int64))
+        t_l.append(t)
+    qd = np.concatenate(qd_l) if qd_l else np.zeros(0, dtype=np.int64)
+    t = np.concatenate(t_l) if t_l else np.zeros(0, dtype=np.int64)
+    elem = np.concatenate([dst.index_map(q)[tt] for q, tt in enumerate(t_l)]) if t_l else t
+    qs, ss = pos_ct[elem], pos_slot[elem]
+    off = (ss - t) % S
+    # whole moves: a (dst, src) pair with one offset that carries all of the source's data
+    pair = qd * src.n_ct + qs
+    whole: list[tuple[int, int, int]] = []
+    is_whole = np.zeros(t.size, dtype=bool)
+    order = np.argsort(pair, kind="stable")
+    pu, pstart = np.unique(pair[order], return_index=True)
+    pend = np.append(pstart[1:], order.size)
+    n_pairs_per_dst = np.bincount(pu // src.n_ct, minlength=dst.n_ct)
+    for key, a_, z_ in zip(pu.tolist(), pstart.tolist(), pend.tolist(), strict=True):
+        idx = order[a_:z_]
+        offs = off[idx]
+        if offs.min() != offs.max():
+            continue
+        d_, s_ = divmod(key, src.n_ct)
+        if np.unique(ss[idx]).size != src_count[s_]:
+            continue
+        if not (src.clean or (n_pairs_per_dst[d_] == 1 and not dst.clean)):
+            continue
+        if not _whole_fits(src, dst, s_, d_, int(offs[0])):
+            continue
+        whole.append((d_, s_, int(offs[0])))
+        is_whole[idx] = True
+    keep = ~is_whole
+    qd, qs, off, t = qd[keep], qs[keep], off[keep], t[keep]
+    key = (qd * src.n_ct + qs) * S + off
+    order = np.argsort(key, kind="stable")
+    qd, qs, off, t, key = qd[order], qs[order], off[order], t[order], key[order]
+    _, starts = np.unique(key, return_index=True)
+    ends = np.append(starts[1:], key.size)
+    return Moves(tuple(whole), qd, qs, off, t, starts, ends, dst.n_ct, src.n_ct, S)
 
 
 def _whole_fits(src: Layout, dst: Layout, q: int, qd: int, o: int) -> bool:
@@ -199,45 +273,82 @@ def _whole_fits(src: Layout, dst: Layout, q: int, qd: int, o: int) -> bool:
     return bool(np.array_equal(dst.index_map(qd)[t], sm[s]))
 
 
-def _choose_n1(moves: list[Move], S: int, n_src: int) -> int:
-    def rotations(n1: int) -> int:
-        babies: list[set[int]] = [set() for _ in range(n_src)]
-        total = 0
-        for mv in moves:
-            gams = set()
-            for q, o, _ in mv.masked:
-                babies[q].add(o % n1)
-                gams.add(o - o % n1)
-            total += len(gams - {0})
-        return total + sum(len(bs - {0}) for bs in babies)
+def _bsgs_counts(mv: Moves, n1: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(baby rotations, giant rotations, babies per source, giants per target) for n1."""
+    gqd, gqs, goff = mv.group_keys()
+    beta = goff % n1
+    gam = goff - beta
+    bkeys = np.unique(gqs * mv.slots + beta)
+    babies_nz = bkeys[(bkeys % mv.slots) != 0]
+    gkeys = np.unique(gqd * mv.slots + gam)
+    giants_nz = gkeys[(gkeys % mv.slots) != 0]
+    per_src = np.bincount(babies_nz // mv.slots, minlength=mv.n_src)
+    per_dst = np.bincount(gkeys // mv.slots, minlength=mv.n_dst)
+    return int(babies_nz.size), int(giants_nz.size), per_src, per_dst
 
+
+def _choose_n1(mv: Moves) -> int:
+    S = mv.slots
     cands = [1 << e for e in range(S.bit_length()) if (1 << e) <= S]
-    return min(cands, key=lambda n1: (rotations(n1), -n1))
+    return min(cands, key=lambda n1: (sum(_bsgs_counts(mv, n1)[:2]), -n1))
+
+
+def _permute_cost(src: Layout, dst: Layout) -> CostVector:
+    """Counts of the program _lower_permute emits (tests check they agree)."""
+    mv = _moves(src, dst)
+    n1 = _choose_n1(mv)
+    nb, ng, per_src, per_dst_giants = _bsgs_counts(mv, n1)
+    gqd, gqs, goff = mv.group_keys()
+    n_groups = int(mv.starts.size)
+    whole_per_dst = np.bincount(np.asarray([w[0] for w in mv.whole], dtype=np.int64), minlength=mv.n_dst)
+    whole_rot = sum(1 for w in mv.whole if w[2] % mv.slots)
+    adds = 0
+    for q in range(mv.n_dst):
+        giants = int(per_dst_giants[q])
+        terms = int(np.count_nonzero(gqd == q))
+        items = int(whole_per_dst[q]) + (1 if giants else 0)
+        adds += (terms - giants) + max(0, giants - 1) + max(0, items - 1)
+    keys: set[int] = {w[2] % mv.slots for w in mv.whole if w[2] % mv.slots}
+    beta = goff % n1
+    keys.update(int(v) for v in np.unique(beta) if v)
+    keys.update(int(v) for v in np.unique(goff - beta) if v)
+    return CostVector(
+        rotations=nb + ng + whole_rot, rot_keys=frozenset(keys),
+        hoisted_groups=int(np.count_nonzero(per_src > 1)), pmul=n_groups, add=adds,
+        rescale=int(per_dst_giants.sum()), depth=1 if n_groups else 0, plaintexts=n_groups,
+        ciphertexts_out=mv.n_dst, slot_utilization=0.0,
+    )
 
 
 def _lower_permute(b: ProgramBuilder, src: Layout, dst: Layout, regs: list[str], tag: str) -> list[str]:
     S = src.slots
-    moves = _moves(src, dst)
-    n1 = _choose_n1(moves, S, src.n_ct)
+    mv = _moves(src, dst)
+    n1 = _choose_n1(mv)
+    gqd, gqs, goff = mv.group_keys()
     babies: dict[int, dict[int, str]] = {}
     for q in range(src.n_ct):
-        used = sorted({o % n1 for mv in moves for qq, o, _ in mv.masked if qq == q})
+        used = sorted(set((goff[gqs == q] % n1).tolist()))
         if used:
             babies[q] = b.rot_many(regs[q], used)
     outs = []
-    for qd, mv in enumerate(moves):
+    for qd in range(dst.n_ct):
         acc: str | None = None
-        for q, o in mv.whole:
-            acc = b.accumulate(acc, b.rot(regs[q], o))
-        by_giant: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
-        for q, o, ts in mv.masked:
-            by_giant.setdefault(o - o % n1, []).append((q, o % n1, ts))
+        for d_, s_, o in mv.whole:
+            if d_ == qd:
+                acc = b.accumulate(acc, b.rot(regs[s_], o))
+        sel = np.nonzero(gqd == qd)[0]
+        by_giant: dict[int, list[int]] = {}
+        for g in sel.tolist():
+            o = int(goff[g])
+            by_giant.setdefault(o - o % n1, []).append(g)
         masked_sum: str | None = None
-        for gam, terms in sorted(by_giant.items()):
+        for gam, groups in sorted(by_giant.items()):
             part: str | None = None
-            for q, beta, ts in terms:
+            for g in groups:
+                q, beta = int(gqs[g]), int(goff[g]) % n1
+                ts = mv.t[mv.starts[g] : mv.ends[g]]
                 pt = b.const_plaintext(
-                    ("perm", src, dst, qd, q, beta, gam), f"pt/{tag}/q{qd}s{q}b{beta}g{gam}", _mask_coef(ts, gam, S)
+                    ("perm", id(mv), g), f"pt/{tag}/q{qd}s{q}b{beta}g{gam}", _mask_coef(ts, gam, S)
                 )
                 part = b.accumulate(part, b.pmul(babies[q][beta], pt))
             assert part is not None
@@ -250,10 +361,12 @@ def _lower_permute(b: ProgramBuilder, src: Layout, dst: Layout, regs: list[str],
     return outs
 
 
-def _mask_coef(ts: tuple[int, ...], gam: int, S: int) -> Callable[[], np.ndarray]:
+def _mask_coef(ts: np.ndarray, gam: int, S: int) -> Callable[[], np.ndarray]:
+    ts = np.array(ts, dtype=np.int64)
+
     def coef() -> np.ndarray:
         v = np.zeros(S)
-        v[(np.asarray(ts, dtype=np.int64) + gam) % S] = 1.0
+        v[(ts + gam) % S] = 1.0
         return v
 
     return coef
@@ -261,6 +374,32 @@ def _mask_coef(ts: tuple[int, ...], gam: int, S: int) -> Callable[[], np.ndarray
 
 @lru_cache(maxsize=4096)
 def _conversion_cost(conv: Conversion) -> CostVector:
+    if conv.kind in ("permute", "permute+replicate"):
+        from planner.kernels.problem import doubling_cost
+
+        if conv.kind == "permute":
+            return _permute_cost(conv.src, conv.dst)
+        split = _split_replication(conv.dst)
+        assert split is not None
+        single, m, _ = split
+        c = _permute_cost(conv.src, single)
+        rot = doubling_cost(m)
+        return replace(
+            c, rotations=c.rotations + rot * single.n_ct, add=c.add + rot * single.n_ct,
+            rot_keys=c.rot_keys | _doubling_keys(m, split[2], conv.src.slots),
+        )
+    return lowered_conversion_cost(conv)
+
+
+def _doubling_keys(m: int, period: int, S: int) -> frozenset[int]:
+    b = ProgramBuilder(S)
+    from planner.kernels.imra import sum_of_shifts
+
+    sum_of_shifts(b, b._reg(0), m, -period)
+    return count_program(b.instrs, 0, 0, 0, 0, 0.0).rot_keys
+
+
+def lowered_conversion_cost(conv: Conversion) -> CostVector:
     b = ProgramBuilder(conv.src.slots)
     regs = [b._reg(0) for _ in range(conv.src.n_ct)]
     outs = conv.lower(b, regs, "cost")

@@ -43,6 +43,8 @@ class ChannelLayout:
     period: int = 0  # slot distance between copies (0 when reps == 1)
     clean: bool = True
     limit: int = 0  # copies are cut at this slot (0: no cut); lets the last copy be partial
+    # tensor axes viewed as (channel, h, w); () = the tensor flattened (or its own (C, H, W))
+    axes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.cpc < 1 or self.lc < 1 or self.lh < 1 or self.lw < 1:
@@ -91,11 +93,12 @@ class ChannelLayout:
         parts = []
         if self.n_ct > 1:
             parts.append(f"ct[c/{self.cpc}:{self.n_ct}]")
-        dims = [f"[c:{min(self.cpc, self.channels)}:{self.lc}]"]
+        names = [str(a) for a in self.axes] + ["h", "w"] if self.axes else ["c", "h", "w"]
+        dims = [f"[{names[0]}:{min(self.cpc, self.channels)}:{self.lc}]"]
         if self.height > 1:
-            dims.append(f"[h:{self.height}:{self.lh}]")
+            dims.append(f"[{names[1]}:{self.height}:{self.lh}]")
         if self.width > 1:
-            dims.append(f"[w:{self.width}:{self.lw}]")
+            dims.append(f"[{names[2]}:{self.width}:{self.lw}]")
         if self.base:
             dims.insert(0, f"+{self.base}")
         if self.reps > 1:
@@ -120,7 +123,14 @@ class ChannelLayout:
         c, h, w = np.meshgrid(
             np.arange(self.channels), np.arange(self.height), np.arange(self.width), indexing="ij"
         )
-        flat = (c * self.height * self.width + h * self.width + w).ravel()
+        if self.axes:
+            t = [np.zeros(c.size, dtype=np.int64) for _ in self.shape]
+            for ax, v in zip(self.axes, (c, h, w), strict=False):
+                t[ax] = v.ravel()
+            flat = np.ravel_multi_index(tuple(t), self.shape) if self.shape else np.zeros(c.size, dtype=np.int64)
+            flat = np.asarray(flat, dtype=np.int64)
+        else:
+            flat = (c * self.height * self.width + h * self.width + w).ravel()
         q, s = self.slot_of(c.ravel(), h.ravel(), w.ravel())
         real = flat < self.size
         flat, q, s = flat[real], q[real], s[real]
@@ -170,8 +180,23 @@ def channels_per_ct(channels: int, block: int, slots: int) -> int:
     return best if 2 * best >= fit else fit
 
 
+def view_layout(shape: tuple[int, ...], slots: int, axes: tuple[int, ...]) -> ChannelLayout:
+    """Packed layout viewing tensor ``axes`` as (channel, h, w), channels whole per ciphertext:
+    ``axes=(1, 0)`` of an (m, k) matrix is column-major (k channels of m slots)."""
+    dims = [shape[a] for a in axes] + [1] * (3 - len(axes))
+    c, h, w = dims[0], dims[1], dims[2]
+    block = h * w
+    cpc = min(c, slots) if block == 1 else channels_per_ct(c, block, slots)
+    return ChannelLayout(
+        shape=tuple(shape), channels=c, height=h, width=w, slots=slots,
+        cpc=cpc, lc=block, lh=w, lw=1, axes=tuple(axes),
+    )
+
+
 def natural_layout(shape: tuple[int, ...], slots: int) -> ChannelLayout:
     """Row-major layout with whole channels per ciphertext (what a user or a previous layer has)."""
+    if len(shape) == 2 and shape[1] <= slots:
+        return view_layout(shape, slots, (0, 1))
     c, h, w = vector_shape_view(shape)
     block = h * w
     if block == 1:
@@ -182,3 +207,49 @@ def natural_layout(shape: tuple[int, ...], slots: int) -> ChannelLayout:
         shape=tuple(shape), channels=c, height=h, width=w, slots=slots,
         cpc=cpc, lc=block, lh=w, lw=1,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class MappedLayout:
+    """A layout given by its index maps (e.g. a reshaped view of another layout)."""
+
+    shape: tuple[int, ...]
+    slots: int
+    n_ct_: int
+    data: bytes  # int64 index maps, n_ct x slots
+    clean: bool = True
+    label: str = "mapped"
+
+    @staticmethod
+    def of(shape: tuple[int, ...], maps: np.ndarray, clean: bool, label: str) -> MappedLayout:
+        m = np.ascontiguousarray(maps, dtype=np.int64)
+        return MappedLayout(tuple(shape), int(m.shape[1]), int(m.shape[0]), m.tobytes(), clean, label)
+
+    @property
+    def n_ct(self) -> int:
+        return self.n_ct_
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def index_map(self, ct: int) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=np.int64).reshape(self.n_ct_, self.slots)[ct]
+
+    def with_clean(self, clean: bool) -> MappedLayout:
+        return MappedLayout(self.shape, self.slots, self.n_ct_, self.data, clean, self.label)
+
+    def notation(self) -> str:
+        return f"{self.label}{list(self.shape)}x{self.n_ct_}ct" + ("" if self.clean else "~")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MappedLayout) and (self.shape, self.slots, self.data, self.clean) == (
+            other.shape, other.slots, other.data, other.clean)
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.slots, self.data, self.clean))
+
+
+def all_maps(lay: object) -> np.ndarray:
+    n = lay.n_ct  # type: ignore[attr-defined]
+    return np.stack([lay.index_map(q) for q in range(n)])  # type: ignore[attr-defined]

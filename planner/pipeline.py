@@ -24,14 +24,18 @@ from planner.candidates import (
     elementwise_candidates,
     input_layout,
     linear_candidates,
+    matmul_candidates,
+    view_candidates,
 )
 from planner.convert import plan_conversion
 from planner.costs import CostTable, load_costs
+from planner.errors import SlotplanError
 from planner.graph import Graph
 from planner.kernels.base import Candidate
 from planner.layout import ChannelLayout
 from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
+from planner.rotom import parse_layout
 from planner.summary import summarize
 from solver import create
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
@@ -51,6 +55,7 @@ class PlanOptionsLiteral(BaseModel):
     memory_cap_bytes: int | None = Field(default=None, gt=0)
     kernels: list[str] | None = None
     input_layout: Literal["free", "row-major"] = "free"
+    input_layouts: dict[str, str] | None = None
     costs: str = "default"
 
 
@@ -61,6 +66,7 @@ class PlanOptions:
     memory_cap_bytes: int | None = None
     kernels: tuple[str, ...] = KERNELS
     input_layout: str = "free"
+    input_layouts: tuple[tuple[str, str], ...] = ()
     costs: str = "default"
 
     @staticmethod
@@ -73,7 +79,8 @@ class PlanOptions:
             kernels = kernels + ELEMENTWISE_KERNELS
         return PlanOptions(
             solver=lit.solver, time_limit_s=lit.time_limit_s, memory_cap_bytes=lit.memory_cap_bytes,
-            kernels=kernels, input_layout=lit.input_layout, costs=lit.costs,
+            kernels=kernels, input_layout=lit.input_layout,
+            input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -83,6 +90,7 @@ class PlanOptions:
             "memory_cap_bytes": self.memory_cap_bytes,
             "kernels": list(self.kernels),
             "input_layout": self.input_layout,
+            "input_layouts": dict(self.input_layouts) or None,
             "costs": self.costs,
         }
 
@@ -119,6 +127,14 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
     linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
+    pinned: dict[str, Any] = {}
+    for t, text in options.input_layouts:
+        if t not in graph.tensors or not graph.encrypted(t) or graph.producer(t) is not None:
+            raise PlanError(f"input layout given for {t!r}, which is not an encrypted graph input")
+        try:
+            pinned[t] = parse_layout(text, graph.shape(t), S)
+        except SlotplanError as e:
+            raise PlanError(f"input layout of {t!r}: {e}") from e
     cands: dict[str, list[Candidate]] = {}
     for node in graph.nodes:
         enc = [t for t in node.inputs if graph.encrypted(t)]
@@ -126,7 +142,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         for t in enc:
             prod = graph.producer(t)
             if prod is None:
-                bases[t] = [input_layout(graph, t, S)]
+                bases[t] = [pinned[t]] if t in pinned else [input_layout(graph, t, S)]
             else:
                 opts = list(dict.fromkeys(c.out_layout for c in cands[prod.id]))
                 bases[t] = opts
@@ -134,25 +150,33 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             t = enc[0] if enc else node.inputs[-1 if node.op == "matvec" else 0]
             if not enc:
                 raise PlanError(f"{node.op} has no encrypted operand: nothing to plan", node.id)
-            is_input = graph.producer(t) is None
+            is_input = graph.producer(t) is None and t not in pinned
             out: list[Candidate] = []
             seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
             for base in seen_bases:
                 out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
         elif node.op in ("add", "sub", "mul", "poly"):
             out = elementwise_candidates(graph, node, bases)
+        elif node.op == "matmul":
+            if not enc:
+                raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
+            free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
+            out = matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+        elif node.op in ("transpose", "reshape", "sum"):
+            if not enc:
+                raise PlanError(f"{node.op} of a plaintext tensor: fold it before planning", node.id)
+            out = view_candidates(graph, node, bases)
         else:
-            raise PlanError(
-                f"op {node.op!r} is not supported by the slot kernels yet (supported: matvec, conv2d, "
-                "add, sub, mul, poly)",
-                node.id,
-            )
+            raise PlanError(f"op {node.op!r} is not supported by the slot kernels", node.id)
         cands[node.id] = _prune(out, costs, S)
 
     # encrypted graph inputs: the client packs any layout a consumer asks for
     input_options: dict[str, list[ChannelLayout]] = {}
     for t in graph.inputs:
         if not graph.encrypted(t) or not graph.consumers(t):
+            continue
+        if t in pinned:
+            input_options[t] = [pinned[t]]
             continue
         opts = [input_layout(graph, t, S)]
         if free:

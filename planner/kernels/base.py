@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.layout import ChannelLayout
 from planner.program import ProgramBuilder
 
 # in_regs: per encrypted operand, the registers of its ciphertexts (in layout order)
@@ -89,8 +88,8 @@ class Candidate:
     node: str
     kernel: str  # "imra" | "hs-diagonal" | "bsgs" | "fhelipe" | "elementwise" | ...
     params: dict[str, Any]
-    in_layouts: dict[str, ChannelLayout]  # encrypted operand -> layout it consumes
-    out_layout: ChannelLayout
+    in_layouts: dict[str, Any]  # encrypted operand -> layout it consumes (planner.convert.Layout)
+    out_layout: Any
     lower: LowerFn
     slot_utilization: float = 0.0
     note: str = ""

@@ -11,7 +11,7 @@ element multiplied at (output channel, input channel, tap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -104,8 +104,10 @@ class ChannelProblem:
 
     def weight_index(self, co: np.ndarray, ci: np.ndarray, t: int) -> np.ndarray:
         """Flat index into the weight tensor of W(co, ci, tap t), -1 where structurally zero."""
-        if self.op == "matvec":
+        if self.op in ("matvec", "matmul-pt-ct"):  # W[co, ci] of an (n, k) matrix
             return np.where((co < self.n) & (ci < self.k), co * self.k + ci, -1)
+        if self.op == "matmul-ct-pt":  # B[ci, co] of a (k, n) matrix
+            return np.where((co < self.n) & (ci < self.k), ci * self.n + co, -1)
         cg = self.k // self.groups
         og = self.n // self.groups
         i, j = self.tap_ij[t]
@@ -209,6 +211,25 @@ def conv_problem(
         op="conv2d", x=x, w=w, w_shape=w_shape, in_layout=lay, out_layout=out, n=Co,
         k=lay.channels, groups=groups, taps=taps, tap_ij=tap_ij, H=lay.height, W=lay.width,
         stride=stride, padding=padding, anchor_c=(c1, c2), out_hw=(out.height, out.width),
+    )
+
+
+def matmul_problem(
+    x: str, w: str, lay: ChannelLayout, n_out: int, out_shape: tuple[int, int], enc_left: bool
+) -> ChannelProblem:
+    """A matmul with one plaintext operand as a channel problem (a 1x1 convolution):
+    enc_left (A enc (m,k) @ B pt (k,n)): channels are A's columns (column-major view),
+    weights B[ci, co], output C column-major; otherwise (A pt (m,k) @ B enc (k,n)):
+    channels are B's rows (row-major view), weights A[co, ci], output C row-major."""
+    want = (1, 0) if enc_left else (0, 1)
+    if lay.axes != want or lay.reps != 1 or lay.width != 1:
+        raise KernelError(f"matmul needs the encrypted operand viewed with axes {want}")
+    out, _ = conv_output_layout(lay, n_out, (1, 1), (1, 1), (0, 0))
+    out = replace(out, shape=out_shape, axes=want)
+    return ChannelProblem(
+        op="matmul-ct-pt" if enc_left else "matmul-pt-ct", x=x, w=w, w_shape=(n_out, lay.channels, 1, 1),
+        in_layout=lay, out_layout=out, n=n_out, k=lay.channels, groups=1, taps=(0,), tap_ij=((0, 0),),
+        H=lay.height, W=1, out_hw=(out.height, 1),
     )
 
 
