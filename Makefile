@@ -29,6 +29,9 @@ lint: $(STAMP)
 test: install lint
 	$(VENV)/bin/pytest
 
+golden: install
+	$(SLOTPLAN) golden
+
 bench: install
 	$(SLOTPLAN) bench data/suites/metakernel.json --params n16
 

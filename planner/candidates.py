@@ -168,12 +168,18 @@ def linear_candidates(
         x, w = node.inputs
         if graph.encrypted(w):
             raise PlanError("conv2d with encrypted filters is not supported (filters are plaintext)", node.id)
+    x = node.inputs[1] if node.op == "matvec" else node.inputs[0]
     if not isinstance(base, ChannelLayout):
-        base = input_layout(graph, node.inputs[1] if node.op == "matvec" else node.inputs[0], base.slots)
+        base = input_layout(graph, x, base.slots)
     try:
         prob = _linear_problem(graph, node, base)
-    except (KernelError, LayoutError) as e:
-        raise PlanError(str(e), node.id) from e
+    except (KernelError, LayoutError):
+        # the producer's layout does not suit the slot kernels: consume the natural
+        # layout instead (the edge pays the conversion)
+        try:
+            prob = _linear_problem(graph, node, input_layout(graph, x, base.slots))
+        except (KernelError, LayoutError) as e:
+            raise PlanError(str(e), node.id) from e
     return problem_candidates(prob, node, allowed, free_input)
 
 

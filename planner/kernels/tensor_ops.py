@@ -169,10 +169,52 @@ def matmul_ct_ct_candidate(graph: Graph, node: Node, a_lay: ChannelLayout, slots
     )
 
 
+def _preimage(graph: Graph, node: Node, out_lay: Any) -> Any:
+    """The layout of the view's input whose view is ``out_lay`` (same slots, input shape)."""
+    x = node.inputs[0]
+    in_shape = graph.shape(x)
+    maps = all_maps(out_lay)
+    if node.op == "transpose":
+        perm = node.perm or tuple(reversed(range(len(in_shape))))
+        fwd = np.arange(int(np.prod(in_shape))).reshape(in_shape).transpose(perm).ravel()
+        maps = np.where(maps >= 0, fwd[np.maximum(maps, 0)], -1)
+    try:
+        nat = natural_layout(in_shape, out_lay.slots)
+        if nat.n_ct == maps.shape[0] and np.array_equal(all_maps(nat), maps):
+            return nat
+    except Exception:  # noqa: BLE001 - a structured view is an optimisation only
+        pass
+    return MappedLayout.of(in_shape, maps, True, "pre-" + node.op)
+
+
 def shape_view_candidates(graph: Graph, node: Node, lays: list[Any]) -> list[Candidate]:
+    """A view of each producer layout, plus views that end in the packed layouts a consumer
+    usually wants (row- and column-major): their input pre-images are requested from the
+    producer (free for a client-packed input), so desired layouts flow back through views."""
     out = []
+    seen = set()
     for lay in lays:
-        out.append(transpose_candidate(graph, node, lay) if node.op == "transpose" else reshape_candidate(graph, node, lay))
+        c = transpose_candidate(graph, node, lay) if node.op == "transpose" else reshape_candidate(graph, node, lay)
+        out.append(c)
+        seen.add(c.out_layout)
+    shape = graph.shape(node.id)
+    slots = lays[0].slots
+    wants: list[Any] = []
+    try:
+        wants.append(natural_layout(shape, slots))
+    except Exception:  # noqa: BLE001
+        pass
+    if len(shape) == 2 and shape[0] <= slots:
+        wants.append(view_layout(shape, slots, (1, 0)))
+    for w in wants:
+        if w in seen:
+            continue
+        pre = _preimage(graph, node, w)
+        x = node.inputs[0]
+        out.append(Candidate(
+            node=node.id, kernel="view", params={"op": node.op, "to": w.notation()},
+            in_layouts={x: pre}, out_layout=w, lower=lambda b, regs, x=x: list(regs[x]),
+        ))
     return out
 
 

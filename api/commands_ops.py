@@ -1,0 +1,441 @@
+"""Operations commands of the CLI: ``batch``, ``diff``, ``serve``, ``show``, ``golden``.
+
+Registered into ``api.cli.app`` by :func:`register`.  Exit statuses follow
+``api.common``: 0 success; 1 a regression (``diff --fail-on-regression``, ``golden``) or
+a graph of a batch failed; 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+
+from api.common import ExitError, err, fail
+from planner.errors import SlotplanError
+from planner.params import Params
+from planner.pipeline import PlanOptions
+
+BATCH_SCHEMA = "slotplan.batch/1"
+
+
+# --------------------------------------------------------------------------------------
+# batch
+# --------------------------------------------------------------------------------------
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def batch_key(graph_sha256: str, params_json: Mapping[str, Any], options_json: Mapping[str, Any]) -> str:
+    """Resume key of one batch line: what was planned, with which params and options."""
+    return hashlib.sha256(
+        _canonical({"graph": graph_sha256, "params": params_json, "options": options_json})
+    ).hexdigest()
+
+
+def batch_worker(graph_json: dict[str, Any], params: Params, options: PlanOptions) -> dict[str, Any]:
+    """Plan one graph (in a worker process); never raises: failures become the line."""
+    from api.rest import check_memory_cap
+    from planner.diff import node_digest, strip_timings
+    from planner.graph import parse_graph
+    from planner.pipeline import PlanTimeout, plan_graph
+
+    t0 = time.perf_counter()
+    line: dict[str, Any] = {"status": "error", "error": None, "summary": None, "nodes": []}
+    try:
+        graph = parse_graph(graph_json)
+        res = plan_graph(graph, params, options)
+        check_memory_cap(res.plan)
+        line.update(
+            status="ok",
+            summary=strip_timings(res.plan["summary"]),
+            nodes=[node_digest(n) for n in res.plan["nodes"]],
+            timing={"plan_seconds": round(res.seconds, 6), "solver_seconds": round(res.solution.seconds, 6)},
+        )
+    except PlanTimeout as e:
+        line.update(status="timeout", error=" ".join(str(e).split()))
+    except SlotplanError as e:
+        line.update(status="error", error=" ".join(str(e).split()))
+    except MemoryError:
+        line.update(status="error", error="out of memory while planning")
+    except Exception as e:  # a planner bug must not stop the batch: record it
+        line.update(status="error", error=f"internal error: {type(e).__name__}: {' '.join(str(e).split())}"[:2000])
+    line.setdefault("timing", {"plan_seconds": round(time.perf_counter() - t0, 6)})
+    return line
+
+
+@dataclass
+class BatchItem:
+    path: Path
+    key: str
+    line: dict[str, Any]  # the deterministic part known before planning
+    graph_json: dict[str, Any] | None = None  # None: invalid graph, line is final
+
+
+@dataclass
+class BatchStats:
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.json") if q.is_file())
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SlotplanError(f"{p}: no such file or directory")
+    files = list(dict.fromkeys(files))
+    if not files:
+        raise SlotplanError("no graph files (*.json) found in " + ", ".join(str(p) for p in paths))
+    return files
+
+
+def read_done_keys(out: Path | None) -> set[str]:
+    """Keys already planned in a results file (a crashed worker's line is retried)."""
+    done: set[str] = set()
+    if out is None or not out.exists():
+        return done
+    try:
+        text = out.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SlotplanError(f"results file {out}: cannot read ({e})") from None
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # e.g. a line cut short by an interrupted run
+        if isinstance(obj, dict) and isinstance(obj.get("key"), str) and obj.get("status") != "crash":
+            done.add(obj["key"])
+    return done
+
+
+def prepare_items(files: list[Path], params_json: dict[str, Any], options_json: dict[str, Any],
+                  params_name: str) -> list[BatchItem]:
+    from planner.graph import load_graph
+
+    items: list[BatchItem] = []
+    for f in files:
+        base = {"schema": BATCH_SCHEMA, "path": str(f), "params": params_name, "options": options_json}
+        try:
+            g = load_graph(f)
+        except SlotplanError as e:
+            try:
+                digest = hashlib.sha256(f.read_bytes()).hexdigest()
+            except OSError:
+                digest = hashlib.sha256(str(f).encode()).hexdigest()
+            key = batch_key("file:" + digest, params_json, options_json)
+            line = {**base, "key": key, "graph": {"name": f.stem, "sha256": None, "file_sha256": digest},
+                    "status": "error", "error": " ".join(str(e).split()), "summary": None, "nodes": []}
+            items.append(BatchItem(f, key, line))
+            continue
+        key = batch_key(g.sha256, params_json, options_json)
+        line = {**base, "key": key, "graph": {"name": g.name, "sha256": g.sha256}}
+        items.append(BatchItem(f, key, line, g.to_json()))
+    return items
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+
+
+def run_batch_items(
+    items: list[BatchItem],
+    params: Params,
+    options: PlanOptions,
+    jobs: int,
+) -> Iterator[tuple[BatchItem, dict[str, Any]]]:
+    """Plan items in a process pool, yielding (item, line) as they finish.  At most
+    ``jobs`` graphs are in flight, so a worker that dies takes only those with it; they
+    are recorded with status ``crash`` (retried by a resumed run) and a fresh pool goes on."""
+    queue = list(items)
+    pool = _pool(jobs)
+    running: dict[Future[dict[str, Any]], BatchItem] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                it = queue.pop(0)
+                if it.graph_json is None:
+                    yield it, dict(it.line)
+                    continue
+                fut = pool.submit(batch_worker, it.graph_json, params, options)
+                running[fut] = it
+            if not running:
+                continue
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            broken = False
+            for fut in done:
+                it = running.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    broken = True
+                    result = {"status": "crash", "error": "the worker process died (out of memory?)",
+                              "summary": None, "nodes": []}
+                except Exception as e:  # pickling problems and the like
+                    result = {"status": "error", "error": f"internal error: {type(e).__name__}: {e}",
+                              "summary": None, "nodes": []}
+                yield it, {**it.line, **result}
+            if broken:
+                for fut, it in list(running.items()):
+                    running.pop(fut)
+                    yield it, {**it.line, "status": "crash", "error": "the worker pool broke while planning",
+                               "summary": None, "nodes": []}
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = _pool(jobs)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _write_line(fh: IO[str], line: Mapping[str, Any]) -> None:
+    ordered = {k: line[k] for k in ("schema", "key", "path", "graph", "params", "options", "status", "error",
+                                    "summary", "nodes") if k in line}
+    ordered.update({k: v for k, v in line.items() if k not in ordered})
+    fh.write(json.dumps(ordered, sort_keys=False, allow_nan=False) + "\n")
+    fh.flush()
+
+
+def batch(
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="graph files or directories of *.json graphs")],
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, max=64, help="parallel planning processes")] = 2,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="results file (JSON lines, appended; resumable)")] = None,
+    params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit per graph, seconds")] = 10.0,
+    solver: Annotated[str, typer.Option("--solver", help="cpsat | z3")] = "cpsat",
+    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
+    input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
+    kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
+) -> None:
+    """Plan many graphs in parallel: one JSON line per graph (resumable with --out)."""
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.io import parse_size
+    from planner.params import load_params
+    from planner.pipeline import PlanOptionsLiteral
+
+    try:
+        files = expand_paths(paths)
+        p = load_params(params)
+        if solver not in ("cpsat", "z3"):
+            raise SlotplanError(f"unknown solver {solver!r}; known solvers: cpsat, z3")
+        lit = PlanOptionsLiteral(
+            solver=solver,  # type: ignore[arg-type]
+            time_limit_s=time_limit,
+            memory_cap_bytes=parse_size(memory_cap) if memory_cap is not None else None,
+            kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
+            input_layout=input_layout,  # type: ignore[arg-type]
+        )
+        options = PlanOptions.from_literal(lit)
+        options_json = options.to_json()
+        params_json = p.to_json()
+        done = read_done_keys(out)
+        items = prepare_items(files, params_json, options_json, p.name)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise fail(ValueError(f"option {'.'.join(str(x) for x in first['loc'])}: {first['msg']}")) from None
+    except SlotplanError as e:
+        raise fail(e) from None
+    stats = BatchStats()
+    todo = [it for it in items if it.key not in done]
+    stats.skipped = len(items) - len(todo)
+    t0 = time.perf_counter()
+    fh: IO[str]
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            needs_newline = out.exists() and out.stat().st_size > 0 and not out.read_bytes().endswith(b"\n")
+            fh = out.open("a", encoding="utf-8")
+        except OSError as e:
+            raise fail(SlotplanError(f"results file {out}: {e.strerror or e}")) from None
+        if needs_newline:
+            fh.write("\n")
+    else:
+        fh = sys.stdout
+    progress = Progress(
+        TextColumn("[bold]batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=err,
+        transient=False,
+    )
+    try:
+        with progress:
+            task = progress.add_task("", total=len(todo), status="")
+            for it, line in run_batch_items(todo, p, options, jobs):
+                _write_line(fh, line)
+                if line["status"] == "ok":
+                    stats.ok += 1
+                else:
+                    stats.failed += 1
+                    stats.failures.append(f"{it.path}: {line['status']}: {line.get('error')}")
+                progress.update(
+                    task, advance=1, description=str(it.path.name),
+                    status=f"[green]{stats.ok} ok[/green] [red]{stats.failed} failed[/red]",
+                )
+    finally:
+        if fh is not sys.stdout:
+            fh.close()
+    secs = time.perf_counter() - t0
+    where = f" -> {out}" if out is not None else ""
+    err.print(
+        f"batch: {len(todo)} planned ({stats.ok} ok, {stats.failed} failed), {stats.skipped} skipped "
+        f"(already in the results file) in {secs:.1f}s{where}",
+        highlight=False,
+    )
+    for f in stats.failures[:20]:
+        err.print(f"  {f}", highlight=False, markup=False)
+    if stats.failed:
+        raise ExitError(f"batch: {stats.failed} of {len(todo)} graphs failed", 1)
+
+
+# --------------------------------------------------------------------------------------
+# diff
+# --------------------------------------------------------------------------------------
+
+
+def diff(
+    base: Annotated[Path, typer.Argument(help="plan file, golden digest or batch results (JSON lines)")],
+    head: Annotated[Path, typer.Argument(help="plan file, golden digest or batch results (JSON lines)")],
+    fmt: Annotated[str, typer.Option("--format", help="md | json")] = "md",
+    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression",
+                                                     help="exit 1 when rotations, key loads or peak memory grow")] = False,
+) -> None:
+    """Plan-diff report between two plans or two batch results."""
+    from planner.diff import diff_files, render_markdown
+
+    if fmt not in ("md", "json"):
+        raise fail(SlotplanError(f"unknown format {fmt!r}; known formats: md, json"))
+    try:
+        report = diff_files(base, head)
+    except SlotplanError as e:
+        raise fail(e) from None
+    if fmt == "md":
+        sys.stdout.write(render_markdown(report))
+    else:
+        sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
+    sys.stdout.flush()
+    if fail_on_regression and report.regressed:
+        raise ExitError(f"{len(report.regressions)} regression(s): " + "; ".join(report.regressions[:3]), 1)
+
+
+# --------------------------------------------------------------------------------------
+# serve
+# --------------------------------------------------------------------------------------
+
+
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
+    db: Annotated[Path | None, typer.Option("--db", help="SQLite plan store (default $SLOTPLAN_DB or the user cache)")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="planning worker processes")] = 2,
+    max_time_limit: Annotated[float, typer.Option("--max-time-limit", help="cap on a request's time_limit_s")] = 30.0,
+    max_body: Annotated[str, typer.Option("--max-body", help="largest request body")] = "8MiB",
+    max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="largest tables download")] = "512MiB",
+) -> None:
+    """REST service: POST /v1/plans, GET /v1/plans/ID and /v1/plans/ID/tables, POST /v1/diff, GET /healthz."""
+    from api.rest import RestLimits
+    from api.rest import serve as run_server
+    from api.store import PlanStore
+    from planner.io import parse_size
+
+    try:
+        limits = RestLimits(workers=workers, max_time_limit_s=max_time_limit, max_body_bytes=parse_size(max_body),
+                            max_table_bytes=parse_size(max_table_bytes))
+        store = PlanStore(db)
+    except SlotplanError as e:
+        raise fail(e) from None
+    err.print(f"slotplan: serving on http://{host}:{port} (plan store {store.path}, {workers} workers)",
+              highlight=False, markup=False)
+    run_server(host, port, store.path, limits)
+
+
+# --------------------------------------------------------------------------------------
+# show
+# --------------------------------------------------------------------------------------
+
+
+def show(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
+    png: Annotated[Path | None, typer.Option("--png", help="write a PNG: cost per node, key residency, memory")] = None,
+    title: Annotated[str | None, typer.Option("--title", help="figure title")] = None,
+) -> None:
+    """A plan at a glance: text overview, and with --png a figure."""
+    from api.show import render_png, text_report
+    from planner.io import load_plan
+
+    try:
+        plan = load_plan(plan_file)
+        sys.stdout.write(text_report(plan))
+        if png is not None:
+            if png.suffix.lower() != ".png":
+                raise SlotplanError(f"--png {png}: the file name must end in .png")
+            path = render_png(plan, png, title)
+            sys.stdout.write(f"wrote {path}\n")
+    except SlotplanError as e:
+        raise fail(e) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise fail(SlotplanError(f"plan file {plan_file}: malformed ({type(e).__name__}: {e})")) from None
+    except OSError as e:
+        raise fail(SlotplanError(f"cannot write {png}: {e.strerror or e}")) from None
+
+
+# --------------------------------------------------------------------------------------
+# golden
+# --------------------------------------------------------------------------------------
+
+
+def golden(
+    regenerate: Annotated[bool, typer.Option("--regenerate", help="rewrite data/golden/*.json from fresh plans")] = False,
+    golden_dir: Annotated[Path | None, typer.Option("--dir", help="golden directory (default data/golden)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md | json (check mode)")] = "md",
+) -> None:
+    """Check fresh plans of the workloads against data/golden, or rewrite it with --regenerate.
+
+    Check mode prints the Markdown diff and exits 1 on any difference."""
+    from planner import golden as g
+    from planner.diff import render_markdown
+
+    d = golden_dir or g.GOLDEN_DIR
+    try:
+        if regenerate:
+            for path in g.regenerate(d):
+                sys.stdout.write(f"wrote {path}\n")
+            return
+        report = g.check(d)
+    except SlotplanError as e:
+        raise fail(e) from None
+    sys.stdout.write(render_markdown(report) if fmt == "md" else json.dumps(report.to_json(), indent=1) + "\n")
+    if report.changed:
+        what = "regressed" if report.regressed else "changed (no regression)"
+        raise ExitError(f"golden plans {what}; if intended, run `slotplan golden --regenerate`", 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(batch)
+    app.command()(diff)
+    app.command()(serve)
+    app.command()(show)
+    app.command()(golden)

@@ -1,0 +1,76 @@
+"""Golden plans: every reference workload planned fresh must match data/golden/.
+
+On a difference the test fails with the Markdown plan-diff report (regressions flagged).
+If a change is intended, rewrite the goldens with ``slotplan golden --regenerate`` and
+commit them together with the change.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from planner import golden
+from planner.diff import diff_digests, render_markdown
+from tests.test_batch import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = golden.load_manifest()
+
+
+def test_manifest_covers_every_workload() -> None:
+    workloads = {p.resolve() for p in (ROOT / "data" / "workloads").glob("*.json")}
+    assert workloads <= {c.graph_path for c in CASES}
+    for c in CASES:
+        assert c.golden_path.exists(), f"{c.golden_path} missing: run `slotplan golden --regenerate`"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.name}.{c.entry.params}" for c in CASES])
+def test_golden(case: golden.GoldenCase) -> None:
+    expected = golden.load_golden(case)
+    assert expected is not None, f"{case.golden_path} missing: run `slotplan golden --regenerate`"
+    fresh = golden.fresh_digest(case)
+    report = diff_digests([expected], [fresh], "batch", str(case.golden_path), "fresh plan")
+    if report.changed:
+        what = "REGRESSION" if report.regressed else "changed (no regression)"
+        pytest.fail(
+            f"golden plan {case.name} @ {case.entry.params}: {what}; if intended, run "
+            f"`slotplan golden --regenerate`\n\n{render_markdown(report)}",
+            pytrace=False,
+        )
+
+
+def test_golden_cli_regenerate_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "golden"
+    d.mkdir()
+    shutil.copy(ROOT / "data" / "workloads" / "conv1.json", tmp_path / "conv1.json")
+    (d / "manifest.json").write_text(json.dumps({
+        "schema": "slotplan.golden-manifest/1",
+        "entries": [{"graph": "../conv1.json", "params": "n13", "options": {}}],
+    }))
+    code, out, _ = run_cli(["golden", "--regenerate", "--dir", str(d)], capsys)
+    assert code == 0 and "conv1.n13.json" in out
+    g = json.loads((d / "conv1.n13.json").read_text())
+    assert g["schema"] == "slotplan.digest/1" and g["status"] == "ok"
+    assert "plan_seconds" not in g["summary"] and g["nodes"][0]["kernel"]
+    code, out, _ = run_cli(["golden", "--dir", str(d)], capsys)
+    assert code == 0 and "no changes" in out
+    # a golden that promised fewer rotations: the fresh plan regresses
+    g["summary"]["rotations"] -= 1
+    (d / "conv1.n13.json").write_text(json.dumps(g))
+    code, out, err = run_cli(["golden", "--dir", str(d)], capsys)
+    assert code == 1 and "regression" in out and "regressed" in err
+    # a golden that promised more: changed, still a failure (goldens must be kept current)
+    g["summary"]["rotations"] += 2
+    (d / "conv1.n13.json").write_text(json.dumps(g))
+    code, out, err = run_cli(["golden", "--dir", str(d)], capsys)
+    assert code == 1 and "no regression" in err
+
+
+def test_golden_bad_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "manifest.json").write_text('{"schema": "nope"}')
+    code, _, err = run_cli(["golden", "--dir", str(tmp_path)], capsys)
+    assert code == 2 and "manifest" in err
