@@ -93,7 +93,8 @@ def test_random_layout_pairs_convert_exactly(m: int, n: int, log_s: int, a: str,
             return view_layout((m, n), S, (1, 0))
         if m * n > S:
             return natural_layout((m, n), S)
-        return parse_layout("roll(0,1) [0:%d][1:%d]" % (m, n) if kind == "roll-row" else "roll(0,1) [1:%d][0:%d]" % (n, m), (m, n), S)
+        text = f"roll(0,1) [0:{m}][1:{n}]" if kind == "roll-row" else f"roll(0,1) [1:{n}][0:{m}]"
+        return parse_layout(text, (m, n), S)
 
     s, d = make(a), make(b)
     x, r = run_conversion(s, d)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -200,10 +201,8 @@ def shape_view_candidates(graph: Graph, node: Node, lays: list[Any]) -> list[Can
     shape = graph.shape(node.id)
     slots = lays[0].slots
     wants: list[Any] = []
-    try:
+    with contextlib.suppress(Exception):  # a structured target is an optimisation only
         wants.append(natural_layout(shape, slots))
-    except Exception:  # noqa: BLE001
-        pass
     if len(shape) == 2 and shape[0] <= slots:
         wants.append(view_layout(shape, slots, (1, 0)))
     for w in wants:
@@ -213,8 +212,15 @@ def shape_view_candidates(graph: Graph, node: Node, lays: list[Any]) -> list[Can
         x = node.inputs[0]
         out.append(Candidate(
             node=node.id, kernel="view", params={"op": node.op, "to": w.notation()},
-            in_layouts={x: pre}, out_layout=w, lower=lambda b, regs, x=x: list(regs[x]),
+            in_layouts={x: pre}, out_layout=w, lower=_passthrough(x),
         ))
     return out
+
+
+def _passthrough(x: str):  # noqa: ANN202
+    def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
+        return list(regs[x])
+
+    return lower
 
 
