@@ -64,11 +64,6 @@ def plan(
         opts = PlanOptions.from_literal(lit)
         res = plan_graph(g, p, opts, record_timings=record_timings)
         summary = res.plan["summary"]
-        if cap is not None and summary["peak_bytes"]["total"] > cap:
-            raise SlotplanError(
-                f"modelled peak {summary['peak_bytes']['total']} bytes exceeds --memory-cap {cap} bytes "
-                "and this plan has no key schedule (keep-all model)"
-            )
         write_outputs(res.plan, output, res.tables if tables else None, tables, limit)
     except PlanTimeout as e:
         raise _fail(e, 3) from None
@@ -156,6 +151,9 @@ def bench(
         raise _fail(e) from None
     if as_json:
         return
+    if rows and rows[0].get("kind") in ("graph", "conversion") or any(r.get("kind") for r in rows):
+        _print_graph_bench(rows, suite.name, sim)
+        return
     t = Table(title=f"bench {suite.name}")
     cols = ["kernel", "IMRA rot", "MKR(paper)", "Pb,Ps,bs,ss", "T8", "best", "bsgs", "hs-diag", "fhelipe",
             "FHELIPE(p)", "BSGS(p)", "util", "plan s"]
@@ -178,6 +176,29 @@ def bench(
         ]
         if sim:
             cells.append(f"{r['sim']['max_rel_error']:.1e}")
+        t.add_row(*cells)
+    out.print(t)
+
+
+def _print_graph_bench(rows: list[dict[str, Any]], name: str, sim: bool) -> None:
+    t = Table(title=f"bench {name}")
+    for c in ("workload", "params", "rotations", "paper", "cmul", "depth", "input cts", "exact obj",
+              "greedy obj (rot)", "status", "plan s") + (("sim err",) if sim else ()):
+        t.add_column(c)
+    for r in rows:
+        paper = ", ".join(f"{k}={v}" for k, v in r.get("paper", {}).items())
+        if r["kind"] == "conversion":
+            t.add_row(escape(r["workload"]), "-", str(r["rotations"]), paper, "-", "-", "-", "-", "-",
+                      r["conversion"], f"{r['seconds']:.2f}", *(("-",) if sim else ()))
+            continue
+        gr = r.get("greedy")
+        cells = [
+            escape(r["workload"]), r["params"], str(r["rotations"]), paper, str(r["cmul"]), str(r["depth"]),
+            ",".join(f"{k}:{v}" for k, v in r["input_cts"].items()), str(r["objective"]),
+            f"{gr['objective']} ({gr['rotations']})" if gr else "-", r["status"], f"{r['seconds']:.2f}",
+        ]
+        if sim:
+            cells.append(f"{r['sim']['max_rel_error']:.1e}" if "sim" in r else "-")
         t.add_row(*cells)
     out.print(t)
 

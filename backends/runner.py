@@ -59,6 +59,17 @@ def regenerate_tables(plan: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
     params = Params.from_json(plan["params"])
     opts = PlanOptions.from_literal(PlanOptionsLiteral(**plan.get("options", {})))
     res = plan_graph(graph, params, opts)
+    source = plan.get("summary", {}).get("key_schedule", {}).get("source_program_sha256")
+    if source is not None:
+        # a key-scheduled (possibly rotation-rewritten) plan: its tables are those of the
+        # program it was derived from
+        from planner.keys import program_sha256
+
+        if program_sha256(res.plan["program"]) != source and res.plan["program"] != plan["program"]:
+            raise SlotplanError(
+                "the plan's program differs from what this slotplan produces for its graph; pass --tables"
+            )
+        return res.tables
     if res.plan["program"] != plan["program"]:
         raise SlotplanError(
             "the plan's program differs from what this slotplan produces for its graph; pass --tables"
@@ -85,10 +96,14 @@ def run_plan(
     t0 = time.perf_counter()
     stats: dict[str, Any] = {}
     if backend == "sim":
-        res = simulate(plan, tables, values)
+        key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
+        res = simulate(plan, tables, values, key_levels=key_levels)
         outputs, counts = res.outputs, res.counts
         rotations, loads = res.rotations, res.key_loads
-        peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
+        if plan.get("keys"):
+            peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
+        else:
+            peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
         tol = SIM_RTOL
     elif backend == "lattigo":
         from backends.lattigo_backend import run_plan as lattigo_run
@@ -112,6 +127,9 @@ def run_plan(
     for t in graph.outputs:
         got = np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t))
         want = ref[t]
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
+            max_abs = max_rel = float("inf")  # NaN/inf must fail, not vanish in max()
+            break
         err = float(np.max(np.abs(got - want))) if want.size else 0.0
         scale = float(np.max(np.abs(want))) if want.size else 1.0
         max_abs = max(max_abs, err)

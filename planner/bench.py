@@ -19,7 +19,12 @@ TABLE8_KEYS = ("Pb", "Ps", "bs_opt", "search_space")
 
 class SuiteWorkload(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    graph: str
+    graph: str | None = None
+    name: str | None = None
+    params: str | None = None
+    input_layouts: dict[str, str] | None = None
+    conversion: dict[str, Any] | None = None  # {"src", "dst", "shape", "slots"}
+    sim: bool = False
     paper: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -27,6 +32,7 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_: str = Field(alias="schema", pattern=r"^slotplan\.suite/1$")
     name: str
+    kind: str = "metakernel"
     source: str = ""
     params: str = "n16"
     input_layout: str = "row-major"
@@ -87,8 +93,85 @@ def bench_workload(
     return row
 
 
+def bench_conversion(w: SuiteWorkload) -> dict[str, Any]:
+    from planner.convert import plan_conversion
+    from planner.rotom import parse_layout
+
+    c = w.conversion or {}
+    shape = tuple(c["shape"])
+    src, dst = parse_layout(c["src"], shape, c["slots"]), parse_layout(c["dst"], shape, c["slots"])
+    t0 = time.perf_counter()
+    conv = plan_conversion(src, dst)
+    cost = conv.cost()
+    return {
+        "workload": w.name or f"{c['src']} -> {c['dst']}", "kind": "conversion", "conversion": conv.kind,
+        "rotations": cost.rotations, "pmul": cost.pmul, "add": cost.add, "paper": w.paper,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def choice_rotations(problem: Any, choice: dict[str, int]) -> int:
+    """Rotations of an assignment from the priced candidates and conversions (no lowering;
+    both are exact counts of what lowering emits)."""
+    from planner.convert import plan_conversion
+
+    S = problem.params.slots
+    total = 0
+    layout_of: dict[str, Any] = {t: opts[choice[f"input:{t}"]] for t, opts in problem.input_options.items()}
+    for node in problem.graph.nodes:
+        cand = problem.candidates[node.id][choice[node.id]]
+        total += cand.cost(S).rotations
+        for t in dict.fromkeys(node.inputs):
+            if t in cand.in_layouts:
+                total += plan_conversion(layout_of[t], cand.in_layouts[t]).cost().rotations
+        layout_of[node.id] = cand.out_layout
+    return total
+
+
+def bench_graph(path: Path, params: Params, input_layout: str, w: SuiteWorkload, simulate: bool) -> dict[str, Any]:
+    """Exact whole-graph assignment vs greedy per-node choice on one graph."""
+    from planner.pipeline import build_problem, lower_solution, solve_problem
+
+    g = load_graph(path)
+    opts = PlanOptions(input_layout=input_layout, input_layouts=tuple(sorted((w.input_layouts or {}).items())))
+    t0 = time.perf_counter()
+    problem = build_problem(g, params, opts)
+    sol = solve_problem(problem)
+    plan, tables = lower_solution(problem, sol)
+    seconds = time.perf_counter() - t0
+    exact_rot = choice_rotations(problem, dict(sol.choice))
+    if exact_rot != plan["summary"]["rotations"]:
+        raise SlotplanError(f"priced rotations {exact_rot} differ from the lowered plan's")
+    greedy = problem.model.greedy()
+    g_obj = problem.model.evaluate(greedy)
+    row: dict[str, Any] = {
+        "workload": w.name or g.name, "kind": "graph", "params": params.name, "nodes": len(g.nodes),
+        "rotations": plan["summary"]["rotations"], "cmul": plan["summary"]["cmul"],
+        "pmul": plan["summary"]["pmul"], "depth": plan["summary"]["depth"],
+        "input_cts": {t: problem.input_options[t][sol.option(f"input:{t}")].n_ct for t in problem.input_options},
+        "objective": sol.objective, "bound": sol.bound, "status": sol.status.value,
+        "seconds": round(seconds, 3), "paper": w.paper,
+        "kernels": sorted({n["kernel"] for n in plan["nodes"]}),
+    }
+    if g_obj is not None:
+        row["greedy"] = {"objective": g_obj, "rotations": choice_rotations(problem, greedy)}
+    if simulate and w.sim:
+        from backends.runner import run_plan
+
+        rep = run_plan(plan, tables, "sim", seed=1)
+        row["sim"] = {"ok": rep.ok, "max_rel_error": rep.max_rel_error}
+    return row
+
+
 def run_suite(path: str | Path, params_name: str | None = None, simulate: bool = False):  # noqa: ANN201
     suite, base = load_suite(path)
-    params = load_params(params_name or suite.params)
     for w in suite.workloads:
-        yield bench_workload((base / w.graph).resolve(), params, suite.input_layout, w.paper, simulate)
+        params = load_params(params_name or w.params or suite.params)
+        if w.conversion is not None:
+            yield bench_conversion(w)
+        elif suite.kind == "metakernel":
+            assert w.graph is not None
+            yield bench_workload((base / w.graph).resolve(), params, suite.input_layout, w.paper, simulate)
+        else:
+            assert w.graph is not None
+            yield bench_graph((base / w.graph).resolve(), params, suite.input_layout, w, simulate)

@@ -224,6 +224,8 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
         clean = lay.clean
     if op in ("add", "sub") and len(enc) == 2:
         in_layouts = {t: lay for t in enc}  # clean flags must match to keep clean
+    elif clean and op != "mul":
+        in_layouts = {t: lay for t in enc}  # a clean result needs a clean operand
     out_layout = replace(lay, shape=graph.shape(node.id), clean=clean)
 
     def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:

@@ -356,6 +356,12 @@ def plan_graph(
             f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
         )
     plan, tables = lower_solution(problem, sol)
+    if options.memory_cap_bytes is not None:
+        # rotation-key schedule under the cap (minimum loads; raises KeyCapError naming the
+        # smallest feasible cap); the schedule keeps every table, so `tables` stays valid
+        from planner.keys import schedule_plan
+
+        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "exact", time_limit_s=options.time_limit_s)
     seconds = time.perf_counter() - t0
     if record_timings:
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)

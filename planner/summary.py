@@ -17,6 +17,12 @@ from typing import Any
 from planner.params import Params
 
 
+def plan_key_bytes(plan: Mapping[str, Any]) -> dict[int, int] | None:
+    """Per-key sizes recorded by a key schedule (``plan["keys"]``), or None."""
+    keys = plan.get("keys")
+    return {int(k): int(v["bytes"]) for k, v in keys.items()} if keys else None
+
+
 def reg_reads(ins: Mapping[str, Any]) -> list[str]:
     op = ins["op"]
     if op in ("add", "sub", "cmul"):
@@ -59,7 +65,10 @@ def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def summarize(
-    program: Sequence[Mapping[str, Any]], params: Params, n_plaintexts: int
+    program: Sequence[Mapping[str, Any]],
+    params: Params,
+    n_plaintexts: int,
+    key_bytes: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     counts: dict[str, int] = {}
     rotations = 0
@@ -74,7 +83,7 @@ def summarize(
             offsets.update(int(k) for k in ins["ks"])
     depth = register_depths(program)
     out_depth = max((depth[ins["src"]] for ins in program if ins["op"] == "output"), default=0)
-    mem = memory_profile(program, params, depth)
+    mem = memory_profile(program, params, depth, key_bytes)
     return {
         "rotations": rotations,
         "rotation_keys": len(offsets),
@@ -92,10 +101,14 @@ def summarize(
 
 
 def memory_profile(
-    program: Sequence[Mapping[str, Any]], params: Params, depth: Mapping[str, int] | None = None
+    program: Sequence[Mapping[str, Any]],
+    params: Params,
+    depth: Mapping[str, int] | None = None,
+    key_bytes: Mapping[int, int] | None = None,
 ) -> dict[str, int]:
     """Peak modelled bytes of keys, plaintexts and ciphertexts, and of their sum, over
-    program points."""
+    program points.  ``key_bytes`` gives each key's size (a plan's ``keys[k].bytes``, for
+    keys generated below the top level); default: every key at the top level."""
     depth = depth if depth is not None else register_depths(program)
     L = params.max_level
 
@@ -114,7 +127,11 @@ def memory_profile(
             pt_last[ins["pt"]] = i
             pt_level.setdefault(ins["pt"], level(ins["src"]))
     has_schedule = any(ins["op"] in ("load_key", "drop_key") for ins in program)
-    key_bytes = params.rotation_key_bytes()
+    top_key = params.rotation_key_bytes()
+
+    def kb(k: int) -> int:
+        return key_bytes.get(k, top_key) if key_bytes is not None else top_key
+
     all_keys: set[int] = set()
     for ins in program:
         if ins["op"] == "rot":
@@ -130,7 +147,7 @@ def memory_profile(
 
     live_ct = 0
     live_pt = 0
-    keys = 0 if has_schedule else len(all_keys) * key_bytes
+    keys = 0 if has_schedule else sum(kb(k) for k in all_keys)
     peak = {"keys": keys, "plaintexts": 0, "ciphertexts": 0, "total": keys}
     resident: set[int] = set()
     live: set[str] = set()
@@ -138,7 +155,7 @@ def memory_profile(
         op = ins["op"]
         if op == "load_key":
             resident.add(int(ins["k"]))
-            keys = len(resident) * key_bytes
+            keys = sum(kb(k) for k in resident)
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
         for r in reg_writes(ins):
@@ -157,5 +174,5 @@ def memory_profile(
             live_pt -= params.plaintext_bytes(pt_level[p])
         if op == "drop_key":
             resident.discard(int(ins["k"]))
-            keys = len(resident) * key_bytes
+            keys = sum(kb(k) for k in resident)
     return peak

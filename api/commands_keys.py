@@ -1,0 +1,158 @@
+"""``slotplan keys`` (rewrite a plan with a rotation-key schedule) and ``slotplan keybench``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from api.common import fail, out
+from planner.errors import SlotplanError
+from planner.keys import BASES, MERGE_WINDOW, STRATEGIES
+
+
+def _mib(b: int | None) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f}"
+
+
+def keys(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file (slotplan.plan/1)")],
+    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB (none: no cap)")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help=" | ".join(STRATEGIES))] = "exact",
+    max_keys: Annotated[int | None, typer.Option("--max-keys", help="rewrite rotations as chains over at most N keys")] = None,
+    basis: Annotated[str, typer.Option("--basis", help=f"key basis for --max-keys: {' | '.join(BASES)}")] = "auto",
+    key_levels: Annotated[bool, typer.Option("--key-levels/--no-key-levels", help="generate each key at the highest level it rotates")] = True,
+    merge_window: Annotated[int, typer.Option("--merge-window", help="keymemrt: merge live ranges when the next use is within N operations")] = MERGE_WINDOW,
+    prefetch: Annotated[int, typer.Option("--prefetch", help="keymemrt: load keys up to N operations early where the cap allows")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="exact: solver time limit, seconds")] = 10.0,
+    cross_check: Annotated[bool, typer.Option("--cross-check", help="exact: also solve small models with z3 and compare")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the schedule summary as JSON")] = False,
+) -> None:
+    """Rewrite a plan with a rotation-key schedule (load_key/drop_key) under a memory cap."""
+    from planner.io import load_plan, parse_size, write_outputs
+    from planner.keys import schedule_plan
+
+    try:
+        if strategy not in STRATEGIES:
+            raise SlotplanError(f"unknown key strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        if basis not in BASES:
+            raise SlotplanError(f"unknown key basis {basis!r}; known: {', '.join(BASES)}")
+        if time_limit <= 0:
+            raise SlotplanError(f"--time-limit must be positive, got {time_limit}")
+        cap = parse_size(memory_cap) if memory_cap is not None else None
+        plan = load_plan(plan_file)
+        new, sched = schedule_plan(
+            plan, cap, strategy, max_keys, basis=basis, key_levels=key_levels, merge_window=merge_window,
+            prefetch=prefetch, time_limit_s=time_limit, cross_check=cross_check,
+        )
+        write_outputs(new, output, None, None)
+    except SlotplanError as e:
+        raise fail(e) from None
+    s = new["summary"]
+    if as_json:
+        out.print_json(json.dumps({"summary": s, "keys": new["keys"]}))
+        return
+    pk = s["peak_bytes"]
+    rot = f"{sched.rotations_before}->{sched.rotations}" if sched.rotations != sched.rotations_before else str(sched.rotations)
+    out.print(
+        f"keys {strategy}: cap {_mib(cap)} MiB  loads {sched.loads}  keys {sched.rotation_keys}  rotations {rot}  "
+        f"peak {_mib(pk['total'])} MiB (keys {_mib(pk['keys'])})  min feasible cap {_mib(sched.min_cap_bytes)} MiB"
+        + (f"  solver {sched.solver.get('status')}" if sched.solver else "")
+        + (f"  -> {output}" if output else ""),
+        highlight=False,
+    )
+
+
+def keybench(
+    suite: Annotated[Path, typer.Argument(help="key suite file (data/suites/keymemrt.json)")],
+    params: Annotated[str | None, typer.Option("--params", help="override every workload's preset")] = None,
+    strategies: Annotated[str, typer.Option("--strategies", help="comma-separated")] = ",".join(STRATEGIES),
+    caps: Annotated[int, typer.Option("--caps", help="caps per workload, keep-all peak down to the smallest feasible")] = 6,
+    key_levels: Annotated[bool, typer.Option("--key-levels/--no-key-levels")] = True,
+    max_keys: Annotated[int | None, typer.Option("--max-keys", help="rewrite rotations over at most N keys first")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="exact: solver time limit per cap, seconds")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload, then the summary")] = False,
+) -> None:
+    """Per workload and cap: rotations, key loads and peak per strategy; geomean peak
+    reduction vs keep-all (ANT-ACE) at <= 5% extra modelled time."""
+    from planner.keybench import KEY_LOAD_MS_PER_80MIB, ROTATION_MS, run_key_suite, summarize_suite
+
+    strats = [s.strip() for s in strategies.split(",") if s.strip()]
+    results: list[dict[str, Any]] = []
+    try:
+        if caps < 1:
+            raise SlotplanError(f"--caps must be at least 1, got {caps}")
+        if time_limit <= 0:
+            raise SlotplanError(f"--time-limit must be positive, got {time_limit}")
+        for r in run_key_suite(suite, params, strats, caps, key_levels, time_limit, max_keys):
+            results.append(r)
+            if as_json:
+                print(json.dumps(r, sort_keys=True), flush=True)
+            else:
+                _print_workload(r, strats)
+    except SlotplanError as e:
+        raise fail(e) from None
+    summary = summarize_suite(results, strats)
+    if as_json:
+        print(json.dumps({"summary": summary}, sort_keys=True))
+        return
+    t = Table(title="geomean peak reduction vs keep-all (ANT-ACE, top-level keys) at <= 5% extra modelled time")
+    t.add_column("strategy")
+    t.add_column("geomean reduction")
+    t.add_column("workloads meeting the time budget")
+    for s in strats:
+        g = summary[s]["geomean_reduction"]
+        t.add_row(s, "-" if g is None else f"{g:.2f}x", f"{summary[s]['workloads']}/{summary[s]['of']}")
+    out.print(t)
+    out.print(
+        f"modelled time = rotations x rotation cost {ROTATION_MS} ms by LogN + loads x {KEY_LOAD_MS_PER_80MIB} ms "
+        "per 80 MiB of key (shared/notes/lattigo-gopy.md)", highlight=False,
+    )
+
+
+def _print_workload(r: dict[str, Any], strats: list[str]) -> None:
+    b = r["baseline"]
+    paper = r.get("paper") or {}
+    ptxt = f"; paper: {paper.get('keys')} keys, {paper.get('key_memory_gb')} GB" if paper else ""
+    t = Table(
+        title=escape(
+            f"{r['workload']} @ {r['params']}: {r['rotations']} rotations, {r['rotation_keys']} keys, depth {r['depth']}, "
+            f"keep-all {_mib(b['peak_bytes'])} MiB, {b['time_ms'] / 1000:.2f} s{ptxt}"
+        )
+    )
+    t.add_column("cap MiB")
+    for s in strats:
+        t.add_column(f"{s}\nrot/loads/peak MiB/time")
+    by_cap: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in r["rows"]:
+        by_cap.setdefault(row["cap"], {})[row["strategy"]] = row
+    for cap in r["caps"]:
+        cells = [_mib(cap)]
+        for s in strats:
+            row = by_cap.get(cap, {}).get(s)
+            if row is None or not row["feasible"]:
+                cells.append("infeasible")
+            else:
+                cells.append(
+                    f"{row['rotations']}/{row['key_loads']}/{_mib(row['peak_bytes'])}/{row['time_ms'] / b['time_ms']:.3f}x"
+                )
+        t.add_row(*cells)
+    best_cells = ["best <=5%"]
+    for s in strats:
+        bs = r["best"].get(s)
+        best_cells.append("-" if bs is None else f"{bs['reduction']:.2f}x @ {_mib(bs['peak_bytes'])}")
+    t.add_row(*best_cells)
+    out.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="keys")(keys)
+    app.command(name="keybench")(keybench)
+
+
+__all__ = ["keybench", "keys", "register"]

@@ -1,0 +1,207 @@
+"""Key-memory benchmark: peak memory vs modelled time per key strategy and memory cap.
+
+For every workload of a key suite (``slotplan.keysuite/1``, e.g. data/suites/keymemrt.json,
+modelled on KeyMemRT's Table 3) the graph is planned once, then each key strategy is run at
+caps from the keep-all peak down to the smallest feasible cap.  Reported per point:
+rotations, key loads, peak bytes and modelled time; per strategy: the largest peak
+reduction against the ANT-ACE baseline (keep-all, every key at the top level) whose
+modelled time is at most 5% above the baseline's, and the geomean over workloads.
+
+Modelled time = rotations * rotation cost + sum over loads of the loaded key's read time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import SlotplanError
+from planner.graph import load_graph
+from planner.keys import STRATEGIES, KeyCapError, KeySchedule, schedule_keys
+from planner.params import Params, load_params
+from planner.pipeline import PlanOptions, plan_graph
+
+# Rotation (key switch) at the top level, milliseconds, from shared/notes/lattigo-gopy.md
+# ("Rotation at max level: ~5 ms (LogN 13), ~20-40 ms (LogN 14), ~120-200 ms (LogN 16)",
+# measured with Lattigo v6.1.1 on these machines).  LogN 14 and 16 take the middle of the
+# measured range; LogN 12 and 15 are not measured: scaled by N log N between neighbours.
+ROTATION_MS = {12: 2.3, 13: 5.0, 14: 30.0, 15: 70.0, 16: 150.0}
+# Reading a key back from the page cache: "an 80 MiB key reads back in ~25-70 ms"
+# (same notes); the middle of that range, proportional to the key's bytes.
+KEY_LOAD_MS_PER_80MIB = 47.5
+KEY_LOAD_MS_PER_BYTE = KEY_LOAD_MS_PER_80MIB / (80 * 2**20)
+# The time budget for the peak-reduction figure: at most 5% above the baseline.
+TIME_SLACK = 1.05
+DEFAULT_CAPS = 6
+
+
+class KeySuiteWorkload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    graph: str
+    params: str
+    note: str = ""
+    paper: dict[str, Any] = Field(default_factory=dict)
+
+
+class KeySuite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_: str = Field(alias="schema", pattern=r"^slotplan\.keysuite/1$")
+    name: str
+    source: str = ""
+    input_layout: str = "free"
+    workloads: list[KeySuiteWorkload]
+
+
+def load_key_suite(path: str | Path) -> tuple[KeySuite, Path]:
+    p = Path(path)
+    try:
+        return KeySuite.model_validate(json.loads(p.read_text())), p.parent
+    except FileNotFoundError as e:
+        raise SlotplanError(f"key suite {p} not found") from e
+    except (ValueError, json.JSONDecodeError) as e:
+        raise SlotplanError(f"key suite {p}: {' '.join(str(e).split())}") from e
+
+
+def rotation_ms(params: Params) -> float:
+    if params.log_n in ROTATION_MS:
+        return ROTATION_MS[params.log_n]
+    # outside the table: N log N scaling from the nearest entry
+    ref = min(ROTATION_MS, key=lambda n: abs(n - params.log_n))
+    return ROTATION_MS[ref] * (2 ** (params.log_n - ref)) * params.log_n / ref
+
+
+def modelled_time_ms(sched: KeySchedule, params: Params) -> float:
+    loads = sum(i.loads * i.bytes for i in sched.keys.values()) * KEY_LOAD_MS_PER_BYTE
+    return sched.rotations * rotation_ms(params) + loads
+
+
+def cap_points(high: int, low: int, n: int) -> list[int]:
+    """``n`` caps from ``high`` down to ``low`` (both included), evenly spaced."""
+    if n <= 1 or high <= low:
+        return [max(high, low)]
+    return [int(round(high - (high - low) * i / (n - 1))) for i in range(n)]
+
+
+def _row(strategy: str, cap: int | None, sched: KeySchedule | None, params: Params, seconds: float,
+         error: str | None = None) -> dict[str, Any]:
+    if sched is None:
+        return {"strategy": strategy, "cap": cap, "feasible": False, "error": error}
+    row: dict[str, Any] = {
+        "strategy": strategy,
+        "cap": cap,
+        "feasible": True,
+        "rotations": sched.rotations,
+        "rotation_keys": sched.rotation_keys,
+        "key_loads": sched.loads,
+        "peak_bytes": sched.peak_bytes["total"],
+        "peak_key_bytes": sched.peak_bytes["keys"],
+        "time_ms": round(modelled_time_ms(sched, params), 3),
+        "seconds": round(seconds, 3),
+    }
+    if sched.solver is not None:
+        row["solver"] = sched.solver.get("status")
+    return row
+
+
+def bench_keys(
+    graph_path: Path,
+    params: Params,
+    input_layout: str = "free",
+    strategies: Sequence[str] = STRATEGIES,
+    n_caps: int = DEFAULT_CAPS,
+    key_levels: bool = True,
+    time_limit_s: float = 10.0,
+    max_keys: int | None = None,
+    paper: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One workload: plan it, then every strategy at every cap."""
+    g = load_graph(graph_path)
+    t0 = time.perf_counter()
+    res = plan_graph(g, params, PlanOptions(input_layout=input_layout))
+    plan_s = time.perf_counter() - t0
+    prog = res.plan["program"]
+    base = schedule_keys(prog, params, None, "keep-all", key_levels=False)
+    base_ms = modelled_time_ms(base, params)
+    lowest = schedule_keys(prog, params, None, "belady", max_keys, key_levels=key_levels).min_cap_bytes
+    caps = cap_points(base.peak_bytes["total"], lowest, n_caps)
+    rows: list[dict[str, Any]] = []
+    for cap in caps:
+        for strat in strategies:
+            t1 = time.perf_counter()
+            try:
+                s = schedule_keys(prog, params, cap, strat, max_keys, key_levels=key_levels, time_limit_s=time_limit_s)
+            except KeyCapError as e:
+                rows.append(_row(strat, cap, None, params, 0.0, f"needs {e.min_cap} bytes"))
+                continue
+            rows.append(_row(strat, cap, s, params, time.perf_counter() - t1))
+    best: dict[str, dict[str, Any] | None] = {}
+    for strat in strategies:
+        ok = [r for r in rows if r["strategy"] == strat and r["feasible"] and r["time_ms"] <= TIME_SLACK * base_ms]
+        if ok:
+            r = min(ok, key=lambda r: (r["peak_bytes"], r["time_ms"]))
+            best[strat] = {
+                "reduction": base.peak_bytes["total"] / r["peak_bytes"],
+                "peak_bytes": r["peak_bytes"],
+                "cap": r["cap"],
+                "time_ratio": r["time_ms"] / base_ms,
+            }
+        else:
+            best[strat] = None
+    return {
+        "workload": g.name,
+        "params": params.name,
+        "paper": paper or {},
+        "plan_seconds": round(plan_s, 3),
+        "rotations": base.rotations,
+        "rotation_keys": base.rotation_keys,
+        "depth": res.plan["summary"]["depth"],
+        "instructions": len(prog),
+        "key_bytes_top_level": params.rotation_key_bytes(),
+        "baseline": {"strategy": "keep-all (top-level keys, ANT-ACE)", "peak_bytes": base.peak_bytes["total"],
+                     "peak_key_bytes": base.peak_bytes["keys"], "time_ms": round(base_ms, 3)},
+        "min_feasible_cap": lowest,
+        "caps": caps,
+        "rows": rows,
+        "best": best,
+    }
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def run_key_suite(
+    path: str | Path,
+    params_name: str | None = None,
+    strategies: Sequence[str] = STRATEGIES,
+    n_caps: int = DEFAULT_CAPS,
+    key_levels: bool = True,
+    time_limit_s: float = 10.0,
+    max_keys: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise SlotplanError(f"unknown key strategy {', '.join(unknown)}; known: {', '.join(STRATEGIES)}")
+    suite, root = load_key_suite(path)
+    for w in suite.workloads:
+        params = load_params(params_name or w.params)
+        yield bench_keys(
+            (root / w.graph).resolve(), params, suite.input_layout, strategies, n_caps, key_levels,
+            time_limit_s, max_keys, w.paper,
+        )
+
+
+def summarize_suite(results: Sequence[dict[str, Any]], strategies: Sequence[str]) -> dict[str, Any]:
+    """Geomean peak reduction vs the baseline at <= 5% extra modelled time, per strategy
+    (over the workloads where the strategy meets the time budget at all)."""
+    out: dict[str, Any] = {}
+    for s in strategies:
+        vals = [r["best"][s]["reduction"] for r in results if r["best"].get(s)]
+        out[s] = {"geomean_reduction": geomean(vals), "workloads": len(vals), "of": len(results)}
+    return out
