@@ -22,6 +22,7 @@ from planner.kernels.problem import (
     matmul_problem,
     matvec_problem,
 )
+from planner.kernels.segmented import segment_rows_layout, segmented_candidates
 from planner.kernels.tensor_ops import matmul_ct_ct_candidate, shape_view_candidates, sum_candidate
 from planner.layout import ChannelLayout, LayoutError, natural_layout, view_layout
 from planner.program import ProgramBuilder, poly_depth
@@ -169,6 +170,19 @@ def linear_candidates(
         if graph.encrypted(w):
             raise PlanError("conv2d with encrypted filters is not supported (filters are plaintext)", node.id)
     x = node.inputs[1] if node.op == "matvec" else node.inputs[0]
+    if node.op == "conv2d":
+        _, hh, ww = graph.shape(x)
+        too_big = hh * ww > base.slots
+        if too_big or getattr(base, "geom", None) is not None:
+            # one channel exceeds a ciphertext (MetaKernel 4.2.4), or the producer left the
+            # tensor in row segments: segmented kernels (reading the producer's grid in place)
+            try:
+                seg = segmented_candidates(graph, node, base.slots, [base])
+            except KernelError as e:
+                raise PlanError(str(e), node.id) from e
+            if too_big:
+                return seg
+            return seg + linear_candidates(graph, node, input_layout(graph, x, base.slots), allowed, False)
     if not isinstance(base, ChannelLayout):
         base = input_layout(graph, x, base.slots)
     try:
@@ -266,8 +280,16 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
     )
 
 
-def input_layout(graph: Graph, tensor: str, slots: int) -> ChannelLayout:
+def input_layout(graph: Graph, tensor: str, slots: int) -> Any:
+    """The layout a tensor has when nobody chose one: row-major whole channels, or row
+    segments of each channel when a channel exceeds a ciphertext."""
+    shape = graph.shape(tensor)
     try:
-        return natural_layout(graph.shape(tensor), slots)
+        return natural_layout(shape, slots)
     except LayoutError as e:
+        if len(shape) == 3:
+            try:
+                return segment_rows_layout((shape[0], shape[1], shape[2]), slots)
+            except KernelError:
+                pass
         raise PlanError(f"tensor {tensor!r}: {e}") from e

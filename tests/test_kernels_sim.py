@@ -88,3 +88,38 @@ def test_matvec_spanning_several_ciphertexts() -> None:
     for layout in ("free", "row-major"):
         planned = _plan_each_kernel(g, small_params(10), layout)
         assert "imra" in planned
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # (C, H, W, [(Co, K, stride, padding, groups), ...]) with H*W > 512 slots
+        (3, 40, 30, [(4, 3, 1, 1, 1), (2, 3, 1, 1, 1)]),  # chained, second reads segments in place
+        (3, 40, 30, [(4, 3, 1, 1, 1), (2, 3, 2, 1, 1)]),  # stride 2 after segments
+        (2, 33, 21, [(4, 5, 2, 2, 2)]),  # 5x5, stride 2, groups, non powers of two
+        (4, 30, 20, [(4, 3, 1, 0, 4)]),  # depthwise, no padding
+    ],
+)
+def test_segmented_conv_channels_larger_than_a_ciphertext(spec: tuple) -> None:
+    """MetaKernel 4.2.4: channels are cut into row segments with halos (half a channel per
+    ciphertext for ImageNet sizes); results equal numpy."""
+    from planner.graph import parse_graph
+
+    c, h, w, layers = spec
+    tensors = {"x": {"shape": [c, h, w], "role": "input"}}
+    nodes = []
+    cur, cin = "x", c
+    for i, (co, k, s, p, g) in enumerate(layers):
+        tensors[f"w{i}"] = {"shape": [co, cin // g, k, k], "role": "weight"}
+        nodes.append({"id": f"y{i}", "op": "conv2d", "inputs": [cur, f"w{i}"], "stride": [s, s],
+                      "padding": [p, p], "groups": g})
+        cur, cin = f"y{i}", co
+    graph = parse_graph({"schema": "slotplan.graph/1", "name": "seg", "tensors": tensors, "nodes": nodes,
+                         "outputs": [cur]})
+    for layout in ("free", "row-major"):
+        res = plan_graph(graph, small_params(10, 6), PlanOptions(input_layout=layout))
+        check_plan(res, graph)
+        assert res.plan["nodes"][0]["kernel"] == "segmented-conv"
+        for cands in res.problem.candidates.values():
+            for cand in cands:
+                assert cand.cost(512) == cand.lowered_cost(512), cand.label
