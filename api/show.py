@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from planner.params import Params
-from planner.summary import reg_reads, reg_writes, register_depths
+from planner.summary import memory_series, plan_key_bytes
 
 MiB = 2**20
 
@@ -67,64 +67,14 @@ def key_timeline(program: Sequence[Mapping[str, Any]]) -> KeyTimeline:
     return KeyTimeline(keys, intervals, uses, scheduled, n)
 
 
-def memory_timeline(program: Sequence[Mapping[str, Any]], params: Params) -> dict[str, np.ndarray]:
+def memory_timeline(
+    program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int] | None = None
+) -> dict[str, np.ndarray]:
     """Modelled resident bytes at every program step: ``keys``, ``plaintexts``,
-    ``ciphertexts`` (arrays of length ``len(program)``), measured after the step's
-    allocations and before its frees, as :func:`planner.summary.memory_profile` does."""
-    depth = register_depths(program)
-    L = params.max_level
-
-    def level(reg: str) -> int:
-        return max(0, L - depth[reg])
-
-    last_use: dict[str, int] = {}
-    pt_first: dict[str, int] = {}
-    pt_last: dict[str, int] = {}
-    pt_level: dict[str, int] = {}
-    for i, ins in enumerate(program):
-        for r in reg_reads(ins):
-            last_use[r] = i
-        if "pt" in ins:
-            pt_first.setdefault(ins["pt"], i)
-            pt_last[ins["pt"]] = i
-            pt_level.setdefault(ins["pt"], level(ins["src"]))
-    tl = key_timeline(program)
-    key_bytes = params.rotation_key_bytes()
-    n = len(program)
-    keys = np.zeros(n, dtype=np.float64)
-    pts = np.zeros(n, dtype=np.float64)
-    cts = np.zeros(n, dtype=np.float64)
-    starts: dict[int, list[str]] = {}
-    ends: dict[int, list[str]] = {}
-    for p, i in pt_first.items():
-        starts.setdefault(i, []).append(p)
-    for p, i in pt_last.items():
-        ends.setdefault(i, []).append(p)
-    resident: set[int] = set()
-    live: set[str] = set()
-    live_pt = 0
-    live_ct = 0
-    for i, ins in enumerate(program):
-        op = ins["op"]
-        if op == "load_key":
-            resident.add(int(ins["k"]))
-        for p in starts.get(i, []):
-            live_pt += params.plaintext_bytes(pt_level[p])
-        for r in reg_writes(ins):
-            live.add(r)
-            live_ct += params.ciphertext_bytes(level(r))
-        keys[i] = (len(resident) if tl.scheduled else len(tl.keys)) * key_bytes
-        pts[i] = live_pt
-        cts[i] = live_ct
-        for r in set(reg_reads(ins)) | set(reg_writes(ins)):
-            if last_use.get(r, -1) <= i and r in live:
-                live.discard(r)
-                live_ct -= params.ciphertext_bytes(level(r))
-        for p in ends.get(i, []):
-            live_pt -= params.plaintext_bytes(pt_level[p])
-        if op == "drop_key":
-            resident.discard(int(ins["k"]))
-    return {"keys": keys, "plaintexts": pts, "ciphertexts": cts}
+    ``ciphertexts`` -- the series behind the plan's peak (planner.summary.memory_series),
+    with each key at its recorded size."""
+    ser = memory_series(program, params, key_bytes=key_bytes)
+    return {k: v.astype(np.float64) for k, v in ser.items()}
 
 
 def text_report(plan: Mapping[str, Any]) -> str:
@@ -167,7 +117,7 @@ def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = No
     summary = plan["summary"]
     nodes = plan["nodes"]
     tl = key_timeline(program)
-    mem = memory_timeline(program, params)
+    mem = memory_timeline(program, params, plan_key_bytes(plan))
     n_steps = max(1, len(program))
 
     key_rows = max(1, len(tl.keys))

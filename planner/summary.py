@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from planner.params import Params
 
 
@@ -100,15 +102,16 @@ def summarize(
     }
 
 
-def memory_profile(
+def memory_series(
     program: Sequence[Mapping[str, Any]],
     params: Params,
     depth: Mapping[str, int] | None = None,
     key_bytes: Mapping[int, int] | None = None,
-) -> dict[str, int]:
-    """Peak modelled bytes of keys, plaintexts and ciphertexts, and of their sum, over
-    program points.  ``key_bytes`` gives each key's size (a plan's ``keys[k].bytes``, for
-    keys generated below the top level); default: every key at the top level."""
+) -> dict[str, np.ndarray]:
+    """Modelled resident bytes at every program step (after the step's allocations, before
+    its frees): ``keys``, ``plaintexts``, ``ciphertexts``.  ``key_bytes`` gives each key's
+    size (a plan's ``keys[k].bytes``, for keys generated below the top level); default:
+    every key at the top level.  Without a key schedule every key is resident throughout."""
     depth = depth if depth is not None else register_depths(program)
     L = params.max_level
 
@@ -145,10 +148,11 @@ def memory_profile(
     for p, i in pt_last.items():
         pt_end.setdefault(i, []).append(p)
 
+    n = len(program)
+    out = {name: np.zeros(n, dtype=np.int64) for name in ("keys", "plaintexts", "ciphertexts")}
     live_ct = 0
     live_pt = 0
     keys = 0 if has_schedule else sum(kb(k) for k in all_keys)
-    peak = {"keys": keys, "plaintexts": 0, "ciphertexts": 0, "total": keys}
     resident: set[int] = set()
     live: set[str] = set()
     for i, ins in enumerate(program):
@@ -161,10 +165,7 @@ def memory_profile(
         for r in reg_writes(ins):
             live.add(r)
             live_ct += params.ciphertext_bytes(level(r))
-        peak["keys"] = max(peak["keys"], keys)
-        peak["plaintexts"] = max(peak["plaintexts"], live_pt)
-        peak["ciphertexts"] = max(peak["ciphertexts"], live_ct)
-        peak["total"] = max(peak["total"], keys + live_pt + live_ct)
+        out["keys"][i], out["plaintexts"][i], out["ciphertexts"][i] = keys, live_pt, live_ct
         # frees after the instruction: registers with no later read
         for r in set(reg_reads(ins)) | set(reg_writes(ins)):
             if last_use.get(r, -1) <= i and r in live:
@@ -175,4 +176,24 @@ def memory_profile(
         if op == "drop_key":
             resident.discard(int(ins["k"]))
             keys = sum(kb(k) for k in resident)
-    return peak
+    return out
+
+
+def memory_profile(
+    program: Sequence[Mapping[str, Any]],
+    params: Params,
+    depth: Mapping[str, int] | None = None,
+    key_bytes: Mapping[int, int] | None = None,
+) -> dict[str, int]:
+    """Peak modelled bytes of keys, plaintexts and ciphertexts, and of their sum, over
+    program points (the maxima of :func:`memory_series`)."""
+    ser = memory_series(program, params, depth, key_bytes)
+    if not program:
+        return {"keys": 0, "plaintexts": 0, "ciphertexts": 0, "total": 0}
+    total = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"]
+    return {
+        "keys": int(ser["keys"].max()),
+        "plaintexts": int(ser["plaintexts"].max()),
+        "ciphertexts": int(ser["ciphertexts"].max()),
+        "total": int(total.max()),
+    }
