@@ -43,7 +43,7 @@ import numpy as np
 
 from planner.errors import SlotplanError
 from planner.params import Params
-from planner.summary import reg_reads, reg_writes, register_depths, summarize
+from planner.summary import memory_series, reg_writes, register_depths, summarize
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 
 __all__ = [
@@ -186,78 +186,10 @@ def _walk(
     key_bytes: Mapping[int, int] | None,
     depth: Mapping[str, int] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """Per program point: (resident key bytes, live plaintext bytes, live ciphertext bytes).
-
-    Exactly the walk of :func:`planner.summary.memory_profile`: a register is live from
-    its write to its last read (a never-read one for its own instruction), a plaintext
-    from its first to its last use at the level of the ciphertext it first meets, a key
-    from ``load_key`` to ``drop_key`` inclusive (all keys for the whole program when the
-    program has no schedule).  Key sizes come from ``key_bytes`` (default: max level).
-    """
-    depth = depth if depth is not None else register_depths(program)
-    L = params.max_level
-    default_key = params.rotation_key_bytes()
-
-    def kb(k: int) -> int:
-        return key_bytes.get(k, default_key) if key_bytes is not None else default_key
-
-    def level(reg: str) -> int:
-        return max(0, L - depth[reg])
-
-    last_use: dict[str, int] = {}
-    pt_first: dict[str, int] = {}
-    pt_last: dict[str, int] = {}
-    pt_level: dict[str, int] = {}
-    all_keys: set[int] = set()
-    has_schedule = False
-    for i, ins in enumerate(program):
-        for r in reg_reads(ins):
-            last_use[r] = i
-        if "pt" in ins:
-            pt_first.setdefault(ins["pt"], i)
-            pt_last[ins["pt"]] = i
-            pt_level.setdefault(ins["pt"], level(ins["src"]))
-        all_keys.update(_rot_keys(ins))
-        if ins["op"] in KEY_OPS:
-            has_schedule = True
-    pt_start: dict[int, list[str]] = {}
-    pt_end: dict[int, list[str]] = {}
-    for p, i in pt_first.items():
-        pt_start.setdefault(i, []).append(p)
-    for p, i in pt_last.items():
-        pt_end.setdefault(i, []).append(p)
-    keys = 0 if has_schedule else sum(kb(k) for k in all_keys)
-    live_ct = 0
-    live_pt = 0
-    resident: set[int] = set()
-    live: set[str] = set()
-    out_k: list[int] = []
-    out_p: list[int] = []
-    out_c: list[int] = []
-    for i, ins in enumerate(program):
-        op = ins["op"]
-        if op == "load_key" and int(ins["k"]) not in resident:
-            resident.add(int(ins["k"]))
-            keys += kb(int(ins["k"]))
-        for p in pt_start.get(i, []):
-            live_pt += params.plaintext_bytes(pt_level[p])
-        writes = reg_writes(ins)
-        for r in writes:
-            live.add(r)
-            live_ct += params.ciphertext_bytes(level(r))
-        out_k.append(keys)
-        out_p.append(live_pt)
-        out_c.append(live_ct)
-        for r in (*reg_reads(ins), *writes):
-            if last_use.get(r, -1) <= i and r in live:
-                live.discard(r)
-                live_ct -= params.ciphertext_bytes(level(r))
-        for p in pt_end.get(i, []):
-            live_pt -= params.plaintext_bytes(pt_level[p])
-        if op == "drop_key" and int(ins["k"]) in resident:
-            resident.discard(int(ins["k"]))
-            keys -= kb(int(ins["k"]))
-    return out_k, out_p, out_c
+    """Per program point: (resident key bytes, live plaintext bytes, live ciphertext bytes),
+    from :func:`planner.summary.memory_series` (the walk behind every reported peak)."""
+    ser = memory_series(program, params, depth, key_bytes)
+    return ser["keys"].tolist(), ser["plaintexts"].tolist(), ser["ciphertexts"].tolist()
 
 
 def key_memory_profile(
