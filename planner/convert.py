@@ -314,7 +314,8 @@ def _permute_cost(src: Layout, dst: Layout) -> CostVector:
     keys.update(int(v) for v in np.unique(goff - beta) if v)
     return CostVector(
         rotations=nb + ng + whole_rot, rot_keys=frozenset(keys),
-        hoisted_groups=int(np.count_nonzero(per_src > 1)), pmul=n_groups, add=adds,
+        hoisted_groups=int(np.count_nonzero(per_src > 1)), hoisted_rotations=int(per_src[per_src > 1].sum()),
+        pmul=n_groups, add=adds,
         rescale=int(per_dst_giants.sum()), depth=1 if n_groups else 0, plaintexts=n_groups,
         ciphertexts_out=mv.n_dst, slot_utilization=0.0,
     )

@@ -45,9 +45,11 @@ class CostTable(BaseModel):
 
     def score(self, c: CostVector) -> float:
         w = self.weights
-        plain = c.rotations
+        # a hoisted group pays one full rotation, its other offsets the hoisted price
+        extra_hoisted = c.hoisted_rotations - c.hoisted_groups
         return (
-            w.rotation * plain
+            w.rotation * (c.rotations - extra_hoisted)
+            + w.hoisted_rotation * extra_hoisted
             + w.pmul * c.pmul
             + w.cmul * c.cmul
             + w.add * c.add

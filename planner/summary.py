@@ -56,8 +56,10 @@ def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         elif op == "pmul":
             d[ins["dst"]] = d[ins["src"]] + 1
         elif op == "poly":
+            # degree d costs ceil(log2(d + 1)) levels (power basis / Paterson-Stockmeyer; the
+            # leading coefficient's multiplication included), as Lattigo's evaluator uses
             deg = max((i for i, c in enumerate(ins["coeffs"]) if c != 0.0), default=0)
-            d[ins["dst"]] = d[ins["src"]] + (max(deg, 1) - 1).bit_length() if deg > 1 else d[ins["src"]] + deg
+            d[ins["dst"]] = d[ins["src"]] + deg.bit_length()
         elif op == "rot_hoisted":
             for r in ins["dsts"]:
                 d[r] = d[ins["src"]]

@@ -23,6 +23,7 @@ class CostVector:
     rotations: int = 0
     rot_keys: frozenset[int] = frozenset()
     hoisted_groups: int = 0
+    hoisted_rotations: int = 0  # rotations inside rot_hoisted groups (one decomposition each)
     pmul: int = 0
     cmul: int = 0
     add: int = 0
@@ -38,6 +39,7 @@ class CostVector:
             "rotations": self.rotations,
             "rotation_keys": len(self.rot_keys),
             "hoisted_groups": self.hoisted_groups,
+            "hoisted_rotations": self.hoisted_rotations,
             "pmul": self.pmul,
             "cmul": self.cmul,
             "add": self.add,
@@ -57,6 +59,7 @@ def count_program(
     keys: set[int] = set()
     rotations = 0
     hoisted = 0
+    hoisted_rot = 0
     for ins in instrs:
         op = ins["op"]
         ops[op] += 1
@@ -67,10 +70,12 @@ def count_program(
             rotations += len(ins["ks"])
             keys.update(ins["ks"])
             hoisted += 1
+            hoisted_rot += len(ins["ks"])
     return CostVector(
         rotations=rotations,
         rot_keys=frozenset(keys),
         hoisted_groups=hoisted,
+        hoisted_rotations=hoisted_rot,
         pmul=ops["pmul"],
         cmul=ops["cmul"],
         add=ops["add"] + ops["sub"] + ops["padd"] + ops["psub"],

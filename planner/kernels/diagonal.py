@@ -106,7 +106,8 @@ class DiagonalKernel:
         adds = terms - n_giants + sum(max(0, len(g) - 1) for g in gammas)
         return CostVector(
             rotations=sum(rot_b) + sum(rot_g), rot_keys=frozenset(keys),
-            hoisted_groups=sum(1 for r in rot_b if r > 1), pmul=terms + zero_parts, add=adds,
+            hoisted_groups=sum(1 for r in rot_b if r > 1), hoisted_rotations=sum(r for r in rot_b if r > 1),
+            pmul=terms + zero_parts, add=adds,
             rescale=n_giants + zero_parts, depth=1, plaintexts=terms + (1 if zero_parts else 0),
             ciphertexts_out=p.p_out, slot_utilization=self.slot_utilization(),
         )

@@ -260,6 +260,7 @@ class SegmentedConv:
         keys = frozenset(k for p in per_seg for k in p)
         return CostVector(
             rotations=rot, rot_keys=keys, hoisted_groups=self.g.C * sum(1 for p in per_seg if len(p) > 1),
+            hoisted_rotations=self.g.C * sum(len(p) for p in per_seg if len(p) > 1),
             pmul=pmul + zero, add=pmul - (n_out - zero), rescale=n_out, depth=1,
             plaintexts=pmul + (1 if zero else 0), ciphertexts_out=n_out,
             slot_utilization=self.r_out * self.Wo / S,
