@@ -232,13 +232,8 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err.print("slotplan: aborted")
         sys.exit(130)
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
-            err.print(f"slotplan: {e.format_message()}", markup=False)
-            sys.exit(2)
-        if isinstance(e, click.ClickException):
+    except Exception as e:  # click usage errors and the like (typer vendors its own click)
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             err.print(f"slotplan: {e.format_message()}", markup=False)
             sys.exit(2)
         raise

@@ -111,3 +111,10 @@ def test_solvers_agree_via_cli() -> None:
         assert r.returncode == 0, r.stderr
         objs.append(json.loads(r.stdout)["summary"]["solver"]["objective"])
     assert objs[0] == objs[1]
+
+
+def test_usage_errors_exit_2_without_traceback() -> None:
+    for args in (("plan", "--bogus"), ("nosuchcommand",), ("plan",)):
+        r = run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.startswith("slotplan:")

@@ -464,3 +464,31 @@ def test_errors_are_lattigo_errors(rng: np.random.Generator) -> None:
         run_plan(make_plan([], params={**P12, "log_q": [50, 70]}), x, {}, tables)
     with pytest.raises(LattigoError, match="schema"):
         run_plan({**make_plan([]), "schema": "slotplan.plan/0"}, x, {}, tables)
+
+
+def test_capped_schedule_keys_by_level_measured_within_model() -> None:
+    """A memory-capped plan records each key's level; the client generates keys at those
+    levels, the store's measured peak key bytes match the model within 5% and stay under
+    the cap, and the result equals numpy to CKKS precision."""
+    from pathlib import Path
+
+    from backends.runner import run_plan as run_and_compare
+    from planner.graph import load_graph
+    from planner.keys import schedule_plan
+    from planner.params import load_params
+    from planner.pipeline import PlanOptions, plan_graph
+
+    root = Path(__file__).resolve().parent.parent
+    g = load_graph(root / "data/workloads/conv1.json")
+    res = plan_graph(g, load_params("n13"), PlanOptions())
+    _, sched = schedule_plan(res.plan, None, "belady")
+    cap = sched.min_cap_bytes + (res.plan["summary"]["peak_bytes"]["total"] - sched.min_cap_bytes) // 4
+    plan, _ = schedule_plan(res.plan, cap, "exact", time_limit_s=10.0)
+    levels = {int(k): v["level"] for k, v in plan["keys"].items()}
+    assert len(set(levels.values())) > 1  # some keys live below the top level
+    rep = run_and_compare(plan, res.tables, "lattigo", seed=2)
+    assert rep.ok, rep.max_rel_error
+    model = plan["summary"]["peak_bytes"]["keys"]
+    measured = rep.stats["peak_key_bytes"]
+    assert abs(measured - model) <= 0.05 * model, (measured, model)
+    assert measured <= cap and plan["summary"]["peak_bytes"]["total"] <= cap

@@ -293,7 +293,19 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	io.c = c
 	skSec := time.Since(t).Seconds()
 	offsets := p.rotationOffsets()
-	m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), keyLevel)
+	levels, err := p.keyLevels()
+	if err != nil {
+		return "", err
+	}
+	if opt.KeyLevel != nil {
+		levels = nil // an explicit key_level option overrides the plan's per-key levels
+	}
+	for k, l := range levels {
+		if l < 0 || l > params.MaxLevel() {
+			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, params.MaxLevel())
+		}
+	}
+	m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), keyLevel, levels)
 	if err != nil {
 		return "", err
 	}

@@ -76,7 +76,7 @@ func newExecutor(params ckks.Parameters, keys *keyStore, p *plan, ptValues map[s
 		params:    params,
 		eval:      eval,
 		polyEval:  polynomial.NewEvaluator(params, eval),
-		ecd:       ckks.NewEncoder(params),
+		ecd:       newEncoder(params),
 		keys:      keys,
 		plan:      p,
 		ptValues:  ptValues,

@@ -47,6 +47,28 @@ type plan struct {
 	Params     *planParams              `json:"params"`
 	Plaintexts map[string]plaintextSpec `json:"plaintexts"`
 	Program    []instr                  `json:"program"`
+	// Keys: per rotation offset, the level its key is generated at (written by a key
+	// schedule; a key used only at lower levels is smaller). Absent: all at one level.
+	Keys map[string]planKey `json:"keys"`
+}
+
+type planKey struct {
+	Level *int `json:"level"`
+}
+
+// keyLevels maps each offset with a recorded level to that level.
+func (p *plan) keyLevels() (map[int]int, error) {
+	out := map[int]int{}
+	for ks, v := range p.Keys {
+		var k int
+		if _, err := fmt.Sscanf(ks, "%d", &k); err != nil {
+			return nil, fmt.Errorf("keys: %q is not a rotation offset", ks)
+		}
+		if v.Level != nil {
+			out[k] = *v.Level
+		}
+	}
+	return out, nil
 }
 
 // opName is used in error messages; it never fails on an instruction without "op".

@@ -1,0 +1,280 @@
+"""Lattigo measurement commands: ``slotplan calibrate`` and ``slotplan lattigo-bench``.
+
+Both run CKKS with Lattigo on this machine (the gopy extension, ``make lattigo``).
+Bad input (unknown preset, bad shape, unknown workload, extension not built) exits 2
+with one line on stderr; ``lattigo-bench`` exits 1 when a method fails or an encrypted
+result disagrees with numpy beyond CKKS precision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from api.common import ExitError, err, fail, out
+
+# Relative error bound of an encrypted result vs numpy (same as `slotplan run`).
+RTOL = 1e-4
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+    app.command("lattigo-bench")(lattigo_bench)
+
+
+# ----------------------------------------------------------------------------- calibrate
+def calibrate(
+    params: Annotated[str | None, typer.Option("--params", help="preset n12..n16 or a JSON file (required)")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="timed runs per operation (median)")] = 5,
+    output: Annotated[
+        Path | None, typer.Option("--out", "-o", help="cost table to write [default: data/costs/<P>-lattigo.json]")
+    ] = None,
+    hoist_batch: Annotated[int, typer.Option("--hoist-batch", help="offsets of the hoisted-rotation batch")] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="print the written table as JSON")] = False,
+) -> None:
+    """Measure CKKS operation times with Lattigo here and write a planner cost table (ms)."""
+    from backends.calibrate import calibrate as run_calibration
+    from backends.lattigo_backend import LattigoError
+    from planner.costs import load_costs
+    from planner.errors import SlotplanError
+    from planner.params import load_params
+
+    try:
+        if params is None:
+            raise SlotplanError("calibrate needs --params (a preset n12..n16 or a JSON file)")
+        p = load_params(params)
+        if repeat < 1 or repeat > 1000:
+            raise SlotplanError(f"--repeat must be in 1..1000, got {repeat}")
+        if output is not None and output.suffix.lower() != ".json":
+            raise SlotplanError(f"--out {str(output)!r}: a cost table file must end in .json")
+        table, path = run_calibration(p, repeat, output, hoist_batch)
+        load_costs(path)  # the planner accepts what was written
+    except (SlotplanError, LattigoError) as e:
+        raise fail(e) from None
+    if as_json:
+        out.print_json(json.dumps(table))
+        return
+    m = table["measurements"]
+    w = table["weights"]
+    t = Table(title=escape(f"{table['name']}: Lattigo {p.name} (log N {p.log_n}, {p.slots} slots), ms, median of {repeat}"))
+    for col in ("weight", "ms", "measurement"):
+        t.add_column(col)
+    notes = {
+        "rotation": "Rotate, top level",
+        "hoisted_rotation": f"per extra offset of a RotateHoisted batch of {m['hoist_batch']}",
+        "pmul": "Mul by an encoded plaintext",
+        "cmul": "MulRelin",
+        "add": "Add",
+        "rescale": "Rescale",
+        "poly": "degree-3 polynomial",
+        "depth": "not a time",
+    }
+    for k, v in w.items():
+        t.add_row(k, f"{v:.4f}", notes.get(k, ""))
+    out.print(t)
+    lv = Table(title="per level (ms)")
+    ops: tuple[str, ...] = ("rotate", "hoisted_rotation_extra", "pmul", "encode", "add", "cmul_relin", "rescale")
+    if any("encode_prec53" in row for row in m["per_level_ms"].values()):
+        ops += ("encode_prec53",)
+    lv.add_column("level")
+    for o in ops:
+        lv.add_column(o)
+    for level, row in m["per_level_ms"].items():
+        lv.add_row(level, *(f"{row[o]:.4f}" if o in row else "-" for o in ops))
+    out.print(lv)
+    once = m["once_ms"]
+    out.print(
+        "once (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in once.items())
+        + f"; Galois key {m['galois_key_bytes'] / 2**20:.1f} MiB"
+    )
+    mc = m["machine"]
+    out.print(f"machine: {mc['cpu_model']} x{mc['cpu_count']}, {mc['go_version']}, {mc['date']}")
+    out.print(f"wrote {path}  (use with PlanOptions(costs={path.stem!r}) if it is in data/costs/)")
+
+
+# -------------------------------------------------------------------------- lattigo-bench
+def _fmt_s(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.3f}"
+
+
+def _fmt_err(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.1e}"
+
+
+def _cells(r: Mapping[str, Any] | None, rot: str = "rotations") -> list[str]:
+    if r is None:
+        return ["n/a", "", "", ""]
+    status = str(r.get("status", "?"))
+    if status.startswith(("skipped", "unsupported")):
+        return [status.split(":")[0] + "*", "", "", ""]
+    if status != "ok":
+        return ["error*", "", "", ""]
+    return [_fmt_s(r["eval_seconds"]), str(r[rot]), str(r["keys"]), _fmt_err(r["max_rel_error"])]
+
+
+def _ratio(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.2f}"
+
+
+def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
+    t = Table(title=escape(title))
+    cols = [
+        "workload", "ours kernel", "ours s", "rot", "keys", "err",
+        "fhelipe s", "rot", "keys", "err",
+        "lintrans s", "rot b+g", "keys", "err",
+        "lintrans/ours", "fhelipe/ours",
+    ]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("workload", "ours kernel") else "right")
+    for r in rows:
+        ours = r.get("ours")
+        kern = ",".join(ours.get("kernels", [])) if ours else "-"
+        lt = r.get("lintrans")
+        lt_cells = _cells(lt)
+        if lt and lt.get("status") == "ok":
+            lt_cells[1] = f"{lt['baby_rotations']}+{lt['giant_rotations']}"
+        t.add_row(
+            escape(r["workload"]), escape(kern), *_cells(ours), *_cells(r.get("fhelipe")), *lt_cells,
+            _ratio(r.get("lintrans_over_ours")), _ratio(r.get("fhelipe_over_ours")),
+        )
+    out.print(t)
+    for r in rows:
+        for method in ("ours", "fhelipe", "lintrans"):
+            mres = r.get(method)
+            if mres and mres.get("status") != "ok":
+                out.print(f"* {escape(r['workload'])} {method}: {escape(str(mres.get('status')))}")
+            elif mres and mres.get("key_schedule"):
+                ks = mres["key_schedule"]
+                out.print(
+                    f"* {escape(r['workload'])} {method}: keys over the memory budget, run with a key schedule "
+                    f"(cap {ks['memory_cap_bytes'] / 2**20:.0f} MiB, {ks['key_loads']} loads, "
+                    f"{ks['key_load_seconds']:.2f} s of loading excluded from eval)"
+                )
+    s = Table(title="not in the times above (seconds): key generation, encryption, plaintext encoding")
+    for c in ("workload", "ours keygen", "encrypt", "encode", "fhelipe keygen", "encode",
+              "lintrans keygen", "encrypt", "encode (diagonals)", "key MiB ours/fh/lt"):
+        s.add_column(c, justify="left" if c == "workload" else "right")
+    for r in rows:
+        cells = [escape(r["workload"])]
+        mib = []
+        for name, fields in (("ours", ("keygen_seconds", "encrypt_seconds", "encode_seconds")),
+                             ("fhelipe", ("keygen_seconds", "encode_seconds")),
+                             ("lintrans", ("keygen_seconds", "encrypt_seconds", "encode_seconds"))):
+            res = r.get(name)
+            ok = res is not None and res.get("status") == "ok"
+            cells += [_fmt_s(res[f]) if ok and res is not None else "-" for f in fields]
+            mib.append(f"{res['key_bytes'] / 2**20:.0f}" if ok and res is not None else "-")
+        cells.append("/".join(mib))
+        s.add_row(*cells)
+    out.print(s)
+    for r in rows:
+        ours, lt = r.get("ours"), r.get("lintrans")
+        ratio = r.get("lintrans_over_ours")
+        if ratio is None or ratio > 1.0 or not ours or not lt:
+            continue
+        by = r.get("ours_seconds_by_op", {})
+        cnt = ours.get("op_counts", {})
+        nrot = ours["rotations"]
+        out.print(
+            f"[bold]{escape(r['workload'])}[/bold]: lintrans is faster ({lt['eval_seconds']:.3f} s vs ours "
+            f"{ours['eval_seconds']:.3f} s). Ours by op: rot {by.get('rot', 0):.3f} s ({nrot} rotations, "
+            f"{by.get('rot', 0) / max(nrot, 1) * 1000:.1f} ms each), pmul {by.get('pmul', 0):.3f} s "
+            f"({cnt.get('pmul', 0)}), add {by.get('add', 0):.3f} s ({cnt.get('add', 0) + cnt.get('sub', 0)}), "
+            f"rescale {by.get('rescale', 0):.3f} s ({cnt.get('rescale', 0)}), other {by.get('other', 0):.3f} s. "
+            f"Lintrans: {lt['baby_rotations']} lazy hoisted baby steps + {lt['giant_rotations']} giant key "
+            f"switches over {lt['diagonals']} diagonals (d={lt['dimension']}, n1={lt['n1']}), products "
+            f"accumulated in the QP basis with one ModDown per giant step; evaluate "
+            f"{lt['evaluate_seconds']:.3f} s + rescale {lt['rescale_seconds']:.3f} s."
+        )
+
+
+def lattigo_bench(
+    params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n14",
+    shapes: Annotated[str, typer.Option("--shapes", help="MVM shapes NxK, comma-separated ('' for none)")] = "512x512,2048x2048,1024x4096",
+    convs: Annotated[str, typer.Option("--convs", help="data/workloads convolutions, comma-separated ('' for none)")] = "conv1,conv2,conv3,conv4",
+    repeat: Annotated[int, typer.Option("--repeat", help="timed evaluations per method (median)")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="seed of W, x and the conv data")] = 0,
+    methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans")] = "ours,fhelipe,lintrans",
+    log_bsgs_ratio: Annotated[int | None, typer.Option("--log-bsgs-ratio", help="lintrans LogBabyStepGiantStepRatio [default: 1]")] = None,
+    memory_budget: Annotated[str | None, typer.Option("--memory-budget", help="skip a method whose keys need more (bytes or KiB/MiB/GiB) [default: 60% of MemAvailable]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,
+    output: Annotated[Path | None, typer.Option("--out", "-o", help="also write all rows, parameters and machine as one JSON file")] = None,
+) -> None:
+    """Time our plans, Fhelipe-style plans and Lattigo's lintrans encrypted on this machine."""
+    import time
+
+    from backends import lattigo_bench as lb
+    from backends.calibrate import machine_info
+    from backends.lattigo_backend import LattigoError, version
+    from planner.errors import SlotplanError
+    from planner.io import parse_size
+    from planner.params import load_params
+
+    try:
+        p = load_params(params)
+        shape_list = lb.parse_shapes(shapes)
+        conv_list = lb.parse_convs(convs)
+        for c in conv_list:
+            lb.conv_workload(c)  # unknown names fail before anything runs
+        method_list = [m.strip() for m in methods.split(",") if m.strip()]
+        if repeat < 1 or repeat > 1000:
+            raise SlotplanError(f"--repeat must be in 1..1000, got {repeat}")
+        budget = parse_size(memory_budget) if memory_budget is not None else None
+        if output is not None and output.suffix.lower() != ".json":
+            raise SlotplanError(f"--out {str(output)!r}: expected a .json file")
+        if not shape_list and not conv_list:
+            raise SlotplanError("nothing to run: --shapes and --convs are both empty")
+        rows: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, log_bsgs_ratio):
+            rows.append(row)
+            if as_json:
+                print(json.dumps(row, sort_keys=True), flush=True)
+            else:
+                done = ", ".join(
+                    f"{m} {row[m]['eval_seconds']:.3f}s" if row[m].get("status") == "ok" else f"{m} {row[m]['status'][:40]}"
+                    for m in lb.METHODS if m in row
+                )
+                err.print(f"lattigo-bench {p.name}: {row['workload']}: {done}", markup=False, highlight=False)
+        total = time.perf_counter() - t0
+        backend = version()
+    except (SlotplanError, LattigoError) as e:
+        raise fail(e) from None
+    if output is not None:
+        doc = {
+            "schema": lb.BENCH_SCHEMA,
+            "command": f"slotplan lattigo-bench --params {params} --shapes {shapes} --convs {convs} --repeat {repeat} --seed {seed}",
+            "params": p.to_json(),
+            "shapes": [list(s) for s in shape_list],
+            "convs": conv_list,
+            "repeat": repeat,
+            "seed": seed,
+            "backend": backend,
+            "machine": machine_info() | {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "seconds": round(total, 1),
+            "rows": rows,
+        }
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=1) + "\n")
+    if not as_json:
+        _print_rows(rows, f"lattigo-bench {p.name} ({p.slots} slots), eval seconds = evaluation only, median of {repeat}")
+        out.print(f"total {total:.1f} s" + (f"; wrote {output}" if output is not None else ""))
+    bad: list[str] = []
+    for r in rows:
+        for m in lb.METHODS:
+            res = r.get(m)
+            if not res:
+                continue
+            status = str(res.get("status", ""))
+            if status.startswith("error"):
+                bad.append(f"{r['workload']}/{m}: {status}")
+            elif status == "ok" and res["max_rel_error"] > RTOL:
+                bad.append(f"{r['workload']}/{m}: max relative error {res['max_rel_error']:.2e} > {RTOL:g}")
+    if bad:
+        raise ExitError("lattigo-bench: " + "; ".join(bad), 1)

@@ -1,0 +1,229 @@
+"""``slotplan calibrate``: measure CKKS operation times with Lattigo on this machine and
+write them as a planner cost table (``data/costs/<preset>-lattigo.json``).
+
+The Go side (``Calibrate`` in ``backends/lattigo/calibrate.go``) times every operation
+``repeat`` times after one untimed warm-up and returns the samples; this module turns the
+medians into a ``slotplan.costs/1`` table in milliseconds:
+
+=================== ==========================================================================
+weight              measurement (median, top level unless said otherwise)
+=================== ==========================================================================
+rotation            ``Evaluator.Rotate`` of one ciphertext
+hoisted_rotation    each extra offset of a ``RotateHoisted`` batch of B (default 8):
+                    ``(t(B offsets) - t(1 offset)) / (B - 1)``
+pmul                ``Evaluator.Mul`` by a plaintext that is already encoded (encoding is
+                    ``measurements.once_ms`` / ``per_level_ms[..].encode``; the executor
+                    encodes inside pmul, so its pmul costs pmul + encode)
+cmul                ``Evaluator.MulRelin`` (multiplication and relinearisation)
+add                 ``Evaluator.Add`` of two ciphertexts
+rescale             ``Evaluator.Rescale`` of a product
+poly                a degree-3 polynomial with Lattigo's polynomial evaluator
+depth               0: a level is not a time (its cost is bigger parameters, chosen outside
+                    the planner); the per-level tables show how much cheaper ops get lower
+=================== ==========================================================================
+
+``measurements`` keeps every median (per level: rotate, rotate_hoisted_1/B, pmul, encode,
+add, cmul_relin, rescale, and encode_prec53 when log_scale > 53, where Lattigo's default
+encoder switches to a big-float FFT (``encoding_precision_bits``); once: poly3, encrypt, decrypt, keygen_galois, keygen_relin,
+key_read_file, key_unmarshal), the raw samples, key and ciphertext sizes, and the machine
+(CPU model from /proc/cpuinfo, Go and Lattigo versions, date).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from backends.lattigo_backend import LattigoError, _call, _ext
+from planner.costs import COSTS_DIR, CostTable
+from planner.errors import SlotplanError
+from planner.params import Params
+
+__all__ = [
+    "DEFAULT_HOIST_BATCH",
+    "DEFAULT_REPEAT",
+    "WEIGHT_KEYS",
+    "calibrate",
+    "cost_table",
+    "default_path",
+    "machine_info",
+    "measure",
+    "write_table",
+]
+
+DEFAULT_REPEAT = 5
+DEFAULT_HOIST_BATCH = 8
+WEIGHT_KEYS = ("rotation", "hoisted_rotation", "pmul", "cmul", "add", "rescale", "poly", "depth")
+_MS = 1000.0
+_DIGITS = 5  # 10 ns resolution in milliseconds
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (/proc/cpuinfo), core count, OS and Python version of this machine."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = []
+    return {
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1_5_15": load,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def measure(
+    params: Params,
+    repeat: int = DEFAULT_REPEAT,
+    hoist_batch: int = DEFAULT_HOIST_BATCH,
+    levels: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Run the Go calibration and return its raw result (seconds)."""
+    if repeat < 1:
+        raise SlotplanError(f"--repeat must be at least 1, got {repeat}")
+    if not 2 <= hoist_batch < params.slots:
+        raise SlotplanError(f"--hoist-batch must be in 2..{params.slots - 1}, got {hoist_batch}")
+    opts: dict[str, Any] = {"repeat": int(repeat), "hoist_batch": int(hoist_batch)}
+    if levels is not None:
+        opts["levels"] = [int(x) for x in levels]
+    mod, _ = _ext()
+    raw: dict[str, Any] = json.loads(_call(mod.Calibrate, json.dumps(params.to_json()), json.dumps(opts)))
+    return raw
+
+
+def _ms(seconds: float) -> float:
+    return round(float(seconds) * _MS, _DIGITS)
+
+
+def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    """The ``slotplan.costs/1`` table (milliseconds) for a raw calibration result."""
+    top = str(raw["max_level"])
+    per_level: Mapping[str, Mapping[str, Any]] = raw["per_level"]
+    once: Mapping[str, Any] = raw["once"]
+    if top not in per_level:
+        raise LattigoError(f"calibration has no measurements at the top level {top}")
+    b = int(raw["hoist_batch"])
+    hb = f"rotate_hoisted_{b}"
+
+    def med(level: str, op: str) -> float:
+        return float(per_level[level][op]["median"])
+
+    def extra(level: str) -> float:
+        return max(0.0, (med(level, hb) - med(level, "rotate_hoisted_1")) / (b - 1))
+
+    t = per_level[top]
+    weights = {
+        "rotation": _ms(med(top, "rotate")),
+        "hoisted_rotation": _ms(extra(top)),
+        "pmul": _ms(med(top, "pmul")),
+        "cmul": _ms(med(top, "cmul_relin")),
+        "add": _ms(med(top, "add")),
+        "rescale": _ms(med(top, "rescale")) if "rescale" in t else 0.0,
+        "poly": _ms(float(once["poly3"]["median"])) if "poly3" in once else 0.0,
+        "depth": 0.0,
+    }
+    per_level_ms = {
+        lv: {op: _ms(v["median"]) for op, v in sorted(ops.items())}
+        | {"hoisted_rotation_extra": _ms(extra(lv))}
+        for lv, ops in sorted(per_level.items(), key=lambda kv: -int(kv[0]))
+    }
+    samples_ms = {
+        "per_level": {
+            lv: {op: [_ms(s) for s in v["samples"]] for op, v in sorted(ops.items())}
+            for lv, ops in per_level.items()
+        },
+        "once": {op: [_ms(s) for s in v["samples"]] for op, v in sorted(once.items())},
+    }
+    now = _dt.datetime.now(_dt.UTC).replace(microsecond=0)
+    machine = machine_info() | {
+        "go_version": raw.get("go_version"),
+        "lattigo_version": raw.get("lattigo_version"),
+        "goos": raw.get("goos"),
+        "goarch": raw.get("goarch"),
+        "gomaxprocs": raw.get("gomaxprocs"),
+        "date": now.isoformat().replace("+00:00", "Z"),
+    }
+    measurements: dict[str, Any] = {
+        "unit": "millisecond",
+        "statistic": f"median of {raw['repeat']} timed runs after one warm-up",
+        "repeat": raw["repeat"],
+        "hoist_batch": b,
+        "levels": raw["levels"],
+        "top_level": raw["max_level"],
+        "rotation_ms_by_level": {lv: v["rotate"] for lv, v in per_level_ms.items()},
+        "hoisted_rotation_extra_ms_by_level": {lv: v["hoisted_rotation_extra"] for lv, v in per_level_ms.items()},
+        "per_level_ms": per_level_ms,
+        "once_ms": {op: _ms(v["median"]) for op, v in sorted(once.items())},
+        "encode_ms": per_level_ms[top].get("encode"),
+        "encoding_precision_bits": raw.get("encoding_precision_bits"),
+        "key_generation_ms": _ms(once["keygen_galois"]["median"]),
+        "key_load_ms": {
+            "read_file": _ms(once["key_read_file"]["median"]),
+            "unmarshal": _ms(once["key_unmarshal"]["median"]),
+        },
+        "galois_key_bytes": raw["galois_key_bytes"],
+        "relin_key_bytes": raw["relin_key_bytes"],
+        "ciphertext_bytes_top": raw["ciphertext_bytes_top"],
+        "samples_ms": samples_ms,
+        "calibrate_seconds": round(float(raw.get("total_seconds", 0.0)), 3),
+        "machine": machine,
+    }
+    pname = params.name if params.name != "custom" else f"logn{params.log_n}"
+    table: dict[str, Any] = {
+        "schema": "slotplan.costs/1",
+        "name": name or f"{pname}-lattigo",
+        "source": (
+            f"measured by `slotplan calibrate` with Lattigo {raw.get('lattigo_version')} "
+            f"({raw.get('go_version')}) on {machine['cpu_model']} ({machine['cpu_count']} CPUs) "
+            f"at {machine['date']}; weights are medians at the top level {raw['max_level']}"
+        ),
+        "unit": "millisecond",
+        "weights": weights,
+        "params": params.to_json(),
+        "measurements": measurements,
+    }
+    CostTable.model_validate(table)  # never write a table the planner would refuse
+    return table
+
+
+def default_path(params: Params) -> Path:
+    pname = params.name if params.name != "custom" else f"logn{params.log_n}"
+    return COSTS_DIR / f"{pname}-lattigo.json"
+
+
+def write_table(table: Mapping[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(table, indent=2) + "\n")
+    tmp.replace(p)
+    return p
+
+
+def calibrate(
+    params: Params,
+    repeat: int = DEFAULT_REPEAT,
+    out: str | Path | None = None,
+    hoist_batch: int = DEFAULT_HOIST_BATCH,
+    levels: Sequence[int] | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``)."""
+    raw = measure(params, repeat, hoist_batch, levels)
+    path = Path(out) if out is not None else default_path(params)
+    name = path.stem if out is not None else None
+    table = cost_table(params, raw, name)
+    return table, write_table(table, path)

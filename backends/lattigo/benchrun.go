@@ -1,0 +1,378 @@
+package slotlattigo
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+)
+
+// BenchPlan runs a plan like Run (same arguments, same executor, same level and scale
+// policy, same result JSON) but is built to time evaluation alone:
+//
+//   - keys are generated before the clock starts (kept in memory when the plan has no
+//     load_key/drop_key schedule, else written to a temporary key directory as Run does);
+//   - the inputs are encrypted before the clock starts and the outputs decrypted after it
+//     stops (the "input" and "output" instructions only hand ciphertexts over);
+//   - plaintext encoding, which the executor does inside pmul/padd/psub, is timed apart and
+//     subtracted (stats.encode_seconds), so op_seconds["pmul"] is the multiplication alone;
+//   - the program runs `repeat` times (option, default 1) on fresh copies of the input
+//     ciphertexts; stats.eval_seconds is the median, stats.eval_seconds_runs every run,
+//     op_seconds/op_counts belong to the median run;
+//   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call.
+//
+// Extra stats: encrypt_seconds, decrypt_seconds, encode_seconds, repeat, key_store
+// ("memory" or "disk"), key_bytes (all rotation keys) and eval_seconds_runs.
+func BenchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (result string, err error) {
+	defer recoverError(&err)
+	defer releaseMemory()
+	return benchPlan(planJSON, inputs, plaintexts, optionsJSON)
+}
+
+type benchPlanOptions struct {
+	Repeat int `json:"repeat"`
+	// MemoryLimitBytes (> 0) is the Go soft memory limit during the call
+	// (debug.SetMemoryLimit): the garbage collector works harder instead of letting the
+	// heap grow to twice the live keys.
+	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
+	DebugPanic bool `json:"debug_panic"`
+}
+
+type benchPlanStats struct {
+	*stats
+	EvalSecondsRuns []float64 `json:"eval_seconds_runs"`
+	EncodeSeconds   float64   `json:"encode_seconds"`
+	EncryptSeconds  float64   `json:"encrypt_seconds"`
+	DecryptSeconds  float64   `json:"decrypt_seconds"`
+	Repeat          int       `json:"repeat"`
+	KeyStore        string    `json:"key_store"`
+	KeyBytes        int64     `json:"key_bytes"`
+}
+
+// benchIO hands pre-encrypted inputs to the executor and keeps the output ciphertexts
+// (decrypted after the timed part).
+type benchIO struct {
+	inputs  []*rlwe.Ciphertext
+	outputs []*rlwe.Ciphertext
+}
+
+func (b *benchIO) input(n int) (*rlwe.Ciphertext, error) {
+	if n >= len(b.inputs) {
+		return nil, fmt.Errorf("no input ciphertext %d", n)
+	}
+	return b.inputs[n], nil
+}
+
+func (b *benchIO) output(_ int, ct *rlwe.Ciphertext) error {
+	b.outputs = append(b.outputs, ct)
+	return nil
+}
+
+// releaseMemory returns the heap of a large benchmark (keys, encoded matrices) to the OS
+// so that the next call in the same process starts from a small heap.
+func releaseMemory() {
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// withMemoryLimit sets the Go soft memory limit when limit > 0 and returns the function
+// that restores the previous one.
+func withMemoryLimit(limit int64) func() {
+	if limit <= 0 {
+		return func() {}
+	}
+	old := debug.SetMemoryLimit(limit)
+	return func() { debug.SetMemoryLimit(old) }
+}
+
+// memoryKeyStore generates the given rotation keys (and the relinearisation key) into a
+// keyStore that holds them all resident and never touches the disk. Valid only for
+// plans without a key schedule (nothing is ever dropped and reloaded).
+func memoryKeyStore(c *client, offsets []int, relin bool) (*keyStore, float64) {
+	params := c.params
+	s := &keyStore{
+		dir: "(memory)", params: params,
+		manifest: keyManifest{LogN: params.LogN(), Q: params.Q(), P: params.P(), Rotations: []manifestKey{}},
+		byGalEl:  map[uint64]manifestKey{},
+		resident: map[uint64]*rlwe.GaloisKey{},
+	}
+	levelQ, levelP := params.MaxLevel(), params.MaxLevelP()
+	evkParams := rlwe.EvaluationKeyParameters{LevelQ: &levelQ, LevelP: &levelP}
+	t := time.Now()
+	for _, k := range offsets {
+		galEl := params.GaloisElement(k)
+		gk := c.kgen.GenGaloisKeyNew(galEl, c.sk, evkParams)
+		mk := manifestKey{K: k, GaloisElement: galEl, File: "(memory)", Bytes: gk.BinarySize(),
+			LevelQ: gk.LevelQ(), LevelP: gk.LevelP()}
+		s.manifest.Rotations = append(s.manifest.Rotations, mk)
+		s.byGalEl[galEl] = mk
+		s.galEls = append(s.galEls, galEl)
+		s.resident[galEl] = gk
+		s.residentBytes += int64(mk.Bytes)
+	}
+	sort.Slice(s.galEls, func(i, j int) bool { return s.galEls[i] < s.galEls[j] })
+	s.peakBytes, s.peakCount = s.residentBytes, len(s.resident)
+	if relin {
+		s.rlk = c.kgen.GenRelinearizationKeyNew(c.sk)
+	}
+	return s, time.Since(t).Seconds()
+}
+
+func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (string, error) {
+	t0 := time.Now()
+	var opt benchPlanOptions
+	if strings.TrimSpace(optionsJSON) != "" {
+		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
+			return "", fmt.Errorf("options are not valid JSON: %w", err)
+		}
+	}
+	if opt.DebugPanic {
+		panic("debug_panic requested")
+	}
+	if opt.Repeat == 0 {
+		opt.Repeat = 1
+	}
+	if opt.Repeat < 1 || opt.Repeat > 1000 {
+		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
+	}
+	defer withMemoryLimit(opt.MemoryLimitBytes)()
+	p, err := parsePlan(planJSON)
+	if err != nil {
+		return "", err
+	}
+	params, err := p.Params.ckksParameters()
+	if err != nil {
+		return "", err
+	}
+	slots := params.MaxSlots()
+	if err = p.validate(slots); err != nil {
+		return "", err
+	}
+	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
+	if err != nil {
+		return "", err
+	}
+	names := p.plaintextNames()
+	ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+	if err != nil {
+		return "", err
+	}
+	ptValues := map[string][]float64{}
+	for i, n := range names {
+		ptValues[n] = ptVecs[i]
+	}
+
+	bs := &benchPlanStats{Repeat: opt.Repeat}
+	c := newClient(params)
+	offsets := p.rotationOffsets()
+	var keys *keyStore
+	if p.hasKeySchedule() {
+		bs.KeyStore = "disk"
+		keyDir, err := os.MkdirTemp("", "slotlattigo-bench-keys-")
+		if err != nil {
+			return "", fmt.Errorf("cannot create a temporary key directory: %w", err)
+		}
+		defer os.RemoveAll(keyDir)
+		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), nil)
+		if err != nil {
+			return "", err
+		}
+		if keys, err = openKeyStore(keyDir, params); err != nil {
+			return "", err
+		}
+		for _, mk := range m.Rotations {
+			bs.KeyBytes += int64(mk.Bytes)
+		}
+		bs.stats = &stats{KeygenSeconds: genSec, KeyWriteSeconds: writeSec}
+	} else {
+		bs.KeyStore = "memory"
+		var genSec float64
+		keys, genSec = memoryKeyStore(c, offsets, p.needsRelin())
+		bs.KeyBytes = keys.residentBytes
+		bs.stats = &stats{KeygenSeconds: genSec}
+	}
+
+	// Encrypt the inputs once; each run gets fresh copies.
+	t := time.Now()
+	cts := make([]*rlwe.Ciphertext, len(inVecs))
+	for i, v := range inVecs {
+		if cts[i], err = c.encrypt(v); err != nil {
+			return "", err
+		}
+	}
+	bs.EncryptSeconds = time.Since(t).Seconds()
+
+	type runRecord struct {
+		st      *stats
+		eval    float64
+		encode  float64
+		outputs []*rlwe.Ciphertext
+	}
+	runs := make([]runRecord, 0, opt.Repeat)
+	for r := 0; r < opt.Repeat; r++ {
+		io := &benchIO{}
+		for _, ct := range cts {
+			io.inputs = append(io.inputs, ct.CopyNew())
+		}
+		st := &stats{
+			LogN: params.LogN(), Slots: slots, MaxLevel: params.MaxLevel(),
+			OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
+			KeyMode: "keep_all", KeyLevel: params.MaxLevel(),
+			RotationKeys: len(offsets), KeygenSeconds: bs.stats.KeygenSeconds, KeyWriteSeconds: bs.stats.KeyWriteSeconds,
+		}
+		if p.hasKeySchedule() {
+			st.KeyMode = "scheduled"
+		}
+		if len(offsets) > 0 {
+			st.GaloisKeyBytes = keys.manifest.Rotations[0].Bytes
+		}
+		if keys.rlk != nil {
+			st.RelinKeyBytes = keys.rlk.BinarySize()
+		}
+		loads0, loadSec0 := keys.loads, keys.loadSeconds
+		ts := time.Now()
+		ex := newExecutor(params, keys, p, ptValues, io, st)
+		st.SetupSeconds = time.Since(ts).Seconds()
+		if !ex.scheduled {
+			if err := keys.loadAll(); err != nil {
+				return "", fmt.Errorf("keep-all key policy: %w", err)
+			}
+		}
+		eval, encode, err := ex.runTimed()
+		if err != nil {
+			return "", err
+		}
+		st.EvalSeconds = eval
+		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
+		st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
+		runs = append(runs, runRecord{st: st, eval: eval, encode: encode, outputs: io.outputs})
+		if p.hasKeySchedule() {
+			// Drop whatever the schedule left resident so the next run reloads as planned.
+			for _, mk := range keys.manifest.Rotations {
+				keys.drop(mk.K)
+			}
+		}
+	}
+	order := make([]int, len(runs))
+	for i := range order {
+		order[i] = i
+		bs.EvalSecondsRuns = append(bs.EvalSecondsRuns, runs[i].eval)
+	}
+	sort.Slice(order, func(a, b int) bool { return runs[order[a]].eval < runs[order[b]].eval })
+	med := runs[order[(len(order)-1)/2]]
+	bs.stats = med.st
+	bs.EncodeSeconds = med.encode
+
+	// Decrypt the median run's outputs (after the clock).
+	t = time.Now()
+	var outs []outputRecord
+	n := 0
+	for _, in := range p.Program {
+		if in.Op != "output" {
+			continue
+		}
+		ct := med.outputs[n]
+		n++
+		v, err := c.decrypt(ct)
+		if err != nil {
+			return "", err
+		}
+		outs = append(outs, outputRecord{Tensor: in.Tensor, Table: in.Table, Level: ct.Level(),
+			Log2Scale: ct.Scale.Log2(), Data: pack(v)})
+	}
+	bs.DecryptSeconds = time.Since(t).Seconds()
+	bs.stats.TotalSeconds = time.Since(t0).Seconds()
+	data, err := json.Marshal(struct {
+		Outputs []outputRecord  `json:"outputs"`
+		Stats   *benchPlanStats `json:"stats"`
+	}{outs, bs})
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the result: %w", err)
+	}
+	return string(data), nil
+}
+
+// runTimed is executor.run with plaintext encoding timed apart: it returns the evaluation
+// seconds (wall time of the program minus encoding) and the encoding seconds. pmul, padd
+// and psub follow executor.step exactly; every other instruction goes through step.
+func (e *executor) runTimed() (evalSec, encodeSec float64, err error) {
+	start := time.Now()
+	for i, in := range e.plan.Program {
+		t := time.Now()
+		e.rescaleSec = 0
+		enc := 0.0
+		switch in.Op {
+		case "pmul", "padd", "psub":
+			enc, err = e.stepPlaintextOp(in)
+		default:
+			err = e.step(in)
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
+		}
+		encodeSec += enc
+		e.st.addOp(in.Op, time.Since(t).Seconds()-e.rescaleSec-enc)
+		if in.Op == "rot_hoisted" {
+			e.st.Rotations += len(in.Ks)
+		} else if in.Op == "rot" {
+			e.st.Rotations++
+		}
+		if e.liveBytes > e.st.PeakCiphertextBytes {
+			e.st.PeakCiphertextBytes = e.liveBytes
+		}
+		for _, r := range append(in.uses(), in.defs()...) {
+			if e.lastUse[r] == i {
+				e.set(r, nil)
+			}
+		}
+	}
+	return time.Since(start).Seconds() - encodeSec, encodeSec, nil
+}
+
+// stepPlaintextOp is executor.step for pmul/padd/psub, returning the encoding time.
+func (e *executor) stepPlaintextOp(in instr) (float64, error) {
+	var ct *rlwe.Ciphertext
+	var err error
+	var scale rlwe.Scale
+	if in.Op == "pmul" {
+		if ct, err = e.operand(in.Src, true); err != nil {
+			return 0, err
+		}
+		if err = e.checkMulLevel(in.Src, ct, 1); err != nil {
+			return 0, err
+		}
+		scale = e.rescaleFactor(ct.Level())
+	} else {
+		if ct, err = e.operand(in.Src, false); err != nil {
+			return 0, err
+		}
+		scale = ct.Scale
+	}
+	t := time.Now()
+	pt, err := e.plaintext(in.Pt, ct.Level(), scale)
+	enc := time.Since(t).Seconds()
+	if err != nil {
+		return enc, err
+	}
+	out := e.newCt(ct.Level())
+	switch in.Op {
+	case "pmul":
+		err = e.eval.Mul(ct, pt, out)
+	case "padd":
+		err = e.eval.Add(ct, pt, out)
+	default:
+		err = e.eval.Sub(ct, pt, out)
+	}
+	if err != nil {
+		return enc, err
+	}
+	e.set(in.Dst, out)
+	return enc, nil
+}

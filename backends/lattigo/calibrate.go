@@ -1,0 +1,364 @@
+package slotlattigo
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+	"github.com/tuneinsight/lattigo/v6/utils/bignum"
+)
+
+// Calibrate times the CKKS operations a plan is made of, on this machine, at the given
+// parameters (a plan's "params" object as JSON), for `slotplan calibrate`.
+//
+// optionsJSON: "" or {"repeat": R (default 5), "hoist_batch": B (default 8),
+// "levels": [...] (default: top, middle = top/2, 0)}. Every timing is taken R times after
+// one untimed warm-up; the result reports each sample and the median, in seconds.
+//
+// Per level (key switching keys are generated at the top level and serve every level):
+//
+//	rotate            eval.Rotate of one ciphertext
+//	rotate_hoisted_1  eval.RotateHoisted with 1 offset
+//	rotate_hoisted_B  eval.RotateHoisted with B offsets (one decomposition, B outputs)
+//	pmul              eval.Mul by a plaintext encoded beforehand (scale q_level)
+//	encode            ckks.Encoder.Encode of a random length-slots vector at that level
+//	                  (the default encoder: big-float FFT when log_scale > 53)
+//	encode_prec53     only when log_scale > 53: the same with ckks.NewEncoder(params, 53)
+//	add               eval.Add of two ciphertexts
+//	cmul_relin        eval.MulRelin of two ciphertexts
+//	rescale           eval.Rescale of a pmul result (levels >= 1)
+//
+// Once: poly3 (polynomial.Evaluator on a degree-3 monomial polynomial at the top level),
+// encrypt, decrypt, keygen_galois (one Galois key, top level), keygen_relin,
+// key_read_file (GaloisKey.ReadFrom of one key file through a 1 MiB buffer, from the
+// page cache) and key_unmarshal (GaloisKey.UnmarshalBinary from memory).
+func Calibrate(paramsJSON string, optionsJSON string) (result string, err error) {
+	defer recoverError(&err)
+	defer releaseMemory()
+	return calibrate(paramsJSON, optionsJSON)
+}
+
+type calibrateOptions struct {
+	Repeat     int   `json:"repeat"`
+	HoistBatch int   `json:"hoist_batch"`
+	Levels     []int `json:"levels"`
+	DebugPanic bool  `json:"debug_panic"`
+}
+
+type timing struct {
+	Median  float64   `json:"median"`
+	Samples []float64 `json:"samples"`
+}
+
+type calibration struct {
+	LogN           int                          `json:"log_n"`
+	Slots          int                          `json:"slots"`
+	MaxLevel       int                          `json:"max_level"`
+	Levels         []int                        `json:"levels"`
+	Repeat         int                          `json:"repeat"`
+	HoistBatch     int                          `json:"hoist_batch"`
+	GoVersion      string                       `json:"go_version"`
+	LattigoVersion string                       `json:"lattigo_version"`
+	GOOS           string                       `json:"goos"`
+	GOARCH         string                       `json:"goarch"`
+	NumCPU         int                          `json:"num_cpu"`
+	GOMAXPROCS     int                          `json:"gomaxprocs"`
+	GaloisKeyBytes int                          `json:"galois_key_bytes"`
+	RelinKeyBytes  int                          `json:"relin_key_bytes"`
+	CtBytesTop     int                          `json:"ciphertext_bytes_top"`
+	EncodingPrec   uint                         `json:"encoding_precision_bits"`
+	PerLevel       map[string]map[string]timing `json:"per_level"`
+	Once           map[string]timing            `json:"once"`
+	TotalSeconds   float64                      `json:"total_seconds"`
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// measure runs fn once untimed, then `repeat` times timed.
+func measure(repeat int, fn func() error) (timing, error) {
+	if err := fn(); err != nil {
+		return timing{}, err
+	}
+	var tm timing
+	for i := 0; i < repeat; i++ {
+		t := time.Now()
+		if err := fn(); err != nil {
+			return timing{}, err
+		}
+		tm.Samples = append(tm.Samples, time.Since(t).Seconds())
+	}
+	tm.Median = median(tm.Samples)
+	return tm, nil
+}
+
+func calibrate(paramsJSON string, optionsJSON string) (string, error) {
+	t0 := time.Now()
+	opt := calibrateOptions{}
+	if strings.TrimSpace(optionsJSON) != "" {
+		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
+			return "", fmt.Errorf("options are not valid JSON: %w", err)
+		}
+	}
+	if opt.DebugPanic {
+		panic("debug_panic requested")
+	}
+	if opt.Repeat == 0 {
+		opt.Repeat = 5
+	}
+	if opt.HoistBatch == 0 {
+		opt.HoistBatch = 8
+	}
+	if opt.Repeat < 1 || opt.Repeat > 1000 {
+		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
+	}
+	var pp planParams
+	if err := json.Unmarshal([]byte(paramsJSON), &pp); err != nil {
+		return "", fmt.Errorf("params are not valid JSON: %w", err)
+	}
+	params, err := pp.ckksParameters()
+	if err != nil {
+		return "", err
+	}
+	slots, top := params.MaxSlots(), params.MaxLevel()
+	if opt.HoistBatch < 2 || opt.HoistBatch >= slots {
+		return "", fmt.Errorf("options: hoist_batch must be in 2..%d, got %d", slots-1, opt.HoistBatch)
+	}
+	levels := opt.Levels
+	if len(levels) == 0 {
+		levels = []int{top, top / 2, 0}
+	}
+	seen := map[int]bool{}
+	var lv []int
+	for _, l := range levels {
+		if l < 0 || l > top {
+			return "", fmt.Errorf("options: levels must be in 0..%d, got %d", top, l)
+		}
+		if !seen[l] {
+			seen[l] = true
+			lv = append(lv, l)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(lv)))
+
+	cal := &calibration{
+		LogN: params.LogN(), Slots: slots, MaxLevel: top, Levels: lv, Repeat: opt.Repeat,
+		HoistBatch: opt.HoistBatch, GoVersion: runtime.Version(), LattigoVersion: LattigoVersion,
+		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+		PerLevel: map[string]map[string]timing{}, Once: map[string]timing{},
+		CtBytesTop:   ckks.NewCiphertext(params, 1, top).BinarySize(),
+		EncodingPrec: params.EncodingPrecision(),
+	}
+	c := newClient(params)
+	rng := rand.New(rand.NewSource(1))
+	randVec := func() []float64 {
+		v := make([]float64, slots)
+		for i := range v {
+			v[i] = 2*rng.Float64() - 1
+		}
+		return v
+	}
+
+	// Keys: offsets 1..B (top level, serve all levels); each generation is a keygen sample.
+	levelQ, levelP := top, params.MaxLevelP()
+	evkParams := rlwe.EvaluationKeyParameters{LevelQ: &levelQ, LevelP: &levelP}
+	ks := make([]int, opt.HoistBatch)
+	var gks []*rlwe.GaloisKey
+	var kg timing
+	for i := range ks {
+		ks[i] = i + 1
+		t := time.Now()
+		gks = append(gks, c.kgen.GenGaloisKeyNew(params.GaloisElement(ks[i]), c.sk, evkParams))
+		kg.Samples = append(kg.Samples, time.Since(t).Seconds())
+	}
+	for len(kg.Samples) < opt.Repeat {
+		t := time.Now()
+		_ = c.kgen.GenGaloisKeyNew(params.GaloisElement(1), c.sk, evkParams)
+		kg.Samples = append(kg.Samples, time.Since(t).Seconds())
+	}
+	kg.Median = median(kg.Samples)
+	cal.Once["keygen_galois"] = kg
+	cal.GaloisKeyBytes = gks[0].BinarySize()
+	var rlk *rlwe.RelinearizationKey
+	if cal.Once["keygen_relin"], err = measure(opt.Repeat, func() error {
+		rlk = c.kgen.GenRelinearizationKeyNew(c.sk)
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	cal.RelinKeyBytes = rlk.BinarySize()
+	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(rlk, gks...))
+	ecd := ckks.NewEncoder(params)
+
+	// Key loading: one key file (page cache) and one in-memory blob.
+	dir, err := os.MkdirTemp("", "slotlattigo-calibrate-")
+	if err != nil {
+		return "", fmt.Errorf("cannot create a temporary directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	keyPath := filepath.Join(dir, "rot_1.key")
+	f, err := os.Create(keyPath)
+	if err != nil {
+		return "", fmt.Errorf("cannot write a key file: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	if _, err = gks[0].WriteTo(w); err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("cannot write a key file: %w", err)
+	}
+	if cal.Once["key_read_file"], err = measure(opt.Repeat, func() error {
+		f, err := os.Open(keyPath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		gk := new(rlwe.GaloisKey)
+		_, err = gk.ReadFrom(bufio.NewReaderSize(f, 1<<20))
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("key_read_file: %w", err)
+	}
+	blob, err := gks[0].MarshalBinary()
+	if err != nil {
+		return "", err
+	}
+	if cal.Once["key_unmarshal"], err = measure(opt.Repeat, func() error {
+		return new(rlwe.GaloisKey).UnmarshalBinary(blob)
+	}); err != nil {
+		return "", fmt.Errorf("key_unmarshal: %w", err)
+	}
+	blob = nil
+
+	// Client-side operations at the top level.
+	vals := randVec()
+	ptTop := ckks.NewPlaintext(params, top)
+	if err = ecd.Encode(vals, ptTop); err != nil {
+		return "", err
+	}
+	var ctTop *rlwe.Ciphertext
+	if cal.Once["encrypt"], err = measure(opt.Repeat, func() error {
+		var err error
+		ctTop, err = c.enc.EncryptNew(ptTop)
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("encrypt: %w", err)
+	}
+	if cal.Once["decrypt"], err = measure(opt.Repeat, func() error {
+		_ = c.dec.DecryptNew(ctTop)
+		return nil
+	}); err != nil {
+		return "", fmt.Errorf("decrypt: %w", err)
+	}
+	if top >= 2 {
+		polyEval := polynomial.NewEvaluator(params, eval)
+		poly := bignum.NewPolynomial(bignum.Monomial, []float64{0.1, 0.5, 0.25, 0.125}, nil)
+		if cal.Once["poly3"], err = measure(opt.Repeat, func() error {
+			_, err := polyEval.Evaluate(ctTop, poly, params.DefaultScale())
+			return err
+		}); err != nil {
+			return "", fmt.Errorf("poly3: %w", err)
+		}
+	}
+
+	for _, l := range lv {
+		m := map[string]timing{}
+		key := fmt.Sprint(l)
+		pt := ckks.NewPlaintext(params, l)
+		if m["encode"], err = measure(opt.Repeat, func() error { return ecd.Encode(vals, pt) }); err != nil {
+			return "", fmt.Errorf("encode at level %d: %w", l, err)
+		}
+		if params.EncodingPrecision() > 53 {
+			// ckks.NewEncoder(params) encodes with big floats when log_scale > 53; a
+			// complex128 encoder (precision 53) is what float64 inputs need.
+			ecd53 := ckks.NewEncoder(params, 53)
+			if m["encode_prec53"], err = measure(opt.Repeat, func() error { return ecd53.Encode(vals, pt) }); err != nil {
+				return "", fmt.Errorf("encode_prec53 at level %d: %w", l, err)
+			}
+		}
+		a, err := c.enc.EncryptNew(pt)
+		if err != nil {
+			return "", err
+		}
+		pt2 := ckks.NewPlaintext(params, l)
+		if err = ecd.Encode(randVec(), pt2); err != nil {
+			return "", err
+		}
+		b, err := c.enc.EncryptNew(pt2)
+		if err != nil {
+			return "", err
+		}
+		out := ckks.NewCiphertext(params, 1, l)
+		if m["rotate"], err = measure(opt.Repeat, func() error { return eval.Rotate(a, 1, out) }); err != nil {
+			return "", fmt.Errorf("rotate at level %d: %w", l, err)
+		}
+		outs1 := map[int]*rlwe.Ciphertext{1: ckks.NewCiphertext(params, 1, l)}
+		if m["rotate_hoisted_1"], err = measure(opt.Repeat, func() error { return eval.RotateHoisted(a, ks[:1], outs1) }); err != nil {
+			return "", fmt.Errorf("rotate_hoisted_1 at level %d: %w", l, err)
+		}
+		outsB := map[int]*rlwe.Ciphertext{}
+		for _, k := range ks {
+			outsB[k] = ckks.NewCiphertext(params, 1, l)
+		}
+		if m[fmt.Sprintf("rotate_hoisted_%d", opt.HoistBatch)], err = measure(opt.Repeat, func() error {
+			return eval.RotateHoisted(a, ks, outsB)
+		}); err != nil {
+			return "", fmt.Errorf("rotate_hoisted_%d at level %d: %w", opt.HoistBatch, l, err)
+		}
+		// pmul: plaintext encoded beforehand at scale q_l, as the executor does.
+		ptm := ckks.NewPlaintext(params, l)
+		ptm.Scale = rlwe.NewScale(params.Q()[l])
+		if err = ecd.Encode(randVec(), ptm); err != nil {
+			return "", err
+		}
+		if m["pmul"], err = measure(opt.Repeat, func() error { return eval.Mul(a, ptm, out) }); err != nil {
+			return "", fmt.Errorf("pmul at level %d: %w", l, err)
+		}
+		if m["add"], err = measure(opt.Repeat, func() error { return eval.Add(a, b, out) }); err != nil {
+			return "", fmt.Errorf("add at level %d: %w", l, err)
+		}
+		if m["cmul_relin"], err = measure(opt.Repeat, func() error { return eval.MulRelin(a, b, out) }); err != nil {
+			return "", fmt.Errorf("cmul_relin at level %d: %w", l, err)
+		}
+		if l >= 1 {
+			prod := ckks.NewCiphertext(params, 1, l)
+			if err = eval.Mul(a, ptm, prod); err != nil {
+				return "", err
+			}
+			res := ckks.NewCiphertext(params, 1, l-1)
+			if m["rescale"], err = measure(opt.Repeat, func() error { return eval.Rescale(prod, res) }); err != nil {
+				return "", fmt.Errorf("rescale at level %d: %w", l, err)
+			}
+		}
+		cal.PerLevel[key] = m
+	}
+	cal.TotalSeconds = time.Since(t0).Seconds()
+	data, err := json.Marshal(cal)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the result: %w", err)
+	}
+	return string(data), nil
+}
