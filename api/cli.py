@@ -98,6 +98,7 @@ def run(
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables (regenerated from the plan if absent)")] = None,
     backend: Annotated[str, typer.Option("--backend", help="sim | lattigo")] = "sim",
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Execute a plan on seeded random data and compare with the numpy reference."""
@@ -108,7 +109,9 @@ def run(
             raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
         pl = load_plan(plan_file)
         tb = load_tables(tables) if tables is not None else None
-        rep = run_plan(pl, tb, backend, seed)
+        if init not in ("fan-in", "uniform"):
+            raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
+        rep = run_plan(pl, tb, backend, seed, init)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:

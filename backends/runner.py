@@ -82,6 +82,7 @@ def run_plan(
     tables: Mapping[str, np.ndarray] | None,
     backend: str = "sim",
     seed: int = 0,
+    init: str = "fan-in",
 ) -> RunReport:
     if "spec" not in plan["graph"]:
         raise SlotplanError("the plan does not embed its graph (graph.spec): cannot compute the reference")
@@ -91,7 +92,7 @@ def run_plan(
     params = Params.from_json(plan["params"])
     if tables is None:
         tables = regenerate_tables(plan)
-    values = random_values(graph, seed)
+    values = random_values(graph, seed, init)
     ref = reference(graph, values)
     t0 = time.perf_counter()
     stats: dict[str, Any] = {}

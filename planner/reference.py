@@ -125,12 +125,32 @@ def conv2d(
     return out.reshape(co, ho, wo)
 
 
-def random_values(graph: Graph, seed: int) -> dict[str, Array]:
+def random_values(graph: Graph, seed: int, init: str = "uniform") -> dict[str, Array]:
     """Seeded uniform [-1, 1) values for every declared input and weight, drawn from
     ``np.random.default_rng(seed)`` in sorted-name order (so the same seed gives the same
-    values whatever the file order)."""
+    values whatever the file order).
+
+    ``init="fan-in"`` divides each weight by sqrt(fan-in) of the linear op that consumes it
+    (the contracted size: k of a matvec/matmul, C/groups*K1*K2 of a conv2d), the way
+    networks are initialised: activations then stay O(1) through deep graphs, which CKKS
+    needs (a value must stay below q0 / scale at the last level)."""
+    if init not in ("uniform", "fan-in"):
+        raise ValueError(f"init must be 'uniform' or 'fan-in', got {init!r}")
     rng = np.random.default_rng(seed)
-    return {
+    out = {
         name: rng.uniform(-1.0, 1.0, size=graph.shape(name))
         for name in sorted((*graph.inputs, *graph.weights))
     }
+    if init == "fan-in":
+        for name in graph.weights:
+            fan = 1
+            for node in graph.consumers(name):
+                sh = graph.shape(name)
+                if node.op in ("matvec",) and node.inputs[0] == name:
+                    fan = max(fan, sh[1])
+                elif node.op == "matmul":
+                    fan = max(fan, sh[1] if node.inputs[0] == name else sh[0])
+                elif node.op == "conv2d" and node.inputs[1] == name:
+                    fan = max(fan, sh[1] * sh[2] * sh[3])
+            out[name] = out[name] / np.sqrt(fan)
+    return out

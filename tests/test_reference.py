@@ -245,3 +245,21 @@ def test_plaintext_only_graph_evaluates() -> None:
     g = graph_of({"w": ([2, 2], "weight")}, [{"id": "y", "op": "matmul", "inputs": ["w", "w"]}], ["y"])
     vals = random_values(g, 0)
     np.testing.assert_allclose(reference(g, vals)["y"], vals["w"] @ vals["w"])
+
+
+def test_fan_in_init_scales_weights_by_contracted_size() -> None:
+    g = graph_of(
+        {"x": ([3, 8, 8], "input"), "w": ([4, 3, 3, 3], "weight"), "b": ([4, 6, 6], "weight"),
+         "M": ([5, 144], "weight")},
+        [{"id": "y", "op": "conv2d", "inputs": ["x", "w"]},
+         {"id": "z", "op": "add", "inputs": ["y", "b"]},
+         {"id": "f", "op": "reshape", "inputs": ["z"], "shape": [144]},
+         {"id": "o", "op": "matvec", "inputs": ["M", "f"]}],
+        ["o"],
+    )
+    u = random_values(g, 5)
+    v = random_values(g, 5, "fan-in")
+    np.testing.assert_allclose(v["w"], u["w"] / np.sqrt(27))
+    np.testing.assert_allclose(v["M"], u["M"] / 12.0)
+    np.testing.assert_array_equal(v["b"], u["b"])  # element-wise operand: unscaled
+    np.testing.assert_array_equal(v["x"], u["x"])  # inputs are never scaled
