@@ -233,16 +233,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if opt.DebugPanic {
 		panic("debug_panic requested")
 	}
-	p, err := parsePlan(planJSON)
+	p, params, slots, err := loadPlan(planJSON)
 	if err != nil {
-		return "", err
-	}
-	params, err := p.Params.ckksParameters()
-	if err != nil {
-		return "", err
-	}
-	slots := params.MaxSlots()
-	if err = p.validate(slots); err != nil {
 		return "", err
 	}
 	io := &runIO{p: p}

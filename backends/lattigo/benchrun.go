@@ -143,16 +143,8 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
 	}
 	defer withMemoryLimit(opt.MemoryLimitBytes)()
-	p, err := parsePlan(planJSON)
+	p, params, slots, err := loadPlan(planJSON)
 	if err != nil {
-		return "", err
-	}
-	params, err := p.Params.ckksParameters()
-	if err != nil {
-		return "", err
-	}
-	slots := params.MaxSlots()
-	if err = p.validate(slots); err != nil {
 		return "", err
 	}
 	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
@@ -318,20 +310,7 @@ func (e *executor) runTimed() (evalSec, encodeSec float64, err error) {
 			return 0, 0, fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
 		}
 		encodeSec += enc
-		e.st.addOp(in.Op, time.Since(t).Seconds()-e.rescaleSec-enc)
-		if in.Op == "rot_hoisted" {
-			e.st.Rotations += len(in.Ks)
-		} else if in.Op == "rot" {
-			e.st.Rotations++
-		}
-		if e.liveBytes > e.st.PeakCiphertextBytes {
-			e.st.PeakCiphertextBytes = e.liveBytes
-		}
-		for _, r := range append(in.uses(), in.defs()...) {
-			if e.lastUse[r] == i {
-				e.set(r, nil)
-			}
-		}
+		e.afterStep(i, in, time.Since(t).Seconds()-e.rescaleSec-enc)
 	}
 	return time.Since(start).Seconds() - encodeSec, encodeSec, nil
 }

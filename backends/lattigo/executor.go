@@ -110,21 +110,7 @@ func (e *executor) run() error {
 		if err := e.step(in); err != nil {
 			return fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
 		}
-		e.st.addOp(in.Op, time.Since(t).Seconds()-e.rescaleSec)
-		if in.Op == "rot_hoisted" {
-			e.st.Rotations += len(in.Ks)
-		} else if in.Op == "rot" {
-			e.st.Rotations++
-		}
-		if e.liveBytes > e.st.PeakCiphertextBytes {
-			e.st.PeakCiphertextBytes = e.liveBytes
-		}
-		// Free the registers this instruction read or wrote for the last time.
-		for _, r := range append(in.uses(), in.defs()...) {
-			if e.lastUse[r] == i {
-				e.set(r, nil)
-			}
-		}
+		e.afterStep(i, in, time.Since(t).Seconds()-e.rescaleSec)
 	}
 	return nil
 }
@@ -457,4 +443,23 @@ func (e *executor) step(in instr) error {
 		return fmt.Errorf("unknown op %q", in.Op)
 	}
 	return nil
+}
+
+// afterStep records an executed instruction's time and rotations, tracks the peak of live
+// ciphertext bytes, and frees the registers the instruction used for the last time.
+func (e *executor) afterStep(i int, in instr, seconds float64) {
+	e.st.addOp(in.Op, seconds)
+	if in.Op == "rot_hoisted" {
+		e.st.Rotations += len(in.Ks)
+	} else if in.Op == "rot" {
+		e.st.Rotations++
+	}
+	if e.liveBytes > e.st.PeakCiphertextBytes {
+		e.st.PeakCiphertextBytes = e.liveBytes
+	}
+	for _, r := range append(in.uses(), in.defs()...) {
+		if e.lastUse[r] == i {
+			e.set(r, nil)
+		}
+	}
 }

@@ -337,3 +337,21 @@ func polyDegree(coeffs []float64) int {
 	}
 	return d
 }
+
+// loadPlan parses a plan, builds its CKKS parameters and validates the program against
+// the slot count: the shared first step of every entry point that executes a plan.
+func loadPlan(planJSON string) (*plan, ckks.Parameters, int, error) {
+	p, err := parsePlan(planJSON)
+	if err != nil {
+		return nil, ckks.Parameters{}, 0, err
+	}
+	params, err := p.Params.ckksParameters()
+	if err != nil {
+		return nil, ckks.Parameters{}, 0, err
+	}
+	slots := params.MaxSlots()
+	if err = p.validate(slots); err != nil {
+		return nil, ckks.Parameters{}, 0, err
+	}
+	return p, params, slots, nil
+}
