@@ -28,7 +28,7 @@ from planner.candidates import (
     view_candidates,
 )
 from planner.convert import plan_conversion
-from planner.costs import CostTable, load_costs
+from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
 from planner.graph import Graph
 from planner.kernels.base import Candidate
@@ -187,13 +187,17 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
                         opts.append(lay.with_clean(True))
         input_options[t] = list(dict.fromkeys(opts))
 
+    penalty: dict[int, int] = {}
+    if options.memory_cap_bytes is not None:
+        penalty = _apply_residency(cands, params, options.memory_cap_bytes, costs)
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
     for node in graph.nodes:
         cs = cands[node.id]
         groups.append(
-            Group(node.id, tuple(costs.iscore(c.cost(S)) for c in cs), tuple(c.label for c in cs))
+            Group(node.id, tuple(costs.iscore(c.cost(S)) + penalty.get(id(c), 0) for c in cs),
+                  tuple(c.label for c in cs))
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -224,6 +228,58 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         tuple(Group(g.name, g.costs, g.labels, hint.get(g.name, 0)) for g in model.groups), model.edges
     )
     return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source)
+
+
+# Node-granularity key residency (used when a memory cap is set): key load time relative
+# to one rotation, from shared/notes/lattigo-gopy.md at LogN 16 (an 80 MiB key reads back
+# in ~47.5 ms; a rotation at the top level takes ~150 ms), scaled by key size.
+KEY_LOAD_ROTATIONS_PER_80MIB = 47.5 / 150.0
+# Candidates whose own program is too large to walk for the residency model are kept
+# (the instruction-level schedule still checks them).
+MAX_RESIDENCY_WALK = 200_000
+
+
+def candidate_min_cap(c: Candidate, params: Params) -> int:
+    """Smallest cap under which this candidate can run by itself: the maximum over its
+    instructions of its live ciphertexts and plaintexts plus the keys that instruction needs
+    at once (a hoisted rotation needs all of its keys)."""
+    from planner.summary import memory_series
+
+    b, _ = c.dry_program(params.slots)
+    prog = b.instrs
+    ser = memory_series(prog, params, depth=b.depth)
+    key = params.rotation_key_bytes()
+    need = 0
+    for i, ins in enumerate(prog):
+        n_keys = len(ins["ks"]) if ins["op"] == "rot_hoisted" else 1 if ins["op"] == "rot" else 0
+        need = max(need, int(ser["plaintexts"][i] + ser["ciphertexts"][i]) + n_keys * key)
+    return need
+
+
+def _apply_residency(
+    cands: dict[str, list[Candidate]], params: Params, cap: int, costs: CostTable
+) -> dict[int, int]:
+    """Under a cap, drop candidates that cannot run within it (when another can) and return
+    each remaining candidate's key-load penalty (objective units): every node loads its
+    distinct keys once when they cannot all stay resident (node granularity; the exact
+    instruction-level schedule refines it after the solve)."""
+    key = params.rotation_key_bytes()
+    load_w = costs.weights.rotation * KEY_LOAD_ROTATIONS_PER_80MIB * key / (80 * 2**20)
+    penalty: dict[int, int] = {}
+    for node, cs in cands.items():
+        fits = []
+        for c in cs:
+            if c.cost(params.slots).rotations + c.cost(params.slots).pmul > MAX_RESIDENCY_WALK:
+                fits.append(c)
+                continue
+            c.params.setdefault("min_cap_bytes", candidate_min_cap(c, params))
+            if c.params["min_cap_bytes"] <= cap:
+                fits.append(c)
+        if fits:
+            cands[node] = fits
+        for c in cands[node]:
+            penalty[id(c)] = int(round(load_w * len(c.cost(params.slots).rot_keys) * OBJECTIVE_SCALE))
+    return penalty
 
 
 def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candidate]:

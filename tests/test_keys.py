@@ -435,3 +435,22 @@ def test_scheduled_rewritten_plan_runs_on_lattigo(conv1: Case) -> None:
     for t in graph.outputs:
         assert np.max(np.abs(lr.outputs[t] - ref[t])) <= 1e-4 * np.max(np.abs(ref[t]))
     assert lr.stats["key_loads"] == s.loads
+
+
+def test_tight_cap_changes_the_kernel_choice() -> None:
+    """Joint model: under a cap a candidate must fit by itself (its working set plus the keys
+    its largest hoisted rotation needs at once); the solver then picks another kernel, and
+    the instruction-level schedule keeps the plan under the cap, correct in the simulator."""
+    from planner.pipeline import PlanOptions, plan_graph
+    from tests.helpers import check_plan, matvec_graph
+
+    g = matvec_graph(1024, 1024)
+    params = load_params("n13")
+    free = plan_graph(g, params, PlanOptions())
+    assert free.plan["nodes"][0]["kernel"] == "imra"
+    cap = 30 * 2**20  # below IMRA's own minimum (31 keys at once for its hoisted babies)
+    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
+    node = tight.plan["nodes"][0]
+    assert node["kernel"] != "imra" and node["params"]["min_cap_bytes"] <= cap
+    assert tight.plan["summary"]["peak_bytes"]["total"] <= cap
+    check_plan(tight, g)

@@ -108,16 +108,17 @@ class Candidate:
             self._cost = self.analytic()
         return self.lowered_cost(slots) if self._cost is None else self._cost
 
+    def dry_program(self, slots: int) -> tuple[ProgramBuilder, list[str]]:
+        """Lower into a scratch builder (tables stay lazy): the program and output registers."""
+        b = ProgramBuilder(slots)
+        regs: dict[str, list[str]] = {}
+        for name, lay in self.in_layouts.items():
+            regs[name] = [b._reg(0) for _ in range(lay.n_ct)]
+        return b, self.lower(b, regs)
+
     def lowered_cost(self, slots: int) -> CostVector:
         if self._cost is None or self.analytic is not None:
-            b = ProgramBuilder(slots)
-            regs: dict[str, list[str]] = {}
-            for name, lay in self.in_layouts.items():
-                regs[name] = []
-                for _ in range(lay.n_ct):
-                    r = b._reg(0)
-                    regs[name].append(r)
-            outs = self.lower(b, regs)
+            b, outs = self.dry_program(slots)
             d_out = max((b.depth[r] for r in outs), default=0)
             counted = count_program(b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization)
             if self.analytic is not None:

@@ -62,7 +62,16 @@ class FhelipeMatvec:
     def lower(self, b: ProgramBuilder, regs: dict[str, list[str]], node: str) -> list[str]:
         p, k2, R, S = self.prob, self.k2, self.R, self.prob.slots
         X = sum_of_shifts(b, regs[p.x][0], R, -k2)
-        parts = []
+        m: str | None = None
+        if self.nct > 1:
+
+            def mask() -> np.ndarray:
+                v = np.zeros(S)
+                v[np.arange(R) * k2] = 1.0
+                return v
+
+            m = b.const_plaintext(("fhelipe-mask", S, k2, R), f"pt/{node}/rowmask", mask)
+        merged: str | None = None
         for j in range(self.nct):
             pt = b.plaintext(p.w, f"pt/{node}/rows{j}", self._pt(j))
             acc = b.rescale(b.pmul(X, pt))
@@ -70,18 +79,12 @@ class FhelipeMatvec:
             while step < k2:
                 acc = b.add(acc, b.rot(acc, step))
                 step *= 2
-            parts.append(acc)
-        if self.nct == 1:
-            return parts
-
-        def mask() -> np.ndarray:
-            v = np.zeros(S)
-            v[np.arange(R) * k2] = 1.0
-            return v
-
-        m = b.const_plaintext(("fhelipe-mask", S, k2, R), f"pt/{node}/rowmask", mask)
-        merged = [b.rot(b.rescale(b.pmul(acc, m)), -j) for j, acc in enumerate(parts)]
-        return [b.add_many(merged)]
+            if m is None:
+                return [acc]
+            # mask and merge each partial as soon as it exists: one partial live at a time
+            merged = b.accumulate(merged, b.rot(b.rescale(b.pmul(acc, m)), -j))
+        assert merged is not None
+        return [merged]
 
     def analytic_cost(self) -> CostVector:
         """Counts of the program ``lower`` emits (checked against it by the tests)."""
