@@ -174,34 +174,29 @@ class SegmentedConv:
             _, _, slot = self._anchor_slots(s)
             if slot.size and (slot.min() < 0 or slot.max() >= ge.slots or np.unique(slot).size != slot.size):
                 raise KernelError("segment outputs leave or collide in the ciphertext")
-        # outputs keep the input's affine grid: out row ho sits at grid row ho*s1 - p1 + c1
+        # outputs keep the input's affine grid (strides scaled by the conv's): output row ho
+        # of segment s sits at slot base + (ho - r0[s]) * rs + wo * cs with r0[s] its first row
         rs, cs = ge.rs * self.s1, ge.cs * self.s2
-        base = ge.base + (self.c1 - self.p1) * ge.rs + (self.c2 - self.p2) * ge.cs
-        r0 = tuple((ge.r0[s] + self.p1 - self.c1) // self.s1 if self.s1 == 1 else s * self.r_out
-                   for s in range(self.nseg))
-        out = SegGeom(self.Co, self.Ho, self.Wo, rs, cs, 0, r0,
-                      tuple(s * self.r_out for s in range(self.nseg)),
-                      tuple(min(self.Ho, (s + 1) * self.r_out) for s in range(self.nseg)), ge.slots)
-        # base: slot of output (ho = r0[s], wo = 0) in segment s
-        b0 = [int(ge.base + (out.r0[s] * self.s1 - self.p1 + self.c1 - ge.r0[s]) * ge.rs
-                  + (self.c2 - self.p2) * ge.cs) for s in range(self.nseg)]
-        del base
-        if len(set(b0)) != 1:
-            maps = np.full((self.Co * self.nseg, ge.slots), -1, dtype=np.int64)
-            for s in range(self.nseg):
-                HO, WO, slot = self._anchor_slots(s)
-                for co in range(self.Co):
-                    maps[co * self.nseg + s, slot] = co * self.Ho * self.Wo + HO * self.Wo + WO
-            return SegLayout((self.Co, self.Ho, self.Wo), ge.slots, maps.shape[0], maps.tobytes(), True,
-                             f"segout({self.nseg}x{self.r_out})", None)
-        out = SegGeom(out.C, out.H, out.W, rs, cs, b0[0], out.r0, out.lo, out.hi, ge.slots)
-        return out.layout(f"segout({self.nseg}x{self.r_out})")
+        r0 = tuple(s * self.r_out for s in range(self.nseg))
+        hi = tuple(min(self.Ho, r + self.r_out) for r in r0)
+        bases = {int(ge.base + (r0[s] * self.s1 - self.p1 + self.c1 - ge.r0[s]) * ge.rs
+                     + (self.c2 - self.p2) * ge.cs) for s in range(self.nseg)}
+        if len(bases) == 1:
+            out = SegGeom(self.Co, self.Ho, self.Wo, rs, cs, bases.pop(), r0, r0, hi, ge.slots)
+            return out.layout(f"segout({self.nseg}x{self.r_out})")
+        maps = np.full((self.Co * self.nseg, ge.slots), -1, dtype=np.int64)
+        for s in range(self.nseg):
+            HO, WO, slot = self._anchor_slots(s)
+            for co in range(self.Co):
+                maps[co * self.nseg + s, slot] = co * self.Ho * self.Wo + HO * self.Wo + WO
+        return SegLayout((self.Co, self.Ho, self.Wo), ge.slots, maps.shape[0], maps.tobytes(), True,
+                         f"segout({self.nseg}x{self.r_out})", None)
 
     def tap_offset(self, t: int) -> int:
         i, j = self.taps[t]
         return (i - self.c1) * self.geom.rs + (j - self.c2) * self.geom.cs
 
-    def _tap_valid(self, s: int, t: int) -> tuple[np.ndarray, np.ndarray]:  # noqa: D401
+    def _tap_valid(self, s: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         i, j = self.taps[t]
         HO, WO, slot = self._anchor_slots(s)
         r = HO * self.s1 - self.p1 + i
