@@ -121,7 +121,7 @@ type runOptions struct {
 	KeyDir   string `json:"key_dir"`
 	KeyLevel *int   `json:"key_level"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
-	DebugPanic bool `json:"debug_panic"`
+	commonOptions
 }
 
 type stats struct {
@@ -225,13 +225,8 @@ func (r *runIO) output(n int, ct *rlwe.Ciphertext) error {
 func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (string, error) {
 	t0 := time.Now()
 	var opt runOptions
-	if strings.TrimSpace(optionsJSON) != "" {
-		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
-			return "", fmt.Errorf("options are not valid JSON: %w", err)
-		}
-	}
-	if opt.DebugPanic {
-		panic("debug_panic requested")
+	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
+		return "", err
 	}
 	p, params, slots, err := loadPlan(planJSON)
 	if err != nil {
@@ -331,4 +326,24 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", fmt.Errorf("cannot encode the result: %w", err)
 	}
 	return string(data), nil
+}
+
+// commonOptions are accepted by every exported entry point.
+type commonOptions struct {
+	// DebugPanic panics inside the call (tests check that panics become errors).
+	DebugPanic bool `json:"debug_panic"`
+}
+
+// decodeOptions parses an entry point's options JSON (empty means defaults) into opt and
+// honours the common debug_panic switch.
+func decodeOptions(optionsJSON string, opt any, common *commonOptions) error {
+	if strings.TrimSpace(optionsJSON) != "" {
+		if err := json.Unmarshal([]byte(optionsJSON), opt); err != nil {
+			return fmt.Errorf("options are not valid JSON: %w", err)
+		}
+	}
+	if common.DebugPanic {
+		panic("debug_panic requested")
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
@@ -42,7 +41,7 @@ type benchPlanOptions struct {
 	// heap grow to twice the live keys.
 	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
 	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
-	DebugPanic bool `json:"debug_panic"`
+	commonOptions
 }
 
 type benchPlanStats struct {
@@ -128,13 +127,8 @@ func memoryKeyStore(c *client, offsets []int, relin bool) (*keyStore, float64) {
 func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (string, error) {
 	t0 := time.Now()
 	var opt benchPlanOptions
-	if strings.TrimSpace(optionsJSON) != "" {
-		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
-			return "", fmt.Errorf("options are not valid JSON: %w", err)
-		}
-	}
-	if opt.DebugPanic {
-		panic("debug_panic requested")
+	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
+		return "", err
 	}
 	if opt.Repeat == 0 {
 		opt.Repeat = 1

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
@@ -52,7 +51,7 @@ type calibrateOptions struct {
 	Repeat     int   `json:"repeat"`
 	HoistBatch int   `json:"hoist_batch"`
 	Levels     []int `json:"levels"`
-	DebugPanic bool  `json:"debug_panic"`
+	commonOptions
 }
 
 type timing struct {
@@ -114,13 +113,8 @@ func measure(repeat int, fn func() error) (timing, error) {
 func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	t0 := time.Now()
 	opt := calibrateOptions{}
-	if strings.TrimSpace(optionsJSON) != "" {
-		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
-			return "", fmt.Errorf("options are not valid JSON: %w", err)
-		}
-	}
-	if opt.DebugPanic {
-		panic("debug_panic requested")
+	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
+		return "", err
 	}
 	if opt.Repeat == 0 {
 		opt.Repeat = 5

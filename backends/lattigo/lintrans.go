@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/bits"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/lintrans"
@@ -69,7 +68,7 @@ type lintransOptions struct {
 	Dimension    int  `json:"dimension"`
 	Level        *int `json:"level"`
 	Repeat       int  `json:"repeat"`
-	DebugPanic   bool `json:"debug_panic"`
+	commonOptions
 	// MemoryLimitBytes: see benchPlanOptions.
 	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
 }
@@ -120,13 +119,8 @@ func readFloats(what string, data []byte, count int) ([]float64, error) {
 func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, optionsJSON string) (string, error) {
 	t0 := time.Now()
 	var opt lintransOptions
-	if strings.TrimSpace(optionsJSON) != "" {
-		if err := json.Unmarshal([]byte(optionsJSON), &opt); err != nil {
-			return "", fmt.Errorf("options are not valid JSON: %w", err)
-		}
-	}
-	if opt.DebugPanic {
-		panic("debug_panic requested")
+	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
+		return "", err
 	}
 	defer withMemoryLimit(opt.MemoryLimitBytes)()
 	var pp planParams
