@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,14 +39,23 @@ class Suite(BaseModel):
     workloads: list[SuiteWorkload]
 
 
-def load_suite(path: str | Path) -> tuple[Suite, Path]:
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_model_file(path: str | Path, model: type[M], what: str) -> tuple[M, Path]:
+    """A JSON file validated by a pydantic model, and its folder (suite paths are relative
+    to it); errors name the file."""
     p = Path(path)
     try:
-        return Suite.model_validate(json.loads(p.read_text())), p.parent
+        return model.model_validate(json.loads(p.read_text())), p.parent
     except FileNotFoundError as e:
-        raise SlotplanError(f"suite {p} not found") from e
+        raise SlotplanError(f"{what} {p} not found") from e
     except (ValueError, json.JSONDecodeError) as e:
-        raise SlotplanError(f"suite {p}: {e}") from e
+        raise SlotplanError(f"{what} {p}: {' '.join(str(e).split())}") from e
+
+
+def load_suite(path: str | Path) -> tuple[Suite, Path]:
+    return load_model_file(path, Suite, "suite")
 
 
 def bench_workload(

@@ -12,7 +12,6 @@ Modelled time = rotations * rotation cost + sum over loads of the loaded key's r
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.bench import load_model_file
 from planner.errors import SlotplanError
 from planner.graph import load_graph
 from planner.keys import STRATEGIES, KeyCapError, KeySchedule, schedule_keys
@@ -59,13 +59,7 @@ class KeySuite(BaseModel):
 
 
 def load_key_suite(path: str | Path) -> tuple[KeySuite, Path]:
-    p = Path(path)
-    try:
-        return KeySuite.model_validate(json.loads(p.read_text())), p.parent
-    except FileNotFoundError as e:
-        raise SlotplanError(f"key suite {p} not found") from e
-    except (ValueError, json.JSONDecodeError) as e:
-        raise SlotplanError(f"key suite {p}: {' '.join(str(e).split())}") from e
+    return load_model_file(path, KeySuite, "key suite")
 
 
 def rotation_ms(params: Params) -> float:
