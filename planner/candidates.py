@@ -11,6 +11,7 @@ import numpy as np
 from planner.errors import SlotplanError
 from planner.graph import Graph, Node
 from planner.kernels.base import Candidate
+from planner.kernels.ctct import jkls_candidates
 from planner.kernels.diagonal import DiagonalKernel
 from planner.kernels.fhelipe import FhelipeMatvec
 from planner.kernels.imra import ImraKernel
@@ -28,7 +29,8 @@ from planner.layout import ChannelLayout, LayoutError, natural_layout, view_layo
 from planner.program import ProgramBuilder, poly_depth
 
 LINEAR_KERNELS = ("imra", "bsgs", "hs-diagonal", "fhelipe")
-ELEMENTWISE_KERNELS = ("elementwise", "ct-ct-diagonal", "view", "sum")
+CTCT_KERNELS = ("ct-ct-diagonal", "ct-ct-jkls", "ct-ct-strassen")
+ELEMENTWISE_KERNELS = ("elementwise", *CTCT_KERNELS, "view", "sum")
 KERNELS = LINEAR_KERNELS + ELEMENTWISE_KERNELS
 
 
@@ -112,14 +114,21 @@ def matmul_candidates(
     ea, eb = graph.encrypted(A), graph.encrypted(B)
     out: list[Candidate] = []
     if ea and eb:
-        if not any(k_ in allowed for k_ in ("ct-ct-diagonal",)):
-            raise PlanError("ct-ct matmul needs the ct-ct-diagonal kernel", node.id)
-        for base in dict.fromkeys(bases[A]):
-            lay = base if isinstance(base, ChannelLayout) else view_layout((m, k), S, (1, 0))
-            try:
-                out.append(matmul_ct_ct_candidate(graph, node, lay, S))
-            except KernelError as e:
-                raise PlanError(str(e), node.id) from e
+        if not any(k_ in allowed for k_ in CTCT_KERNELS):
+            raise PlanError(f"ct-ct matmul needs one of the kernels {', '.join(CTCT_KERNELS)}", node.id)
+        errors: list[str] = []
+        if "ct-ct-diagonal" in allowed:
+            for base in dict.fromkeys(bases[A]):
+                lay = base if isinstance(base, ChannelLayout) else view_layout((m, k), S, (1, 0))
+                try:
+                    out.append(matmul_ct_ct_candidate(graph, node, lay, S))
+                except KernelError as e:
+                    errors.append(f"ct-ct-diagonal: {e}")
+        if "ct-ct-jkls" in allowed or "ct-ct-strassen" in allowed:
+            cands = jkls_candidates(graph, node, S, strassen="ct-ct-strassen" in allowed)
+            out.extend(c for c in cands if c.kernel in allowed)
+        if not out:
+            raise PlanError("; ".join(errors) or "no ct-ct kernel fits", node.id)
         return out
     x, axes = (A, (1, 0)) if ea else (B, (0, 1))
     lin = [a for a in allowed if a in LINEAR_KERNELS]

@@ -15,6 +15,10 @@ layouts and Rotom layouts alike, and is priced by lowering it (kernels' exactnes
   the source (hoisted), masks are pre-rotated by ``-gamma``, one giant rotation per distinct
   ``gamma`` of each target.  ``n1`` (baby range) is the power of two with the fewest
   rotations; ``n1 = slots`` is the plain mask-and-rotate (ApplyRoll / ApplyPermute).
+  The split may be strided: with an odd step ``c`` (invertible mod the power-of-two slot
+  count) every offset is ``c*k``, and ``beta = c*(k mod n1)``.  A transposition moves
+  elements by multiples of ``rows - 1`` (e.g. 127 for 128-slot rows): with ``c = 127``
+  its 2r - 1 diagonals need ~2*sqrt(2r) rotations instead of ~2r.
 """
 
 from __future__ import annotations
@@ -273,11 +277,20 @@ def _whole_fits(src: Layout, dst: Layout, q: int, qd: int, o: int) -> bool:
     return bool(np.array_equal(dst.index_map(qd)[t], sm[s]))
 
 
-def _bsgs_counts(mv: Moves, n1: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """(baby rotations, giant rotations, babies per source, giants per target) for n1."""
+def _betas(off: np.ndarray, split: tuple[int, int], S: int) -> np.ndarray:
+    """Baby offsets of ``off`` under the split (step c, baby range n1)."""
+    c, n1 = split
+    if c == 1:
+        return off % n1
+    k = (off * pow(c, -1, S)) % S
+    return (c * (k % n1)) % S
+
+
+def _bsgs_counts(mv: Moves, split: tuple[int, int]) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(baby rotations, giant rotations, babies per source, giants per target) for a split."""
     gqd, gqs, goff = mv.group_keys()
-    beta = goff % n1
-    gam = goff - beta
+    beta = _betas(goff, split, mv.slots)
+    gam = (goff - beta) % mv.slots
     bkeys = np.unique(gqs * mv.slots + beta)
     babies_nz = bkeys[(bkeys % mv.slots) != 0]
     gkeys = np.unique(gqd * mv.slots + gam)
@@ -287,17 +300,92 @@ def _bsgs_counts(mv: Moves, n1: int) -> tuple[int, int, np.ndarray, np.ndarray]:
     return int(babies_nz.size), int(giants_nz.size), per_src, per_dst
 
 
-def _choose_n1(mv: Moves) -> int:
+def _steps(mv: Moves) -> list[int]:
+    """Strides worth trying: 1 and the most common odd gaps between distinct offsets."""
     S = mv.slots
-    cands = [1 << e for e in range(S.bit_length()) if (1 << e) <= S]
-    return min(cands, key=lambda n1: (sum(_bsgs_counts(mv, n1)[:2]), -n1))
+    offs = np.sort(mv.group_keys()[2] % S)
+    out = [1]
+    if offs.size > 2:
+        gaps = np.diff(offs)
+        gaps = gaps[gaps % 2 == 1]
+        if gaps.size:
+            counts = np.bincount(gaps)
+            order = np.argsort(-counts, kind="stable")[:2]
+            out.extend(int(v) for v in order if counts[v] and v != 1)
+    return out
+
+
+def _rotations_per_n1(owner: np.ndarray, k: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nonzero baby and giant rotation counts for every ``n1 = 2**e`` (e = 0..bits) at once.
+
+    Babies are the distinct (source, k mod n1), giants the distinct (target, k >> e); both
+    are counted from one sort each: adjacent keys differ in the low e bits iff the lowest
+    set bit of their XOR is below e, in the high bits iff its highest set bit is >= e.
+    """
+    qs, qd = owner
+    es = np.arange(bits + 1)
+    # babies: sort by (source, bit-reversed k) so equal low bits are adjacent
+    rev = np.zeros_like(k)
+    for i in range(bits):
+        rev |= ((k >> i) & 1) << (bits - 1 - i)
+    o = np.lexsort((rev, qs))
+    ks, ss = k[o], qs[o]
+    x = ks[1:] ^ ks[:-1]
+    low = np.where(x == 0, bits + 1, _ctz(x))
+    new_src = ss[1:] != ss[:-1]
+    distinct_b = 1 + np.count_nonzero(new_src[None, :] | (low[None, :] < es[:, None]), axis=1)
+    # zero babies: a source holding some k with k mod n1 == 0 (ctz(k) >= e)
+    tz = np.where(k == 0, bits + 1, _ctz(k))
+    best_tz = np.full(int(qs.max()) + 1, -1)
+    np.maximum.at(best_tz, qs, tz)
+    zero_b = np.count_nonzero(best_tz[None, :] >= es[:, None], axis=1)
+    # giants: sort by (target, k); adjacent keys split when their highest differing bit >= e
+    o = np.lexsort((k, qd))
+    kd, dd = k[o], qd[o]
+    x = kd[1:] ^ kd[:-1]
+    high = np.where(x == 0, -1, _bitlen(x) - 1)
+    new_dst = dd[1:] != dd[:-1]
+    distinct_g = 1 + np.count_nonzero(new_dst[None, :] | (high[None, :] >= es[:, None]), axis=1)
+    min_k = np.full(int(qd.max()) + 1, np.iinfo(np.int64).max)
+    np.minimum.at(min_k, qd, k)
+    zero_g = np.count_nonzero(min_k[None, :] < (1 << es)[:, None], axis=1)
+    return distinct_b - zero_b, distinct_g - zero_g
+
+
+def _ctz(x: np.ndarray) -> np.ndarray:
+    return _bitlen(x & -x) - 1
+
+
+def _bitlen(x: np.ndarray) -> np.ndarray:
+    """Bit length of non-negative integers below 2**53 (exact through float64)."""
+    return np.frexp(x.astype(np.float64))[1].astype(np.int64)
+
+
+def _choose_n1(mv: Moves) -> tuple[int, int]:
+    """The split (step c, baby range n1) with the fewest rotations; ties prefer c = 1 and
+    the larger n1."""
+    S = mv.slots
+    bits = S.bit_length() - 1
+    gqd, gqs, goff = mv.group_keys()
+    if goff.size == 0:
+        return 1, S
+    best: tuple[tuple[int, bool, int, int], tuple[int, int]] | None = None
+    for c in _steps(mv):
+        k = goff % S if c == 1 else (goff * pow(c, -1, S)) % S
+        nb, ng = _rotations_per_n1(np.stack([gqs, gqd]), k, bits)
+        for e in range(bits + 1):
+            key = (int(nb[e] + ng[e]), c != 1, -(1 << e), c)
+            if best is None or key < best[0]:
+                best = (key, (c, 1 << e))
+    assert best is not None
+    return best[1]
 
 
 def _permute_cost(src: Layout, dst: Layout) -> CostVector:
     """Counts of the program _lower_permute emits (tests check they agree)."""
     mv = _moves(src, dst)
-    n1 = _choose_n1(mv)
-    nb, ng, per_src, per_dst_giants = _bsgs_counts(mv, n1)
+    split = _choose_n1(mv)
+    nb, ng, per_src, per_dst_giants = _bsgs_counts(mv, split)
     gqd, gqs, goff = mv.group_keys()
     n_groups = int(mv.starts.size)
     whole_per_dst = np.bincount(np.asarray([w[0] for w in mv.whole], dtype=np.int64), minlength=mv.n_dst)
@@ -309,9 +397,9 @@ def _permute_cost(src: Layout, dst: Layout) -> CostVector:
         items = int(whole_per_dst[q]) + (1 if giants else 0)
         adds += (terms - giants) + max(0, giants - 1) + max(0, items - 1)
     keys: set[int] = {w[2] % mv.slots for w in mv.whole if w[2] % mv.slots}
-    beta = goff % n1
+    beta = _betas(goff, split, mv.slots)
     keys.update(int(v) for v in np.unique(beta) if v)
-    keys.update(int(v) for v in np.unique(goff - beta) if v)
+    keys.update(int(v) for v in np.unique((goff - beta) % mv.slots) if v)
     return CostVector(
         rotations=nb + ng + whole_rot, rot_keys=frozenset(keys),
         hoisted_groups=int(np.count_nonzero(per_src > 1)), hoisted_rotations=int(per_src[per_src > 1].sum()),
@@ -324,11 +412,12 @@ def _permute_cost(src: Layout, dst: Layout) -> CostVector:
 def _lower_permute(b: ProgramBuilder, src: Layout, dst: Layout, regs: list[str], tag: str) -> list[str]:
     S = src.slots
     mv = _moves(src, dst)
-    n1 = _choose_n1(mv)
+    split = _choose_n1(mv)
     gqd, gqs, goff = mv.group_keys()
+    gbeta = _betas(goff, split, S)
     babies: dict[int, dict[int, str]] = {}
     for q in range(src.n_ct):
-        used = sorted(set((goff[gqs == q] % n1).tolist()))
+        used = sorted(set(gbeta[gqs == q].tolist()))
         if used:
             babies[q] = b.rot_many(regs[q], used)
     outs = []
@@ -340,13 +429,12 @@ def _lower_permute(b: ProgramBuilder, src: Layout, dst: Layout, regs: list[str],
         sel = np.nonzero(gqd == qd)[0]
         by_giant: dict[int, list[int]] = {}
         for g in sel.tolist():
-            o = int(goff[g])
-            by_giant.setdefault(o - o % n1, []).append(g)
+            by_giant.setdefault(int(goff[g] - gbeta[g]) % S, []).append(g)
         masked_sum: str | None = None
         for gam, groups in sorted(by_giant.items()):
             part: str | None = None
             for g in groups:
-                q, beta = int(gqs[g]), int(goff[g]) % n1
+                q, beta = int(gqs[g]), int(gbeta[g])
                 ts = mv.t[mv.starts[g] : mv.ends[g]]
                 pt = b.const_plaintext(
                     ("perm", id(mv), g), f"pt/{tag}/q{qd}s{q}b{beta}g{gam}", _mask_coef(ts, gam, S)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -197,7 +197,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         cs = cands[node.id]
         groups.append(
             Group(node.id, tuple(costs.iscore(c.cost(S)) + penalty.get(id(c), 0) for c in cs),
-                  tuple(c.label for c in cs))
+                  tuple(c.label for c in cs), depths=tuple(c.cost(S).depth for c in cs))
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -208,24 +208,37 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             src = _group_of(graph, t)
             operand_source[(node.id, t)] = src
             src_layouts = input_options[t] if src.startswith("input:") else [c.out_layout for c in cands[src]]
+            # a free input read by one node: the client packs what the chosen candidate
+            # reads, so only matching (option, candidate) pairs can be optimal; pricing the
+            # other conversions would only cost planning time
+            own = src.startswith("input:") and free and t not in pinned and len(graph.consumers(t)) == 1
             mat: list[tuple[int | None, ...]] = []
+            dmat: list[tuple[int, ...]] = []
             for sl in src_layouts:
                 row: list[int | None] = []
+                drow: list[int] = []
                 for c in cands[node.id]:
                     dl = c.in_layouts.get(t)
-                    if dl is None:
+                    drow.append(0)
+                    if dl is None or own and sl.with_clean(True) != dl.with_clean(True):
                         row.append(None)
                         continue
                     try:
-                        row.append(costs.iscore(plan_conversion(sl, dl).cost()))
+                        cv = plan_conversion(sl, dl).cost()
                     except ValueError:
                         row.append(None)
+                        continue
+                    row.append(costs.iscore(cv))
+                    drow[-1] = cv.depth
                 mat.append(tuple(row))
-            edges.append(Edge(src, node.id, t, tuple(mat)))
-    model = ChoiceModel(tuple(groups), tuple(edges))
+                dmat.append(tuple(drow))
+            edges.append(Edge(src, node.id, t, tuple(mat), tuple(dmat), adapts=own))
+    model, keep = ChoiceModel(tuple(groups), tuple(edges), params.max_level).prune_dominated()
+    for node in graph.nodes:
+        cands[node.id] = [cands[node.id][o] for o in keep[node.id]]
     hint = model.greedy()
     model = ChoiceModel(
-        tuple(Group(g.name, g.costs, g.labels, hint.get(g.name, 0)) for g in model.groups), model.edges
+        tuple(replace(g, hint=hint.get(g.name, 0)) for g in model.groups), model.edges, model.max_depth
     )
     return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source)
 
@@ -298,6 +311,14 @@ def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candida
 def solve_problem(problem: PlanProblem) -> Solution:
     sol = create(problem.options.solver).solve(problem.model, problem.options.time_limit_s)
     if sol.status is Status.INFEASIBLE:
+        m = problem.model
+        if m.max_depth is not None:
+            relaxed = create(problem.options.solver).solve(replace(m, max_depth=None), problem.options.time_limit_s)
+            if relaxed.status is not Status.INFEASIBLE:
+                raise PlanError(
+                    f"no assignment of layouts fits the {m.max_depth} levels of params "
+                    f"{problem.params.name}; choose a preset with more levels"
+                )
         raise PlanError("no consistent assignment of layouts exists for this graph")
     return sol
 

@@ -31,6 +31,7 @@ class CpSatSolver:
                 m.add_hint(v, 1 if o == g.hint else 0)
         # step 3: layout edges (pair variables, tight linking; forbidden pairs excluded)
         obj: list[tuple[int, cp_model.IntVar]] = []
+        edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]] = []
         for ei, e in enumerate(model.edges):
             xs, xd = x[e.src], x[e.dst]
             pairs: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -48,7 +49,19 @@ class CpSatSolver:
                 m.add(sum(y for (aa, _), y in pairs.items() if aa == a) == xs[a])
             for b in range(len(xd)):
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
-        # step 4: objective
+            edge_pairs.append(pairs)
+        # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
+        # conversion and kernel depths of the chosen options are linear sums)
+        if model.max_depth is not None:
+            D = {g.name: m.new_int_var(0, model.max_depth, f"D[{g.name}]") for g in model.groups}
+            for g in model.groups:
+                if g.depths:
+                    m.add(D[g.name] >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
+            for ei, e in enumerate(model.edges):
+                kd = sum(model.group(e.dst).depth(b) * v for b, v in enumerate(x[e.dst]))
+                cd = sum(e.depth(a, b) * y for (a, b), y in edge_pairs[ei].items())
+                m.add(D[e.dst] >= D[e.src] + cd + kd)
+        # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
         m.minimize(sum(c * v for c, v in obj))

@@ -32,7 +32,20 @@ class Z3Solver:
                         opt.add(z3.Not(z3.And(va, vb)))
                     elif c:
                         terms.append(z3.If(z3.And(va, vb), c, 0))
-        # step 4: objective
+        # step 4: multiplicative depth (the same linear constraints as CP-SAT)
+        if model.max_depth is not None:
+            D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
+            for g in model.groups:
+                opt.add(D[g.name] >= 0, D[g.name] <= model.max_depth)
+                if g.depths:
+                    opt.add(D[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
+            for e in model.edges:
+                dst = model.group(e.dst)
+                kd = [z3.If(v, dst.depth(b), 0) for b, v in enumerate(x[e.dst]) if dst.depth(b)]
+                cd = [z3.If(z3.And(va, vb), e.depth(a, b), 0)
+                      for a, va in enumerate(x[e.src]) for b, vb in enumerate(x[e.dst]) if e.depth(a, b)]
+                opt.add(D[e.dst] >= D[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
+        # step 5: objective
         total = z3.Sum(terms) if terms else z3.IntVal(0)
         h = opt.minimize(total)
         res = opt.check()
