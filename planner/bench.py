@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ class SuiteWorkload(BaseModel):
     name: str | None = None
     params: str | None = None
     input_layouts: dict[str, str] | None = None
+    kernels: list[str] | None = None  # restrict the kernels (e.g. one ct-ct scheme per row)
     conversion: dict[str, Any] | None = None  # {"src", "dst", "shape", "slots"}
     sim: bool = False
     paper: dict[str, Any] = Field(default_factory=dict)
@@ -143,6 +145,8 @@ def bench_graph(path: Path, params: Params, input_layout: str, w: SuiteWorkload,
 
     g = load_graph(path)
     opts = PlanOptions(input_layout=input_layout, input_layouts=tuple(sorted((w.input_layouts or {}).items())))
+    if w.kernels:
+        opts = replace(opts, kernels=tuple(w.kernels))
     t0 = time.perf_counter()
     problem = build_problem(g, params, opts)
     sol = solve_problem(problem)

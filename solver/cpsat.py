@@ -14,6 +14,10 @@ CPSAT_WORKERS = 1
 CPSAT_SEED = 0
 # Stop at a proven relative gap of zero: these models are small enough to prove optimal.
 CPSAT_RELATIVE_GAP = 0.0
+# Full linearisation of the pair-linking constraints: with the default level one worker
+# could not close the LP gap of BERT attention at n16 (108 groups, 2230 pairs; bound
+# 13.58M vs 16.32M after 45 s), with level 2 it proves the same assignment optimal in 0.2 s.
+CPSAT_LINEARIZATION_LEVEL = 2
 
 
 class CpSatSolver:
@@ -70,6 +74,7 @@ class CpSatSolver:
         s.parameters.num_workers = CPSAT_WORKERS
         s.parameters.random_seed = CPSAT_SEED
         s.parameters.relative_gap_limit = CPSAT_RELATIVE_GAP
+        s.parameters.linearization_level = CPSAT_LINEARIZATION_LEVEL
         st = s.solve(m)
         status = {
             cp_model.OPTIMAL: Status.OPTIMAL,

@@ -113,8 +113,8 @@ class ChoiceModel:
                         a = fixed[e.src]
                     else:  # an unfixed input: its cheapest option for this consumer option
                         src = self.group(e.src)
-                        opts = [(e.costs[a_][o] + src.costs[a_], a_) for a_ in range(len(src.costs))
-                                if e.costs[a_][o] is not None]
+                        opts = [(ec_ + src.costs[a_], a_) for a_ in range(len(src.costs))
+                                if (ec_ := e.costs[a_][o]) is not None]
                         if not opts:
                             ok = False
                             break
@@ -199,9 +199,8 @@ class ChoiceModel:
                     return False
                 worst = k1 - k2 if worst is None else max(worst, k1 - k2)
             total += worst or 0
-        if not incoming or any(e.adapts for e in incoming):
-            if g.depth(c1) > g.depth(c2):
-                return False
+        if (not incoming or any(e.adapts for e in incoming)) and g.depth(c1) > g.depth(c2):
+            return False
         return total <= g.costs[c2]
 
 
