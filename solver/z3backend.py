@@ -1,4 +1,11 @@
-"""z3 back end of the choice model (same variables, constraints and objective as CP-SAT)."""
+"""z3 back end of the choice model (same variables, constraints and objective as CP-SAT).
+
+The objective is stated as weighted soft constraints (each chosen option and each chosen
+pair pays its cost) and solved by z3's ``wmax`` MaxSAT engine.  The arithmetic objective
+(``minimize(Sum(If(...)))``) and the default core-guided engine proved a two-ct-ct-matmul
+graph of five groups (62 options, 880 pairs) optimal in none of 30 s; ``wmax`` does it in
+0.3 s, and both give the same optimum wherever they finish.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,9 @@ import z3
 
 from solver.model import ChoiceModel, Solution, Status
 
+# Weighted MaxSAT engine for the soft-constraint objective (see the module docstring).
+Z3_MAXSAT_ENGINE = "wmax"
+
 
 class Z3Solver:
     name = "z3"
@@ -16,22 +26,28 @@ class Z3Solver:
         t0 = time.perf_counter()
         opt = z3.Optimize()
         opt.set("timeout", max(10, int(time_limit_s * 1000)))
+        opt.set("maxsat_engine", Z3_MAXSAT_ENGINE)
         # step 1: variables
         x = {g.name: [z3.Bool(f"x[{g.name}][{o}]") for o in range(len(g.costs))] for g in model.groups}
         terms: list[z3.ArithRef] = []
         # step 2: one option per group
+        soft: list[tuple[z3.BoolRef, int]] = []  # (constraint that is satisfied when not paying, cost)
         for g in model.groups:
             opt.add(z3.PbEq([(v, 1) for v in x[g.name]], 1))
-            terms.extend(z3.If(v, c, 0) for c, v in zip(g.costs, x[g.name], strict=True) if c)
+            for c, v in zip(g.costs, x[g.name], strict=True):
+                if c:
+                    terms.append(z3.If(v, c, 0))
+                    soft.append((z3.Not(v), c))
         # step 3: layout edges
         for e in model.edges:
             for a, va in enumerate(x[e.src]):
                 for b, vb in enumerate(x[e.dst]):
-                    c = e.costs[a][b]
-                    if c is None:
+                    ec = e.costs[a][b]
+                    if ec is None:
                         opt.add(z3.Not(z3.And(va, vb)))
-                    elif c:
-                        terms.append(z3.If(z3.And(va, vb), c, 0))
+                    elif ec:
+                        terms.append(z3.If(z3.And(va, vb), ec, 0))
+                        soft.append((z3.Or(z3.Not(va), z3.Not(vb)), ec))
         # step 4: multiplicative depth (the same linear constraints as CP-SAT)
         if model.max_depth is not None:
             D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
@@ -47,7 +63,9 @@ class Z3Solver:
                 opt.add(D[e.dst] >= D[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
         # step 5: objective
         total = z3.Sum(terms) if terms else z3.IntVal(0)
-        h = opt.minimize(total)
+        h = None
+        for cons, c in soft:
+            h = opt.add_soft(cons, c, id="cost")
         res = opt.check()
         seconds = time.perf_counter() - t0
         if res == z3.unsat:
@@ -64,8 +82,10 @@ class Z3Solver:
         )
         objective = mdl.eval(total, True).as_long()
         status = Status.OPTIMAL if res == z3.sat else Status.FEASIBLE
-        lower = opt.lower(h)
-        bound = lower.as_long() if z3.is_int_value(lower) else None
+        bound = None
+        if h is not None:
+            lower = h.lower()
+            bound = lower.as_long() if z3.is_int_value(lower) else None
         if status is Status.OPTIMAL:
             bound = objective
         return Solution(choice, status, objective, bound, seconds, self.name)
