@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from backends.sim import simulate
+from planner.candidates import PlanError
 from planner.graph import load_graph, parse_graph
 from planner.kernels.base import Candidate
 from planner.kernels.ctct import CtCtGeom, jkls_candidates
+from planner.kernels.problem import KernelError
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.program import LazyTables, ProgramBuilder
@@ -101,7 +103,7 @@ def test_strassen_uses_seven_block_products() -> None:
 
 
 def test_geometry_rejects_tiles_that_do_not_fit() -> None:
-    with pytest.raises(Exception, match="do not fit"):
+    with pytest.raises(KernelError, match="do not fit"):
         CtCtGeom(8, 16, 8, 64, 16, 1, "A", "x-major")
 
 
@@ -160,5 +162,5 @@ def test_depth_budget_steers_the_kernel_choice() -> None:
         assert {n["kernel"] for n in res.plan["nodes"]} == {"ct-ct-diagonal"}
     deep = plan_graph(g, small_params(14, levels=8), PlanOptions(**opts))
     assert {n["kernel"] for n in deep.plan["nodes"]} == {"ct-ct-jkls"}
-    with pytest.raises(Exception, match="levels"):
+    with pytest.raises(PlanError, match="fits the 1 levels"):
         plan_graph(g, small_params(14, levels=1), PlanOptions(**opts))

@@ -38,7 +38,7 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.convert import _lower_permute
+from planner.convert import plan_conversion
 from planner.graph import Graph, Node
 from planner.kernels.base import Candidate
 from planner.kernels.problem import KernelError
@@ -130,29 +130,23 @@ class CtCtGeom:
         g = np.where(valid, w * self.q + h, 0)
         return g, a, b, valid
 
-    def _flat_x(self, x: np.ndarray, kv: np.ndarray) -> np.ndarray:
-        return x * self.k + kv if self.x_side == "A" else kv * self.n + x
+    def operand_name(self, side: str) -> str:
+        """The graph operand ("A" or "B") on the X or Y side."""
+        return self.x_side if side == "X" else ("B" if self.x_side == "A" else "A")
 
-    def _flat_y(self, kv: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return kv * self.n + y if self.x_side == "A" else y * self.k + kv
-
-    def x_map(self, key: tuple[Pattern, int], rolled: bool) -> np.ndarray:
+    def operand_map(self, side: str, key: tuple[Pattern, int], rolled: bool) -> np.ndarray:
+        """Slot -> flat operand index of one sigma (X) or tau (Y) ciphertext.  X reads
+        ``X[c*lc + b, K]``, Y reads ``Y[K, c*lc + a]``; rolled ``K = p*lc + (a + b) mod lc``,
+        unrolled K follows the row (X) or the lane offset (Y)."""
         pat, p = key
         g, a, b, valid = self.grid
-        cx = np.asarray(pat)[g]
-        x = cx * self.lc + b
-        kv = p * self.lc + ((a + b) % self.lc if rolled else a)
-        ok = valid & (cx >= 0) & (x < self.MX) & (kv < self.k)
-        return np.where(ok, self._flat_x(x, kv), -1)
-
-    def y_map(self, key: tuple[Pattern, int], rolled: bool) -> np.ndarray:
-        pat, p = key
-        g, a, b, valid = self.grid
-        cy = np.asarray(pat)[g]
-        y = cy * self.lc + a
-        kv = p * self.lc + ((a + b) % self.lc if rolled else b)
-        ok = valid & (cy >= 0) & (y < self.MY) & (kv < self.k)
-        return np.where(ok, self._flat_y(kv, y), -1)
+        c = np.asarray(pat)[g]
+        free, along = (b, a) if side == "X" else (a, b)
+        idx = c * self.lc + free
+        kv = p * self.lc + ((a + b) % self.lc if rolled else along)
+        ok = valid & (c >= 0) & (idx < (self.MX if side == "X" else self.MY)) & (kv < self.k)
+        flat = idx * self.k + kv if self.operand_name(side) == "A" else kv * self.n + idx
+        return np.where(ok, flat, -1)
 
     def out_map(self, o: int) -> np.ndarray:
         g, a, b, valid = self.grid
@@ -166,12 +160,9 @@ class CtCtGeom:
         return np.where(ok, i * self.n + j, -1)
 
     def operand_layout(self, side: str, rolled: bool) -> MappedLayout:
-        if side == "X":
-            maps = np.stack([self.x_map(k, rolled) for k in self.x_keys])
-            name = self.x_side
-        else:
-            maps = np.stack([self.y_map(k, rolled) for k in self.y_keys])
-            name = "B" if self.x_side == "A" else "A"
+        keys = self.x_keys if side == "X" else self.y_keys
+        maps = np.stack([self.operand_map(side, k, rolled) for k in keys])
+        name = self.operand_name(side)
         shape = (self.m, self.k) if name == "A" else (self.k, self.n)
         tag = ("sigma" if side == "X" else "tau") if rolled else ("rows" if side == "X" else "cols")
         return MappedLayout.of(shape, maps, True, f"{tag}(lc={self.lc},q={self.q})")
@@ -255,9 +246,9 @@ def jkls_candidate(
         xr = regs[xname]
         yr = regs[yname]
         if roll_x_inside:
-            xr = _lower_permute(b, x_in, x_rolled, xr, f"{node.id}/sigma")
+            xr = plan_conversion(x_in, x_rolled).lower(b, xr, f"{node.id}/sigma")
         if roll_y_inside:
-            yr = _lower_permute(b, y_in, y_rolled, yr, f"{node.id}/tau")
+            yr = plan_conversion(y_in, y_rolled).lower(b, yr, f"{node.id}/tau")
         if strassen:
             return _lower_strassen(b, geom, xr, yr, xidx, yidx)
         xs = [geom.x_shifts(b, r) for r in xr]
