@@ -38,6 +38,7 @@ def plan(
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
+    clean_outputs: Annotated[bool, typer.Option("--clean-outputs/--raw-outputs", help="outputs hold zeros outside their tensor (default; a mask where a kernel leaves partial sums of the weights) | leave what the kernel leaves (the client may see linear combinations of the weights)")] = True,
 ) -> None:
     """Plan one graph."""
     from pydantic import ValidationError
@@ -60,6 +61,7 @@ def plan(
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
             input_layout=input_layout,  # type: ignore[arg-type]
             costs=costs,
+            clean_outputs=clean_outputs,
         )
         opts = PlanOptions.from_literal(lit)
         res = plan_graph(g, p, opts, record_timings=record_timings)
@@ -82,13 +84,17 @@ def plan(
         t.add_column(col)
     for n in res.plan["nodes"]:
         ps = ", ".join(f"{k}={v}" for k, v in n["params"].items() if k in ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "op"))
-        t.add_row(escape(n["id"]), n["kernel"], ps, str(n["rotations"]), str(n["cost"]["pmul"]), escape(n["out_layout"]))
+        t.add_row(escape(n["id"]), n["kernel"], ps, str(n["rotations"]), str(n.get("pmul", n["cost"]["pmul"])), escape(n["out_layout"]))
     out.print(t)
     pk = summary["peak_bytes"]
     out.print(
         f"rotations {summary['rotations']}  keys {summary['rotation_keys']}  pmul {summary['pmul']}  "
         f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
         f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
+    )
+    out.print(
+        "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
+        else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
     )
 
 

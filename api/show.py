@@ -99,7 +99,7 @@ def text_report(plan: Mapping[str, Any]) -> str:
         params = ", ".join(f"{k}={v}" for k, v in n.get("params", {}).items() if not isinstance(v, list | dict))
         lines.append(
             f"{str(n['id'])[:20]:<20} {str(n['kernel'])[:12]:<12} {n['rotations']:>9} "
-            f"{n.get('cost', {}).get('pmul', 0):>7}  {params}"
+            f"{n.get('pmul', n.get('cost', {}).get('pmul', 0)):>7}  {params}"
         )
     return "\n".join(lines) + "\n"
 
@@ -141,7 +141,7 @@ def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = No
     # 1. cost per node
     labels = [f"{n['id']}\n{n['kernel']}" for n in nodes]
     rot = np.array([n.get("rotations", 0) for n in nodes], dtype=float)
-    pmul = np.array([n.get("cost", {}).get("pmul", 0) for n in nodes], dtype=float)
+    pmul = np.array([n.get("pmul", n.get("cost", {}).get("pmul", 0)) for n in nodes], dtype=float)
     x = np.arange(len(nodes))
     w = 0.38
     b1 = ax_cost.bar(x - w / 2, rot, w, color="tab:blue", label="rotations")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,11 @@ class SimResult:
     peak_resident_keys: int
     seconds: float
     written: dict[str, np.ndarray] = field(default_factory=dict)
+    # per output tensor: slots of its output ciphertexts that hold no element of it but are
+    # not zero (what a client who decrypts sees beyond the answer; 0 for a clean plan)
+    leaked_slots: dict[str, int] = field(default_factory=dict)
+    # the registers asked for with ``keep`` (layout checks read intermediate values)
+    registers: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _table(tables: Mapping[str, np.ndarray], name: str, slots: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -77,8 +82,10 @@ def simulate(
     tables: Mapping[str, np.ndarray],
     values: Mapping[str, np.ndarray],
     key_levels: Mapping[int, int] | None = None,
+    keep: Collection[str] = (),
 ) -> SimResult:
-    """Execute ``plan`` on ``values`` (inputs and weights by tensor name)."""
+    """Execute ``plan`` on ``values`` (inputs and weights by tensor name).  The registers
+    named in ``keep`` are returned in ``SimResult.registers``."""
     t0 = time.perf_counter()
     S = int(plan["params"]["slots"])
     shapes = {k: tuple(v) for k, v in plan.get("outputs", {}).items()}
@@ -99,6 +106,9 @@ def simulate(
             last_use[r] = i
     out_vals: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
+    leaked: dict[str, int] = {}
+    keep = frozenset(keep)
+    kept: dict[str, np.ndarray] = {}
 
     def get(r: str, i: int) -> np.ndarray:
         try:
@@ -192,12 +202,15 @@ def simulate(
                 raise SimulationError(f"instruction {i}: duplicate copies of {t!r} disagree")
             out_vals[t][tgt] = v[m]
             written[t][tgt] = True
+            leaked[t] = leaked.get(t, 0) + int(np.count_nonzero(v[~m]))
         else:
             raise SimulationError(f"instruction {i}: unknown op {op!r}")
         # free registers after their last use (keeps large plans within memory)
         for r in reg_reads(ins):
             if last_use.get(r) == i:
-                regs.pop(r, None)
+                v_ = regs.pop(r, None)
+                if r in keep and v_ is not None:
+                    kept[r] = v_
     if not schedule:  # keep-all: every key the program uses is resident throughout
         used: set[int] = set()
         for ins in program:
@@ -215,4 +228,5 @@ def simulate(
     return SimResult(
         outputs=outputs, counts=dict(counts), rotations=rotations, key_loads=loads,
         peak_resident_keys=peak_keys, seconds=time.perf_counter() - t0, written=written,
+        leaked_slots=leaked, registers={**kept, **{r: regs[r] for r in keep if r in regs}},
     )

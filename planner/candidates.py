@@ -25,7 +25,7 @@ from planner.kernels.problem import (
 )
 from planner.kernels.segmented import segment_rows_layout, segmented_candidates
 from planner.kernels.tensor_ops import matmul_ct_ct_candidate, shape_view_candidates, sum_candidate
-from planner.layout import ChannelLayout, LayoutError, natural_layout, view_layout
+from planner.layout import ChannelLayout, LayoutError, clean_result, natural_layout, view_layout
 from planner.program import ProgramBuilder, poly_depth
 
 LINEAR_KERNELS = ("imra", "bsgs", "hs-diagonal", "fhelipe")
@@ -237,18 +237,17 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
     op = node.op
     a = node.inputs[0]
     b_ = node.inputs[1] if len(node.inputs) > 1 else None
-    in_layouts = {t: lay.with_clean(False) for t in enc}
-    if op == "poly":
-        coeffs = node.coeffs or (0.0,)
-        clean = lay.clean and coeffs[0] == 0.0
-    elif op == "mul":
-        clean = True if (b_ is not None and not (graph.encrypted(a) and graph.encrypted(b_))) else lay.clean
+    # the slot-hygiene rule lives in planner.layout.clean_result; operands share lay's
+    # placement and a plaintext operand is clean (its table is 0 outside the tensor)
+    const_term = (node.coeffs or (0.0,))[0] if op == "poly" else 0.0
+    n_pt = len(node.inputs) - len(enc)
+    if clean_result(op, [False] * len(enc) + [True] * n_pt, const_term):
+        clean = True  # clean whatever the operands hold (a product with a weight)
+        in_layouts = {t: lay.with_clean(False) for t in enc}
     else:
-        clean = lay.clean
-    if op in ("add", "sub") and len(enc) == 2:
-        in_layouts = {t: lay for t in enc}  # clean flags must match to keep clean
-    elif clean and op != "mul":
-        in_layouts = {t: lay for t in enc}  # a clean result needs a clean operand
+        clean = clean_result(op, [lay.clean] * len(enc) + [True] * n_pt, const_term)
+        # a clean claim needs clean operands; otherwise the operands may be dirty
+        in_layouts = {t: lay.with_clean(clean) for t in enc}
     out_layout = replace(lay, shape=graph.shape(node.id), clean=clean)
 
     def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
@@ -302,3 +301,30 @@ def input_layout(graph: Graph, tensor: str, slots: int) -> Any:
             except KernelError:
                 pass
         raise PlanError(f"tensor {tensor!r}: {e}") from e
+
+
+def with_clean_output(c: Candidate, slots: int) -> Candidate:
+    """``c`` followed by the mask that zeroes its output's free slots (the clean-output
+    rule for graph outputs: the client who decrypts must not see partial sums of the
+    weights).  A candidate whose output is already clean is returned unchanged; otherwise
+    the mask is one ``pmul`` per output ciphertext, charged to the node (cost and depth),
+    so the solver weighs a dirty kernel plus its mask against a kernel that ends clean."""
+    if c.out_layout.clean:
+        return c
+    from planner.convert import plan_conversion
+    from planner.kernels.base import sequential
+
+    mask = plan_conversion(c.out_layout, c.out_layout.with_clean(True))
+    inner = c.lower
+
+    def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
+        return mask.lower(b, inner(b, regs), f"mask/{c.node}")
+
+    def analytic() -> Any:
+        return sequential(c.cost(slots), mask.cost())
+
+    return Candidate(
+        node=c.node, kernel=c.kernel, params={**c.params, "output_mask": True}, in_layouts=c.in_layouts,
+        out_layout=c.out_layout.with_clean(True), lower=lower, slot_utilization=c.slot_utilization,
+        note=c.note, analytic=analytic,
+    )

@@ -43,7 +43,7 @@ import numpy as np
 
 from planner.errors import SlotplanError
 from planner.params import Params
-from planner.summary import memory_series, reg_writes, register_depths, summarize
+from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 
 __all__ = [
@@ -850,4 +850,13 @@ def schedule_plan(
     summary["key_schedule"] = ks
     new["summary"] = summary
     new["keys"] = sched.keys_json()
+    nodes = plan.get("nodes") or []
+    if nodes and all("span" in n for n in nodes):
+        # the schedule inserted loads and drops (and may have re-expressed rotations):
+        # each node keeps what it owns, so the per-node counts still add up
+        spans = remap_spans(plan["program"], [n["span"] for n in nodes], sched.program)
+        new["nodes"] = [
+            {**n, **span_counts(sched.program[a:z]), "span": [a, z]}
+            for n, (a, z) in zip(nodes, spans, strict=True)
+        ]
     return new, sched

@@ -10,11 +10,18 @@ a stride-2 convolution leaves ``lh = 2 W, lw = 2`` (a layout with gaps), which t
 kernel can consume directly.
 
 ``clean`` says whether every slot that holds no element is zero.  Kernels that replicate
-a ciphertext by rotate-and-add need a clean input; a mask conversion makes one.
+a ciphertext by rotate-and-add need a clean input; a mask conversion makes one.  A layout
+that is not clean prints with a trailing ``~``: its free slots may hold garbage (partial
+sums, rotated-in neighbours, polynomial constants).
+
+What an element-wise operation does to the free slots is one rule, :func:`clean_result`
+(every kernel states its claim through it or through a layout; the tests derive the claim
+from the lowered program and compare, see ``backends/layout_check.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -25,6 +32,35 @@ from planner.errors import SlotplanError
 
 class LayoutError(SlotplanError):
     """A layout that cannot exist (slots out of range, two elements in one slot)."""
+
+
+# Element-wise operations whose effect on free slots clean_result knows.
+CLEAN_RULE_OPS = ("add", "sub", "mul", "poly")
+
+
+def clean_result(op: str, operands_clean: Sequence[bool], const_term: float = 0.0) -> bool:
+    """Whether the result of a slot-wise operation on operands sharing one placement is
+    clean (zero in every slot that holds no element), given which operands are clean.
+
+    A plaintext operand counts as clean: its table holds 0 where ``idx < 0`` (SPEC section
+    4), and a mask plaintext is 0 outside the tensor by construction.
+
+    - ``add`` / ``sub`` (ct+ct, ct+pt): free slots hold the sum of the operands' free slots,
+      so the result is clean only when every operand is.
+    - ``mul`` (ct*ct, ct*pt): ``0 * g = 0``, so one clean operand suffices; ``g * g`` (a
+      square of a dirty layout) keeps garbage.
+    - ``poly``: free slots hold ``p(g)``; clean only when the operand is clean and
+      ``p(0) = const_term = 0``.
+    """
+    if op not in CLEAN_RULE_OPS:
+        raise ValueError(f"no cleanliness rule for op {op!r}")
+    if not operands_clean:
+        raise ValueError("clean_result needs at least one operand")
+    if op in ("add", "sub"):
+        return all(operands_clean)
+    if op == "mul":
+        return any(operands_clean)
+    return operands_clean[0] and const_term == 0.0
 
 
 @dataclass(frozen=True)

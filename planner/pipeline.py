@@ -26,6 +26,7 @@ from planner.candidates import (
     linear_candidates,
     matmul_candidates,
     view_candidates,
+    with_clean_output,
 )
 from planner.convert import plan_conversion
 from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
@@ -36,7 +37,7 @@ from planner.layout import ChannelLayout
 from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
 from planner.rotom import parse_layout
-from planner.summary import summarize
+from planner.summary import span_counts, summarize
 from solver import create
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
@@ -57,6 +58,9 @@ class PlanOptionsLiteral(BaseModel):
     input_layout: Literal["free", "row-major"] = "free"
     input_layouts: dict[str, str] | None = None
     costs: str = "default"
+    # graph outputs hold zeros outside their tensor (a mask where the kernel leaves
+    # partial sums): what the client decrypts is the output and nothing of the weights
+    clean_outputs: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class PlanOptions:
     input_layout: str = "free"
     input_layouts: tuple[tuple[str, str], ...] = ()
     costs: str = "default"
+    clean_outputs: bool = True
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -81,6 +86,7 @@ class PlanOptions:
             solver=lit.solver, time_limit_s=lit.time_limit_s, memory_cap_bytes=lit.memory_cap_bytes,
             kernels=kernels, input_layout=lit.input_layout,
             input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
+            clean_outputs=lit.clean_outputs,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +98,7 @@ class PlanOptions:
             "input_layout": self.input_layout,
             "input_layouts": dict(self.input_layouts) or None,
             "costs": self.costs,
+            "clean_outputs": self.clean_outputs,
         }
 
 
@@ -109,6 +116,18 @@ class PlanProblem:
     operand_source: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LayoutClaim:
+    """What lowering claims about registers: they hold ``tensor`` in ``layout`` (and, when
+    the layout is clean, zeros in every other slot).  ``backends.layout_check`` verifies
+    every claim of a plan on the simulator's registers instead of trusting the kernels."""
+
+    what: str  # "input x", "node fc1", "conversion x -> fc1"
+    tensor: str
+    layout: Any
+    regs: tuple[str, ...]
+
+
 @dataclass
 class PlanResult:
     plan: dict[str, Any]
@@ -116,6 +135,7 @@ class PlanResult:
     solution: Solution
     problem: PlanProblem
     seconds: float
+    claims: list[LayoutClaim] = field(default_factory=list)
 
 
 def _group_of(graph: Graph, tensor: str) -> str:
@@ -168,6 +188,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             out = view_candidates(graph, node, bases)
         else:
             raise PlanError(f"op {node.op!r} is not supported by the slot kernels", node.id)
+        if options.clean_outputs and node.id in graph.outputs:
+            out = [with_clean_output(c, S) for c in out]
         cands[node.id] = _prune(out, costs, S)
 
     # encrypted graph inputs: the client packs any layout a consumer asks for
@@ -327,19 +349,27 @@ class PlanTimeout(PlanError):
     """The solver hit its time limit before finding any plan (CLI exit status 3)."""
 
 
-def lower_solution(problem: PlanProblem, sol: Solution) -> tuple[dict[str, Any], LazyTables]:
+def lower_solution(
+    problem: PlanProblem, sol: Solution, claims: list[LayoutClaim] | None = None
+) -> tuple[dict[str, Any], LazyTables]:
+    """The plan of a solved problem.  Each node's entry records the program span it owns
+    (its conversions, its kernel, its output mask) and the counts of that span, so the
+    per-node numbers add up to the summary.  ``claims`` (when given) receives what the
+    lowering asserts about registers, for ``backends.layout_check``."""
     graph, params = problem.graph, problem.params
     S = params.slots
     b = ProgramBuilder(S)
     choice = dict(sol.choice)
     regs: dict[str, list[str]] = {}
     layout_of: dict[str, ChannelLayout] = {}
+    claims = claims if claims is not None else []
     for t, opts in problem.input_options.items():
         lay = opts[choice[f"input:{t}"]]
         layout_of[t] = lay
         regs[t] = [
             b.input(t, f"in/{t}/{q}", _map_gen(lay, q)) for q in range(lay.n_ct)
         ]
+        claims.append(LayoutClaim(f"input {t}", t, lay, tuple(regs[t])))
     nodes_json: list[dict[str, Any]] = []
     for node in graph.nodes:
         cand = problem.candidates[node.id][choice[node.id]]
@@ -353,11 +383,12 @@ def lower_solution(problem: PlanProblem, sol: Solution) -> tuple[dict[str, Any],
             op_regs[t] = conv.lower(b, regs[t], f"conv/{node.id}/{t}")
             if conv.kind != "none":
                 conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
+                claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t])))
         outs = cand.lower(b, op_regs)
         regs[node.id] = outs
         layout_of[node.id] = cand.out_layout
-        part = b.instrs[start:]
-        rot = sum(1 if i["op"] == "rot" else len(i["ks"]) if i["op"] == "rot_hoisted" else 0 for i in part)
+        claims.append(LayoutClaim(f"node {node.id}", node.id, cand.out_layout, tuple(outs)))
+        end = len(b.instrs)
         cv = cand.cost(S)
         nodes_json.append(
             {
@@ -365,7 +396,8 @@ def lower_solution(problem: PlanProblem, sol: Solution) -> tuple[dict[str, Any],
                 "op": node.op,
                 "kernel": cand.kernel,
                 "params": cand.params,
-                "rotations": rot,
+                **span_counts(b.instrs[start:end]),
+                "span": [start, end],
                 "cost": cv.to_json(),
                 "in_layouts": [
                     (cand.in_layouts[t].notation() if t in cand.in_layouts else "plaintext")
@@ -387,6 +419,11 @@ def lower_solution(problem: PlanProblem, sol: Solution) -> tuple[dict[str, Any],
             f"{params.max_level} levels; choose a preset with more levels"
         )
     summary["memory_cap_bytes"] = problem.options.memory_cap_bytes
+    # whether every output ciphertext holds zeros outside its tensor (checked on the
+    # simulator's registers by backends.layout_check)
+    summary["clean_outputs"] = all(
+        layout_of[t].clean for t in graph.outputs if graph.encrypted(t) and t in layout_of
+    )
     summary["solver"] = {
         "name": sol.solver,
         "status": sol.status.value,
@@ -432,7 +469,8 @@ def plan_graph(
         raise PlanTimeout(
             f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
         )
-    plan, tables = lower_solution(problem, sol)
+    claims: list[LayoutClaim] = []
+    plan, tables = lower_solution(problem, sol, claims)
     if options.memory_cap_bytes is not None:
         # rotation-key schedule under the cap (minimum loads; raises KeyCapError naming the
         # smallest feasible cap); the schedule keeps every table, so `tables` stays valid
@@ -443,7 +481,7 @@ def plan_graph(
     if record_timings:
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
         plan["summary"]["plan_seconds"] = round(seconds, 6)
-    return PlanResult(plan, tables, sol, problem, seconds)
+    return PlanResult(plan, tables, sol, problem, seconds, claims)
 
 
 def plan_table_names(plan: Mapping[str, Any]) -> list[str]:

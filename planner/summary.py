@@ -68,6 +68,77 @@ def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return d
 
 
+# The counts every node entry of a plan carries for its program span; summed over the
+# nodes they equal the summary's fields of the same names (instructions outside every
+# span -- input, output -- count towards none of them).
+NODE_COUNT_FIELDS = ("rotations", "pmul", "cmul", "add", "rescale", "poly", "key_loads")
+
+
+def span_counts(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The summary's counters over a slice of a program (one node's span)."""
+    counts: dict[str, int] = dict.fromkeys(NODE_COUNT_FIELDS, 0)
+    for ins in program:
+        op = ins["op"]
+        if op == "rot":
+            counts["rotations"] += 1
+        elif op == "rot_hoisted":
+            counts["rotations"] += len(ins["ks"])
+        elif op in ("add", "sub", "padd", "psub"):
+            counts["add"] += 1
+        elif op == "load_key":
+            counts["key_loads"] += 1
+        elif op in counts:
+            counts[op] += 1
+    return counts
+
+
+def remap_spans(
+    old: Sequence[Mapping[str, Any]], spans: Sequence[Sequence[int]], new: Sequence[Mapping[str, Any]]
+) -> list[list[int]]:
+    """Node spans of ``new``, a rewrite of ``old`` (key schedule: load/drop inserted,
+    rotations re-expressed as chains) that keeps the names of the registers ``old``
+    writes.  An instruction belongs to the node that wrote one of its destinations in
+    ``old``; one that writes only fresh registers (a chain's middle) or nothing (a key
+    load) belongs to the node of the next instruction that has one.  Spans stay
+    contiguous and in node order."""
+    owner_of_reg: dict[str, int] = {}
+    for n, (a, z) in enumerate(spans):
+        for ins in old[a:z]:
+            for r in reg_writes(ins):
+                owner_of_reg[r] = n
+    owner: list[int | None] = [None] * len(new)
+    pending: list[int] = []
+    for i, ins in enumerate(new):
+        if ins["op"] == "input":
+            continue  # inputs belong to no node; keep what waits for the next owner
+        hit = next((owner_of_reg[r] for r in reg_writes(ins) if r in owner_of_reg), None)
+        if hit is None and ins["op"] != "output":
+            pending.append(i)
+            continue
+        for j in pending:
+            owner[j] = hit
+        pending = []
+        owner[i] = hit
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, o in enumerate(owner):
+        if o is not None:
+            first.setdefault(o, i)
+            last[o] = i
+    out: list[list[int]] = []
+    pos = 0
+    for n in range(len(spans)):
+        if n not in first:
+            out.append([pos, pos])
+            continue
+        a, z = first[n], last[n] + 1
+        if a < pos or any(o != n for o in owner[a:z] if o is not None):
+            raise ValueError(f"node {n}: its instructions are not contiguous after the rewrite")
+        out.append([a, z])
+        pos = z
+    return out
+
+
 def summarize(
     program: Sequence[Mapping[str, Any]],
     params: Params,

@@ -52,6 +52,25 @@ class CostVector:
         }
 
 
+def sequential(first: CostVector, then: CostVector) -> CostVector:
+    """The cost of running ``first`` and then ``then`` on its result (depths add)."""
+    return CostVector(
+        rotations=first.rotations + then.rotations,
+        rot_keys=first.rot_keys | then.rot_keys,
+        hoisted_groups=first.hoisted_groups + then.hoisted_groups,
+        hoisted_rotations=first.hoisted_rotations + then.hoisted_rotations,
+        pmul=first.pmul + then.pmul,
+        cmul=first.cmul + then.cmul,
+        add=first.add + then.add,
+        rescale=first.rescale + then.rescale,
+        poly=first.poly + then.poly,
+        depth=first.depth + then.depth,
+        plaintexts=first.plaintexts + then.plaintexts,
+        ciphertexts_out=then.ciphertexts_out or first.ciphertexts_out,
+        slot_utilization=first.slot_utilization,
+    )
+
+
 def count_program(
     instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float
 ) -> CostVector:
