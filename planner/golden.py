@@ -21,7 +21,7 @@ from planner.diff import DIGEST_SCHEMA, DiffReport, diff_digests, plan_digest
 from planner.errors import SlotplanError
 from planner.graph import load_graph
 from planner.params import load_params
-from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout, plan_graph
+from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanResult, PlanTimeout, plan_graph
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "data" / "golden"
 MANIFEST_SCHEMA = "slotplan.golden-manifest/1"
@@ -69,14 +69,21 @@ def load_manifest(golden_dir: Path = GOLDEN_DIR) -> list[GoldenCase]:
     return cases
 
 
-def fresh_digest(case: GoldenCase) -> dict[str, Any]:
-    """Plan the case now and return its golden digest (errors become status error)."""
+def fresh_plan(case: GoldenCase) -> PlanResult:
+    """Plan the case now (raises the planner's errors)."""
+    entry = case.entry
+    graph = load_graph(case.graph_path)
+    params = load_params(entry.params)
+    opts = PlanOptions.from_literal(PlanOptionsLiteral(**entry.options))
+    return plan_graph(graph, params, opts)
+
+
+def fresh_digest(case: GoldenCase, result: PlanResult | None = None) -> dict[str, Any]:
+    """Plan the case now (or take ``result``, its plan) and return its golden digest
+    (errors become status error)."""
     entry = case.entry
     try:
-        graph = load_graph(case.graph_path)
-        params = load_params(entry.params)
-        opts = PlanOptions.from_literal(PlanOptionsLiteral(**entry.options))
-        plan = plan_graph(graph, params, opts).plan
+        plan = (result or fresh_plan(case)).plan
     except (SlotplanError, ValidationError) as exc:
         status = "timeout" if isinstance(exc, PlanTimeout) else "error"
         return {

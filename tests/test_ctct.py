@@ -164,3 +164,20 @@ def test_depth_budget_steers_the_kernel_choice() -> None:
     assert {n["kernel"] for n in deep.plan["nodes"]} == {"ct-ct-jkls"}
     with pytest.raises(PlanError, match="fits the 1 levels"):
         plan_graph(g, small_params(14, levels=1), PlanOptions(**opts))
+
+
+@pytest.mark.parametrize("m,k,n,log_n", [(64, 16, 64, 13), (128, 16, 128, 15), (8, 4, 70, 10), (4, 8, 150, 10)])
+def test_diagonal_ct_ct_with_several_output_ciphertexts(m: int, k: int, n: int, log_n: int) -> None:
+    """ct-ct-diagonal with P_O > 1 and a non-cyclic copy of A: every output ciphertext's
+    lane j meets the same rotation of A (a B diagonal indexed by q*J + j was wrong for q >= 1
+    whenever J is not a multiple of the column count; found by the workload hygiene test)."""
+    g = parse_graph({
+        "schema": "slotplan.graph/1", "name": "ctct-po",
+        "tensors": {"A": {"shape": [m, k], "role": "input"}, "B": {"shape": [k, n], "role": "input"}},
+        "nodes": [{"id": "C", "op": "matmul", "inputs": ["A", "B"]}], "outputs": ["C"],
+    })
+    params = small_params(log_n, levels=4) if log_n == 10 else load_params(f"n{log_n}")
+    res = plan_graph(g, params, PlanOptions(kernels=("ct-ct-diagonal",)))
+    node = res.plan["nodes"][0]
+    assert node["kernel"] == "ct-ct-diagonal" and node["params"]["P_O"] > 1
+    check_plan(res, g)

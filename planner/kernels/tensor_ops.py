@@ -103,7 +103,9 @@ def sum_candidate(graph: Graph, node: Node, lay: ChannelLayout) -> Candidate:
 
 def bdiag_layout(B_shape: tuple[int, int], m: int, kk: int, J: int, slots: int) -> MappedLayout:
     """B (k, n) as the diagonals the ct-ct kernel multiplies: ciphertext (part i, d, q) holds
-    ``B[i*kk + (q*J + j + d) mod kk, q*J + j]`` at slots ``j*m + r`` for every row r."""
+    ``B[i*kk + (j + d) mod kk, q*J + j]`` at slots ``j*m + r`` for every row r (the row
+    that meets ``A[r, (j + d) mod kk]`` in the d-th rotation of A's copies: the lane j of
+    every output ciphertext sees the same rotation of A, whatever q)."""
     k, n = B_shape
     P = -(-k // kk)
     Q = -(-n // J)
@@ -113,7 +115,7 @@ def bdiag_layout(B_shape: tuple[int, int], m: int, kk: int, J: int, slots: int) 
     for i in range(P):
         for d in range(kk):
             for q in range(Q):
-                row = i * kk + (q * J + j + d) % kk
+                row = i * kk + (j + d) % kk
                 col = q * J + j
                 ok = np.broadcast_to((row < k) & (col < n), (J, m))
                 s = np.broadcast_to(j * m + r, (J, m))

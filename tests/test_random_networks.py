@@ -1,0 +1,116 @@
+"""Property test: random small networks (tests/random_networks.py) plan, and every plan
+
+- equals the numpy reference in the simulator (float64, 1e-9),
+- keeps every layout claim its lowering makes (backends.layout_check: each node output and
+  each conversion result holds its tensor where the layout says, and zeros elsewhere when
+  the layout says clean) -- the claims are derived from the program, not trusted,
+- leaks nothing: with clean outputs (the default) every output ciphertext is zero outside
+  its tensor, and the summary says so,
+- has per-node counts that add up to the summary.
+
+``make test`` runs ``DEFAULT_GRAPHS`` graphs with fixed seeds; ``SLOTPLAN_RANDOM_GRAPHS=N``
+(and ``SLOTPLAN_RANDOM_SEED0=S``) runs a larger sweep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from backends.layout_check import check_claims
+from backends.sim import simulate
+from planner.graph import parse_graph
+from planner.pipeline import PlanOptions, plan_graph
+from planner.reference import random_values, reference
+from planner.summary import NODE_COUNT_FIELDS
+from tests.helpers import small_params
+from tests.random_networks import describe, random_network
+
+DEFAULT_GRAPHS = 220
+N_GRAPHS = int(os.environ.get("SLOTPLAN_RANDOM_GRAPHS", DEFAULT_GRAPHS))
+SEED0 = int(os.environ.get("SLOTPLAN_RANDOM_SEED0", 0))
+BATCH = 20
+# levels of the test ring: the generated chains use at most 6, masks and conversions more
+LEVELS = 16
+
+
+def check_network(seed: int) -> list[str]:
+    """Plan random network ``seed`` and return what is wrong with its plan (empty: nothing)."""
+    spec, log_n = random_network(seed)
+    g = parse_graph(spec)
+    opts = PlanOptions(
+        input_layout="row-major" if seed % 3 == 0 else "free",
+        clean_outputs=seed % 5 != 0,
+    )
+    res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
+    vals = random_values(g, seed)
+    ref = reference(g, vals)
+    sim = simulate(res.plan, res.tables, vals)
+    where = f"graph {seed} ({describe(spec)}, log_n {log_n}, {opts.input_layout}, clean={opts.clean_outputs})"
+    problems: list[str] = []
+    for t in g.outputs:
+        scale = max(1.0, float(np.max(np.abs(ref[t]))))
+        err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / scale
+        if not err < 1e-9:
+            problems.append(f"{where}: output {t}: relative error {err:.2e}")
+    problems += [f"{where}: {v}" for v in check_claims(res, vals)]
+    s = res.plan["summary"]
+    if opts.clean_outputs:
+        if not s["clean_outputs"]:
+            problems.append(f"{where}: summary says outputs are not clean")
+        leaks = {t: n for t, n in sim.leaked_slots.items() if n}
+        if leaks:
+            problems.append(f"{where}: outputs leak non-zero slots {leaks}")
+    elif s["clean_outputs"] and any(sim.leaked_slots.values()):
+        problems.append(f"{where}: summary claims clean outputs but {sim.leaked_slots} slots leak")
+    for f in NODE_COUNT_FIELDS:
+        total = sum(n[f] for n in res.plan["nodes"])
+        if total != s[f]:
+            problems.append(f"{where}: nodes' {f} sum to {total}, summary says {s[f]}")
+    return problems
+
+
+@pytest.mark.parametrize("start", range(SEED0, SEED0 + N_GRAPHS, BATCH))
+def test_random_networks(start: int) -> None:
+    problems: list[str] = []
+    for seed in range(start, min(start + BATCH, SEED0 + N_GRAPHS)):
+        problems += check_network(seed)
+    assert not problems, "\n".join(problems)
+
+
+def _nominal_depth(spec: dict) -> int:  # type: ignore[type-arg]
+    g = parse_graph(spec)
+    depth: dict[str, int] = dict.fromkeys(g.inputs, 0)
+    for n in g.nodes:
+        d = max((depth.get(i, 0) for i in n.inputs), default=0)
+        if n.op in ("matvec", "conv2d", "mul"):
+            d += 1
+        elif n.op == "poly":
+            d += (len(n.coeffs or ()) - 1).bit_length()
+        depth[n.id] = d
+    return max(depth.values())
+
+
+def test_generator_covers_the_shapes() -> None:
+    """The default sweep holds every op the issue names, strides, padding, groups,
+    residuals, reshapes both ways, tensors larger than a ciphertext and chains 6 levels deep."""
+    seen: Counter[str] = Counter()
+    max_depth = 0
+    for seed in range(SEED0, SEED0 + N_GRAPHS):
+        spec, log_n = random_network(seed)
+        seen.update(op.split("/")[0] for op in describe(spec).split(" -> "))
+        nodes = spec["nodes"]
+        seen.update("stride2" for n in nodes if n.get("stride", [1])[0] == 2)
+        seen.update("padded" for n in nodes if any(n.get("padding", [0, 0])))
+        seen.update("residual" for n in nodes if n["op"] in ("add", "sub") and not set(n["inputs"]) & set(spec["tensors"]))
+        seen[f"input{len(spec['tensors']['x']['shape'])}d"] += 1
+        if int(np.prod(spec["tensors"]["x"]["shape"])) > 2 ** (log_n - 1):
+            seen["multi-ct"] += 1
+        max_depth = max(max_depth, _nominal_depth(spec))
+    for what in ("matvec", "conv", "conv-dw", "square", "poly", "mul", "add", "sub", "reshape",
+                 "stride2", "padded", "residual", "input1d", "input3d", "multi-ct"):
+        assert seen[what] > 0, f"the generator never made {what}: {dict(seen)}"
+    assert max_depth == 6
