@@ -224,6 +224,7 @@ def batch(
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
     kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
+    allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound")] = False,
 ) -> None:
     """Plan many graphs in parallel: one JSON line per graph (resumable with --out)."""
     from pydantic import ValidationError
@@ -244,8 +245,12 @@ def batch(
             memory_cap_bytes=parse_size(memory_cap) if memory_cap is not None else None,
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
             input_layout=input_layout,  # type: ignore[arg-type]
+            allow_insecure=allow_insecure,
         )
         options = PlanOptions.from_literal(lit)
+        from planner.params import check_security
+
+        check_security(p, allow_insecure)  # refuse before any graph is planned
         options_json = options.to_json()
         params_json = p.to_json()
         done = read_done_keys(out)
@@ -351,24 +356,43 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     db: Annotated[Path | None, typer.Option("--db", help="SQLite plan store (default $SLOTPLAN_DB or the user cache)")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="planning worker processes")] = 2,
-    max_time_limit: Annotated[float, typer.Option("--max-time-limit", help="cap on a request's time_limit_s")] = 30.0,
+    max_time_limit: Annotated[float, typer.Option("--max-time-limit", help="largest time_limit_s a request may ask")] = 30.0,
     max_body: Annotated[str, typer.Option("--max-body", help="largest request body")] = "8MiB",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="largest tables download")] = "512MiB",
+    api_keys: Annotated[Path | None, typer.Option("--api-keys", help="file with one API key per line (default $SLOTPLAN_API_KEYS_FILE); required when --host is not loopback")] = None,
+    allowed_hosts: Annotated[str | None, typer.Option("--allowed-hosts", help="comma-separated Host names served (default: loopback names and --host)")] = None,
+    rate_limit: Annotated[int, typer.Option("--rate-limit", min=0, help="requests per minute per API key (or client address); 0: unlimited")] = 600,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="wall-time limit of one planning job, seconds (candidates, solve, lowering)")] = 120.0,
+    worker_memory: Annotated[str, typer.Option("--worker-memory", help="resident memory limit of one planning worker")] = "3GiB",
+    max_work: Annotated[int, typer.Option("--max-work", min=1, help="largest planning work of a graph (slot blocks per node summed)")] = 20_000,
 ) -> None:
-    """REST service: POST /v1/plans, GET /v1/plans/ID and /v1/plans/ID/tables, POST /v1/diff, GET /healthz."""
-    from api.rest import RestLimits
+    """REST service: POST /v1/plans, GET /v1/plans[/ID[/tables]], DELETE /v1/plans/ID, GET /v1/jobs/ID,
+    POST /v1/diff, GET /healthz, /readyz, /metrics."""
+    from api.rest import RestLimits, default_allowed_hosts, is_loopback, read_api_keys
     from api.rest import serve as run_server
     from api.store import PlanStore
     from planner.io import parse_size
 
     try:
+        keys_file = api_keys or (Path(os.environ["SLOTPLAN_API_KEYS_FILE"])
+                                 if os.environ.get("SLOTPLAN_API_KEYS_FILE") else None)
+        keys = read_api_keys(keys_file) if keys_file is not None else frozenset()
+        if not is_loopback(host) and not keys:
+            raise SlotplanError(f"--host {host} is not loopback: API keys are required (--api-keys FILE or "
+                                "SLOTPLAN_API_KEYS_FILE)")
+        hosts = (tuple(h.strip().lower() for h in allowed_hosts.split(",") if h.strip()) if allowed_hosts
+                 else default_allowed_hosts(host, port))
+        if request_timeout <= max_time_limit:
+            raise SlotplanError(f"--request-timeout {request_timeout:g} must exceed --max-time-limit {max_time_limit:g}")
         limits = RestLimits(workers=workers, max_time_limit_s=max_time_limit, max_body_bytes=parse_size(max_body),
-                            max_table_bytes=parse_size(max_table_bytes))
+                            max_table_bytes=parse_size(max_table_bytes), api_keys=keys, allowed_hosts=hosts,
+                            rate_limit_per_min=rate_limit or None, request_timeout_s=request_timeout,
+                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work)
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None
-    err.print(f"slotplan: serving on http://{host}:{port} (plan store {store.path}, {workers} workers)",
-              highlight=False, markup=False)
+    err.print(f"slotplan: serving on http://{host}:{port} (plan store {store.path}, {workers} workers, "
+              f"{'API keys required' if keys else 'no API keys'})", highlight=False, markup=False)
     run_server(host, port, store.path, limits)
 
 
@@ -392,6 +416,10 @@ def show(
         if png is not None:
             if png.suffix.lower() != ".png":
                 raise SlotplanError(f"--png {png}: the file name must end in .png")
+            if not png.parent.is_dir():
+                raise SlotplanError(f"--png {png}: directory {png.parent} does not exist")
+            if png.is_dir():
+                raise SlotplanError(f"--png {png}: is a directory")
             path = render_png(plan, png, title)
             sys.stdout.write(f"wrote {path}\n")
     except SlotplanError as e:
