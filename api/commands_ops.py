@@ -22,7 +22,7 @@ from typing import IO, Annotated, Any
 
 import typer
 
-from api.common import ExitError, err, fail
+from api.common import ExitError, err, fail, request_id
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.pipeline import PlanOptions
@@ -147,7 +147,7 @@ def prepare_items(files: list[Path], params_json: dict[str, Any], options_json: 
                     "status": "error", "error": " ".join(str(e).split()), "summary": None, "nodes": []}
             items.append(BatchItem(f, key, line))
             continue
-        key = batch_key(g.sha256, params_json, options_json)
+        key = request_id(g.to_json(), params_json, options_json)  # the REST plan id of the same request
         line = {**base, "key": key, "graph": {"name": g.name, "sha256": g.sha256}}
         items.append(BatchItem(f, key, line, g.to_json()))
     return items
@@ -206,6 +206,63 @@ def run_batch_items(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def run_batch_items_ray(
+    items: list[BatchItem],
+    params: Params,
+    options: PlanOptions,
+    jobs: int,
+    address: str | None = None,
+) -> Iterator[tuple[BatchItem, dict[str, Any]]]:
+    """The same as :func:`run_batch_items` on Ray (a local Ray with ``jobs`` CPUs when no
+    address is given).  Results stream as tasks finish; a task whose worker crashed or ran
+    out of memory is recorded with status ``crash`` (retried by a resumed run)."""
+    try:
+        import ray
+        from ray import exceptions as rex
+    except ImportError:
+        raise SlotplanError("--engine ray needs the ray package (pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+        except Exception as e:  # connection refused, bad address, ...
+            raise SlotplanError(f"cannot start or reach Ray{f' at {address}' if address else ''}: "
+                                f"{' '.join(str(e).split())[:300]}") from None
+        started = True
+    crashed = (rex.WorkerCrashedError, rex.OutOfMemoryError, rex.NodeDiedError, rex.TaskCancelledError)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(batch_worker)
+        queue = list(items)
+        running: dict[Any, BatchItem] = {}
+        while queue or running:
+            while queue and len(running) < 2 * jobs:
+                it = queue.pop(0)
+                if it.graph_json is None:
+                    yield it, dict(it.line)
+                    continue
+                running[remote.remote(it.graph_json, params, options)] = it
+            if not running:
+                continue
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                it = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except crashed as e:
+                    result = {"status": "crash", "error": f"the Ray worker died ({type(e).__name__})",
+                              "summary": None, "nodes": []}
+                except rex.RayError as e:
+                    result = {"status": "error", "error": f"internal error: {' '.join(str(e).split())[:500]}",
+                              "summary": None, "nodes": []}
+                yield it, {**it.line, **result}
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def _write_line(fh: IO[str], line: Mapping[str, Any]) -> None:
     ordered = {k: line[k] for k in ("schema", "key", "path", "graph", "params", "options", "status", "error",
                                     "summary", "nodes") if k in line}
@@ -225,6 +282,8 @@ def batch(
     input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
     kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="local (process pool) | ray")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: start a local Ray)")] = None,
 ) -> None:
     """Plan many graphs in parallel: one JSON line per graph (resumable with --out)."""
     from pydantic import ValidationError
@@ -235,6 +294,10 @@ def batch(
     from planner.pipeline import PlanOptionsLiteral
 
     try:
+        if engine not in ("local", "ray"):
+            raise SlotplanError(f"unknown engine {engine!r}; known engines: local, ray")
+        if address is not None and engine != "ray":
+            raise SlotplanError("--address needs --engine ray")
         files = expand_paths(paths)
         p = load_params(params)
         if solver not in ("cpsat", "z3"):
@@ -289,7 +352,9 @@ def batch(
     try:
         with progress:
             task = progress.add_task("", total=len(todo), status="")
-            for it, line in run_batch_items(todo, p, options, jobs):
+            runner = (run_batch_items(todo, p, options, jobs) if engine == "local"
+                      else run_batch_items_ray(todo, p, options, jobs, address))
+            for it, line in runner:
                 _write_line(fh, line)
                 if line["status"] == "ok":
                     stats.ok += 1
@@ -300,6 +365,8 @@ def batch(
                     task, advance=1, description=str(it.path.name),
                     status=f"[green]{stats.ok} ok[/green] [red]{stats.failed} failed[/red]",
                 )
+    except SlotplanError as e:
+        raise fail(e) from None
     finally:
         if fh is not sys.stdout:
             fh.close()

@@ -56,12 +56,13 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.common import request_id
 from api.store import PlanStore
 from api.workers import JobKilled, WorkerPool
 from planner.costs import COSTS_DIR
 from planner.diff import DiffInputError, diff_plans, render_markdown
 from planner.errors import GraphError, ParamsError, SlotplanError
-from planner.graph import Graph, canonical_json, parse_graph
+from planner.graph import Graph, parse_graph
 from planner.io import DEFAULT_MAX_TABLE_BYTES
 from planner.params import PRESETS, Params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout, plan_table_names
@@ -332,7 +333,7 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
         "params": params.to_json(),
         "options": options.to_json(),
     }
-    rid = hashlib.sha256(canonical_json(canonical)).hexdigest()
+    rid = request_id(canonical["graph"], canonical["params"], canonical["options"])
     return ValidRequest(rid, graph, params, options, canonical)
 
 
