@@ -327,13 +327,10 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
     except SlotplanError as e:
         raise _err(422, "options", f"options.kernels: {e}", field="options.kernels",
                    rule=getattr(e, "rule", str(e))) from None
-    canonical = {
-        "api": API_VERSION,
-        "graph": graph.to_json(),
-        "params": params.to_json(),
-        "options": options.to_json(),
-    }
-    rid = request_id(canonical["graph"], canonical["params"], canonical["options"])
+    graph_json, params_json, options_json = graph.to_json(), params.to_json(), options.to_json()
+    canonical: dict[str, Any] = {"api": API_VERSION, "graph": graph_json, "params": params_json,
+                                 "options": options_json}
+    rid = request_id(graph_json, params_json, options_json)
     return ValidRequest(rid, graph, params, options, canonical)
 
 
