@@ -1,4 +1,4 @@
-"""slotplan command line (shared/SPEC.md section 5).  Calls the pipeline only.
+"""slotplan command line (docs/cli.md).  Calls the pipeline only.
 
 Exit status: 0 success; 1 a run mismatched its reference (or a regression in diff);
 2 bad input (one line on stderr, nothing written); 3 solver time-out without a plan.
