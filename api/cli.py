@@ -1,4 +1,4 @@
-"""slotplan command line (shared/SPEC.md section 5).  Calls the pipeline only.
+"""slotplan command line (docs/cli.md).  Calls the pipeline only.
 
 Exit status: 0 success; 1 a run mismatched its reference (or a regression in diff);
 2 bad input (one line on stderr, nothing written); 3 solver time-out without a plan.
@@ -39,6 +39,7 @@ def plan(
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
     clean_outputs: Annotated[bool, typer.Option("--clean-outputs/--raw-outputs", help="outputs hold zeros outside their tensor (default; a mask where a kernel leaves partial sums of the weights) | leave what the kernel leaves (the client may see linear combinations of the weights)")] = True,
+    allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
 ) -> None:
     """Plan one graph."""
     from pydantic import ValidationError
@@ -62,6 +63,7 @@ def plan(
             input_layout=input_layout,  # type: ignore[arg-type]
             costs=costs,
             clean_outputs=clean_outputs,
+            allow_insecure=allow_insecure,
         )
         opts = PlanOptions.from_literal(lit)
         res = plan_graph(g, p, opts, record_timings=record_timings)
@@ -76,8 +78,12 @@ def plan(
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:
-        timing = {"plan_seconds": round(res.seconds, 6), "solver_seconds": round(res.solution.seconds, 6)}
-        out.print_json(json.dumps({"summary": summary, "nodes": res.plan["nodes"], "timing": timing}))
+        # the printed summary carries the measured seconds (the plan file stays deterministic
+        # unless --record-timings)
+        shown = dict(summary)
+        shown["solver"] = {**summary["solver"], "seconds": round(res.solution.seconds, 6)}
+        shown["plan_seconds"] = round(res.seconds, 6)
+        out.print_json(json.dumps({"summary": shown, "nodes": res.plan["nodes"]}))
         return
     t = Table(title=escape(f"{g.name} @ {p.name} ({p.slots} slots)"))
     for col in ("node", "kernel", "params", "rotations", "pmul", "out layout"):
@@ -103,7 +109,7 @@ def run(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables (regenerated from the plan if absent)")] = None,
     backend: Annotated[str, typer.Option("--backend", help="sim | lattigo")] = "sim",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="random seed, 0..2**32-1")] = 0,
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -114,7 +120,7 @@ def run(
         if backend not in ("sim", "lattigo"):
             raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
         pl = load_plan(plan_file)
-        tb = load_tables(tables) if tables is not None else None
+        tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
         rep = run_plan(pl, tb, backend, seed, init)

@@ -22,7 +22,7 @@ from typing import IO, Annotated, Any
 
 import typer
 
-from api.common import ExitError, err, fail
+from api.common import ExitError, err, fail, request_id
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.pipeline import PlanOptions
@@ -147,7 +147,7 @@ def prepare_items(files: list[Path], params_json: dict[str, Any], options_json: 
                     "status": "error", "error": " ".join(str(e).split()), "summary": None, "nodes": []}
             items.append(BatchItem(f, key, line))
             continue
-        key = batch_key(g.sha256, params_json, options_json)
+        key = request_id(g.to_json(), params_json, options_json)  # the REST plan id of the same request
         line = {**base, "key": key, "graph": {"name": g.name, "sha256": g.sha256}}
         items.append(BatchItem(f, key, line, g.to_json()))
     return items
@@ -206,6 +206,63 @@ def run_batch_items(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def run_batch_items_ray(
+    items: list[BatchItem],
+    params: Params,
+    options: PlanOptions,
+    jobs: int,
+    address: str | None = None,
+) -> Iterator[tuple[BatchItem, dict[str, Any]]]:
+    """The same as :func:`run_batch_items` on Ray (a local Ray with ``jobs`` CPUs when no
+    address is given).  Results stream as tasks finish; a task whose worker crashed or ran
+    out of memory is recorded with status ``crash`` (retried by a resumed run)."""
+    try:
+        import ray
+        from ray import exceptions as rex
+    except ImportError:
+        raise SlotplanError("--engine ray needs the ray package (pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+        except Exception as e:  # connection refused, bad address, ...
+            raise SlotplanError(f"cannot start or reach Ray{f' at {address}' if address else ''}: "
+                                f"{' '.join(str(e).split())[:300]}") from None
+        started = True
+    crashed = (rex.WorkerCrashedError, rex.OutOfMemoryError, rex.NodeDiedError, rex.TaskCancelledError)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(batch_worker)
+        queue = list(items)
+        running: dict[Any, BatchItem] = {}
+        while queue or running:
+            while queue and len(running) < 2 * jobs:
+                it = queue.pop(0)
+                if it.graph_json is None:
+                    yield it, dict(it.line)
+                    continue
+                running[remote.remote(it.graph_json, params, options)] = it
+            if not running:
+                continue
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                it = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except crashed as e:
+                    result = {"status": "crash", "error": f"the Ray worker died ({type(e).__name__})",
+                              "summary": None, "nodes": []}
+                except rex.RayError as e:
+                    result = {"status": "error", "error": f"internal error: {' '.join(str(e).split())[:500]}",
+                              "summary": None, "nodes": []}
+                yield it, {**it.line, **result}
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def _write_line(fh: IO[str], line: Mapping[str, Any]) -> None:
     ordered = {k: line[k] for k in ("schema", "key", "path", "graph", "params", "options", "status", "error",
                                     "summary", "nodes") if k in line}
@@ -224,6 +281,9 @@ def batch(
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
     kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
+    allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="local (process pool) | ray")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: start a local Ray)")] = None,
 ) -> None:
     """Plan many graphs in parallel: one JSON line per graph (resumable with --out)."""
     from pydantic import ValidationError
@@ -234,6 +294,10 @@ def batch(
     from planner.pipeline import PlanOptionsLiteral
 
     try:
+        if engine not in ("local", "ray"):
+            raise SlotplanError(f"unknown engine {engine!r}; known engines: local, ray")
+        if address is not None and engine != "ray":
+            raise SlotplanError("--address needs --engine ray")
         files = expand_paths(paths)
         p = load_params(params)
         if solver not in ("cpsat", "z3"):
@@ -244,8 +308,12 @@ def batch(
             memory_cap_bytes=parse_size(memory_cap) if memory_cap is not None else None,
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
             input_layout=input_layout,  # type: ignore[arg-type]
+            allow_insecure=allow_insecure,
         )
         options = PlanOptions.from_literal(lit)
+        from planner.params import check_security
+
+        check_security(p, allow_insecure)  # refuse before any graph is planned
         options_json = options.to_json()
         params_json = p.to_json()
         done = read_done_keys(out)
@@ -284,7 +352,9 @@ def batch(
     try:
         with progress:
             task = progress.add_task("", total=len(todo), status="")
-            for it, line in run_batch_items(todo, p, options, jobs):
+            runner = (run_batch_items(todo, p, options, jobs) if engine == "local"
+                      else run_batch_items_ray(todo, p, options, jobs, address))
+            for it, line in runner:
                 _write_line(fh, line)
                 if line["status"] == "ok":
                     stats.ok += 1
@@ -295,6 +365,8 @@ def batch(
                     task, advance=1, description=str(it.path.name),
                     status=f"[green]{stats.ok} ok[/green] [red]{stats.failed} failed[/red]",
                 )
+    except SlotplanError as e:
+        raise fail(e) from None
     finally:
         if fh is not sys.stdout:
             fh.close()
@@ -351,24 +423,43 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     db: Annotated[Path | None, typer.Option("--db", help="SQLite plan store (default $SLOTPLAN_DB or the user cache)")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="planning worker processes")] = 2,
-    max_time_limit: Annotated[float, typer.Option("--max-time-limit", help="cap on a request's time_limit_s")] = 30.0,
+    max_time_limit: Annotated[float, typer.Option("--max-time-limit", help="largest time_limit_s a request may ask")] = 30.0,
     max_body: Annotated[str, typer.Option("--max-body", help="largest request body")] = "8MiB",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="largest tables download")] = "512MiB",
+    api_keys: Annotated[Path | None, typer.Option("--api-keys", help="file with one API key per line (default $SLOTPLAN_API_KEYS_FILE); required when --host is not loopback")] = None,
+    allowed_hosts: Annotated[str | None, typer.Option("--allowed-hosts", help="comma-separated Host names served (default: loopback names and --host)")] = None,
+    rate_limit: Annotated[int, typer.Option("--rate-limit", min=0, help="requests per minute per API key (or client address); 0: unlimited")] = 600,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="wall-time limit of one planning job, seconds (candidates, solve, lowering)")] = 120.0,
+    worker_memory: Annotated[str, typer.Option("--worker-memory", help="resident memory limit of one planning worker")] = "3GiB",
+    max_work: Annotated[int, typer.Option("--max-work", min=1, help="largest planning work of a graph (slot blocks per node summed)")] = 20_000,
 ) -> None:
-    """REST service: POST /v1/plans, GET /v1/plans/ID and /v1/plans/ID/tables, POST /v1/diff, GET /healthz."""
-    from api.rest import RestLimits
+    """REST service: POST /v1/plans, GET /v1/plans[/ID[/tables]], DELETE /v1/plans/ID, GET /v1/jobs/ID,
+    POST /v1/diff, GET /healthz, /readyz, /metrics."""
+    from api.rest import RestLimits, default_allowed_hosts, is_loopback, read_api_keys
     from api.rest import serve as run_server
     from api.store import PlanStore
     from planner.io import parse_size
 
     try:
+        keys_file = api_keys or (Path(os.environ["SLOTPLAN_API_KEYS_FILE"])
+                                 if os.environ.get("SLOTPLAN_API_KEYS_FILE") else None)
+        keys = read_api_keys(keys_file) if keys_file is not None else frozenset()
+        if not is_loopback(host) and not keys:
+            raise SlotplanError(f"--host {host} is not loopback: API keys are required (--api-keys FILE or "
+                                "SLOTPLAN_API_KEYS_FILE)")
+        hosts = (tuple(h.strip().lower() for h in allowed_hosts.split(",") if h.strip()) if allowed_hosts
+                 else default_allowed_hosts(host, port))
+        if request_timeout <= max_time_limit:
+            raise SlotplanError(f"--request-timeout {request_timeout:g} must exceed --max-time-limit {max_time_limit:g}")
         limits = RestLimits(workers=workers, max_time_limit_s=max_time_limit, max_body_bytes=parse_size(max_body),
-                            max_table_bytes=parse_size(max_table_bytes))
+                            max_table_bytes=parse_size(max_table_bytes), api_keys=keys, allowed_hosts=hosts,
+                            rate_limit_per_min=rate_limit or None, request_timeout_s=request_timeout,
+                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work)
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None
-    err.print(f"slotplan: serving on http://{host}:{port} (plan store {store.path}, {workers} workers)",
-              highlight=False, markup=False)
+    err.print(f"slotplan: serving on http://{host}:{port} (plan store {store.path}, {workers} workers, "
+              f"{'API keys required' if keys else 'no API keys'})", highlight=False, markup=False)
     run_server(host, port, store.path, limits)
 
 
@@ -392,6 +483,10 @@ def show(
         if png is not None:
             if png.suffix.lower() != ".png":
                 raise SlotplanError(f"--png {png}: the file name must end in .png")
+            if not png.parent.is_dir():
+                raise SlotplanError(f"--png {png}: directory {png.parent} does not exist")
+            if png.is_dir():
+                raise SlotplanError(f"--png {png}: is a directory")
             path = render_png(plan, png, title)
             sys.stdout.write(f"wrote {path}\n")
     except SlotplanError as e:

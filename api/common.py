@@ -6,7 +6,10 @@ line on stderr, nothing written); 3 solver time-out without a plan.
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Console
 
@@ -25,3 +28,16 @@ class ExitError(Exception):
 def fail(e: Exception, code: int = 2) -> ExitError:
     """One-line error (whitespace folded) with the given exit status."""
     return ExitError(" ".join(str(e).split()), code)
+
+
+API_VERSION = "1"
+
+
+def request_id(graph_json: Mapping[str, Any], params_json: Mapping[str, Any], options_json: Mapping[str, Any]) -> str:
+    """Content hash of a planning request: the REST plan id and the batch resume key (the
+    canonical JSON of the validated graph, the full parameter set and the effective options)."""
+    from planner.graph import canonical_json
+
+    canonical = {"api": API_VERSION, "graph": dict(graph_json), "params": dict(params_json),
+                 "options": dict(options_json)}
+    return hashlib.sha256(canonical_json(canonical)).hexdigest()

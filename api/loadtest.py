@@ -4,7 +4,7 @@
 
 Starts ``slotplan serve`` on 127.0.0.1 (a free port) with a temporary plan store, sends a
 fixed, bounded mix of requests with httpx (distinct small matvec graphs -> planning;
-repeats -> stored plans; GET by id; invalid graphs that must get 422), then prints the
+repeats -> stored plans; GET by id; invalid graphs that must get 422; oversized bodies that must get 413), then prints the
 error count and latency percentiles and stops the server.  Only loopback addresses are
 used.
 """
@@ -53,6 +53,10 @@ def request_mix(count: int, distinct: int) -> list[tuple[str, str, dict[str, Any
             bad = matvec_graph(n, k)
             bad["nodes"][0]["inputs"] = ["W", "nope"]
             out.append(("invalid", "POST /v1/plans", {"graph": bad, "params": "n12"}, {422}))
+        elif i % 20 == 14:  # oversized: over the service's 8 MiB body limit
+            big = matvec_graph(n, k)
+            big["name"] = "x" * (9 * 2**20)
+            out.append(("oversized", "POST /v1/plans", {"graph": big, "params": "n12"}, {413}))
         elif i % 10 == 9:
             out.append(("healthz", "GET /healthz", None, {200}))
         else:

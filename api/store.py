@@ -171,3 +171,16 @@ class PlanStore:
         return [
             {"id": r[0], "created": r[1], "graph": {"name": r[2], "sha256": r[3]}, "params": r[4]} for r in rows
         ]
+
+    def page(self, limit: int, offset: int) -> tuple[int, list[dict[str, Any]]]:
+        """(total, one page of plans newest first: id, created, graph {name, sha256}, params)."""
+        with self._connect() as con:
+            total = int(con.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
+            rows = con.execute(
+                "SELECT id, created, graph_name, graph_sha256, params FROM plans ORDER BY created DESC, id "
+                "LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+        return total, [
+            {"id": r[0], "created": r[1], "graph": {"name": r[2], "sha256": r[3]}, "params": r[4]} for r in rows
+        ]

@@ -205,12 +205,16 @@ def simulate(
             leaked[t] = leaked.get(t, 0) + int(np.count_nonzero(v[~m]))
         else:
             raise SimulationError(f"instruction {i}: unknown op {op!r}")
-        # free registers after their last use (keeps large plans within memory)
+        # free registers after their last use (keeps large plans within memory); a
+        # register nobody reads is dropped at once (a plan full of dead adds stays small)
         for r in reg_reads(ins):
             if last_use.get(r) == i:
                 v_ = regs.pop(r, None)
                 if r in keep and v_ is not None:
                     kept[r] = v_
+        for r in ins.get("dsts", ()) if op == "rot_hoisted" else (ins["dst"],) if "dst" in ins else ():
+            if r not in last_use and r not in keep:
+                regs.pop(r, None)
     if not schedule:  # keep-all: every key the program uses is resident throughout
         used: set[int] = set()
         for ins in program:

@@ -49,6 +49,7 @@ __all__ = [
     "MAX_GRAPH_FILE_BYTES",
     "MAX_NODES",
     "MAX_POLY_COEFFS",
+    "MAX_POLY_COEFF_ABS",
     "MAX_RANK",
     "OPS",
     "SCHEMA",
@@ -82,6 +83,9 @@ MAX_NODES = 100_000
 MAX_POLY_COEFFS = 4096
 # Graph files describe shapes only; 64 MiB of JSON is far past any real graph.
 MAX_GRAPH_FILE_BYTES = 64 * 2**20
+# Largest |coefficient| of a poly node: CKKS encodes a constant as round(c * scale), which
+# must stay far below q0 (2^60 at most) at the presets' 2^40+ scales; 2^20 leaves room.
+MAX_POLY_COEFF_ABS = 2.0**20
 # Names of graphs, tensors and nodes.
 MAX_NAME_LENGTH = 256
 
@@ -886,6 +890,9 @@ def _infer_poly(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int,
     for i, c in enumerate(coeffs):
         if not math.isfinite(c):
             raise GraphError(f"coefficients must be finite numbers, got {c}", node=n.id, field=f"coeffs[{i}]")
+        if abs(c) > MAX_POLY_COEFF_ABS:
+            raise GraphError(f"coefficients must satisfy |c| <= 2**20 = {MAX_POLY_COEFF_ABS:g}, got {c:g}",
+                             node=n.id, field=f"coeffs[{i}]")
     node = Node(n.id, "poly", tuple(n.inputs), coeffs=tuple(float(c) for c in coeffs))
     return node, ops[0].shape
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -67,6 +68,14 @@ def write_outputs(
     max_table_bytes: int = DEFAULT_MAX_TABLE_BYTES,
 ) -> None:
     """Write the plan and (optionally) its tables; nothing is written unless both succeed."""
+    for what, target in (("plan", plan_path), ("tables", tables_path)):
+        if target is None:
+            continue
+        if target.is_dir():
+            raise PlanFileError(f"cannot write the {what} to {target}: it is a directory")
+        parent = target.parent if str(target.parent) else Path(".")
+        if not parent.is_dir():
+            raise PlanFileError(f"cannot write the {what} to {target}: directory {parent} does not exist")
     staged: list[tuple[str, Path]] = []
     try:
         if tables_path is not None:
@@ -83,6 +92,7 @@ def write_outputs(
             os.close(fd)
             staged.append((tmp, tables_path))
             with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                _npz_add(zf, DIGEST_KEY, np.array(plan_digest(plan)))
                 for name in names:
                     idx, coef = tables._get(name)
                     _npz_add(zf, f"{name}.idx", idx.astype(np.int64))
@@ -96,6 +106,8 @@ def write_outputs(
         for tmp, final in staged:
             os.replace(tmp, final)
         staged = []
+    except OSError as e:
+        raise PlanFileError(f"cannot write {getattr(e, 'filename', None) or 'the output'}: {e.strerror or e}") from None
     finally:
         for tmp, _ in staged:
             if os.path.exists(tmp):
@@ -108,27 +120,264 @@ def _npz_add(zf: zipfile.ZipFile, key: str, arr: np.ndarray) -> None:
         np.lib.format.write_array(fh, np.ascontiguousarray(arr), allow_pickle=False)
 
 
-def load_plan(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        plan = json.loads(p.read_text())
-    except FileNotFoundError as e:
-        raise PlanFileError(f"plan file {p} not found") from e
-    except json.JSONDecodeError as e:
-        raise PlanFileError(f"plan file {p}: not JSON ({e.msg} at line {e.lineno})") from e
-    if not isinstance(plan, dict) or plan.get("schema") != "slotplan.plan/1":
-        raise PlanFileError(f"plan file {p}: schema must be 'slotplan.plan/1'")
-    for key in ("graph", "params", "summary", "nodes", "plaintexts", "program"):
+# Plans larger than this are refused when read (a plan file is JSON text; MVM2 at n16 is ~40 MB).
+MAX_PLAN_FILE_BYTES = 512 * 2**20
+# Instructions a plan may hold (the largest golden plan has ~60k).
+MAX_PROGRAM_LENGTH = 2_000_000
+# Largest |coefficient| of a poly instruction (as planner.graph.MAX_POLY_COEFF_ABS).
+MAX_POLY_COEFF_ABS = 2.0**20
+# Name of the npz member that ties a tables file to its plan (see plan_digest).
+DIGEST_KEY = "slotplan.plan_digest"
+
+_KNOWN_OPS: dict[str, tuple[str, ...]] = {
+    # op -> string fields it must carry
+    "input": ("dst", "tensor", "table"),
+    "output": ("src", "tensor", "table"),
+    "rot": ("dst", "src"),
+    "rot_hoisted": ("src",),
+    "add": ("dst", "a", "b"),
+    "sub": ("dst", "a", "b"),
+    "cmul": ("dst", "a", "b"),
+    "pmul": ("dst", "src", "pt"),
+    "padd": ("dst", "src", "pt"),
+    "psub": ("dst", "src", "pt"),
+    "poly": ("dst", "src"),
+    "rescale": ("dst", "src"),
+    "bootstrap": ("dst", "src"),
+    "load_key": (),
+    "drop_key": (),
+}
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _bad(where: str, field: str, rule: str) -> PlanFileError:
+    return PlanFileError(f"{where}: field {field!r}: {rule}")
+
+
+def validate_plan(plan: object, where: str = "plan") -> dict[str, Any]:
+    """Check a decoded plan document before anything executes it (SPEC section 4).  Raises
+    :class:`PlanFileError` naming the field and the rule; returns the plan."""
+    from planner.errors import ParamsError
+    from planner.params import Params
+
+    if not isinstance(plan, dict):
+        raise PlanFileError(f"{where}: a plan must be a JSON object, got {type(plan).__name__}")
+    if plan.get("schema") != "slotplan.plan/1":
+        raise _bad(where, "schema", "must be 'slotplan.plan/1'")
+    for key, typ in (("graph", dict), ("params", dict), ("summary", dict), ("nodes", list),
+                     ("plaintexts", dict), ("program", list)):
         if key not in plan:
-            raise PlanFileError(f"plan file {p}: field {key!r} is missing")
+            raise _bad(where, key, "is missing")
+        if not isinstance(plan[key], typ):
+            raise _bad(where, key, f"must be a JSON {'object' if typ is dict else 'array'}")
+    try:
+        params = Params.from_json(plan["params"])
+    except ParamsError as e:
+        raise _bad(where, f"params.{e.field}" if e.field else "params", e.rule) from None
+    slots = params.slots
+    graph = plan["graph"]
+    if not isinstance(graph.get("sha256"), str):
+        raise _bad(where, "graph.sha256", "must be a string")
+    if "spec" in graph and not isinstance(graph["spec"], dict):
+        raise _bad(where, "graph.spec", "must be a graph object")
+    if "outputs" in plan:
+        outs = plan["outputs"]
+        if not isinstance(outs, dict) or not all(
+            isinstance(v, list) and v and all(_is_int(d) and d > 0 for d in v) for v in outs.values()
+        ):
+            raise _bad(where, "outputs", "must map tensor names to shapes (lists of positive integers)")
+    for name, pt in plan["plaintexts"].items():
+        if not isinstance(pt, dict) or not isinstance(pt.get("source"), str) or not isinstance(pt.get("table"), str):
+            raise _bad(where, f"plaintexts.{name}", "must be {\"source\": string, \"table\": string}")
+    prog = plan["program"]
+    if not prog:
+        raise _bad(where, "program", "is empty: a plan has at least one input and one output")
+    if len(prog) > MAX_PROGRAM_LENGTH:
+        raise _bad(where, "program", f"has {len(prog)} instructions, over the limit of {MAX_PROGRAM_LENGTH}")
+    written: set[str] = set()
+    outputs = 0
+
+    def reads(i: int, ins: Mapping[str, Any], *keys: str) -> None:
+        for key in keys:
+            if ins[key] not in written:
+                raise _bad(where, f"program[{i}].{key}", f"register {ins[key]!r} is read before it is written")
+
+    def write(i: int, key: str, reg: str) -> None:
+        if reg in written:
+            raise _bad(where, f"program[{i}].{key}", f"register {reg!r} is written twice (the program is SSA)")
+        written.add(reg)
+
+    def offset(i: int, key: str, k: object) -> None:
+        if not _is_int(k):
+            raise _bad(where, f"program[{i}].{key}", f"rotation offsets are integers, got {json.dumps(k)}")
+        assert isinstance(k, int)
+        if not 1 <= k < slots:
+            raise _bad(where, f"program[{i}].{key}", f"rotation offset {k} outside 1..{slots - 1}")
+
+    for i, ins in enumerate(prog):
+        if not isinstance(ins, dict):
+            raise _bad(where, f"program[{i}]", "an instruction must be a JSON object")
+        op = ins.get("op")
+        if op not in _KNOWN_OPS:
+            raise _bad(where, f"program[{i}].op", f"unknown op {json.dumps(op)[:40]}")
+        for key in _KNOWN_OPS[op]:
+            if not isinstance(ins.get(key), str):
+                raise _bad(where, f"program[{i}].{key}", f"{op} needs a string {key!r}")
+        if op in ("rot",):
+            offset(i, "k", ins.get("k"))
+        elif op == "rot_hoisted":
+            ks, dsts = ins.get("ks"), ins.get("dsts")
+            if not isinstance(ks, list) or not isinstance(dsts, list) or len(ks) != len(dsts) or not ks:
+                raise _bad(where, f"program[{i}].ks", "rot_hoisted needs non-empty lists ks and dsts of equal length")
+            for j, k in enumerate(ks):
+                offset(i, f"ks[{j}]", k)
+            if not all(isinstance(d, str) for d in dsts):
+                raise _bad(where, f"program[{i}].dsts", "must be a list of register names")
+        elif op in ("load_key", "drop_key"):
+            if "block" in ins:
+                if ins["block"] != "boot":
+                    raise _bad(where, f"program[{i}].block", "the only key block is 'boot'")
+            else:
+                offset(i, "k", ins.get("k"))
+        elif op == "poly":
+            cs = ins.get("coeffs")
+            if not isinstance(cs, list) or not cs:
+                raise _bad(where, f"program[{i}].coeffs", "must be a non-empty list of numbers")
+            for j, c in enumerate(cs):
+                if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c) \
+                        or abs(c) > MAX_POLY_COEFF_ABS:
+                    raise _bad(where, f"program[{i}].coeffs[{j}]",
+                               f"coefficients are finite numbers with |c| <= 2**20, got {json.dumps(c)}")
+        elif op in ("pmul", "padd", "psub") and ins["pt"] not in plan["plaintexts"]:
+            raise _bad(where, f"program[{i}].pt", f"unknown plaintext {ins['pt']!r}")
+        if op in ("add", "sub", "cmul"):
+            reads(i, ins, "a", "b")
+        elif "src" in _KNOWN_OPS[op]:
+            reads(i, ins, "src")
+        if op == "rot_hoisted":
+            for j, d in enumerate(ins["dsts"]):
+                write(i, f"dsts[{j}]", d)
+        elif "dst" in _KNOWN_OPS[op]:
+            write(i, "dst", ins["dst"])
+        outputs += op == "output"
+    if not outputs:
+        raise _bad(where, "program", "has no output instruction")
     return plan
 
 
-def load_tables(path: str | Path) -> Mapping[str, np.ndarray]:
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """Read and validate a plan file (one line naming the field on any problem)."""
     p = Path(path)
     try:
-        return dict(np.load(p, allow_pickle=False))
-    except FileNotFoundError as e:
-        raise PlanFileError(f"tables file {p} not found") from e
-    except (ValueError, zipfile.BadZipFile, OSError) as e:
-        raise PlanFileError(f"tables file {p}: not an npz file ({e})") from e
+        if p.is_dir():
+            raise PlanFileError(f"plan file {p} is a directory")
+        size = p.stat().st_size
+        if size > MAX_PLAN_FILE_BYTES:
+            raise PlanFileError(f"plan file {p} is {size} bytes, over the limit of {MAX_PLAN_FILE_BYTES}")
+        with p.open("rb") as fh:
+            head = fh.read(4)
+        if head.startswith(b"PK"):
+            raise PlanFileError(f"plan file {p} is a zip/npz archive (tables?), not a JSON plan")
+        plan = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {p} not found") from None
+    except UnicodeDecodeError:
+        raise PlanFileError(f"plan file {p} is not UTF-8 JSON text") from None
+    except json.JSONDecodeError as e:
+        raise PlanFileError(f"plan file {p}: not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise PlanFileError(f"plan file {p}: JSON nested too deeply") from None
+    except OSError as e:
+        raise PlanFileError(f"plan file {p}: cannot read ({e.strerror or e})") from None
+    return validate_plan(plan, f"plan file {p}")
+
+
+def plan_digest(plan: Mapping[str, Any]) -> str:
+    """What a plan's tables belong to: the graph, the slot count, the node layouts and the
+    names of the tables the program reads (a re-scheduled or hand-edited program keeps its
+    tables; a plan with other layouts does not)."""
+    import hashlib
+
+    names: list[str] = []
+    for ins in plan["program"]:
+        if isinstance(ins, dict) and isinstance(ins.get("table"), str):
+            names.append(ins["table"])
+    names.extend(str(p.get("table")) for p in plan["plaintexts"].values() if isinstance(p, dict))
+    doc = {
+        "graph": plan["graph"].get("sha256"),
+        "slots": plan["params"].get("slots"),
+        "tables": list(dict.fromkeys(names)),
+        "layouts": [[n.get("id"), n.get("in_layouts"), n.get("out_layout")] for n in plan["nodes"]
+                    if isinstance(n, dict)],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapping[str, np.ndarray]:
+    """Read a tables file strictly: every member's header is checked before its data is
+    read (dtype: int64 indices ``T.idx``, finite float64 ``T.coef``; length ``slots`` when
+    the plan is given), and a file written for another plan is refused."""
+    p = Path(path)
+    slots = int(plan["params"]["slots"]) if plan is not None else None
+    out: dict[str, np.ndarray] = {}
+    try:
+        if p.is_dir():
+            raise PlanFileError(f"tables file {p} is a directory")
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
+                key = info.filename[:-4]
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+                    where = f"tables file {p}: array {key!r}"
+                    if dtype.hasobject:
+                        raise PlanFileError(f"{where}: object arrays are not allowed")
+                    if key == DIGEST_KEY:
+                        if dtype.kind != "U" or n != 1:
+                            raise PlanFileError(f"{where}: must be one string")
+                    elif key.endswith(".idx"):
+                        if dtype.kind not in "iu":
+                            raise PlanFileError(f"{where}: index tables are integers (int64), got {dtype}")
+                    elif key.endswith(".coef"):
+                        if dtype.kind != "f":
+                            raise PlanFileError(f"{where}: coefficient tables are float64, got {dtype}")
+                    else:
+                        raise PlanFileError(f"{where}: names end in .idx or .coef")
+                    if key != DIGEST_KEY and (len(shape) != 1 or (slots is not None and shape[0] != slots)):
+                        want = f"({slots},)" if slots is not None else "one-dimensional"
+                        raise PlanFileError(f"{where}: shape {tuple(shape)}, expected {want}")
+                    if n * dtype.itemsize > info.file_size:
+                        raise PlanFileError(f"{where}: its header claims {n * dtype.itemsize} bytes but the "
+                                            f"member holds {info.file_size}")
+                    fh.seek(0)
+                    arr = np.lib.format.read_array(fh, allow_pickle=False)
+                if key.endswith(".coef") and not np.all(np.isfinite(arr)):
+                    raise PlanFileError(f"tables file {p}: array {key!r}: coefficients must be finite")
+                out[key] = arr
+    except FileNotFoundError:
+        raise PlanFileError(f"tables file {p} not found") from None
+    except PlanFileError:
+        raise
+    except (ValueError, zipfile.BadZipFile, OSError, EOFError) as e:
+        raise PlanFileError(f"tables file {p}: not a valid npz file ({' '.join(str(e).split())[:200]})") from None
+    except MemoryError:
+        raise PlanFileError(f"tables file {p}: an array is too large to load") from None
+    if plan is not None:
+        digest = out.pop(DIGEST_KEY, None)
+        if digest is not None and str(digest.reshape(-1)[0]) != plan_digest(plan):
+            raise PlanFileError(
+                f"tables file {p} was written for another plan (its plan digest {str(digest.reshape(-1)[0])[:12]}... "
+                f"differs from this plan's {plan_digest(plan)[:12]}...); use the tables written with this plan"
+            )
+    else:
+        out.pop(DIGEST_KEY, None)
+    return out

@@ -624,11 +624,14 @@ def _problem(ctx: _Ctx) -> KeyLivenessProblem:
     fixed = list(ctx.base)
     for i, ks in enumerate(ctx.need):
         fixed[i] += sum(ctx.size[k] for k in ks)
+    total = max(fixed, default=0) + sum(ctx.size.values())
     return KeyLivenessProblem(
         sizes=tuple(ctx.size[k] for k in keys),
         uses=tuple(tuple(ctx.uses[k]) for k in keys),
         fixed=tuple(fixed),
-        capacity=ctx.cap if ctx.cap is not None else max(fixed, default=0) + sum(ctx.size.values()),
+        # a cap above everything the program can hold at once is no constraint; clamping
+        # keeps the solver's int64 arithmetic safe for caps like 2**63
+        capacity=min(ctx.cap, total) if ctx.cap is not None else total,
     )
 
 
@@ -846,6 +849,8 @@ def schedule_plan(
     summary["peak_bytes"] = sched.peak_bytes
     summary["memory_cap_bytes"] = cap_bytes
     ks = sched.to_json()
+    if isinstance(ks.get("solver"), dict):  # wall-clock: plans stay byte-for-byte deterministic
+        ks["solver"] = {k: v for k, v in ks["solver"].items() if k != "seconds"}
     ks["source_program_sha256"] = source or program_sha256(plan["program"])
     summary["key_schedule"] = ks
     new["summary"] = summary

@@ -54,6 +54,8 @@ __all__ = [
     "KEY_OVERHEAD_BYTES",
     "LOG_N_RANGE",
     "PRESETS",
+    "check_security",
+    "is_preset",
     "PRIME_BITS_RANGE",
     "SECURE_LOG_QP",
     "WORD_BYTES",
@@ -234,6 +236,32 @@ class Params:
                     field=key,
                 )
         return params
+
+
+def is_preset(params: Params) -> bool:
+    """A built-in preset, unchanged (presets carry their own security label)."""
+    return PRESETS.get(params.name) == params
+
+
+def check_security(params: Params, allow_insecure: bool = False) -> bool:
+    """Refuse custom parameters above the 128-bit bound for their ring (HE standard: log QP
+    at most 27/54/109/218/438/881/1761 for log N 10..16) unless ``allow_insecure``.  The
+    built-in presets keep working (the test sizes say they are insecure in their note).
+    Returns True when the plan must be labelled insecure (``summary.insecure``)."""
+    if params.secure:
+        return False
+    if allow_insecure:
+        return True
+    if is_preset(params):
+        return False
+    limit = params.security_limit
+    bound = f"the 128-bit bound is log QP <= {limit} at log N {params.log_n}" if limit is not None else (
+        f"no 128-bit bound is known at log N {params.log_n}")
+    raise ParamsError(
+        f"log QP = {params.log_qp} is not 128-bit secure ({bound}); pass --allow-insecure "
+        "(REST: options.allow_insecure) to plan anyway",
+        field="log_qp",
+    )
 
 
 def _validate(p: Params) -> None:

@@ -61,6 +61,7 @@ class PlanOptionsLiteral(BaseModel):
     # graph outputs hold zeros outside their tensor (a mask where the kernel leaves
     # partial sums): what the client decrypts is the output and nothing of the weights
     clean_outputs: bool = True
+    allow_insecure: bool = Field(default=False, description="accept parameters above the 128-bit bound")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class PlanOptions:
     input_layouts: tuple[tuple[str, str], ...] = ()
     costs: str = "default"
     clean_outputs: bool = True
+    allow_insecure: bool = False
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -87,10 +89,11 @@ class PlanOptions:
             kernels=kernels, input_layout=lit.input_layout,
             input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
             clean_outputs=lit.clean_outputs,
+            allow_insecure=lit.allow_insecure,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "solver": self.solver,
             "time_limit_s": self.time_limit_s,
             "memory_cap_bytes": self.memory_cap_bytes,
@@ -100,6 +103,9 @@ class PlanOptions:
             "costs": self.costs,
             "clean_outputs": self.clean_outputs,
         }
+        if self.allow_insecure:  # only when given: existing plans stay byte-identical
+            out["allow_insecure"] = True
+        return out
 
 
 @dataclass
@@ -312,6 +318,13 @@ def _apply_residency(
                 fits.append(c)
         if fits:
             cands[node] = fits
+        else:
+            # nothing fits: keep the candidates that need the least, so the refusal names
+            # the smallest feasible cap whatever cap was asked
+            walked = [c for c in cs if "min_cap_bytes" in c.params]
+            if walked:
+                least = min(c.params["min_cap_bytes"] for c in walked)
+                cands[node] = [c for c in cs if c.params.get("min_cap_bytes", least) == least]
         for c in cands[node]:
             penalty[id(c)] = int(round(load_w * len(c.cost(params.slots).rot_keys) * OBJECTIVE_SCALE))
     return penalty
@@ -463,6 +476,9 @@ def plan_graph(
     deterministic by default)."""
     t0 = time.perf_counter()
     options = options or PlanOptions()
+    from planner.params import check_security
+
+    insecure = check_security(params, options.allow_insecure)
     problem = build_problem(graph, params, options)
     sol = solve_problem(problem)
     if sol.status is Status.UNKNOWN:
@@ -478,6 +494,8 @@ def plan_graph(
 
         plan, _ = schedule_plan(plan, options.memory_cap_bytes, "exact", time_limit_s=options.time_limit_s)
     seconds = time.perf_counter() - t0
+    if insecure:
+        plan["summary"]["insecure"] = True
     if record_timings:
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
         plan["summary"]["plan_seconds"] = round(seconds, 6)

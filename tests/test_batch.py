@@ -156,3 +156,39 @@ def test_batch_bad_input_exit_2(graphs: Path, args: list[str], capsys: pytest.Ca
 def test_batch_empty_directory_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["batch", str(tmp_path)], capsys)
     assert code == 2 and "no graph files" in err
+
+
+def test_batch_on_ray_matches_the_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine ray (local Ray, 2 CPUs) gives the same lines as the process pool, keyed by the
+    REST plan id, and a resumed run skips them."""
+    pytest.importorskip("ray")
+    d = tmp_path / "g"
+    d.mkdir()
+    root = Path(__file__).resolve().parent.parent / "data" / "workloads"
+    for name in ("conv1", "conv2"):
+        (d / f"{name}.json").write_text((root / f"{name}.json").read_text())
+    (d / "mv.json").write_text(json.dumps(matvec(16, 16, "mv")))
+    pool_out, ray_out = tmp_path / "pool.jsonl", tmp_path / "ray.jsonl"
+    assert run_cli(["batch", str(d), "--params", "n13", "--out", str(pool_out)], capsys)[0] == 0
+    code, _, err = run_cli(["batch", str(d), "--params", "n13", "--engine", "ray", "--jobs", "2",
+                            "--out", str(ray_out)], capsys)
+    assert code == 0, err
+    key = lambda x: x["key"]  # noqa: E731
+    assert sorted(map(stable, lines(pool_out)), key=key) == sorted(map(stable, lines(ray_out)), key=key)
+    # the key is the REST plan id of the same request
+    from api.rest import PlanRequest, RestLimits, validate_request
+
+    mv = next(x for x in lines(ray_out) if x["graph"]["name"] == "mv")
+    vr = validate_request(PlanRequest(graph=matvec(16, 16, "mv"), params="n13", options=mv["options"]),
+                          RestLimits())
+    assert vr.id == mv["key"]
+    code, _, err = run_cli(["batch", str(d), "--params", "n13", "--engine", "ray", "--out", str(ray_out)], capsys)
+    assert code == 0 and "3 skipped" in err
+
+
+def test_batch_engine_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(matvec(8, 8, "a")))
+    code, _, err = run_cli(["batch", str(tmp_path), "--engine", "spark"], capsys)
+    assert code == 2 and "unknown engine" in err
+    code, _, err = run_cli(["batch", str(tmp_path), "--address", "x:1"], capsys)
+    assert code == 2 and "--engine ray" in err

@@ -144,7 +144,7 @@ def test_ctct_in_a_graph_with_conversions() -> None:
                   {"id": "s", "op": "matmul", "inputs": ["q", "kt"]}],
         "outputs": ["s"],
     })
-    res = plan_graph(g, small_params(10, 8), PlanOptions(kernels=[
+    res = plan_graph(g, small_params(10, 8), PlanOptions(allow_insecure=True, kernels=[
         "bsgs", "hs-diagonal", "elementwise", "view", "ct-ct-jkls", "ct-ct-strassen"]))
     check_plan(res, g)
     assert any(n["kernel"] in ("ct-ct-jkls", "ct-ct-strassen") for n in res.plan["nodes"])
@@ -160,10 +160,10 @@ def test_depth_budget_steers_the_kernel_choice() -> None:
         res = plan_graph(g, shallow, PlanOptions(solver=solver, **opts))
         assert res.plan["summary"]["depth"] <= 2
         assert {n["kernel"] for n in res.plan["nodes"]} == {"ct-ct-diagonal"}
-    deep = plan_graph(g, small_params(14, levels=8), PlanOptions(**opts))
+    deep = plan_graph(g, small_params(14, levels=8), PlanOptions(**opts, allow_insecure=True))
     assert {n["kernel"] for n in deep.plan["nodes"]} == {"ct-ct-jkls"}
     with pytest.raises(PlanError, match="fits the 1 levels"):
-        plan_graph(g, small_params(14, levels=1), PlanOptions(**opts))
+        plan_graph(g, small_params(14, levels=1), PlanOptions(**opts, allow_insecure=True))
 
 
 @pytest.mark.parametrize("m,k,n,log_n", [(64, 16, 64, 13), (128, 16, 128, 15), (8, 4, 70, 10), (4, 8, 150, 10)])
@@ -177,7 +177,7 @@ def test_diagonal_ct_ct_with_several_output_ciphertexts(m: int, k: int, n: int, 
         "nodes": [{"id": "C", "op": "matmul", "inputs": ["A", "B"]}], "outputs": ["C"],
     })
     params = small_params(log_n, levels=4) if log_n == 10 else load_params(f"n{log_n}")
-    res = plan_graph(g, params, PlanOptions(kernels=("ct-ct-diagonal",)))
+    res = plan_graph(g, params, PlanOptions(kernels=("ct-ct-diagonal",), allow_insecure=log_n == 10))
     node = res.plan["nodes"][0]
     assert node["kernel"] == "ct-ct-diagonal" and node["params"]["P_O"] > 1
     check_plan(res, g)

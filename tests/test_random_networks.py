@@ -44,6 +44,7 @@ def check_network(seed: int) -> list[str]:
     opts = PlanOptions(
         input_layout="row-major" if seed % 3 == 0 else "free",
         clean_outputs=seed % 5 != 0,
+        allow_insecure=True,  # the 512-slot test ring
     )
     res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
     vals = random_values(g, seed)

@@ -128,15 +128,16 @@ def test_same_request_same_id(client: TestClient) -> None:
     assert e.status_code == 200 and e.json()["id"] != a.json()["id"]
 
 
-def test_time_limit_is_capped(db: Path) -> None:
+def test_time_limit_over_the_cap_is_refused_and_documented(db: Path) -> None:
     limits = RestLimits(executor="thread", max_time_limit_s=2.0)
     with TestClient(create_app(db, limits)) as c:
         r = c.post("/v1/plans", json=small_body(time_limit_s=3000))
-        assert r.status_code == 200
-        assert r.json()["plan"]["options"]["time_limit_s"] == 2.0
-        # asking for more than the cap is the same request as asking for the cap
+        assert r.status_code == 422 and r.json()["field"] == "options.time_limit_s"
+        assert "2" in r.json()["rule"]
         r2 = c.post("/v1/plans", json=small_body(time_limit_s=2.0))
-        assert r2.json()["id"] == r.json()["id"]
+        assert r2.status_code == 200 and r2.json()["plan"]["options"]["time_limit_s"] == 2.0
+        spec = c.get("/openapi.json").json()
+        assert spec["components"]["schemas"]["PlanOptionsLiteral"]["properties"]["time_limit_s"]["maximum"] == 2.0
 
 
 def test_concurrent_identical_requests_share_one_job(db: Path) -> None:
@@ -242,7 +243,7 @@ def test_not_json_and_wrong_types(client: TestClient) -> None:
     assert r.status_code == 422
     deep = b"[" * 100_000 + b"]" * 100_000
     r = client.post("/v1/plans", content=deep, headers={"content-type": "application/json"})
-    assert r.status_code in (400, 422)
+    assert r.status_code == 422 and "nested too deeply" in r.json()["message"]
 
 
 def test_unknown_and_malformed_ids_404(client: TestClient) -> None:

@@ -1,0 +1,40 @@
+"""Bounded property-based run of the whole OpenAPI document (schemathesis): no 5xx, and
+every response conforms to the schema it documents.  Deterministic (derandomized)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from api.rest import RestLimits, create_app  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient  # noqa: F401,E402
+
+_DB = Path(__import__("tempfile").mkdtemp(prefix="slotplan-st-")) / "plans.sqlite3"
+APP = create_app(_DB, RestLimits(executor="thread", workers=2, max_time_limit_s=2.0, max_work=256,
+                                 max_slot_blocks=64, request_timeout_s=20.0))
+schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+CASES: list[int] = []
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+def test_api_never_500(case: schemathesis.Case) -> None:
+    response = case.call()
+    CASES.append(response.status_code)
+    assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:300])
+    case.validate_response(response, checks=(schemathesis.checks.not_a_server_error,))
+
+
+def teardown_module() -> None:
+    statuses = sorted(set(CASES))
+    print(f"\nschemathesis: {len(CASES)} cases, statuses {statuses}")
