@@ -38,10 +38,13 @@ def plan(
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="add 'explain' to the plan: per node the runner-up kernel, its cost and why it lost; print it")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal (off with --json unless given)")] = False,
 ) -> None:
     """Plan one graph."""
     from pydantic import ValidationError
 
+    from api.progress import shown, wanted
     from planner.graph import load_graph
     from planner.params import load_params
     from planner.pipeline import plan_graph
@@ -62,7 +65,12 @@ def plan(
             costs=costs,
         )
         opts = PlanOptions.from_literal(lit)
-        res = plan_graph(g, p, opts, record_timings=record_timings)
+        with shown(wanted(progress, as_json)):
+            res = plan_graph(g, p, opts, record_timings=record_timings)
+            if explain:
+                from planner.explain import explain_choices
+
+                res.plan["explain"] = explain_choices(res.problem, res.solution)
         summary = res.plan["summary"]
         write_outputs(res.plan, output, res.tables if tables else None, tables, limit)
     except PlanTimeout as e:
@@ -75,7 +83,10 @@ def plan(
         raise _fail(e) from None
     if as_json:
         timing = {"plan_seconds": round(res.seconds, 6), "solver_seconds": round(res.solution.seconds, 6)}
-        out.print_json(json.dumps({"summary": summary, "nodes": res.plan["nodes"], "timing": timing}))
+        doc = {"summary": summary, "nodes": res.plan["nodes"], "timing": timing}
+        if explain:
+            doc["explain"] = res.plan["explain"]
+        out.print_json(json.dumps(doc))
         return
     t = Table(title=escape(f"{g.name} @ {p.name} ({p.slots} slots)"))
     for col in ("node", "kernel", "params", "rotations", "pmul", "out layout"):
@@ -90,6 +101,10 @@ def plan(
         f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
         f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
     )
+    if explain:
+        from api.show import explain_lines
+
+        out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
 
 
 @app.command()
@@ -100,8 +115,10 @@ def run(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
     """Execute a plan on seeded random data and compare with the numpy reference."""
+    from api.progress import shown, step, wanted
     from backends.runner import run_plan
 
     try:
@@ -111,7 +128,8 @@ def run(
         tb = load_tables(tables) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
-        rep = run_plan(pl, tb, backend, seed, init)
+        with shown(wanted(progress, as_json)), step(f"run on {backend}"):
+            rep = run_plan(pl, tb, backend, seed, init)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:
