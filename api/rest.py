@@ -694,6 +694,8 @@ def create_app(
         return Health(status="ok", api=API_VERSION, plans=count, executor=limits.executor,
                       workers=limits.workers, pending=service.pending)
 
+    from api.plan_page import register as register_plan_page  # issue 17: GET /v1/plans/{id}/view + Link
+    register_plan_page(app, store)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(AccessLogMiddleware)  # type: ignore[arg-type]
     return app
