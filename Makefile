@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-installed
 SLOTPLAN:= $(VENV)/bin/slotplan
 
-.PHONY: install lattigo demo test lint bench golden clean
+.PHONY: install lattigo demo test lint bench golden clean chromium
 
 install: $(STAMP) lattigo
 
@@ -26,7 +26,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: install lint
+# The plan page's browser test (tests/test_plan_page.py) needs Chromium: install Debian's
+# package when it is missing and we may (root, apt-get present); otherwise say so and go on
+# (the test then skips with the same advice).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	    || command -v google-chrome >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+	    || echo "make: could not install chromium; the browser test will be skipped"; \
+	else echo "make: chromium is not installed and cannot be installed here (needs root and apt-get);" \
+	    "the browser test will be skipped"; fi
+
+test: install lint chromium
 	$(VENV)/bin/pytest
 
 golden: install

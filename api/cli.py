@@ -40,10 +40,13 @@ def plan(
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
     clean_outputs: Annotated[bool, typer.Option("--clean-outputs/--raw-outputs", help="outputs hold zeros outside their tensor (default; a mask where a kernel leaves partial sums of the weights) | leave what the kernel leaves (the client may see linear combinations of the weights)")] = True,
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="add 'explain' to the plan: per node the runner-up kernel, its cost and why it lost; print it")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal (off with --json unless given)")] = False,
 ) -> None:
     """Plan one graph."""
     from pydantic import ValidationError
 
+    from api.progress import shown, wanted
     from planner.graph import load_graph
     from planner.params import load_params
     from planner.pipeline import plan_graph
@@ -66,7 +69,12 @@ def plan(
             allow_insecure=allow_insecure,
         )
         opts = PlanOptions.from_literal(lit)
-        res = plan_graph(g, p, opts, record_timings=record_timings)
+        with shown(wanted(progress, as_json)):
+            res = plan_graph(g, p, opts, record_timings=record_timings)
+            if explain:
+                from planner.explain import explain_choices
+
+                res.plan["explain"] = explain_choices(res.problem, res.solution)
         summary = res.plan["summary"]
         write_outputs(res.plan, output, res.tables if tables else None, tables, limit)
     except PlanTimeout as e:
@@ -80,10 +88,13 @@ def plan(
     if as_json:
         # the printed summary carries the measured seconds (the plan file stays deterministic
         # unless --record-timings)
-        shown = dict(summary)
-        shown["solver"] = {**summary["solver"], "seconds": round(res.solution.seconds, 6)}
-        shown["plan_seconds"] = round(res.seconds, 6)
-        out.print_json(json.dumps({"summary": shown, "nodes": res.plan["nodes"]}))
+        shown_summary = dict(summary)
+        shown_summary["solver"] = {**summary["solver"], "seconds": round(res.solution.seconds, 6)}
+        shown_summary["plan_seconds"] = round(res.seconds, 6)
+        doc = {"summary": shown_summary, "nodes": res.plan["nodes"]}
+        if explain:
+            doc["explain"] = res.plan["explain"]
+        out.print_json(json.dumps(doc))
         return
     t = Table(title=escape(f"{g.name} @ {p.name} ({p.slots} slots)"))
     for col in ("node", "kernel", "params", "rotations", "pmul", "out layout"):
@@ -102,6 +113,10 @@ def plan(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
     )
+    if explain:
+        from api.show import explain_lines
+
+        out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
 
 
 @app.command()
@@ -112,8 +127,10 @@ def run(
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="random seed, 0..2**32-1")] = 0,
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
     """Execute a plan on seeded random data and compare with the numpy reference."""
+    from api.progress import shown, step, wanted
     from backends.runner import run_plan
 
     try:
@@ -123,7 +140,8 @@ def run(
         tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
-        rep = run_plan(pl, tb, backend, seed, init)
+        with shown(wanted(progress, as_json)), step(f"run on {backend}"):
+            rep = run_plan(pl, tb, backend, seed, init)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:

@@ -32,8 +32,10 @@ def keys(
     cross_check: Annotated[bool, typer.Option("--cross-check", help="exact: also solve small models with z3 and compare")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the schedule summary as JSON")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
     """Rewrite a plan with a rotation-key schedule (load_key/drop_key) under a memory cap."""
+    from api.progress import shown, wanted
     from planner.io import load_plan, parse_size, write_outputs
     from planner.keys import schedule_plan
 
@@ -46,10 +48,11 @@ def keys(
             raise SlotplanError(f"--time-limit must be positive, got {time_limit}")
         cap = parse_size(memory_cap) if memory_cap is not None else None
         plan = load_plan(plan_file)
-        new, sched = schedule_plan(
-            plan, cap, strategy, max_keys, basis=basis, key_levels=key_levels, merge_window=merge_window,
-            prefetch=prefetch, time_limit_s=time_limit, cross_check=cross_check,
-        )
+        with shown(wanted(progress, as_json)):
+            new, sched = schedule_plan(
+                plan, cap, strategy, max_keys, basis=basis, key_levels=key_levels, merge_window=merge_window,
+                prefetch=prefetch, time_limit_s=time_limit, cross_check=cross_check,
+            )
         write_outputs(new, output, None, None)
     except SlotplanError as e:
         raise fail(e) from None

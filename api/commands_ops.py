@@ -470,31 +470,63 @@ def serve(
 
 def show(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
-    png: Annotated[Path | None, typer.Option("--png", help="write a PNG: cost per node, key residency, memory")] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="write a PNG: cost per node, key residency, memory (with --layout: the layout pictures)")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="the same picture as SVG")] = None,
     title: Annotated[str | None, typer.Option("--title", help="figure title")] = None,
+    tables: Annotated[Path | None, typer.Option("--tables", help="the plan's npz tables (in/ and out/ slot maps)")] = None,
+    layout: Annotated[list[str] | None, typer.Option("--layout", help="draw this layout: an input, a node id, conv/NODE/OPERAND, or 'all' (repeatable)")] = None,
+    max_ct: Annotated[int, typer.Option("--max-ct", min=1, max=256, help="ciphertexts drawn per layout")] = 8,
+    explain: Annotated[bool, typer.Option("--explain/--no-explain", help="runner-up per node (re-plans the embedded graph when the plan has no 'explain')")] = True,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
-    """A plan at a glance: text overview, and with --png a figure."""
-    from api.show import render_png, text_report
-    from planner.io import load_plan
+    """A plan at a glance: summary, cost per node, why each kernel, memory at the peak,
+    tables by tensor and a legend; --png/--svg draw it, with --layout the slot layouts."""
+    from api.progress import shown, wanted
+    from api.show import layout_views, render_layouts, render_png, text_report
+    from planner.explain import ExplainError, explain_choices, replan
+    from planner.io import load_plan, load_tables
 
+    target = png
     try:
+        for f, ext in ((png, ".png"), (svg, ".svg")):
+            if f is not None and f.suffix.lower() != ext:
+                raise SlotplanError(f"--{ext[1:]} {f}: the file name must end in {ext}")
         plan = load_plan(plan_file)
-        sys.stdout.write(text_report(plan))
-        if png is not None:
-            if png.suffix.lower() != ".png":
-                raise SlotplanError(f"--png {png}: the file name must end in .png")
-            if not png.parent.is_dir():
-                raise SlotplanError(f"--png {png}: directory {png.parent} does not exist")
-            if png.is_dir():
-                raise SlotplanError(f"--png {png}: is a directory")
-            path = render_png(plan, png, title)
-            sys.stdout.write(f"wrote {path}\n")
+        for f in (png, svg):
+            if f is not None and not f.parent.is_dir():
+                raise SlotplanError(f"--{f.suffix[1:].lower()} {f}: directory {f.parent} does not exist")
+            if f is not None and f.is_dir():
+                raise SlotplanError(f"--{f.suffix[1:].lower()} {f}: is a directory")
+        tb = load_tables(tables, plan) if tables is not None else None
+        replanned = None
+        note = ""
+        ex = plan.get("explain")
+        with shown(wanted(progress)):
+            if (explain and ex is None) or layout:
+                try:
+                    replanned = replan(plan)
+                except ExplainError as e:
+                    note = str(e)
+            if explain and ex is None and replanned is not None:
+                ex = explain_choices(*replanned)
+                note = "; re-derived by planning the embedded graph again"
+        sys.stdout.write(text_report(plan, ex if explain else None, tb, note if explain else "not requested"))
+        if layout:
+            names = None if "all" in layout else list(dict.fromkeys(layout))
+            views = layout_views(plan, names, tb, replanned)
+            for target in (png, svg):
+                if target is not None:
+                    sys.stdout.write(f"wrote {render_layouts(views, target, max_ct=max_ct, title=title)}\n")
+        else:
+            for target in (png, svg):
+                if target is not None:
+                    sys.stdout.write(f"wrote {render_png(plan, target, title)}\n")
     except SlotplanError as e:
         raise fail(e) from None
     except (KeyError, TypeError, ValueError) as e:
         raise fail(SlotplanError(f"plan file {plan_file}: malformed ({type(e).__name__}: {e})")) from None
     except OSError as e:
-        raise fail(SlotplanError(f"cannot write {png}: {e.strerror or e}")) from None
+        raise fail(SlotplanError(f"cannot write {target}: {e.strerror or e}")) from None
 
 
 # --------------------------------------------------------------------------------------

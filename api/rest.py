@@ -1178,6 +1178,8 @@ def create_app(
         metrics.queue.set(service.pending)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    from api.plan_page import register as register_plan_page  # issue 17: GET /v1/plans/{id}/view + Link
+    register_plan_page(app, store)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(GuardMiddleware, limits=limits, metrics=metrics)  # type: ignore[arg-type]
     app.add_middleware(AccessLogMiddleware, metrics=metrics)  # type: ignore[arg-type]

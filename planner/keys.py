@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from planner import progress
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
@@ -839,7 +840,8 @@ def schedule_plan(
     memory_cap_bytes, instructions, key_schedule)."""
     params = Params.from_json(plan["params"])
     source = plan.get("summary", {}).get("key_schedule", {}).get("source_program_sha256")
-    sched = schedule_keys(plan["program"], params, cap_bytes, strategy, max_keys, **kwargs)
+    with progress.stage("key schedule"):
+        sched = schedule_keys(plan["program"], params, cap_bytes, strategy, max_keys, **kwargs)
     new = dict(plan)
     new["program"] = sched.program
     summary = dict(plan.get("summary", {}))

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner import progress
 from planner.candidates import (
     ELEMENTWISE_KERNELS,
     KERNELS,
@@ -120,6 +121,8 @@ class PlanProblem:
     input_options: dict[str, list[ChannelLayout]]
     model: ChoiceModel
     operand_source: dict[tuple[str, str], str] = field(default_factory=dict)
+    # issue 17 (explanations): every node's candidates before dominated options were pruned
+    all_candidates: dict[str, list[Candidate]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         except SlotplanError as e:
             raise PlanError(f"input layout of {t!r}: {e}") from e
     cands: dict[str, list[Candidate]] = {}
+    progress.begin("candidates", len(graph.nodes))
     for node in graph.nodes:
         enc = [t for t in node.inputs if graph.encrypted(t)]
         bases: dict[str, list[ChannelLayout]] = {}
@@ -197,6 +201,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
         cands[node.id] = _prune(out, costs, S)
+        progress.advance("candidates", node.id)
+    progress.end("candidates")
 
     # encrypted graph inputs: the client packs any layout a consumer asks for
     input_options: dict[str, list[ChannelLayout]] = {}
@@ -229,6 +235,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
+    progress.begin("conversions", len(graph.nodes))
     for node in graph.nodes:
         for t in dict.fromkeys(node.inputs):
             if not graph.encrypted(t):
@@ -261,6 +268,9 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
                 mat.append(tuple(row))
                 dmat.append(tuple(drow))
             edges.append(Edge(src, node.id, t, tuple(mat), tuple(dmat), adapts=own))
+        progress.advance("conversions", node.id)
+    progress.end("conversions")
+    all_candidates = {k: list(v) for k, v in cands.items()}  # issue 17: runner-ups may be pruned ones
     model, keep = ChoiceModel(tuple(groups), tuple(edges), params.max_level).prune_dominated()
     for node in graph.nodes:
         cands[node.id] = [cands[node.id][o] for o in keep[node.id]]
@@ -268,7 +278,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     model = ChoiceModel(
         tuple(replace(g, hint=hint.get(g.name, 0)) for g in model.groups), model.edges, model.max_depth
     )
-    return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source)
+    return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source,
+                       all_candidates)
 
 
 # Node-granularity key residency (used when a memory cap is set): key load time relative
@@ -344,7 +355,9 @@ def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candida
 
 
 def solve_problem(problem: PlanProblem) -> Solution:
+    progress.begin("solve")
     sol = create(problem.options.solver).solve(problem.model, problem.options.time_limit_s)
+    progress.end("solve")
     if sol.status is Status.INFEASIBLE:
         m = problem.model
         if m.max_depth is not None:
@@ -384,6 +397,7 @@ def lower_solution(
         ]
         claims.append(LayoutClaim(f"input {t}", t, lay, tuple(regs[t])))
     nodes_json: list[dict[str, Any]] = []
+    progress.begin("lowering", len(graph.nodes))
     for node in graph.nodes:
         cand = problem.candidates[node.id][choice[node.id]]
         start = len(b.instrs)
@@ -420,6 +434,8 @@ def lower_solution(
                 "conversions": conversions,
             }
         )
+        progress.advance("lowering", node.id)
+    progress.end("lowering")
     for t in graph.outputs:
         lay = layout_of[t]
         for q in range(lay.n_ct):

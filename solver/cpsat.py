@@ -6,6 +6,7 @@ import time
 
 from ortools.sat.python import cp_model
 
+from planner import progress
 from solver.model import ChoiceModel, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
@@ -75,7 +76,7 @@ class CpSatSolver:
         s.parameters.random_seed = CPSAT_SEED
         s.parameters.relative_gap_limit = CPSAT_RELATIVE_GAP
         s.parameters.linearization_level = CPSAT_LINEARIZATION_LEVEL
-        st = s.solve(m)
+        st = s.solve(m, progress_callback(s, "solve", model.groups))
         status = {
             cp_model.OPTIMAL: Status.OPTIMAL,
             cp_model.FEASIBLE: Status.FEASIBLE,
@@ -90,3 +91,26 @@ class CpSatSolver:
         else:
             choice, objective, bound = (), None, None
         return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name)
+
+
+class _SolutionProgress(cp_model.CpSolverSolutionCallback):
+    """Reports each improving solution (objective, bound) to planner.progress."""
+
+    def __init__(self, stage: str, units: float):
+        super().__init__()
+        self.stage, self.units, self.found = stage, units, 0
+
+    def on_solution_callback(self) -> None:
+        self.found += 1
+        progress.note(self.stage, f"solution {self.found}: objective {self.objective_value / self.units:,.3f}, "
+                                  f"bound {self.best_objective_bound / self.units:,.3f}")
+
+
+def progress_callback(s: cp_model.CpSolver, stage: str, groups: object = None,
+                       units: float = 1000.0) -> _SolutionProgress | None:
+    """A solution callback (and a bound callback) only while someone listens: CP-SAT's
+    search is the same with or without them (one worker, fixed seed)."""
+    if not progress.active():
+        return None
+    s.best_bound_callback = lambda b: progress.note(stage, f"bound {b / units:,.3f}")
+    return _SolutionProgress(stage, units)

@@ -126,6 +126,8 @@ def solve_cpsat(
     merged gaps and one cumulative capacity constraint over the compressed time axis."""
     from ortools.sat.python import cp_model
 
+    from solver.cpsat import progress_callback
+
     t0 = time.perf_counter()
     c = _compress(p)
     n_uses = sum(len(us) for us in p.uses)
@@ -174,7 +176,7 @@ def solve_cpsat(
             m1.add_hint(v, bool(hint[g.key][g.index]))
     m1.maximize(sum(on1))
     s1 = solver(time_limit_s)
-    st = s1.solve(m1)
+    st = s1.solve(m1, progress_callback(s1, "key schedule", units=1.0))
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         status = "infeasible" if st == cp_model.INFEASIBLE else "unknown"
         return KeyLivenessSolution([], 0, status, "cpsat", time.perf_counter() - t0, stats=stats)
@@ -194,7 +196,7 @@ def solve_cpsat(
             m2.add_hint(v, val)
         m2.minimize(cap_var)
         s2 = solver(remaining)
-        st2 = s2.solve(m2)
+        st2 = s2.solve(m2, progress_callback(s2, "key schedule", units=1.0))
         if st2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             values = [bool(s2.value(v)) for v in on2]
             peak = int(s2.value(cap_var))
