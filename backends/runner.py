@@ -100,6 +100,9 @@ def run_plan(
         key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
         res = simulate(plan, tables, values, key_levels=key_levels)
         outputs, counts = res.outputs, res.counts
+        # what the client would see beyond the answer: non-zero slots of the output
+        # ciphertexts that hold no output element (0 for clean outputs)
+        stats["leaked_slots"] = dict(sorted(res.leaked_slots.items()))
         rotations, loads = res.rotations, res.key_loads
         if plan.get("keys"):
             peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels

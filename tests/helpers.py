@@ -50,6 +50,12 @@ def check_plan(res: PlanResult, graph: Graph, seed: int = 0, rtol: float = 1e-9)
         assert err < rtol, f"{t}: relative error {err:.3e}"
     # the summary is the program's own count
     assert out.rotations == res.plan["summary"]["rotations"]
+    # every layout the lowering claims (node outputs, conversions) holds on the registers
+    if res.claims:
+        from backends.layout_check import check_claims
+
+        bad = check_claims(res, vals)
+        assert not bad, "\n".join(map(str, bad))
     return {"rotations": out.rotations}
 
 

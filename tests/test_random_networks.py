@@ -22,6 +22,7 @@ import pytest
 
 from backends.layout_check import check_claims
 from backends.sim import simulate
+from planner.candidates import ELEMENTWISE_KERNELS, KERNELS
 from planner.graph import parse_graph
 from planner.pipeline import PlanOptions, plan_graph
 from planner.reference import random_values, reference
@@ -35,6 +36,12 @@ SEED0 = int(os.environ.get("SLOTPLAN_RANDOM_SEED0", 0))
 BATCH = 20
 # levels of the test ring: the generated chains use at most 6, masks and conversions more
 LEVELS = 16
+# Every linear kernel family gets chains of its own (the solver alone would pick IMRA
+# almost everywhere): bsgs applies to every matvec and conv, so each set is complete.
+KERNEL_SETS: tuple[tuple[str, ...], ...] = (
+    KERNELS, ("bsgs", *ELEMENTWISE_KERNELS), ("hs-diagonal", "bsgs", *ELEMENTWISE_KERNELS),
+    ("fhelipe", "bsgs", *ELEMENTWISE_KERNELS), KERNELS,
+)
 
 
 def check_network(seed: int) -> list[str]:
@@ -45,6 +52,7 @@ def check_network(seed: int) -> list[str]:
         input_layout="row-major" if seed % 3 == 0 else "free",
         clean_outputs=seed % 5 != 0,
         allow_insecure=True,  # the 512-slot test ring
+        kernels=KERNEL_SETS[seed % len(KERNEL_SETS)],
     )
     res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
     vals = random_values(g, seed)
