@@ -30,6 +30,7 @@ def plan(
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     solver: Annotated[str, typer.Option("--solver", help="cpsat | z3")] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
+    wall_limit: Annotated[float | None, typer.Option("--wall-limit", min=0.1, help="bound the whole planning (candidates, solve, lowering, key schedule) to this many seconds of wall time; past it, exit 3 naming the step")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables file to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
@@ -70,7 +71,7 @@ def plan(
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
-            res = plan_graph(g, p, opts, record_timings=record_timings)
+            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit)
             if explain:
                 from planner.explain import explain_choices
 

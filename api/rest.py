@@ -341,16 +341,31 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
 JobResult = tuple[Literal["ok"], str, float] | tuple[Literal["error"], int, dict[str, Any]]
 
 
-def plan_job(graph_json: dict[str, Any], params: Params, options: PlanOptions) -> JobResult:
-    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body)."""
-    from planner.pipeline import plan_graph
+# Share of the request's wall limit the planner itself may use (candidates, solve,
+# lowering, key schedule): the rest is for serialising and storing the plan, so a slow
+# request ends with the planner's clear answer instead of a killed worker.
+PLANNER_WALL_SHARE = 0.8
 
+
+def plan_job(graph_json: dict[str, Any], params: Params, options: PlanOptions,
+             wall_limit_s: float | None = None) -> JobResult:
+    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body)."""
+    from planner.pipeline import PlanWallTimeout, plan_graph
+
+    t0 = time.monotonic()
     try:
         graph = parse_graph(graph_json)
-        res = plan_graph(graph, params, options)
+        left = None if wall_limit_s is None else max(0.01, wall_limit_s - (time.monotonic() - t0))
+        res = plan_graph(graph, params, options, wall_limit_s=left)
         plan = res.plan
         check_memory_cap(plan)
         return "ok", json.dumps(plan, separators=(",", ":"), allow_nan=False), float(res.solution.seconds)
+    except PlanWallTimeout as e:
+        return "error", 413, {
+            "error": "limit", "field": "limits.request_timeout_s",
+            "rule": f"a request plans within {wall_limit_s:g} s of planner time",
+            "message": f"{e}; the request is over the service's wall limit: split the graph or plan it "
+                       "with the CLI"}
     except PlanTimeout:
         return "error", 422, {
             "error": "timeout", "field": "options.time_limit_s", "rule": "the solver must find a plan in time",
@@ -804,7 +819,8 @@ class PlanService:
             return 200, stored.plan_json
         self.jobs_started += 1
         try:
-            res = await self._run(plan_job, vr.canonical["graph"], vr.params, vr.options)
+            res = await self._run(plan_job, vr.canonical["graph"], vr.params, vr.options,
+                                  self.limits.request_timeout_s * PLANNER_WALL_SHARE)
         except ApiError as e:
             if e.status == 503:
                 raise

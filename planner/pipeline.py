@@ -356,12 +356,15 @@ def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candida
 
 def solve_problem(problem: PlanProblem) -> Solution:
     progress.begin("solve")
-    sol = create(problem.options.solver).solve(problem.model, problem.options.time_limit_s)
+    # a whole-request wall limit (progress.deadline) caps the solver's own limit
+    left = progress.remaining()
+    limit = problem.options.time_limit_s if left is None else max(0.05, min(problem.options.time_limit_s, left))
+    sol = create(problem.options.solver).solve(problem.model, limit)
     progress.end("solve")
     if sol.status is Status.INFEASIBLE:
         m = problem.model
         if m.max_depth is not None:
-            relaxed = create(problem.options.solver).solve(replace(m, max_depth=None), problem.options.time_limit_s)
+            relaxed = create(problem.options.solver).solve(replace(m, max_depth=None), limit)
             if relaxed.status is not Status.INFEASIBLE:
                 raise PlanError(
                     f"no assignment of layouts fits the {m.max_depth} levels of params "
@@ -373,6 +376,10 @@ def solve_problem(problem: PlanProblem) -> Solution:
 
 class PlanTimeout(PlanError):
     """The solver hit its time limit before finding any plan (CLI exit status 3)."""
+
+
+class PlanWallTimeout(PlanTimeout):
+    """The whole planning request ran past its wall limit (``plan_graph(wall_limit_s=)``)."""
 
 
 def lower_solution(
@@ -485,30 +492,42 @@ def _map_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
 
 
 def plan_graph(
-    graph: Graph, params: Params, options: PlanOptions | None = None, record_timings: bool = False
+    graph: Graph, params: Params, options: PlanOptions | None = None, record_timings: bool = False,
+    wall_limit_s: float | None = None,
 ) -> PlanResult:
     """Plan a graph.  Timings go to PlanResult.seconds and solution.seconds; the plan
     document records them only with ``record_timings`` (plans are byte-for-byte
-    deterministic by default)."""
+    deterministic by default).  ``wall_limit_s`` bounds the whole planning (candidates,
+    pricing, solve, lowering, key schedule) in wall time: past it, :class:`PlanTimeout`
+    names the step where planning stopped (the solver's limit is capped by what is left)."""
     t0 = time.perf_counter()
     options = options or PlanOptions()
     from planner.params import check_security
 
     insecure = check_security(params, options.allow_insecure)
-    problem = build_problem(graph, params, options)
-    sol = solve_problem(problem)
-    if sol.status is Status.UNKNOWN:
-        raise PlanTimeout(
-            f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
-        )
     claims: list[LayoutClaim] = []
-    plan, tables = lower_solution(problem, sol, claims)
-    if options.memory_cap_bytes is not None:
-        # rotation-key schedule under the cap (minimum loads; raises KeyCapError naming the
-        # smallest feasible cap); the schedule keeps every table, so `tables` stays valid
-        from planner.keys import schedule_plan
+    try:
+        with progress.deadline(wall_limit_s):
+            problem = build_problem(graph, params, options)
+            sol = solve_problem(problem)
+            if sol.status is Status.UNKNOWN:
+                raise PlanTimeout(
+                    f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
+                )
+            plan, tables = lower_solution(problem, sol, claims)
+            if options.memory_cap_bytes is not None:
+                # rotation-key schedule under the cap (minimum loads; raises KeyCapError naming
+                # the smallest feasible cap); the schedule keeps every table, so `tables` stays valid
+                from planner.keys import schedule_plan
 
-        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "exact", time_limit_s=options.time_limit_s)
+                left = progress.remaining()
+                plan, _ = schedule_plan(
+                    plan, options.memory_cap_bytes, "exact",
+                    time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
+                )
+                progress.check("key schedule")
+    except progress.DeadlineExceeded as e:
+        raise PlanWallTimeout(str(e)) from None
     seconds = time.perf_counter() - t0
     if insecure:
         plan["summary"]["insecure"] = True
