@@ -454,3 +454,26 @@ def test_tight_cap_changes_the_kernel_choice() -> None:
     assert node["kernel"] != "imra" and node["params"]["min_cap_bytes"] <= cap
     assert tight.plan["summary"]["peak_bytes"]["total"] <= cap
     check_plan(tight, g)
+
+
+@pytest.mark.parametrize("strategy,max_keys,cap_mib", [("exact", None, 600), ("keymemrt", 6, 400), ("keep-all", 5, None)])
+def test_node_spans_survive_key_schedules(strategy: str, max_keys: int | None, cap_mib: int | None) -> None:
+    """Loads, drops and rotations re-expressed as chains (fresh registers) stay with the node
+    that owns them: per-node counts still add up to the summary, spans stay contiguous and
+    in order, and the scheduled plan still matches numpy."""
+    g = load_graph(Path(__file__).resolve().parent.parent / "data" / "workloads" / "keymemrt_mlp.json")
+    res = plan_graph(g, load_params("n15"), PlanOptions())
+    cap = cap_mib * 2**20 if cap_mib else None
+    new, _ = schedule_plan(res.plan, cap, strategy, max_keys=max_keys)
+    s = new["summary"]
+    for f in ("rotations", "pmul", "cmul", "add", "rescale", "poly", "key_loads"):
+        assert sum(n[f] for n in new["nodes"]) == s[f], f
+    spans = [n["span"] for n in new["nodes"]]
+    assert all(a <= z for a, z in spans) and all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    if max_keys:
+        assert s["rotations"] > res.plan["summary"]["rotations"]  # chains were really used
+    vals = random_values(g, 3)
+    ref = reference(g, vals)
+    out = simulate(new, res.tables, vals)
+    for t in g.outputs:
+        assert np.allclose(out.outputs[t], ref[t], rtol=1e-9, atol=1e-9)
