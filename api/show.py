@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, plan_key_bytes
@@ -40,24 +41,22 @@ class KeyTimeline:
     steps: int
 
 
-def key_timeline(program: Sequence[Mapping[str, Any]]) -> KeyTimeline:
+def key_timeline(program: Sequence[Mapping[str, Any] | ir.Instr]) -> KeyTimeline:
     n = len(program)
+    prog = ir.decode_program(program)
     uses: dict[int, list[int]] = {}
-    for i, ins in enumerate(program):
-        if ins["op"] == "rot":
-            uses.setdefault(int(ins["k"]), []).append(i)
-        elif ins["op"] == "rot_hoisted":
-            for k in ins["ks"]:
-                uses.setdefault(int(k), []).append(i)
-    scheduled = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+    for i, ins in enumerate(prog):
+        for k in ins.rot_keys():
+            uses.setdefault(k, []).append(i)
+    scheduled = ir.has_key_schedule(prog)
     intervals: dict[int, list[tuple[int, int]]] = {}
     if scheduled:
         open_at: dict[int, int] = {}
-        for i, ins in enumerate(program):
-            if ins["op"] == "load_key":
-                open_at.setdefault(int(ins["k"]), i)
-            elif ins["op"] == "drop_key":
-                k = int(ins["k"])
+        for i, ins in enumerate(prog):
+            if isinstance(ins, ir.LoadKey):
+                open_at.setdefault(int(ins.k or 0), i)
+            elif isinstance(ins, ir.DropKey):
+                k = int(ins.k or 0)
                 if k in open_at:
                     intervals.setdefault(k, []).append((open_at.pop(k), i + 1))
         for k, start in open_at.items():
@@ -132,9 +131,9 @@ class PeakBreakdown:
 def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     """Keys, ciphertexts and plaintexts resident at the peak of :func:`memory_series`
     (grouped by level), walking the program with the same rules."""
-    from planner.summary import reg_reads, reg_writes, register_depths
+    from planner.summary import register_depths
 
-    program = plan["program"]
+    program = ir.decode_program(plan["program"])
     params = Params.from_json(plan["params"])
     kbytes = plan_key_bytes(plan)
     klevel = {int(k): v.get("level") for k, v in (plan.get("keys") or {}).items()}
@@ -151,31 +150,28 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     pt_level: dict[str, int] = {}
     used_keys: set[int] = set()
     for i, ins in enumerate(program):
-        for r in reg_reads(ins):
+        for r in ins.reads():
             last_use[r] = i
-        if "pt" in ins:
-            pt_first.setdefault(ins["pt"], i)
-            pt_last[ins["pt"]] = i
-            pt_level.setdefault(ins["pt"], max(0, L - depth[ins["src"]]))
-        if ins["op"] == "rot":
-            used_keys.add(int(ins["k"]))
-        elif ins["op"] == "rot_hoisted":
-            used_keys.update(int(k) for k in ins["ks"])
-    scheduled = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+        for pt in ins.plaintexts():
+            pt_first.setdefault(pt, i)
+            pt_last[pt] = i
+            pt_level.setdefault(pt, max(0, L - depth[ins.reads()[0]]))
+        used_keys.update(ins.rot_keys())
+    scheduled = ir.has_key_schedule(program)
     resident: set[int] = set() if scheduled else set(used_keys)
     live: set[str] = set()
     for i, ins in enumerate(program[: peak + 1]):
-        if ins["op"] == "load_key":
-            resident.add(int(ins["k"]))
-        for r in reg_writes(ins):
+        if isinstance(ins, ir.LoadKey):
+            resident.add(int(ins.k or 0))
+        for r in ins.writes():
             live.add(r)
         if i == peak:
             break
-        for r in set(reg_reads(ins)) | set(reg_writes(ins)):
+        for r in set(ins.reads()) | set(ins.writes()):
             if last_use.get(r, -1) <= i:
                 live.discard(r)
-        if ins["op"] == "drop_key":
-            resident.discard(int(ins["k"]))
+        if isinstance(ins, ir.DropKey):
+            resident.discard(int(ins.k or 0))
     top = params.rotation_key_bytes()
     kgroups: dict[tuple[str, int], int] = {}
     for k in resident:
@@ -192,7 +188,7 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
         if a <= peak <= pt_last[p]:
             pgroups[pt_level[p]] = pgroups.get(pt_level[p], 0) + 1
     return PeakBreakdown(
-        peak, program[peak]["op"], int(total[peak]),
+        peak, program[peak].op, int(total[peak]),
         sorted(((lab, n, b) for (lab, b), n in kgroups.items()), key=lambda t: (-t[2], t[0])),
         sorted(((lv, n, params.ciphertext_bytes(lv)) for lv, n in cgroups.items()), reverse=True),
         sorted(((lv, n, params.plaintext_bytes(lv)) for lv, n in pgroups.items()), reverse=True),
@@ -224,10 +220,10 @@ def table_sizes(plan: Mapping[str, Any], tables: Mapping[str, np.ndarray] | None
         g[1] += b
 
     seen: set[str] = set()
-    for ins in plan["program"]:
-        if "table" in ins and ins["table"] not in seen:
-            seen.add(ins["table"])
-            add(ins["tensor"], "input" if ins["op"] == "input" else "output", ins["table"])
+    for ins in ir.decode_program(plan["program"]):
+        if isinstance(ins, ir.Input | ir.Output) and ins.table not in seen:
+            seen.add(ins.table)
+            add(ins.tensor, "input" if isinstance(ins, ir.Input) else "output", ins.table)
     for p in plan["plaintexts"].values():
         if p["table"] not in seen:
             seen.add(p["table"])
@@ -533,7 +529,7 @@ def layout_views(
         why = str(e)
     graph_spec = plan["graph"].get("spec") or {}
     inputs = {t for t, v in (graph_spec.get("tensors") or {}).items() if v.get("role") == "input"}
-    outputs = set(plan.get("outputs") or {}) | {ins["tensor"] for ins in plan["program"] if ins["op"] == "output"}
+    outputs = set(plan.get("outputs") or {}) | {ins.tensor for ins in ir.decode_program(plan["program"]) if isinstance(ins, ir.Output)}
     known = list(infos) + [t for t in sorted(inputs | outputs) if t not in infos]
     wanted = list(known) if names is None else list(names)
     by_node = {n["id"]: n for n in plan["nodes"]}

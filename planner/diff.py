@@ -24,10 +24,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import SlotplanError
+from planner.ir import PLAN_SCHEMA
 
 DIGEST_SCHEMA = "slotplan.digest/1"
 DIFF_SCHEMA = "slotplan.diff/1"
-PLAN_SCHEMA = "slotplan.plan/1"
 
 # Metrics compared for every graph (dotted paths into the summary), in report order.
 METRICS: tuple[str, ...] = (

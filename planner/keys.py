@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from planner import progress
+from planner import ir, progress
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
@@ -76,7 +76,6 @@ SHRINK_TRIALS = 8
 # The z3 cross-check of the exact model runs on problems with at most this many decisions.
 Z3_CROSS_CHECK_MAX_GAPS = 400
 
-KEY_OPS = ("load_key", "drop_key")
 
 
 class KeyScheduleError(SlotplanError):
@@ -174,11 +173,11 @@ class KeySchedule:
 
 
 def _rot_keys(ins: Mapping[str, Any]) -> list[int]:
-    if ins["op"] == "rot":
-        return [int(ins["k"])]
-    if ins["op"] == "rot_hoisted":
-        return [int(k) for k in ins["ks"]]
-    return []
+    return list(ir.decode(ins).rot_keys())
+
+
+def _is_key_op(ins: Mapping[str, Any]) -> bool:
+    return isinstance(ir.decode(ins), ir.KeyOp)
 
 
 def _walk(
@@ -216,7 +215,7 @@ def base_profile(
     program: Sequence[Mapping[str, Any]], params: Params, depth: Mapping[str, int] | None = None
 ) -> list[int]:
     """Live ciphertext + plaintext bytes at every point of a program without key ops."""
-    _, ps, cs = _walk([i for i in program if i["op"] not in KEY_OPS], params, {}, depth)
+    _, ps, cs = _walk([i for i in program if not _is_key_op(i)], params, {}, depth)
     return [p + c for p, c in zip(ps, cs, strict=True)]
 
 
@@ -279,7 +278,8 @@ def _bfs(slots: int, basis: Iterable[int], targets: Iterable[int], max_depth: in
 
 
 def _sites(program: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...]]:
-    return [tuple(_rot_keys(ins)) for ins in program if ins["op"] in ("rot", "rot_hoisted")]
+    decoded = (ir.decode(ins) for ins in program)
+    return [ins.rot_keys() for ins in decoded if isinstance(ins, ir.Rot | ir.RotHoisted)]
 
 
 def _site_cost(site: tuple[int, ...], paths: _Paths) -> int:
@@ -449,21 +449,21 @@ def rewrite_rotations(
 
     chains: dict[int, list[int]] = {}
     out: list[dict[str, Any]] = []
-    for ins in program:
-        op = ins["op"]
-        if op not in ("rot", "rot_hoisted"):
-            out.append(dict(ins))
+    for raw in program:
+        rot = ir.decode(raw)
+        if not isinstance(rot, ir.Rot | ir.RotHoisted):
+            out.append(dict(raw))
             continue
-        ks = _rot_keys(ins)
-        dsts = [ins["dst"]] if op == "rot" else list(ins["dsts"])
+        ks = list(rot.rot_keys())
+        dsts = list(rot.writes())
         if all(k in basis for k in ks):
-            out.append(dict(ins))
+            out.append(dict(raw))
             continue
         for k in ks:
             if k not in basis:
                 chains[k] = paths.chain(k)
         # tree of partial sums: node -> register; children grouped per parent
-        reg: dict[int, str] = {0: ins["src"]}
+        reg: dict[int, str] = {0: rot.src}
         want = dict(zip(ks, dsts, strict=True))
         children: dict[int, list[tuple[int, int]]] = {}
         order: list[int] = [0]
@@ -480,10 +480,10 @@ def rewrite_rotations(
             kids = sorted(children.get(node, []))
             if len(kids) == 1:
                 s, child = kids[0]
-                out.append({"op": "rot", "dst": reg[child], "src": reg[node], "k": s})
+                out.append(ir.Rot(reg[child], reg[node], s).to_json())
             elif kids:
                 out.append(
-                    {"op": "rot_hoisted", "dsts": [reg[c] for _, c in kids], "src": reg[node], "ks": [s for s, _ in kids]}
+                    ir.RotHoisted(tuple(reg[c] for _, c in kids), reg[node], tuple(s for s, _ in kids)).to_json()
                 )
     return out, chains
 
@@ -681,25 +681,25 @@ def _emit(program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], d
             drops.setdefault(b, []).append(k)
     out: list[dict[str, Any]] = []
     for i, ins in enumerate(program):
-        out.extend({"op": "drop_key", "k": k} for k in sorted(drops.get(i - 1, [])))
-        out.extend({"op": "load_key", "k": k} for k in sorted(loads.get(i, [])))
+        out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(i - 1, [])))
+        out.extend(ir.LoadKey(k).to_json() for k in sorted(loads.get(i, [])))
         out.append(dict(ins))
-    out.extend({"op": "drop_key", "k": k} for k in sorted(drops.get(n - 1, [])))
+    out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(n - 1, [])))
     return out
 
 
 def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping[int, int], cap: int | None) -> dict[str, int]:
     resident: set[int] = set()
-    for i, ins in enumerate(program):
-        op = ins["op"]
-        if op == "load_key":
-            if int(ins["k"]) in resident:
-                raise KeyScheduleError(f"internal: key {ins['k']} loaded twice (instruction {i})")
-            resident.add(int(ins["k"]))
-        elif op == "drop_key":
-            resident.discard(int(ins["k"]))
+    for i, raw in enumerate(program):
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.LoadKey):
+            if int(ins.k or 0) in resident:
+                raise KeyScheduleError(f"internal: key {ins.k} loaded twice (instruction {i})")
+            resident.add(int(ins.k or 0))
+        elif isinstance(ins, ir.DropKey):
+            resident.discard(int(ins.k or 0))
         else:
-            missing = [k for k in _rot_keys(ins) if k not in resident]
+            missing = [k for k in ins.rot_keys() if k not in resident]
             if missing:
                 raise KeyScheduleError(f"internal: instruction {i} rotates by {missing} with no key resident")
     peak = key_memory_profile(program, params, sizes)
@@ -731,7 +731,7 @@ def schedule_keys(
         raise KeyScheduleError(f"memory cap must be positive, got {cap_bytes}")
     if merge_window < 0 or prefetch < 0:
         raise KeyScheduleError("merge window and prefetch distance must be non-negative")
-    prog = [dict(i) for i in program if i["op"] not in KEY_OPS]
+    prog = [dict(i) for i in program if not _is_key_op(i)]
     sites = _sites(prog)
     rotations_before = sum(len(s) for s in sites)
     keys_before = len({k for s in sites for k in s})
@@ -824,7 +824,7 @@ def schedule_keys(
 def program_sha256(program: Sequence[Mapping[str, Any]]) -> str:
     """Digest of a program without its key schedule (identifies the planned program a
     schedule was derived from)."""
-    core = [i for i in program if i["op"] not in KEY_OPS]
+    core = [i for i in program if not _is_key_op(i)]
     return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner import progress
+from planner import ir, progress
 from planner.candidates import (
     ELEMENTWISE_KERNELS,
     KERNELS,
@@ -33,6 +33,7 @@ from planner.convert import plan_conversion
 from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
 from planner.graph import Graph
+from planner.ir import PLAN_SCHEMA
 from planner.kernels.base import Candidate
 from planner.layout import ChannelLayout
 from planner.params import Params
@@ -42,7 +43,6 @@ from planner.summary import span_counts, summarize
 from solver import create
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
-PLAN_SCHEMA = "slotplan.plan/1"
 # Default solver time limit: the models of single kernels and small graphs prove optimal
 # in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -302,8 +302,8 @@ def candidate_min_cap(c: Candidate, params: Params) -> int:
     ser = memory_series(prog, params, depth=b.depth)
     key = params.rotation_key_bytes()
     need = 0
-    for i, ins in enumerate(prog):
-        n_keys = len(ins["ks"]) if ins["op"] == "rot_hoisted" else 1 if ins["op"] == "rot" else 0
+    for i, raw in enumerate(prog):
+        n_keys = len(ir.decode(raw).rot_keys())
         need = max(need, int(ser["plaintexts"][i] + ser["ciphertexts"][i]) + n_keys * key)
     return need
 
