@@ -172,7 +172,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
 ) -> None:
     """Our plans vs the paper's MKR / FHELIPE / BSGS numbers and the baselines."""
-    from planner.bench import run_suite
+    from api.bench import run_suite
 
     rows: list[dict[str, Any]] = []
     try:

@@ -9,11 +9,11 @@ import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from planner.errors import PlanFileError
+from planner.errors import PlanFileError, SlotplanError
 from planner.ir.plan import MAX_PROGRAM_LENGTH, validate_plan
 from planner.program import LazyTables
 
@@ -237,3 +237,21 @@ def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapp
     else:
         out.pop(DIGEST_KEY, None)
     return out
+
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
+
+
+def load_model_file(path: str | Path, model: type[M], what: str) -> tuple[M, Path]:
+    """A JSON file validated by a pydantic model, and its folder (suite paths are relative
+    to it); errors name the file."""
+    p = Path(path)
+    try:
+        return model.model_validate(json.loads(p.read_text())), p.parent
+    except FileNotFoundError as e:
+        raise SlotplanError(f"{what} {p} not found") from e
+    except (ValueError, json.JSONDecodeError) as e:
+        raise SlotplanError(f"{what} {p}: {' '.join(str(e).split())}") from e

@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from planner import ir, progress
+from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
+from solver import progress
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 
 __all__ = [

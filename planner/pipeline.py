@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner import ir, progress
+from planner import ir
 from planner.candidates import (
     ELEMENTWISE_KERNELS,
     KERNELS,
@@ -40,7 +40,7 @@ from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
 from planner.rotom import parse_layout
 from planner.summary import span_counts, summarize
-from solver import create
+from solver import create, progress
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
 # Default solver time limit: the models of single kernels and small graphs prove optimal
