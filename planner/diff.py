@@ -91,7 +91,7 @@ def node_digest(node: Mapping[str, Any], layouts: bool = True) -> dict[str, Any]
 
 
 def plan_digest(plan: Mapping[str, Any], layouts: bool = True) -> dict[str, Any]:
-    """Digest of a ``slotplan.plan/1`` document."""
+    """Digest of a plan document (``PLAN_SCHEMA``)."""
     params = plan.get("params") or {}
     graph = plan.get("graph") or {}
     return {

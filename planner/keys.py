@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +47,12 @@ from planner.params import Params
 from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
 from solver import progress
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
+from solver.registry import Registry
 
 __all__ = [
     "BASES",
     "MERGE_WINDOW",
+    "KEY_STRATEGIES",
     "STRATEGIES",
     "KeyCapError",
     "KeyInfo",
@@ -64,7 +66,6 @@ __all__ = [
     "schedule_plan",
 ]
 
-STRATEGIES = ("keep-all", "keymemrt", "belady", "exact", "pow2")
 BASES = ("auto", "pow2", "naf", "bsgs")
 # KeyMemRT's Merge Rotation Keys pass: merge when the next use is within 10 operations
 # (shared/notes/peers.md, KeyMemRT section; paper section 4.2.4).
@@ -668,6 +669,68 @@ def _exact(ctx: _Ctx, time_limit_s: float, cross_check: bool) -> tuple[list[Inte
 
 
 # --------------------------------------------------------------------------------------
+# The strategies by name
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StrategyKnobs:
+    """The options of one scheduling run a strategy may read (and records in the plan)."""
+
+    merge_window: int
+    prefetch: int
+    time_limit_s: float
+    cross_check: bool
+    max_keys: int | None
+    basis: str | None  # the basis the rotations were rewritten over (None: not rewritten)
+    rewritten: bool  # a basis was chosen (max_keys given, or the strategy rewrites)
+
+
+@dataclass(frozen=True)
+class KeyStrategy:
+    """A residency strategy: ``intervals`` (resident intervals, solver report) over the
+    program points; ``options`` what it records in ``key_schedule.options`` (in order);
+    ``keeps_all``: every key resident from the start to the end (its smallest cap is the
+    peak with all keys); ``pow2_basis``: rotations are first rewritten over powers of two."""
+
+    name: str
+    intervals: Callable[[_Ctx, StrategyKnobs], tuple[list[Interval], dict[str, Any] | None]]
+    options: Callable[[StrategyKnobs], dict[str, Any]]
+    keeps_all: bool = False
+    pow2_basis: bool = False
+
+
+def _basis_options(k: StrategyKnobs) -> dict[str, Any]:
+    return {"max_keys": k.max_keys, "basis": k.basis} if k.rewritten else {}
+
+
+def _all_resident(ctx: _Ctx, k: StrategyKnobs) -> tuple[list[Interval], dict[str, Any] | None]:
+    return [(key, 0, ctx.n - 1) for key in sorted(ctx.uses)], None
+
+
+# Key strategies by name (the order of `slotplan keybench`'s rows).
+KEY_STRATEGIES: Registry[KeyStrategy] = Registry("key strategy", "known", KeyScheduleError)
+
+
+def _strategy(strategy: KeyStrategy) -> None:
+    KEY_STRATEGIES.register(strategy.name, lambda: strategy)
+
+
+_strategy(KeyStrategy("keep-all", _all_resident, _basis_options, keeps_all=True))
+_strategy(KeyStrategy(
+    "keymemrt", lambda ctx, k: (_keymemrt(ctx, k.merge_window, k.prefetch), None),
+    lambda k: {"merge_window": k.merge_window, "prefetch": k.prefetch, **_basis_options(k)},
+))
+_strategy(KeyStrategy("belady", lambda ctx, k: (_belady(ctx), None), _basis_options))
+_strategy(KeyStrategy(
+    "exact", lambda ctx, k: _exact(ctx, k.time_limit_s, k.cross_check),
+    lambda k: {**_basis_options(k), "time_limit_s": k.time_limit_s},
+))
+_strategy(KeyStrategy("pow2", _all_resident, _basis_options, keeps_all=True, pow2_basis=True))
+STRATEGIES = KEY_STRATEGIES.names()
+
+
+# --------------------------------------------------------------------------------------
 # The pass
 # --------------------------------------------------------------------------------------
 
@@ -726,8 +789,7 @@ def schedule_keys(
     """Insert a key schedule into ``program`` (any existing ``load_key``/``drop_key`` are
     replaced).  Raises :class:`KeyCapError` (naming the smallest feasible cap) when
     ``cap_bytes`` is below what the strategy needs at some step."""
-    if strategy not in STRATEGIES:
-        raise KeyScheduleError(f"unknown key strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    strat = KEY_STRATEGIES.create(strategy)
     if cap_bytes is not None and cap_bytes <= 0:
         raise KeyScheduleError(f"memory cap must be positive, got {cap_bytes}")
     if merge_window < 0 or prefetch < 0:
@@ -739,8 +801,8 @@ def schedule_keys(
     chosen: list[int] | None = None
     chains: dict[int, list[int]] = {}
     basis_name = None
-    if strategy == "pow2" or max_keys is not None:
-        family = "pow2" if strategy == "pow2" and basis == "auto" else basis
+    if strat.pow2_basis or max_keys is not None:
+        family = "pow2" if strat.pow2_basis and basis == "auto" else basis
         bset, paths, basis_name = choose_basis(prog, params.slots, max_keys, family)
         if basis_name != "direct":
             prog, chains = rewrite_rotations(prog, paths)
@@ -761,49 +823,37 @@ def schedule_keys(
     base = base_profile(prog, params, depth)
     ctx = _Ctx(len(prog), uses, need, size, base, cap_bytes)
     # smallest cap each strategy can meet, and where it binds
-    if strategy in ("keep-all", "pow2"):
+    if strat.keeps_all:
         all_keys = sum(size.values())
         i_max = max(range(len(prog)), key=lambda i: base[i]) if prog else 0
         min_cap = (base[i_max] if prog else 0) + all_keys
         where = (
             f"keeping all {len(size)} keys ({all_keys} bytes) resident, instruction {i_max} "
-            f"({prog[i_max]['op'] if prog else '-'}) peaks at {min_cap} bytes"
+            f"({ir.op_name(prog[i_max]) if prog else '-'}) peaks at {min_cap} bytes"
         )
     else:
         needs = [base[i] + sum(size[k] for k in need[i]) for i in range(len(prog))]
         i_max = max(range(len(prog)), key=lambda i: needs[i]) if prog else 0
         min_cap = needs[i_max] if prog else 0
         where = (
-            f"instruction {i_max} ({prog[i_max]['op'] if prog else '-'}) alone needs {min_cap} bytes "
+            f"instruction {i_max} ({ir.op_name(prog[i_max]) if prog else '-'}) alone needs {min_cap} bytes "
             f"(ciphertexts and plaintexts {base[i_max] if prog else 0}, its keys "
             f"{min_cap - (base[i_max] if prog else 0)})"
         )
     if cap_bytes is not None and cap_bytes < min_cap:
         raise KeyCapError(cap_bytes, min_cap, strategy, where)
-    solver_info: dict[str, Any] | None = None
-    if strategy in ("keep-all", "pow2"):
-        intervals = [(k, 0, len(prog) - 1) for k in sorted(uses)]
-        new = _emit(prog, intervals, drop_at_end=False)
-    else:
-        if strategy == "keymemrt":
-            intervals = _keymemrt(ctx, merge_window, prefetch)
-        elif strategy == "belady":
-            intervals = _belady(ctx)
-        else:
-            intervals, solver_info = _exact(ctx, time_limit_s, cross_check)
-        new = _emit(prog, intervals, drop_at_end=True)
+    knobs = StrategyKnobs(
+        merge_window, prefetch, time_limit_s, cross_check, max_keys, basis_name,
+        rewritten=strat.pow2_basis or max_keys is not None,
+    )
+    intervals, solver_info = strat.intervals(ctx, knobs)
+    new = _emit(prog, intervals, drop_at_end=not strat.keeps_all)
     peak = _verify(new, params, size, cap_bytes)
     loads_per: dict[int, int] = {}
     for k, _, _ in intervals:
         loads_per[k] = loads_per.get(k, 0) + 1
     keys = {k: KeyInfo(k, level[k], size[k], len(uses[k]), loads_per.get(k, 0)) for k in sorted(uses)}
-    options: dict[str, Any] = {"key_levels": key_levels}
-    if strategy == "keymemrt":
-        options.update(merge_window=merge_window, prefetch=prefetch)
-    if max_keys is not None or strategy == "pow2":
-        options.update(max_keys=max_keys, basis=basis_name)
-    if strategy == "exact":
-        options.update(time_limit_s=time_limit_s)
+    options: dict[str, Any] = {"key_levels": key_levels, **strat.options(knobs)}
     return KeySchedule(
         program=new,
         strategy=strategy,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner import ir
 from planner.candidates import (
     ELEMENTWISE_KERNELS,
+    KERNEL_FAMILIES,
     KERNELS,
     LINEAR_KERNELS,
     PlanError,
@@ -40,7 +41,7 @@ from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
 from planner.rotom import parse_layout
 from planner.summary import span_counts, summarize
-from solver import create, progress
+from solver import SOLVER_BACKENDS, create, progress
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
 # Default solver time limit: the models of single kernels and small graphs prove optimal
@@ -48,11 +49,17 @@ from solver.model import ChoiceModel, Edge, Group, Solution, Status
 DEFAULT_TIME_LIMIT_S = 10.0
 
 
+if TYPE_CHECKING:
+    SolverName = str
+else:  # the registered solver back ends, as an enum of the JSON schema (REST, OpenAPI)
+    SolverName = Literal[SOLVER_BACKENDS.names()]
+
+
 class PlanOptionsLiteral(BaseModel):
     """Unchecked JSON/CLI form of the planning options."""
 
     model_config = ConfigDict(extra="forbid")
-    solver: Literal["cpsat", "z3"] = "cpsat"
+    solver: SolverName = "cpsat"
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=3600)
     memory_cap_bytes: int | None = Field(default=None, gt=0)
     kernels: list[str] | None = None
@@ -529,4 +536,4 @@ def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
 
 
 def kernel_names() -> Sequence[str]:
-    return KERNELS
+    return KERNEL_FAMILIES.names()
