@@ -358,13 +358,92 @@ def text_report(plan: Mapping[str, Any], explain: Mapping[str, Any] | None = Non
     return text + "\n".join(rest) + "\n"
 
 
+def _cost_panel(ax_cost: Any, nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Panel 1: rotations and plaintext multiplications per node."""
+    labels = [f"{n['id']}\n{n['kernel']}" for n in nodes]
+    rot = np.array([n.get("rotations", 0) for n in nodes], dtype=float)
+    pmul = np.array([n.get("pmul", n.get("cost", {}).get("pmul", 0)) for n in nodes], dtype=float)
+    x = np.arange(len(nodes))
+    w = 0.38
+    b1 = ax_cost.bar(x - w / 2, rot, w, color="tab:blue", label="rotations")
+    ax_p = ax_cost.twinx()
+    b2 = ax_p.bar(x + w / 2, pmul, w, color="tab:orange", label="pmul")
+    ax_cost.set_ylabel("rotations", color="tab:blue")
+    ax_p.set_ylabel("plaintext multiplications", color="tab:orange")
+    ax_cost.set_xticks(x)
+    step = max(1, len(nodes) // 30)
+    ax_cost.set_xticklabels([lab if i % step == 0 else "" for i, lab in enumerate(labels)], fontsize=8)
+    ax_cost.set_title("cost per node", fontsize=10, loc="left")
+    if len(nodes) <= 40:
+        ax_cost.bar_label(b1, fmt="%d", fontsize=7, padding=1)
+        ax_p.bar_label(b2, fmt="%d", fontsize=7, padding=1)
+    ax_cost.set_ylim(0, max(1.0, float(rot.max(initial=0))) * 1.18)
+    ax_p.set_ylim(0, max(1.0, float(pmul.max(initial=0))) * 1.18)
+    ax_cost.set_xlim(-1.0, max(1, len(nodes)))
+    ax_cost.legend(handles=[b1, b2], loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8,
+                   frameon=False)
+
+
+def _key_panel(ax_keys: Any, tl: KeyTimeline, key_rows: int) -> None:
+    """Panel 2: when each rotation key is resident and where it is used."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    row = {k: i for i, k in enumerate(tl.keys)}
+    for k in tl.keys:
+        spans = [(a, b - a) for a, b in tl.intervals.get(k, [])]
+        ax_keys.broken_barh(spans, (row[k] - 0.4, 0.8), facecolors="tab:green", alpha=0.45, linewidth=0)
+        us = tl.uses.get(k, [])
+        if us:
+            ax_keys.scatter(us, [row[k]] * len(us), marker="|", s=60, color="black", linewidths=1.2)
+    ax_keys.set_ylim(-0.7, key_rows - 0.3)
+    ax_keys.invert_yaxis()
+    tick_step = max(1, key_rows // 40)
+    ax_keys.set_yticks([row[k] for k in tl.keys][::tick_step])
+    ax_keys.set_yticklabels([str(k) for k in tl.keys][::tick_step], fontsize=7)
+    ax_keys.set_ylabel("rotation key (offset k)")
+    mode = "load/drop schedule" if tl.scheduled else "no key schedule: every key resident for the whole program"
+    ax_keys.set_title(f"key residency ({len(tl.keys)} keys; {mode})", fontsize=10, loc="left")
+    ax_keys.legend(
+        handles=[Patch(facecolor="tab:green", alpha=0.45, label="resident"),
+                 plt.Line2D([], [], color="black", marker="|", linestyle="", label="rotation uses key")],
+        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False,
+    )
+    ax_keys.tick_params(labelbottom=False)
+
+
+def _memory_panel(
+    ax_mem: Any, program: Sequence[Any], mem: Mapping[str, np.ndarray], summary: Mapping[str, Any], n_steps: int
+) -> None:
+    """Panel 3: modelled resident memory per program step, the cap and the peak."""
+    steps = np.arange(len(program))
+    stack = [mem["keys"] / MiB, mem["plaintexts"] / MiB, mem["ciphertexts"] / MiB]
+    if len(program):
+        ax_mem.stackplot(steps, *stack, labels=["rotation keys", "plaintexts", "ciphertexts"],
+                         colors=["tab:green", "tab:orange", "tab:blue"], alpha=0.7, step="post")
+    total: np.ndarray = np.sum(np.vstack(stack), axis=0) if len(program) else np.zeros(0)
+    cap = summary.get("memory_cap_bytes")
+    if cap:
+        ax_mem.axhline(cap / MiB, color="red", linestyle="--", linewidth=1.2, label=f"memory cap {cap / MiB:.1f} MiB")
+    if len(program):
+        i_peak = int(np.argmax(total))
+        ax_mem.annotate(f"peak {total[i_peak]:.1f} MiB", (i_peak, total[i_peak]), textcoords="offset points",
+                        xytext=(6, 4), fontsize=8)
+    top = max(float(np.max(total)) if len(program) else 0.0, (cap or 0) / MiB, 1e-6)
+    ax_mem.set_ylim(0, top * 1.15)
+    ax_mem.set_xlim(-0.01 * n_steps - 0.5, n_steps * 1.01)
+    ax_mem.set_xlabel("program step (instruction index)")
+    ax_mem.set_ylabel("modelled MiB")
+    ax_mem.set_title("modelled resident memory", fontsize=10, loc="left")
+    ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
+
+
 def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Draw the three panels into ``path`` (PNG, or SVG when the name ends in .svg)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     program = plan["program"]
     params = Params.from_json(plan["params"])
@@ -392,74 +471,9 @@ def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = No
         fontsize=12,
     )
 
-    # 1. cost per node
-    labels = [f"{n['id']}\n{n['kernel']}" for n in nodes]
-    rot = np.array([n.get("rotations", 0) for n in nodes], dtype=float)
-    pmul = np.array([n.get("pmul", n.get("cost", {}).get("pmul", 0)) for n in nodes], dtype=float)
-    x = np.arange(len(nodes))
-    w = 0.38
-    b1 = ax_cost.bar(x - w / 2, rot, w, color="tab:blue", label="rotations")
-    ax_p = ax_cost.twinx()
-    b2 = ax_p.bar(x + w / 2, pmul, w, color="tab:orange", label="pmul")
-    ax_cost.set_ylabel("rotations", color="tab:blue")
-    ax_p.set_ylabel("plaintext multiplications", color="tab:orange")
-    ax_cost.set_xticks(x)
-    step = max(1, len(nodes) // 30)
-    ax_cost.set_xticklabels([lab if i % step == 0 else "" for i, lab in enumerate(labels)], fontsize=8)
-    ax_cost.set_title("cost per node", fontsize=10, loc="left")
-    if len(nodes) <= 40:
-        ax_cost.bar_label(b1, fmt="%d", fontsize=7, padding=1)
-        ax_p.bar_label(b2, fmt="%d", fontsize=7, padding=1)
-    ax_cost.set_ylim(0, max(1.0, float(rot.max(initial=0))) * 1.18)
-    ax_p.set_ylim(0, max(1.0, float(pmul.max(initial=0))) * 1.18)
-    ax_cost.set_xlim(-1.0, max(1, len(nodes)))
-    ax_cost.legend(handles=[b1, b2], loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8,
-                   frameon=False)
-
-    # 2. key residency
-    row = {k: i for i, k in enumerate(tl.keys)}
-    for k in tl.keys:
-        spans = [(a, b - a) for a, b in tl.intervals.get(k, [])]
-        ax_keys.broken_barh(spans, (row[k] - 0.4, 0.8), facecolors="tab:green", alpha=0.45, linewidth=0)
-        us = tl.uses.get(k, [])
-        if us:
-            ax_keys.scatter(us, [row[k]] * len(us), marker="|", s=60, color="black", linewidths=1.2)
-    ax_keys.set_ylim(-0.7, key_rows - 0.3)
-    ax_keys.invert_yaxis()
-    tick_step = max(1, key_rows // 40)
-    ax_keys.set_yticks([row[k] for k in tl.keys][::tick_step])
-    ax_keys.set_yticklabels([str(k) for k in tl.keys][::tick_step], fontsize=7)
-    ax_keys.set_ylabel("rotation key (offset k)")
-    mode = "load/drop schedule" if tl.scheduled else "no key schedule: every key resident for the whole program"
-    ax_keys.set_title(f"key residency ({len(tl.keys)} keys; {mode})", fontsize=10, loc="left")
-    ax_keys.legend(
-        handles=[Patch(facecolor="tab:green", alpha=0.45, label="resident"),
-                 plt.Line2D([], [], color="black", marker="|", linestyle="", label="rotation uses key")],
-        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False,
-    )
-    ax_keys.tick_params(labelbottom=False)
-
-    # 3. memory
-    steps = np.arange(len(program))
-    stack = [mem["keys"] / MiB, mem["plaintexts"] / MiB, mem["ciphertexts"] / MiB]
-    if len(program):
-        ax_mem.stackplot(steps, *stack, labels=["rotation keys", "plaintexts", "ciphertexts"],
-                         colors=["tab:green", "tab:orange", "tab:blue"], alpha=0.7, step="post")
-    total: np.ndarray = np.sum(np.vstack(stack), axis=0) if len(program) else np.zeros(0)
-    cap = summary.get("memory_cap_bytes")
-    if cap:
-        ax_mem.axhline(cap / MiB, color="red", linestyle="--", linewidth=1.2, label=f"memory cap {cap / MiB:.1f} MiB")
-    if len(program):
-        i_peak = int(np.argmax(total))
-        ax_mem.annotate(f"peak {total[i_peak]:.1f} MiB", (i_peak, total[i_peak]), textcoords="offset points",
-                        xytext=(6, 4), fontsize=8)
-    top = max(float(np.max(total)) if len(program) else 0.0, (cap or 0) / MiB, 1e-6)
-    ax_mem.set_ylim(0, top * 1.15)
-    ax_mem.set_xlim(-0.01 * n_steps - 0.5, n_steps * 1.01)
-    ax_mem.set_xlabel("program step (instruction index)")
-    ax_mem.set_ylabel("modelled MiB")
-    ax_mem.set_title("modelled resident memory", fontsize=10, loc="left")
-    ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
+    _cost_panel(ax_cost, nodes)
+    _key_panel(ax_keys, tl, key_rows)
+    _memory_panel(ax_mem, program, mem, summary, n_steps)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

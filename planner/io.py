@@ -172,6 +172,50 @@ def plan_digest(plan: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path, slots: int | None) -> tuple[str, np.ndarray]:
+    """One array of a tables file, its header checked before its data is read."""
+    if not info.filename.endswith(".npy"):
+        raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
+    key = info.filename[:-4]
+    with zf.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        _check_member(f"tables file {p}: array {key!r}", key, tuple(shape), dtype, slots, info.file_size)
+        fh.seek(0)
+        arr = np.lib.format.read_array(fh, allow_pickle=False)
+    if key.endswith(".coef") and not np.all(np.isfinite(arr)):
+        raise PlanFileError(f"tables file {p}: array {key!r}: coefficients must be finite")
+    return key, arr
+
+
+def _check_member(
+    where: str, key: str, shape: tuple[int, ...], dtype: np.dtype[Any], slots: int | None, file_size: int
+) -> None:
+    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+    if dtype.hasobject:
+        raise PlanFileError(f"{where}: object arrays are not allowed")
+    if key == DIGEST_KEY:
+        if dtype.kind != "U" or n != 1:
+            raise PlanFileError(f"{where}: must be one string")
+    elif key.endswith(".idx"):
+        if dtype.kind not in "iu":
+            raise PlanFileError(f"{where}: index tables are integers (int64), got {dtype}")
+    elif key.endswith(".coef"):
+        if dtype.kind != "f":
+            raise PlanFileError(f"{where}: coefficient tables are float64, got {dtype}")
+    else:
+        raise PlanFileError(f"{where}: names end in .idx or .coef")
+    if key != DIGEST_KEY and (len(shape) != 1 or (slots is not None and shape[0] != slots)):
+        want = f"({slots},)" if slots is not None else "one-dimensional"
+        raise PlanFileError(f"{where}: shape {tuple(shape)}, expected {want}")
+    if n * dtype.itemsize > file_size:
+        raise PlanFileError(f"{where}: its header claims {n * dtype.itemsize} bytes but the "
+                            f"member holds {file_size}")
+
+
 def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapping[str, np.ndarray]:
     """Read a tables file strictly: every member's header is checked before its data is
     read (dtype: int64 indices ``T.idx``, finite float64 ``T.coef``; length ``slots`` when
@@ -184,40 +228,7 @@ def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapp
             raise PlanFileError(f"tables file {p} is a directory")
         with zipfile.ZipFile(p) as zf:
             for info in zf.infolist():
-                if not info.filename.endswith(".npy"):
-                    raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
-                key = info.filename[:-4]
-                with zf.open(info) as fh:
-                    version = np.lib.format.read_magic(fh)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-                    else:
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-                    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
-                    where = f"tables file {p}: array {key!r}"
-                    if dtype.hasobject:
-                        raise PlanFileError(f"{where}: object arrays are not allowed")
-                    if key == DIGEST_KEY:
-                        if dtype.kind != "U" or n != 1:
-                            raise PlanFileError(f"{where}: must be one string")
-                    elif key.endswith(".idx"):
-                        if dtype.kind not in "iu":
-                            raise PlanFileError(f"{where}: index tables are integers (int64), got {dtype}")
-                    elif key.endswith(".coef"):
-                        if dtype.kind != "f":
-                            raise PlanFileError(f"{where}: coefficient tables are float64, got {dtype}")
-                    else:
-                        raise PlanFileError(f"{where}: names end in .idx or .coef")
-                    if key != DIGEST_KEY and (len(shape) != 1 or (slots is not None and shape[0] != slots)):
-                        want = f"({slots},)" if slots is not None else "one-dimensional"
-                        raise PlanFileError(f"{where}: shape {tuple(shape)}, expected {want}")
-                    if n * dtype.itemsize > info.file_size:
-                        raise PlanFileError(f"{where}: its header claims {n * dtype.itemsize} bytes but the "
-                                            f"member holds {info.file_size}")
-                    fh.seek(0)
-                    arr = np.lib.format.read_array(fh, allow_pickle=False)
-                if key.endswith(".coef") and not np.all(np.isfinite(arr)):
-                    raise PlanFileError(f"tables file {p}: array {key!r}: coefficients must be finite")
+                key, arr = _read_member(zf, info, p, slots)
                 out[key] = arr
     except FileNotFoundError:
         raise PlanFileError(f"tables file {p} not found") from None

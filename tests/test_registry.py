@@ -47,7 +47,7 @@ def test_every_registry_names_its_plug_ins() -> None:
     assert SOLVERS == SOLVER_BACKENDS.names() == ("cpsat", "z3")
     assert EXECUTION_BACKENDS.names() == ("sim", "lattigo")
     assert STRATEGIES == KEY_STRATEGIES.names() == ("keep-all", "keymemrt", "belady", "exact", "pow2")
-    assert KERNELS == KERNEL_FAMILIES.names()
+    assert KERNEL_FAMILIES.names() == KERNELS
     assert set(LINEAR_KERNELS) | set(ELEMENTWISE_KERNELS) == set(KERNELS)
     assert all(KERNEL_FAMILIES.create(k).linear is not None for k in LINEAR_KERNELS)
     assert "default" in COST_TABLES and COST_TABLES.names() == tuple(sorted(COST_TABLES.names()))
