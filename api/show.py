@@ -53,10 +53,10 @@ def key_timeline(program: Sequence[Mapping[str, Any] | ir.Instr]) -> KeyTimeline
     if scheduled:
         open_at: dict[int, int] = {}
         for i, ins in enumerate(prog):
-            if isinstance(ins, ir.LoadKey):
-                open_at.setdefault(int(ins.k or 0), i)
-            elif isinstance(ins, ir.DropKey):
-                k = int(ins.k or 0)
+            if isinstance(ins, ir.LoadKey) and ins.k is not None:
+                open_at.setdefault(int(ins.k), i)
+            elif isinstance(ins, ir.DropKey) and ins.k is not None:
+                k = int(ins.k)
                 if k in open_at:
                     intervals.setdefault(k, []).append((open_at.pop(k), i + 1))
         for k, start in open_at.items():
@@ -161,8 +161,8 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     resident: set[int] = set() if scheduled else set(used_keys)
     live: set[str] = set()
     for i, ins in enumerate(program[: peak + 1]):
-        if isinstance(ins, ir.LoadKey):
-            resident.add(int(ins.k or 0))
+        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+            resident.add(int(ins.k))
         for r in ins.writes():
             live.add(r)
         if i == peak:
@@ -170,8 +170,8 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
         for r in set(ins.reads()) | set(ins.writes()):
             if last_use.get(r, -1) <= i:
                 live.discard(r)
-        if isinstance(ins, ir.DropKey):
-            resident.discard(int(ins.k or 0))
+        if isinstance(ins, ir.DropKey) and ins.k is not None:
+            resident.discard(int(ins.k))
     top = params.rotation_key_bytes()
     kgroups: dict[tuple[str, int], int] = {}
     for k in resident:

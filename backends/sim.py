@@ -175,8 +175,13 @@ class _Machine:
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         self.put(ins.dst, self.get(ins.src, i).copy(), i)
 
+    def _rotation_key(self, ins: ir.KeyOp, i: int) -> int:
+        if ins.k is None:  # the bootstrapping key block: no bootstrap here either
+            raise SimulationError(f"instruction {i}: key block {ins.block!r} is not supported by the simulator")
+        return int(ins.k)
+
     def exec_load_key(self, ins: ir.LoadKey, i: int) -> None:
-        k = int(ins.k or 0)
+        k = self._rotation_key(ins, i)
         if k in self.resident:
             raise SimulationError(f"instruction {i}: key {k} loaded while already resident")
         self.resident.add(k)
@@ -184,7 +189,7 @@ class _Machine:
         self.peak_keys = max(self.peak_keys, len(self.resident))
 
     def exec_drop_key(self, ins: ir.DropKey, i: int) -> None:
-        k = int(ins.k or 0)
+        k = self._rotation_key(ins, i)
         if k not in self.resident:
             raise SimulationError(f"instruction {i}: key {k} dropped but not resident")
         self.resident.discard(k)

@@ -756,12 +756,12 @@ def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping
     resident: set[int] = set()
     for i, raw in enumerate(program):
         ins = ir.decode(raw)
-        if isinstance(ins, ir.LoadKey):
-            if int(ins.k or 0) in resident:
+        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+            if ins.k in resident:
                 raise KeyScheduleError(f"internal: key {ins.k} loaded twice (instruction {i})")
-            resident.add(int(ins.k or 0))
-        elif isinstance(ins, ir.DropKey):
-            resident.discard(int(ins.k or 0))
+            resident.add(ins.k)
+        elif isinstance(ins, ir.DropKey) and ins.k is not None:
+            resident.discard(ins.k)
         else:
             missing = [k for k in ins.rot_keys() if k not in resident]
             if missing:

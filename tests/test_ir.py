@@ -134,3 +134,25 @@ def test_simulator_executes_every_op_but_bootstrap() -> None:
     # bootstrap is in the SPEC and the IR; the numpy simulator reports it as unknown (as
     # before the IR), the Lattigo runner has no bootstrapping preset either
     assert set(_EXEC) == set(ir.OPS.values()) - {ir.Bootstrap}
+
+
+@pytest.mark.parametrize(
+    ("middle", "message"),
+    [
+        ({"op": "load_key", "block": "boot"}, "instruction 1: key block 'boot' is not supported by the simulator"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0"}, "instruction 1: unknown op 'bootstrap'"),
+        ({"op": "frob"}, "instruction 1: unknown op 'frob'"),
+    ],
+)
+def test_simulator_refuses_what_it_cannot_execute(middle: dict[str, object], message: str) -> None:
+    import numpy as np
+
+    from backends.sim import SimulationError, simulate
+
+    plan = {
+        "params": {"slots": 8, "log_q": [40, 40]}, "plaintexts": {},
+        "program": [{"op": "input", "dst": "c0", "tensor": "x", "table": "t"}, middle,
+                    {"op": "output", "src": "c0", "tensor": "y", "table": "t"}],
+    }
+    with pytest.raises(SimulationError, match=re.escape(message)):
+        simulate(plan, {"t.idx": np.arange(8)}, {"x": np.arange(8.0)})
