@@ -16,10 +16,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from api.common import ExitError, err, fail, out
-from planner.candidates import KERNELS
+from backends.runner import EXECUTION_BACKENDS
+from planner.candidates import KERNEL_FAMILIES
 from planner.errors import SlotplanError
 from planner.io import DEFAULT_MAX_TABLE_BYTES, load_plan, load_tables, parse_size, write_outputs
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout
+from solver import SOLVER_BACKENDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Layout planner for CKKS tensor programs.")
 _fail = fail
@@ -28,13 +30,13 @@ def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
     params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
-    solver: Annotated[str, typer.Option("--solver", help="cpsat | z3")] = "cpsat",
+    solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
     wall_limit: Annotated[float | None, typer.Option("--wall-limit", min=0.1, help="bound the whole planning (candidates, solve, lowering, key schedule) to this many seconds of wall time; past it, exit 3 naming the step")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables file to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
-    kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {','.join(KERNELS)}")] = None,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {KERNEL_FAMILIES.help(',')}")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
@@ -57,10 +59,9 @@ def plan(
         p = load_params(params)
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
-        if solver not in ("cpsat", "z3"):
-            raise SlotplanError(f"unknown solver {solver!r}; known solvers: cpsat, z3")
+        SOLVER_BACKENDS.check(solver)
         lit = PlanOptionsLiteral(
-            solver=solver,  # type: ignore[arg-type]
+            solver=solver,
             time_limit_s=time_limit,
             memory_cap_bytes=cap,
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,
@@ -124,7 +125,7 @@ def plan(
 def run(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables (regenerated from the plan if absent)")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="sim | lattigo")] = "sim",
+    backend: Annotated[str, typer.Option("--backend", help=EXECUTION_BACKENDS.help())] = "sim",
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="random seed, 0..2**32-1")] = 0,
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -135,8 +136,7 @@ def run(
     from backends.runner import run_plan
 
     try:
-        if backend not in ("sim", "lattigo"):
-            raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
+        EXECUTION_BACKENDS.check(backend)
         pl = load_plan(plan_file)
         tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
@@ -173,7 +173,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
 ) -> None:
     """Our plans vs the paper's MKR / FHELIPE / BSGS numbers and the baselines."""
-    from planner.bench import run_suite
+    from api.bench import run_suite
 
     rows: list[dict[str, Any]] = []
     try:

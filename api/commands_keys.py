@@ -12,7 +12,8 @@ from rich.table import Table
 
 from api.common import fail, out
 from planner.errors import SlotplanError
-from planner.keys import BASES, MERGE_WINDOW, STRATEGIES
+from planner.ir import PLAN_SCHEMA
+from planner.keys import BASES, KEY_STRATEGIES, MERGE_WINDOW
 
 
 def _mib(b: int | None) -> str:
@@ -20,9 +21,9 @@ def _mib(b: int | None) -> str:
 
 
 def keys(
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file (slotplan.plan/1)")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help=f"plan file ({PLAN_SCHEMA})")],
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB (none: no cap)")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help=" | ".join(STRATEGIES))] = "exact",
+    strategy: Annotated[str, typer.Option("--strategy", help=KEY_STRATEGIES.help())] = "exact",
     max_keys: Annotated[int | None, typer.Option("--max-keys", help="rewrite rotations as chains over at most N keys")] = None,
     basis: Annotated[str, typer.Option("--basis", help=f"key basis for --max-keys: {' | '.join(BASES)}")] = "auto",
     key_levels: Annotated[bool, typer.Option("--key-levels/--no-key-levels", help="generate each key at the highest level it rotates")] = True,
@@ -40,8 +41,7 @@ def keys(
     from planner.keys import schedule_plan
 
     try:
-        if strategy not in STRATEGIES:
-            raise SlotplanError(f"unknown key strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        KEY_STRATEGIES.check(strategy)
         if basis not in BASES:
             raise SlotplanError(f"unknown key basis {basis!r}; known: {', '.join(BASES)}")
         if time_limit <= 0:
@@ -74,7 +74,7 @@ def keys(
 def keybench(
     suite: Annotated[Path, typer.Argument(help="key suite file (data/suites/keymemrt.json)")],
     params: Annotated[str | None, typer.Option("--params", help="override every workload's preset")] = None,
-    strategies: Annotated[str, typer.Option("--strategies", help="comma-separated")] = ",".join(STRATEGIES),
+    strategies: Annotated[str, typer.Option("--strategies", help="comma-separated")] = KEY_STRATEGIES.help(","),
     caps: Annotated[int, typer.Option("--caps", help="caps per workload, keep-all peak down to the smallest feasible")] = 6,
     key_levels: Annotated[bool, typer.Option("--key-levels/--no-key-levels")] = True,
     max_keys: Annotated[int | None, typer.Option("--max-keys", help="rewrite rotations over at most N keys first")] = None,

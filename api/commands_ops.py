@@ -26,6 +26,7 @@ from api.common import ExitError, err, fail, request_id
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.pipeline import PlanOptions
+from solver import SOLVER_BACKENDS
 
 BATCH_SCHEMA = "slotplan.batch/1"
 
@@ -277,7 +278,7 @@ def batch(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="results file (JSON lines, appended; resumable)")] = None,
     params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit per graph, seconds")] = 10.0,
-    solver: Annotated[str, typer.Option("--solver", help="cpsat | z3")] = "cpsat",
+    solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
     kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
@@ -300,10 +301,9 @@ def batch(
             raise SlotplanError("--address needs --engine ray")
         files = expand_paths(paths)
         p = load_params(params)
-        if solver not in ("cpsat", "z3"):
-            raise SlotplanError(f"unknown solver {solver!r}; known solvers: cpsat, z3")
+        SOLVER_BACKENDS.check(solver)
         lit = PlanOptionsLiteral(
-            solver=solver,  # type: ignore[arg-type]
+            solver=solver,
             time_limit_s=time_limit,
             memory_cap_bytes=parse_size(memory_cap) if memory_cap is not None else None,
             kernels=[k.strip() for k in kernels.split(",") if k.strip()] if kernels else None,

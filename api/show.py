@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, plan_key_bytes
@@ -40,24 +41,22 @@ class KeyTimeline:
     steps: int
 
 
-def key_timeline(program: Sequence[Mapping[str, Any]]) -> KeyTimeline:
+def key_timeline(program: Sequence[Mapping[str, Any] | ir.Instr]) -> KeyTimeline:
     n = len(program)
+    prog = ir.decode_program(program)
     uses: dict[int, list[int]] = {}
-    for i, ins in enumerate(program):
-        if ins["op"] == "rot":
-            uses.setdefault(int(ins["k"]), []).append(i)
-        elif ins["op"] == "rot_hoisted":
-            for k in ins["ks"]:
-                uses.setdefault(int(k), []).append(i)
-    scheduled = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+    for i, ins in enumerate(prog):
+        for k in ins.rot_keys():
+            uses.setdefault(k, []).append(i)
+    scheduled = ir.has_key_schedule(prog)
     intervals: dict[int, list[tuple[int, int]]] = {}
     if scheduled:
         open_at: dict[int, int] = {}
-        for i, ins in enumerate(program):
-            if ins["op"] == "load_key":
-                open_at.setdefault(int(ins["k"]), i)
-            elif ins["op"] == "drop_key":
-                k = int(ins["k"])
+        for i, ins in enumerate(prog):
+            if isinstance(ins, ir.LoadKey) and ins.k is not None:
+                open_at.setdefault(int(ins.k), i)
+            elif isinstance(ins, ir.DropKey) and ins.k is not None:
+                k = int(ins.k)
                 if k in open_at:
                     intervals.setdefault(k, []).append((open_at.pop(k), i + 1))
         for k, start in open_at.items():
@@ -132,9 +131,9 @@ class PeakBreakdown:
 def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     """Keys, ciphertexts and plaintexts resident at the peak of :func:`memory_series`
     (grouped by level), walking the program with the same rules."""
-    from planner.summary import reg_reads, reg_writes, register_depths
+    from planner.summary import register_depths
 
-    program = plan["program"]
+    program = ir.decode_program(plan["program"])
     params = Params.from_json(plan["params"])
     kbytes = plan_key_bytes(plan)
     klevel = {int(k): v.get("level") for k, v in (plan.get("keys") or {}).items()}
@@ -151,31 +150,28 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     pt_level: dict[str, int] = {}
     used_keys: set[int] = set()
     for i, ins in enumerate(program):
-        for r in reg_reads(ins):
+        for r in ins.reads():
             last_use[r] = i
-        if "pt" in ins:
-            pt_first.setdefault(ins["pt"], i)
-            pt_last[ins["pt"]] = i
-            pt_level.setdefault(ins["pt"], max(0, L - depth[ins["src"]]))
-        if ins["op"] == "rot":
-            used_keys.add(int(ins["k"]))
-        elif ins["op"] == "rot_hoisted":
-            used_keys.update(int(k) for k in ins["ks"])
-    scheduled = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+        for pt in ins.plaintexts():
+            pt_first.setdefault(pt, i)
+            pt_last[pt] = i
+            pt_level.setdefault(pt, max(0, L - depth[ins.reads()[0]]))
+        used_keys.update(ins.rot_keys())
+    scheduled = ir.has_key_schedule(program)
     resident: set[int] = set() if scheduled else set(used_keys)
     live: set[str] = set()
     for i, ins in enumerate(program[: peak + 1]):
-        if ins["op"] == "load_key":
-            resident.add(int(ins["k"]))
-        for r in reg_writes(ins):
+        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+            resident.add(int(ins.k))
+        for r in ins.writes():
             live.add(r)
         if i == peak:
             break
-        for r in set(reg_reads(ins)) | set(reg_writes(ins)):
+        for r in set(ins.reads()) | set(ins.writes()):
             if last_use.get(r, -1) <= i:
                 live.discard(r)
-        if ins["op"] == "drop_key":
-            resident.discard(int(ins["k"]))
+        if isinstance(ins, ir.DropKey) and ins.k is not None:
+            resident.discard(int(ins.k))
     top = params.rotation_key_bytes()
     kgroups: dict[tuple[str, int], int] = {}
     for k in resident:
@@ -192,7 +188,7 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
         if a <= peak <= pt_last[p]:
             pgroups[pt_level[p]] = pgroups.get(pt_level[p], 0) + 1
     return PeakBreakdown(
-        peak, program[peak]["op"], int(total[peak]),
+        peak, program[peak].op, int(total[peak]),
         sorted(((lab, n, b) for (lab, b), n in kgroups.items()), key=lambda t: (-t[2], t[0])),
         sorted(((lv, n, params.ciphertext_bytes(lv)) for lv, n in cgroups.items()), reverse=True),
         sorted(((lv, n, params.plaintext_bytes(lv)) for lv, n in pgroups.items()), reverse=True),
@@ -224,10 +220,10 @@ def table_sizes(plan: Mapping[str, Any], tables: Mapping[str, np.ndarray] | None
         g[1] += b
 
     seen: set[str] = set()
-    for ins in plan["program"]:
-        if "table" in ins and ins["table"] not in seen:
-            seen.add(ins["table"])
-            add(ins["tensor"], "input" if ins["op"] == "input" else "output", ins["table"])
+    for ins in ir.decode_program(plan["program"]):
+        if isinstance(ins, ir.Input | ir.Output) and ins.table not in seen:
+            seen.add(ins.table)
+            add(ins.tensor, "input" if isinstance(ins, ir.Input) else "output", ins.table)
     for p in plan["plaintexts"].values():
         if p["table"] not in seen:
             seen.add(p["table"])
@@ -362,13 +358,92 @@ def text_report(plan: Mapping[str, Any], explain: Mapping[str, Any] | None = Non
     return text + "\n".join(rest) + "\n"
 
 
+def _cost_panel(ax_cost: Any, nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Panel 1: rotations and plaintext multiplications per node."""
+    labels = [f"{n['id']}\n{n['kernel']}" for n in nodes]
+    rot = np.array([n.get("rotations", 0) for n in nodes], dtype=float)
+    pmul = np.array([n.get("pmul", n.get("cost", {}).get("pmul", 0)) for n in nodes], dtype=float)
+    x = np.arange(len(nodes))
+    w = 0.38
+    b1 = ax_cost.bar(x - w / 2, rot, w, color="tab:blue", label="rotations")
+    ax_p = ax_cost.twinx()
+    b2 = ax_p.bar(x + w / 2, pmul, w, color="tab:orange", label="pmul")
+    ax_cost.set_ylabel("rotations", color="tab:blue")
+    ax_p.set_ylabel("plaintext multiplications", color="tab:orange")
+    ax_cost.set_xticks(x)
+    step = max(1, len(nodes) // 30)
+    ax_cost.set_xticklabels([lab if i % step == 0 else "" for i, lab in enumerate(labels)], fontsize=8)
+    ax_cost.set_title("cost per node", fontsize=10, loc="left")
+    if len(nodes) <= 40:
+        ax_cost.bar_label(b1, fmt="%d", fontsize=7, padding=1)
+        ax_p.bar_label(b2, fmt="%d", fontsize=7, padding=1)
+    ax_cost.set_ylim(0, max(1.0, float(rot.max(initial=0))) * 1.18)
+    ax_p.set_ylim(0, max(1.0, float(pmul.max(initial=0))) * 1.18)
+    ax_cost.set_xlim(-1.0, max(1, len(nodes)))
+    ax_cost.legend(handles=[b1, b2], loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8,
+                   frameon=False)
+
+
+def _key_panel(ax_keys: Any, tl: KeyTimeline, key_rows: int) -> None:
+    """Panel 2: when each rotation key is resident and where it is used."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    row = {k: i for i, k in enumerate(tl.keys)}
+    for k in tl.keys:
+        spans = [(a, b - a) for a, b in tl.intervals.get(k, [])]
+        ax_keys.broken_barh(spans, (row[k] - 0.4, 0.8), facecolors="tab:green", alpha=0.45, linewidth=0)
+        us = tl.uses.get(k, [])
+        if us:
+            ax_keys.scatter(us, [row[k]] * len(us), marker="|", s=60, color="black", linewidths=1.2)
+    ax_keys.set_ylim(-0.7, key_rows - 0.3)
+    ax_keys.invert_yaxis()
+    tick_step = max(1, key_rows // 40)
+    ax_keys.set_yticks([row[k] for k in tl.keys][::tick_step])
+    ax_keys.set_yticklabels([str(k) for k in tl.keys][::tick_step], fontsize=7)
+    ax_keys.set_ylabel("rotation key (offset k)")
+    mode = "load/drop schedule" if tl.scheduled else "no key schedule: every key resident for the whole program"
+    ax_keys.set_title(f"key residency ({len(tl.keys)} keys; {mode})", fontsize=10, loc="left")
+    ax_keys.legend(
+        handles=[Patch(facecolor="tab:green", alpha=0.45, label="resident"),
+                 plt.Line2D([], [], color="black", marker="|", linestyle="", label="rotation uses key")],
+        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False,
+    )
+    ax_keys.tick_params(labelbottom=False)
+
+
+def _memory_panel(
+    ax_mem: Any, program: Sequence[Any], mem: Mapping[str, np.ndarray], summary: Mapping[str, Any], n_steps: int
+) -> None:
+    """Panel 3: modelled resident memory per program step, the cap and the peak."""
+    steps = np.arange(len(program))
+    stack = [mem["keys"] / MiB, mem["plaintexts"] / MiB, mem["ciphertexts"] / MiB]
+    if len(program):
+        ax_mem.stackplot(steps, *stack, labels=["rotation keys", "plaintexts", "ciphertexts"],
+                         colors=["tab:green", "tab:orange", "tab:blue"], alpha=0.7, step="post")
+    total: np.ndarray = np.sum(np.vstack(stack), axis=0) if len(program) else np.zeros(0)
+    cap = summary.get("memory_cap_bytes")
+    if cap:
+        ax_mem.axhline(cap / MiB, color="red", linestyle="--", linewidth=1.2, label=f"memory cap {cap / MiB:.1f} MiB")
+    if len(program):
+        i_peak = int(np.argmax(total))
+        ax_mem.annotate(f"peak {total[i_peak]:.1f} MiB", (i_peak, total[i_peak]), textcoords="offset points",
+                        xytext=(6, 4), fontsize=8)
+    top = max(float(np.max(total)) if len(program) else 0.0, (cap or 0) / MiB, 1e-6)
+    ax_mem.set_ylim(0, top * 1.15)
+    ax_mem.set_xlim(-0.01 * n_steps - 0.5, n_steps * 1.01)
+    ax_mem.set_xlabel("program step (instruction index)")
+    ax_mem.set_ylabel("modelled MiB")
+    ax_mem.set_title("modelled resident memory", fontsize=10, loc="left")
+    ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
+
+
 def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Draw the three panels into ``path`` (PNG, or SVG when the name ends in .svg)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     program = plan["program"]
     params = Params.from_json(plan["params"])
@@ -396,74 +471,9 @@ def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = No
         fontsize=12,
     )
 
-    # 1. cost per node
-    labels = [f"{n['id']}\n{n['kernel']}" for n in nodes]
-    rot = np.array([n.get("rotations", 0) for n in nodes], dtype=float)
-    pmul = np.array([n.get("pmul", n.get("cost", {}).get("pmul", 0)) for n in nodes], dtype=float)
-    x = np.arange(len(nodes))
-    w = 0.38
-    b1 = ax_cost.bar(x - w / 2, rot, w, color="tab:blue", label="rotations")
-    ax_p = ax_cost.twinx()
-    b2 = ax_p.bar(x + w / 2, pmul, w, color="tab:orange", label="pmul")
-    ax_cost.set_ylabel("rotations", color="tab:blue")
-    ax_p.set_ylabel("plaintext multiplications", color="tab:orange")
-    ax_cost.set_xticks(x)
-    step = max(1, len(nodes) // 30)
-    ax_cost.set_xticklabels([lab if i % step == 0 else "" for i, lab in enumerate(labels)], fontsize=8)
-    ax_cost.set_title("cost per node", fontsize=10, loc="left")
-    if len(nodes) <= 40:
-        ax_cost.bar_label(b1, fmt="%d", fontsize=7, padding=1)
-        ax_p.bar_label(b2, fmt="%d", fontsize=7, padding=1)
-    ax_cost.set_ylim(0, max(1.0, float(rot.max(initial=0))) * 1.18)
-    ax_p.set_ylim(0, max(1.0, float(pmul.max(initial=0))) * 1.18)
-    ax_cost.set_xlim(-1.0, max(1, len(nodes)))
-    ax_cost.legend(handles=[b1, b2], loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8,
-                   frameon=False)
-
-    # 2. key residency
-    row = {k: i for i, k in enumerate(tl.keys)}
-    for k in tl.keys:
-        spans = [(a, b - a) for a, b in tl.intervals.get(k, [])]
-        ax_keys.broken_barh(spans, (row[k] - 0.4, 0.8), facecolors="tab:green", alpha=0.45, linewidth=0)
-        us = tl.uses.get(k, [])
-        if us:
-            ax_keys.scatter(us, [row[k]] * len(us), marker="|", s=60, color="black", linewidths=1.2)
-    ax_keys.set_ylim(-0.7, key_rows - 0.3)
-    ax_keys.invert_yaxis()
-    tick_step = max(1, key_rows // 40)
-    ax_keys.set_yticks([row[k] for k in tl.keys][::tick_step])
-    ax_keys.set_yticklabels([str(k) for k in tl.keys][::tick_step], fontsize=7)
-    ax_keys.set_ylabel("rotation key (offset k)")
-    mode = "load/drop schedule" if tl.scheduled else "no key schedule: every key resident for the whole program"
-    ax_keys.set_title(f"key residency ({len(tl.keys)} keys; {mode})", fontsize=10, loc="left")
-    ax_keys.legend(
-        handles=[Patch(facecolor="tab:green", alpha=0.45, label="resident"),
-                 plt.Line2D([], [], color="black", marker="|", linestyle="", label="rotation uses key")],
-        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False,
-    )
-    ax_keys.tick_params(labelbottom=False)
-
-    # 3. memory
-    steps = np.arange(len(program))
-    stack = [mem["keys"] / MiB, mem["plaintexts"] / MiB, mem["ciphertexts"] / MiB]
-    if len(program):
-        ax_mem.stackplot(steps, *stack, labels=["rotation keys", "plaintexts", "ciphertexts"],
-                         colors=["tab:green", "tab:orange", "tab:blue"], alpha=0.7, step="post")
-    total: np.ndarray = np.sum(np.vstack(stack), axis=0) if len(program) else np.zeros(0)
-    cap = summary.get("memory_cap_bytes")
-    if cap:
-        ax_mem.axhline(cap / MiB, color="red", linestyle="--", linewidth=1.2, label=f"memory cap {cap / MiB:.1f} MiB")
-    if len(program):
-        i_peak = int(np.argmax(total))
-        ax_mem.annotate(f"peak {total[i_peak]:.1f} MiB", (i_peak, total[i_peak]), textcoords="offset points",
-                        xytext=(6, 4), fontsize=8)
-    top = max(float(np.max(total)) if len(program) else 0.0, (cap or 0) / MiB, 1e-6)
-    ax_mem.set_ylim(0, top * 1.15)
-    ax_mem.set_xlim(-0.01 * n_steps - 0.5, n_steps * 1.01)
-    ax_mem.set_xlabel("program step (instruction index)")
-    ax_mem.set_ylabel("modelled MiB")
-    ax_mem.set_title("modelled resident memory", fontsize=10, loc="left")
-    ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
+    _cost_panel(ax_cost, nodes)
+    _key_panel(ax_keys, tl, key_rows)
+    _memory_panel(ax_mem, program, mem, summary, n_steps)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -533,7 +543,7 @@ def layout_views(
         why = str(e)
     graph_spec = plan["graph"].get("spec") or {}
     inputs = {t for t, v in (graph_spec.get("tensors") or {}).items() if v.get("role") == "input"}
-    outputs = set(plan.get("outputs") or {}) | {ins["tensor"] for ins in plan["program"] if ins["op"] == "output"}
+    outputs = set(plan.get("outputs") or {}) | {ins.tensor for ins in ir.decode_program(plan["program"]) if isinstance(ins, ir.Output)}
     known = list(infos) + [t for t in sorted(inputs | outputs) if t not in infos]
     wanted = list(known) if names is None else list(names)
     by_node = {n["id"]: n for n in plan["nodes"]}

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from planner import ir
+
 __all__ = [
     "LattigoError",
     "LattigoResult",
@@ -147,14 +149,15 @@ def pack_vectors(
     """The packed input and plaintext vectors ``Run`` expects (SPEC section 4 semantics)."""
     slots = _slots(plan)
     vecs = []
-    for i, ins in enumerate(plan.get("program", [])):
-        if ins.get("op") != "input":
+    for i, raw in enumerate(plan.get("program", [])):
+        ins = ir.try_decode(raw)
+        if not isinstance(ins, ir.Input):
             continue
         what = f"instruction {i} (input)"
-        tensor = ins.get("tensor")
+        tensor = ins.tensor
         if tensor not in inputs:
             raise LattigoError(f"{what}: input tensor {tensor!r} was not given")
-        idx, _ = _table(tables, str(ins.get("table")), slots, what)
+        idx, _ = _table(tables, str(ins.table), slots, what)
         vecs.append(_gather(inputs[tensor], idx, f"{what}, tensor {tensor!r}"))
     pts = []
     plaintexts = plan.get("plaintexts") or {}

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from backends.sim import simulate
 from planner.errors import SlotplanError
-from planner.graph import parse_graph
+from planner.graph import Graph, parse_graph
 from planner.params import Params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
 from planner.reference import random_values, reference
+from solver.registry import Registry
 
 # The simulator is exact up to float64 round-off; the acceptance bound for it.
 SIM_RTOL = 1e-9
@@ -77,6 +78,59 @@ def regenerate_tables(plan: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
     return res.tables
 
 
+@dataclass
+class Execution:
+    """What an execution back end reports of one run of a plan."""
+
+    outputs: Mapping[str, Any]
+    counts: dict[str, int]
+    rotations: int
+    key_loads: int
+    peak_key_bytes: int
+    tolerance: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# Execution back ends by name: each runs a plan on the given values (inputs and weights).
+EXECUTION_BACKENDS: Registry[Execution] = Registry("backend", "known backends", SlotplanError)
+
+
+@EXECUTION_BACKENDS.register("sim")
+def _run_sim(
+    plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
+    params: Params,
+) -> Execution:
+    key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
+    res = simulate(plan, tables, values, key_levels=key_levels)
+    if plan.get("keys"):
+        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
+    else:
+        peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
+    # what the client would see beyond the answer: non-zero slots of the output ciphertexts
+    # that hold no output element (0 for clean outputs)
+    stats = {"leaked_slots": dict(sorted(res.leaked_slots.items()))}
+    return Execution(res.outputs, res.counts, res.rotations, res.key_loads, peak_keys, SIM_RTOL, stats)
+
+
+@EXECUTION_BACKENDS.register("lattigo")
+def _run_lattigo(
+    plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
+    params: Params,
+) -> Execution:
+    from backends.lattigo_backend import run_plan as lattigo_run
+
+    lr = lattigo_run(
+        dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
+        output_shapes={t: graph.shape(t) for t in graph.outputs},
+    )
+    stats = dict(lr.stats)
+    counts = {k: int(v) for k, v in stats.get("op_counts", {}).items()}
+    return Execution(
+        lr.outputs, counts, int(stats.get("rotations", counts.get("rot", 0))), int(stats.get("key_loads", 0)),
+        int(stats.get("peak_key_bytes", 0)), LATTIGO_RTOL, stats,
+    )
+
+
 def run_plan(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray] | None,
@@ -94,37 +148,12 @@ def run_plan(
         tables = regenerate_tables(plan)
     values = random_values(graph, seed, init)
     ref = reference(graph, values)
+    execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
-    stats: dict[str, Any] = {}
-    if backend == "sim":
-        key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
-        res = simulate(plan, tables, values, key_levels=key_levels)
-        outputs, counts = res.outputs, res.counts
-        # what the client would see beyond the answer: non-zero slots of the output
-        # ciphertexts that hold no output element (0 for clean outputs)
-        stats["leaked_slots"] = dict(sorted(res.leaked_slots.items()))
-        rotations, loads = res.rotations, res.key_loads
-        if plan.get("keys"):
-            peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
-        else:
-            peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
-        tol = SIM_RTOL
-    elif backend == "lattigo":
-        from backends.lattigo_backend import run_plan as lattigo_run
-
-        lr = lattigo_run(
-            dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
-            output_shapes={t: graph.shape(t) for t in graph.outputs},
-        )
-        outputs = lr.outputs
-        stats = dict(lr.stats)
-        counts = {k: int(v) for k, v in stats.get("op_counts", {}).items()}
-        rotations = int(stats.get("rotations", counts.get("rot", 0)))
-        loads = int(stats.get("key_loads", 0))
-        peak_keys = int(stats.get("peak_key_bytes", 0))
-        tol = LATTIGO_RTOL
-    else:
-        raise SlotplanError(f"unknown backend {backend!r}; known backends: sim, lattigo")
+    ex = execute(plan, tables, values, graph, params)
+    outputs, counts, rotations, loads, peak_keys, tol, stats = (
+        ex.outputs, ex.counts, ex.rotations, ex.key_loads, ex.peak_key_bytes, ex.tolerance, ex.stats
+    )
     seconds = time.perf_counter() - t0
     max_abs = 0.0
     max_rel = 0.0

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from planner import ir
 from planner.errors import SlotplanError
-from planner.summary import reg_reads, register_depths
+from planner.summary import register_depths
 
 
 class SimulationError(SlotplanError):
@@ -77,6 +78,160 @@ def plaintext_vector(
     return v * coef if coef is not None else v
 
 
+class _Machine:
+    """State of one simulation; one ``exec_*`` method per instruction class (:data:`_EXEC`)."""
+
+    def __init__(
+        self,
+        plan: Mapping[str, Any],
+        tables: Mapping[str, np.ndarray],
+        values: Mapping[str, np.ndarray],
+        key_levels: Mapping[int, int] | None,
+        program: list[ir.Instr | None],
+    ) -> None:
+        self.S = int(plan["params"]["slots"])
+        self.shapes = {k: tuple(v) for k, v in plan.get("outputs", {}).items()}
+        self.pts = plan["plaintexts"]
+        self.tables = tables
+        self.values = values
+        self.key_levels = key_levels
+        self.regs: dict[str, np.ndarray] = {}
+        self.schedule = ir.has_key_schedule([i for i in program if i is not None])
+        self.resident: set[int] = set()
+        self.peak_keys = 0
+        self.loads = 0
+        self.rotations = 0
+        self.depth = register_depths([i for i in program if i is not None]) if key_levels else {}
+        self.max_level = len(plan["params"]["log_q"]) - 1
+        self.out_vals: dict[str, np.ndarray] = {}
+        self.written: dict[str, np.ndarray] = {}
+        self.leaked: dict[str, int] = {}
+
+    def get(self, r: str, i: int) -> np.ndarray:
+        try:
+            return self.regs[r]
+        except KeyError:
+            raise SimulationError(f"instruction {i}: register {r!r} read before it is written") from None
+
+    def put(self, r: str, v: np.ndarray, i: int) -> None:
+        if r in self.regs:
+            raise SimulationError(f"instruction {i}: register {r!r} written twice (program is not SSA)")
+        self.regs[r] = v
+
+    def check_key(self, k: int, src: str, i: int, op: str) -> None:
+        S = self.S
+        if not 1 <= k < S:
+            raise SimulationError(f"instruction {i} ({op}): offset {k} outside 1..{S - 1}")
+        if self.schedule and k not in self.resident:
+            raise SimulationError(f"instruction {i} ({op}): no key for k={k} resident")
+        if self.key_levels and k in self.key_levels:
+            ct_level = self.max_level - self.depth.get(src, 0)
+            if self.key_levels[k] < ct_level:
+                raise SimulationError(
+                    f"instruction {i} ({op}): key for k={k} has level {self.key_levels[k]} below the "
+                    f"ciphertext's level {ct_level}"
+                )
+
+    # ------------------------------------------------------------------ executors
+    def exec_input(self, ins: ir.Input, i: int) -> None:
+        if ins.tensor not in self.values:
+            raise SimulationError(f"instruction {i}: no value for input tensor {ins.tensor!r}")
+        idx, _ = _table(self.tables, ins.table, self.S)
+        self.put(ins.dst, gather(self.values[ins.tensor], idx), i)
+
+    def exec_rot(self, ins: ir.Rot, i: int) -> None:
+        k = int(ins.k)
+        self.check_key(k, ins.src, i, ins.op)
+        self.put(ins.dst, np.roll(self.get(ins.src, i), -k), i)
+        self.rotations += 1
+
+    def exec_rot_hoisted(self, ins: ir.RotHoisted, i: int) -> None:
+        src = self.get(ins.src, i)
+        if len(ins.dsts) != len(ins.ks):
+            raise SimulationError(f"instruction {i}: rot_hoisted needs as many dsts as ks")
+        for dst, k in zip(ins.dsts, ins.ks, strict=True):
+            self.check_key(int(k), ins.src, i, ins.op)
+            self.put(dst, np.roll(src, -int(k)), i)
+            self.rotations += 1
+
+    def exec_ct_ct(self, ins: ir.Add | ir.Sub | ir.CMul, i: int) -> None:
+        a, b = self.get(ins.a, i), self.get(ins.b, i)
+        self.put(ins.dst, a + b if isinstance(ins, ir.Add) else a - b if isinstance(ins, ir.Sub) else a * b, i)
+
+    def exec_ct_pt(self, ins: ir.PMul | ir.PAdd | ir.PSub, i: int) -> None:
+        if ins.pt not in self.pts:
+            raise SimulationError(f"instruction {i}: unknown plaintext {ins.pt!r}")
+        v = plaintext_vector(self.pts[ins.pt], self.tables, self.values, self.S)
+        x = self.get(ins.src, i)
+        self.put(ins.dst, x * v if isinstance(ins, ir.PMul) else x + v if isinstance(ins, ir.PAdd) else x - v, i)
+
+    def exec_poly(self, ins: ir.Poly, i: int) -> None:
+        x = self.get(ins.src, i)
+        acc = np.zeros(self.S)
+        for c in reversed(ins.coeffs):
+            acc = acc * x + float(c)
+        self.put(ins.dst, acc, i)
+
+    def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
+        self.put(ins.dst, self.get(ins.src, i).copy(), i)
+
+    def _rotation_key(self, ins: ir.KeyOp, i: int) -> int:
+        if ins.k is None:  # the bootstrapping key block: no bootstrap here either
+            raise SimulationError(f"instruction {i}: key block {ins.block!r} is not supported by the simulator")
+        return int(ins.k)
+
+    def exec_load_key(self, ins: ir.LoadKey, i: int) -> None:
+        k = self._rotation_key(ins, i)
+        if k in self.resident:
+            raise SimulationError(f"instruction {i}: key {k} loaded while already resident")
+        self.resident.add(k)
+        self.loads += 1
+        self.peak_keys = max(self.peak_keys, len(self.resident))
+
+    def exec_drop_key(self, ins: ir.DropKey, i: int) -> None:
+        k = self._rotation_key(ins, i)
+        if k not in self.resident:
+            raise SimulationError(f"instruction {i}: key {k} dropped but not resident")
+        self.resident.discard(k)
+
+    def exec_output(self, ins: ir.Output, i: int) -> None:
+        t = ins.tensor
+        idx, _ = _table(self.tables, ins.table, self.S)
+        v = self.get(ins.src, i)
+        if t not in self.out_vals:
+            size = int(np.prod(self.shapes[t])) if t in self.shapes else int(idx.max()) + 1
+            self.out_vals[t] = np.full(size, np.nan)
+            self.written[t] = np.zeros(size, dtype=bool)
+        m = idx >= 0
+        tgt = idx[m]
+        prev = self.out_vals[t][tgt]
+        seen = self.written[t][tgt]
+        if np.any(seen & ~np.isclose(prev, v[m], rtol=1e-9, atol=1e-12)):
+            raise SimulationError(f"instruction {i}: duplicate copies of {t!r} disagree")
+        self.out_vals[t][tgt] = v[m]
+        self.written[t][tgt] = True
+        self.leaked[t] = self.leaked.get(t, 0) + int(np.count_nonzero(v[~m]))
+
+
+# Executor of every instruction class the simulator runs (planner.ir: one class per op).
+_EXEC: dict[type[ir.Instr], Callable[[_Machine, Any, int], None]] = {
+    ir.Input: _Machine.exec_input,
+    ir.Rot: _Machine.exec_rot,
+    ir.RotHoisted: _Machine.exec_rot_hoisted,
+    ir.Add: _Machine.exec_ct_ct,
+    ir.Sub: _Machine.exec_ct_ct,
+    ir.CMul: _Machine.exec_ct_ct,
+    ir.PMul: _Machine.exec_ct_pt,
+    ir.PAdd: _Machine.exec_ct_pt,
+    ir.PSub: _Machine.exec_ct_pt,
+    ir.Poly: _Machine.exec_poly,
+    ir.Rescale: _Machine.exec_rescale,
+    ir.LoadKey: _Machine.exec_load_key,
+    ir.DropKey: _Machine.exec_drop_key,
+    ir.Output: _Machine.exec_output,
+}
+
+
 def simulate(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray],
@@ -87,150 +242,43 @@ def simulate(
     """Execute ``plan`` on ``values`` (inputs and weights by tensor name).  The registers
     named in ``keep`` are returned in ``SimResult.registers``."""
     t0 = time.perf_counter()
-    S = int(plan["params"]["slots"])
-    shapes = {k: tuple(v) for k, v in plan.get("outputs", {}).items()}
-    program = plan["program"]
-    pts = plan["plaintexts"]
-    regs: dict[str, np.ndarray] = {}
+    program = [ir.try_decode(d) for d in plan["program"]]
+    m = _Machine(plan, tables, values, key_levels, program)
     counts: Counter[str] = Counter()
-    schedule = any(i["op"] in ("load_key", "drop_key") for i in program)
-    resident: set[int] = set()
-    peak_keys = 0
-    loads = 0
-    rotations = 0
-    depth = register_depths(program) if key_levels else {}
-    max_level = len(plan["params"]["log_q"]) - 1
     last_use: dict[str, int] = {}
     for i, ins in enumerate(program):
-        for r in reg_reads(ins):
+        for r in ins.reads() if ins is not None else ():
             last_use[r] = i
-    out_vals: dict[str, np.ndarray] = {}
-    written: dict[str, np.ndarray] = {}
-    leaked: dict[str, int] = {}
     keep = frozenset(keep)
     kept: dict[str, np.ndarray] = {}
-
-    def get(r: str, i: int) -> np.ndarray:
-        try:
-            return regs[r]
-        except KeyError:
-            raise SimulationError(f"instruction {i}: register {r!r} read before it is written") from None
-
-    def put(r: str, v: np.ndarray, i: int) -> None:
-        if r in regs:
-            raise SimulationError(f"instruction {i}: register {r!r} written twice (program is not SSA)")
-        regs[r] = v
-
-    def check_key(k: int, src: str, i: int, op: str) -> None:
-        if not 1 <= k < S:
-            raise SimulationError(f"instruction {i} ({op}): offset {k} outside 1..{S - 1}")
-        if schedule and k not in resident:
-            raise SimulationError(f"instruction {i} ({op}): no key for k={k} resident")
-        if key_levels and k in key_levels:
-            ct_level = max_level - depth.get(src, 0)
-            if key_levels[k] < ct_level:
-                raise SimulationError(
-                    f"instruction {i} ({op}): key for k={k} has level {key_levels[k]} below the "
-                    f"ciphertext's level {ct_level}"
-                )
-
     for i, ins in enumerate(program):
-        op = ins["op"]
-        counts[op] += 1
-        if op == "input":
-            t = ins["tensor"]
-            if t not in values:
-                raise SimulationError(f"instruction {i}: no value for input tensor {t!r}")
-            idx, _ = _table(tables, ins["table"], S)
-            put(ins["dst"], gather(values[t], idx), i)
-        elif op == "rot":
-            k = int(ins["k"])
-            check_key(k, ins["src"], i, op)
-            put(ins["dst"], np.roll(get(ins["src"], i), -k), i)
-            rotations += 1
-        elif op == "rot_hoisted":
-            src = get(ins["src"], i)
-            if len(ins["dsts"]) != len(ins["ks"]):
-                raise SimulationError(f"instruction {i}: rot_hoisted needs as many dsts as ks")
-            for dst, k in zip(ins["dsts"], ins["ks"], strict=True):
-                check_key(int(k), ins["src"], i, op)
-                put(dst, np.roll(src, -int(k)), i)
-                rotations += 1
-        elif op in ("add", "sub", "cmul"):
-            a, b = get(ins["a"], i), get(ins["b"], i)
-            put(ins["dst"], a + b if op == "add" else a - b if op == "sub" else a * b, i)
-        elif op in ("pmul", "padd", "psub"):
-            name = ins["pt"]
-            if name not in pts:
-                raise SimulationError(f"instruction {i}: unknown plaintext {name!r}")
-            v = plaintext_vector(pts[name], tables, values, S)
-            x = get(ins["src"], i)
-            put(ins["dst"], x * v if op == "pmul" else x + v if op == "padd" else x - v, i)
-        elif op == "poly":
-            x = get(ins["src"], i)
-            acc = np.zeros(S)
-            for c in reversed(ins["coeffs"]):
-                acc = acc * x + float(c)
-            put(ins["dst"], acc, i)
-        elif op == "rescale":
-            put(ins["dst"], get(ins["src"], i).copy(), i)
-        elif op == "load_key":
-            k = int(ins["k"])
-            if k in resident:
-                raise SimulationError(f"instruction {i}: key {k} loaded while already resident")
-            resident.add(k)
-            loads += 1
-            peak_keys = max(peak_keys, len(resident))
-        elif op == "drop_key":
-            k = int(ins["k"])
-            if k not in resident:
-                raise SimulationError(f"instruction {i}: key {k} dropped but not resident")
-            resident.discard(k)
-        elif op == "output":
-            t = ins["tensor"]
-            idx, _ = _table(tables, ins["table"], S)
-            v = get(ins["src"], i)
-            if t not in out_vals:
-                size = int(np.prod(shapes[t])) if t in shapes else int(idx.max()) + 1
-                out_vals[t] = np.full(size, np.nan)
-                written[t] = np.zeros(size, dtype=bool)
-            m = idx >= 0
-            tgt = idx[m]
-            prev = out_vals[t][tgt]
-            seen = written[t][tgt]
-            if np.any(seen & ~np.isclose(prev, v[m], rtol=1e-9, atol=1e-12)):
-                raise SimulationError(f"instruction {i}: duplicate copies of {t!r} disagree")
-            out_vals[t][tgt] = v[m]
-            written[t][tgt] = True
-            leaked[t] = leaked.get(t, 0) + int(np.count_nonzero(v[~m]))
-        else:
-            raise SimulationError(f"instruction {i}: unknown op {op!r}")
+        run = _EXEC.get(type(ins)) if ins is not None else None
+        if ins is None or run is None:
+            counts[ir.op_name(plan["program"][i])] += 1
+            raise SimulationError(f"instruction {i}: unknown op {ir.op_name(plan['program'][i])!r}")
+        counts[ins.op] += 1
+        run(m, ins, i)
         # free registers after their last use (keeps large plans within memory); a
         # register nobody reads is dropped at once (a plan full of dead adds stays small)
-        for r in reg_reads(ins):
+        for r in ins.reads():
             if last_use.get(r) == i:
-                v_ = regs.pop(r, None)
+                v_ = m.regs.pop(r, None)
                 if r in keep and v_ is not None:
                     kept[r] = v_
-        for r in ins.get("dsts", ()) if op == "rot_hoisted" else (ins["dst"],) if "dst" in ins else ():
+        for r in ins.writes():
             if r not in last_use and r not in keep:
-                regs.pop(r, None)
-    if not schedule:  # keep-all: every key the program uses is resident throughout
-        used: set[int] = set()
-        for ins in program:
-            if ins["op"] == "rot":
-                used.add(int(ins["k"]))
-            elif ins["op"] == "rot_hoisted":
-                used.update(int(k) for k in ins["ks"])
-        peak_keys = len(used)
+                m.regs.pop(r, None)
+    peak_keys = m.peak_keys
+    if not m.schedule:  # keep-all: every key the program uses is resident throughout
+        peak_keys = len(ir.rot_keys_of([i for i in program if i is not None]))
     outputs: dict[str, np.ndarray] = {}
-    for t, v in out_vals.items():
-        if not written[t].all():
-            missing = int((~written[t]).sum())
+    for t, v in m.out_vals.items():
+        if not m.written[t].all():
+            missing = int((~m.written[t]).sum())
             raise SimulationError(f"output {t!r}: {missing} elements never written")
-        outputs[t] = v.reshape(shapes[t]) if t in shapes else v
+        outputs[t] = v.reshape(m.shapes[t]) if t in m.shapes else v
     return SimResult(
-        outputs=outputs, counts=dict(counts), rotations=rotations, key_loads=loads,
-        peak_resident_keys=peak_keys, seconds=time.perf_counter() - t0, written=written,
-        leaked_slots=leaked, registers={**kept, **{r: regs[r] for r in keep if r in regs}},
+        outputs=outputs, counts=dict(counts), rotations=m.rotations, key_loads=m.loads,
+        peak_resident_keys=peak_keys, seconds=time.perf_counter() - t0, written=m.written,
+        leaked_slots=m.leaked, registers={**kept, **{r: m.regs[r] for r in keep if r in m.regs}},
     )

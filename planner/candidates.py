@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,7 @@ from planner.kernels.segmented import segment_rows_layout, segmented_candidates
 from planner.kernels.tensor_ops import matmul_ct_ct_candidate, shape_view_candidates, sum_candidate
 from planner.layout import ChannelLayout, LayoutError, clean_result, natural_layout, view_layout
 from planner.program import ProgramBuilder, poly_depth
-
-LINEAR_KERNELS = ("imra", "bsgs", "hs-diagonal", "fhelipe")
-CTCT_KERNELS = ("ct-ct-diagonal", "ct-ct-jkls", "ct-ct-strassen")
-ELEMENTWISE_KERNELS = ("elementwise", *CTCT_KERNELS, "view", "sum")
-KERNELS = LINEAR_KERNELS + ELEMENTWISE_KERNELS
+from solver.registry import Registry
 
 
 class PlanError(SlotplanError):
@@ -81,22 +77,87 @@ def _imra_kernel(prob: ChannelProblem) -> ImraKernel:
     raise first
 
 
+# ---------------------------------------------------------------------- kernel families
+
+# (problem, node, free_input, out): appends the family's candidates to ``out`` (those made
+# before a KernelError stay)
+LinearCandidates = Callable[[ChannelProblem, Node, bool, list[Candidate]], None]
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """A kernel family a user can allow (``--kernels``).  ``kind``: ``linear`` (matvec,
+    conv and plaintext-weight matmul, from a channel problem: ``linear`` makes its
+    candidates), ``ct-ct`` (matmul of two ciphertexts) or ``elementwise`` (every other
+    op; always allowed)."""
+
+    name: str
+    kind: str
+    linear: LinearCandidates | None = None
+
+
+# Kernel families by name, in the order plans record them (PlanOptions.kernels).
+KERNEL_FAMILIES: Registry[KernelFamily] = Registry("kernel", "known kernels")
+
+
+def _family(name: str, kind: str, linear: LinearCandidates | None = None) -> None:
+    fam = KernelFamily(name, kind, linear)
+    KERNEL_FAMILIES.register(name, lambda: fam)
+
+
+def _imra_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    k = _imra_kernel(prob)
+    out.append(k.candidate(node.id))
+    if free_input:
+        out.append(ImraKernel(k.prob, free_input=True).candidate(node.id))
+
+
+def _diagonal_candidates(kind: str) -> LinearCandidates:
+    def make(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+        out.append(DiagonalKernel(prob, kind).candidate(node.id))
+
+    return make
+
+
+def _fhelipe_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    if prob.op == "matvec":
+        out.append(FhelipeMatvec(prob).candidate(node.id))
+
+
+_family("imra", "linear", _imra_candidates)
+_family("bsgs", "linear", _diagonal_candidates("bsgs"))
+_family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
+_family("fhelipe", "linear", _fhelipe_candidates)
+_family("elementwise", "elementwise")
+_family("ct-ct-diagonal", "ct-ct")
+_family("ct-ct-jkls", "ct-ct")
+_family("ct-ct-strassen", "ct-ct")
+_family("view", "elementwise")
+_family("sum", "elementwise")
+
+
+def kernels_of_kind(*kinds: str) -> tuple[str, ...]:
+    return tuple(n for n in KERNEL_FAMILIES.names() if KERNEL_FAMILIES.create(n).kind in kinds)
+
+
+KERNELS = KERNEL_FAMILIES.names()
+LINEAR_KERNELS = kernels_of_kind("linear")
+CTCT_KERNELS = kernels_of_kind("ct-ct")
+# allowed whatever the user restricts (the graph's other ops need them)
+ELEMENTWISE_KERNELS = kernels_of_kind("elementwise", "ct-ct")
+
+
 def problem_candidates(
     prob: ChannelProblem, node: Node, allowed: Sequence[str], free_input: bool
 ) -> list[Candidate]:
     out: list[Candidate] = []
     errors: list[str] = []
     for kind in allowed:
+        linear = KERNEL_FAMILIES.create(kind).linear if kind in KERNEL_FAMILIES else None
+        if linear is None:
+            continue
         try:
-            if kind == "imra":
-                k = _imra_kernel(prob)
-                out.append(k.candidate(node.id))
-                if free_input:
-                    out.append(ImraKernel(k.prob, free_input=True).candidate(node.id))
-            elif kind in ("bsgs", "hs-diagonal"):
-                out.append(DiagonalKernel(prob, kind).candidate(node.id))
-            elif kind == "fhelipe" and prob.op == "matvec":
-                out.append(FhelipeMatvec(prob).candidate(node.id))
+            linear(prob, node, free_input, out)
         except (KernelError, LayoutError) as e:
             errors.append(f"{kind}: {e}")
     if not out:

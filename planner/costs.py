@@ -8,12 +8,15 @@ tables measured on Lattigo for a parameter set.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import SlotplanError
 from planner.kernels.base import CostVector
+from solver.registry import Registry
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 COSTS_DIR = DATA_DIR / "costs"
@@ -66,15 +69,31 @@ class CostTableError(SlotplanError):
     pass
 
 
-def load_costs(name_or_path: str | Path = "default") -> CostTable:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = COSTS_DIR / f"{name_or_path}.json"
+def _load_file(p: Path, name: str | Path) -> CostTable:
     try:
         raw = json.loads(p.read_text())
         return CostTable.model_validate(raw)
     except FileNotFoundError as e:
-        known = sorted(q.stem for q in COSTS_DIR.glob("*.json"))
-        raise CostTableError(f"cost table {str(name_or_path)!r} not found; known: {', '.join(known)}") from e
+        raise CostTableError(f"cost table {str(name)!r} not found; known: {', '.join(COST_TABLES.names())}") from e
     except (ValidationError, json.JSONDecodeError) as e:
         raise CostTableError(f"cost table {p}: {e}") from e
+
+
+def _discover() -> dict[str, Callable[[], CostTable]]:
+    """The tables in data/costs/ now (``slotplan calibrate`` adds tables while running)."""
+    return {q.stem: partial(_load_file, q, q.stem) for q in sorted(COSTS_DIR.glob("*.json")) if q.is_file()}
+
+
+# Cost tables by name: the files data/costs/<name>.json.
+COST_TABLES: Registry[CostTable] = Registry("cost table", "known", CostTableError, discover=_discover)
+
+
+def load_costs(name_or_path: str | Path = "default") -> CostTable:
+    """A cost table by name (``COST_TABLES``) or from a path (a name with a suffix)."""
+    p = Path(name_or_path)
+    if p.suffix:
+        return _load_file(p, name_or_path)
+    if str(name_or_path) in COST_TABLES:
+        return COST_TABLES.create(str(name_or_path))
+    # not a table of the folder: the error names the known tables
+    return _load_file(COSTS_DIR / f"{name_or_path}.json", name_or_path)

@@ -24,10 +24,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import SlotplanError
+from planner.ir import PLAN_SCHEMA
 
 DIGEST_SCHEMA = "slotplan.digest/1"
 DIFF_SCHEMA = "slotplan.diff/1"
-PLAN_SCHEMA = "slotplan.plan/1"
 
 # Metrics compared for every graph (dotted paths into the summary), in report order.
 METRICS: tuple[str, ...] = (
@@ -91,7 +91,7 @@ def node_digest(node: Mapping[str, Any], layouts: bool = True) -> dict[str, Any]
 
 
 def plan_digest(plan: Mapping[str, Any], layouts: bool = True) -> dict[str, Any]:
-    """Digest of a ``slotplan.plan/1`` document."""
+    """Digest of a plan document (``PLAN_SCHEMA``)."""
     params = plan.get("params") or {}
     graph = plan.get("graph") or {}
     return {

@@ -113,3 +113,7 @@ class ValuesError(SlotplanError, ValueError):
         if self.tensor is None:
             return self.rule
         return f"tensor {self.tensor!r}: {self.rule}"
+
+
+class PlanFileError(SlotplanError):
+    """An invalid plan or tables file (the message names the field and the rule)."""

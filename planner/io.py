@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from planner.errors import SlotplanError
+from planner.errors import PlanFileError, SlotplanError
+from planner.ir.plan import MAX_PROGRAM_LENGTH, validate_plan
 from planner.program import LazyTables
 
 # Tables above this size are refused unless the user raises the limit (SPEC section 4):
 # MVM2 at n16 needs ~1 GiB of int64 indices, which is rarely what a user meant to write.
 DEFAULT_MAX_TABLE_BYTES = 512 * 2**20
-
-
-class PlanFileError(SlotplanError):
-    pass
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -122,150 +118,10 @@ def _npz_add(zf: zipfile.ZipFile, key: str, arr: np.ndarray) -> None:
 
 # Plans larger than this are refused when read (a plan file is JSON text; MVM2 at n16 is ~40 MB).
 MAX_PLAN_FILE_BYTES = 512 * 2**20
-# Instructions a plan may hold (the largest golden plan has ~60k).
-MAX_PROGRAM_LENGTH = 2_000_000
-# Largest |coefficient| of a poly instruction (as planner.graph.MAX_POLY_COEFF_ABS).
-MAX_POLY_COEFF_ABS = 2.0**20
 # Name of the npz member that ties a tables file to its plan (see plan_digest).
 DIGEST_KEY = "slotplan.plan_digest"
 
-_KNOWN_OPS: dict[str, tuple[str, ...]] = {
-    # op -> string fields it must carry
-    "input": ("dst", "tensor", "table"),
-    "output": ("src", "tensor", "table"),
-    "rot": ("dst", "src"),
-    "rot_hoisted": ("src",),
-    "add": ("dst", "a", "b"),
-    "sub": ("dst", "a", "b"),
-    "cmul": ("dst", "a", "b"),
-    "pmul": ("dst", "src", "pt"),
-    "padd": ("dst", "src", "pt"),
-    "psub": ("dst", "src", "pt"),
-    "poly": ("dst", "src"),
-    "rescale": ("dst", "src"),
-    "bootstrap": ("dst", "src"),
-    "load_key": (),
-    "drop_key": (),
-}
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _bad(where: str, field: str, rule: str) -> PlanFileError:
-    return PlanFileError(f"{where}: field {field!r}: {rule}")
-
-
-def validate_plan(plan: object, where: str = "plan") -> dict[str, Any]:
-    """Check a decoded plan document before anything executes it (SPEC section 4).  Raises
-    :class:`PlanFileError` naming the field and the rule; returns the plan."""
-    from planner.errors import ParamsError
-    from planner.params import Params
-
-    if not isinstance(plan, dict):
-        raise PlanFileError(f"{where}: a plan must be a JSON object, got {type(plan).__name__}")
-    if plan.get("schema") != "slotplan.plan/1":
-        raise _bad(where, "schema", "must be 'slotplan.plan/1'")
-    for key, typ in (("graph", dict), ("params", dict), ("summary", dict), ("nodes", list),
-                     ("plaintexts", dict), ("program", list)):
-        if key not in plan:
-            raise _bad(where, key, "is missing")
-        if not isinstance(plan[key], typ):
-            raise _bad(where, key, f"must be a JSON {'object' if typ is dict else 'array'}")
-    try:
-        params = Params.from_json(plan["params"])
-    except ParamsError as e:
-        raise _bad(where, f"params.{e.field}" if e.field else "params", e.rule) from None
-    slots = params.slots
-    graph = plan["graph"]
-    if not isinstance(graph.get("sha256"), str):
-        raise _bad(where, "graph.sha256", "must be a string")
-    if "spec" in graph and not isinstance(graph["spec"], dict):
-        raise _bad(where, "graph.spec", "must be a graph object")
-    if "outputs" in plan:
-        outs = plan["outputs"]
-        if not isinstance(outs, dict) or not all(
-            isinstance(v, list) and v and all(_is_int(d) and d > 0 for d in v) for v in outs.values()
-        ):
-            raise _bad(where, "outputs", "must map tensor names to shapes (lists of positive integers)")
-    for name, pt in plan["plaintexts"].items():
-        if not isinstance(pt, dict) or not isinstance(pt.get("source"), str) or not isinstance(pt.get("table"), str):
-            raise _bad(where, f"plaintexts.{name}", "must be {\"source\": string, \"table\": string}")
-    prog = plan["program"]
-    if not prog:
-        raise _bad(where, "program", "is empty: a plan has at least one input and one output")
-    if len(prog) > MAX_PROGRAM_LENGTH:
-        raise _bad(where, "program", f"has {len(prog)} instructions, over the limit of {MAX_PROGRAM_LENGTH}")
-    written: set[str] = set()
-    outputs = 0
-
-    def reads(i: int, ins: Mapping[str, Any], *keys: str) -> None:
-        for key in keys:
-            if ins[key] not in written:
-                raise _bad(where, f"program[{i}].{key}", f"register {ins[key]!r} is read before it is written")
-
-    def write(i: int, key: str, reg: str) -> None:
-        if reg in written:
-            raise _bad(where, f"program[{i}].{key}", f"register {reg!r} is written twice (the program is SSA)")
-        written.add(reg)
-
-    def offset(i: int, key: str, k: object) -> None:
-        if not _is_int(k):
-            raise _bad(where, f"program[{i}].{key}", f"rotation offsets are integers, got {json.dumps(k)}")
-        assert isinstance(k, int)
-        if not 1 <= k < slots:
-            raise _bad(where, f"program[{i}].{key}", f"rotation offset {k} outside 1..{slots - 1}")
-
-    for i, ins in enumerate(prog):
-        if not isinstance(ins, dict):
-            raise _bad(where, f"program[{i}]", "an instruction must be a JSON object")
-        op = ins.get("op")
-        if op not in _KNOWN_OPS:
-            raise _bad(where, f"program[{i}].op", f"unknown op {json.dumps(op)[:40]}")
-        for key in _KNOWN_OPS[op]:
-            if not isinstance(ins.get(key), str):
-                raise _bad(where, f"program[{i}].{key}", f"{op} needs a string {key!r}")
-        if op in ("rot",):
-            offset(i, "k", ins.get("k"))
-        elif op == "rot_hoisted":
-            ks, dsts = ins.get("ks"), ins.get("dsts")
-            if not isinstance(ks, list) or not isinstance(dsts, list) or len(ks) != len(dsts) or not ks:
-                raise _bad(where, f"program[{i}].ks", "rot_hoisted needs non-empty lists ks and dsts of equal length")
-            for j, k in enumerate(ks):
-                offset(i, f"ks[{j}]", k)
-            if not all(isinstance(d, str) for d in dsts):
-                raise _bad(where, f"program[{i}].dsts", "must be a list of register names")
-        elif op in ("load_key", "drop_key"):
-            if "block" in ins:
-                if ins["block"] != "boot":
-                    raise _bad(where, f"program[{i}].block", "the only key block is 'boot'")
-            else:
-                offset(i, "k", ins.get("k"))
-        elif op == "poly":
-            cs = ins.get("coeffs")
-            if not isinstance(cs, list) or not cs:
-                raise _bad(where, f"program[{i}].coeffs", "must be a non-empty list of numbers")
-            for j, c in enumerate(cs):
-                if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c) \
-                        or abs(c) > MAX_POLY_COEFF_ABS:
-                    raise _bad(where, f"program[{i}].coeffs[{j}]",
-                               f"coefficients are finite numbers with |c| <= 2**20, got {json.dumps(c)}")
-        elif op in ("pmul", "padd", "psub") and ins["pt"] not in plan["plaintexts"]:
-            raise _bad(where, f"program[{i}].pt", f"unknown plaintext {ins['pt']!r}")
-        if op in ("add", "sub", "cmul"):
-            reads(i, ins, "a", "b")
-        elif "src" in _KNOWN_OPS[op]:
-            reads(i, ins, "src")
-        if op == "rot_hoisted":
-            for j, d in enumerate(ins["dsts"]):
-                write(i, f"dsts[{j}]", d)
-        elif "dst" in _KNOWN_OPS[op]:
-            write(i, "dst", ins["dst"])
-        outputs += op == "output"
-    if not outputs:
-        raise _bad(where, "program", "has no output instruction")
-    return plan
+__all__ = ["MAX_PROGRAM_LENGTH", "PlanFileError", "validate_plan"]
 
 
 def load_plan(path: str | Path) -> dict[str, Any]:
@@ -316,6 +172,50 @@ def plan_digest(plan: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path, slots: int | None) -> tuple[str, np.ndarray]:
+    """One array of a tables file, its header checked before its data is read."""
+    if not info.filename.endswith(".npy"):
+        raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
+    key = info.filename[:-4]
+    with zf.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        _check_member(f"tables file {p}: array {key!r}", key, tuple(shape), dtype, slots, info.file_size)
+        fh.seek(0)
+        arr = np.lib.format.read_array(fh, allow_pickle=False)
+    if key.endswith(".coef") and not np.all(np.isfinite(arr)):
+        raise PlanFileError(f"tables file {p}: array {key!r}: coefficients must be finite")
+    return key, arr
+
+
+def _check_member(
+    where: str, key: str, shape: tuple[int, ...], dtype: np.dtype[Any], slots: int | None, file_size: int
+) -> None:
+    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+    if dtype.hasobject:
+        raise PlanFileError(f"{where}: object arrays are not allowed")
+    if key == DIGEST_KEY:
+        if dtype.kind != "U" or n != 1:
+            raise PlanFileError(f"{where}: must be one string")
+    elif key.endswith(".idx"):
+        if dtype.kind not in "iu":
+            raise PlanFileError(f"{where}: index tables are integers (int64), got {dtype}")
+    elif key.endswith(".coef"):
+        if dtype.kind != "f":
+            raise PlanFileError(f"{where}: coefficient tables are float64, got {dtype}")
+    else:
+        raise PlanFileError(f"{where}: names end in .idx or .coef")
+    if key != DIGEST_KEY and (len(shape) != 1 or (slots is not None and shape[0] != slots)):
+        want = f"({slots},)" if slots is not None else "one-dimensional"
+        raise PlanFileError(f"{where}: shape {tuple(shape)}, expected {want}")
+    if n * dtype.itemsize > file_size:
+        raise PlanFileError(f"{where}: its header claims {n * dtype.itemsize} bytes but the "
+                            f"member holds {file_size}")
+
+
 def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapping[str, np.ndarray]:
     """Read a tables file strictly: every member's header is checked before its data is
     read (dtype: int64 indices ``T.idx``, finite float64 ``T.coef``; length ``slots`` when
@@ -328,40 +228,7 @@ def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapp
             raise PlanFileError(f"tables file {p} is a directory")
         with zipfile.ZipFile(p) as zf:
             for info in zf.infolist():
-                if not info.filename.endswith(".npy"):
-                    raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
-                key = info.filename[:-4]
-                with zf.open(info) as fh:
-                    version = np.lib.format.read_magic(fh)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-                    else:
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-                    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
-                    where = f"tables file {p}: array {key!r}"
-                    if dtype.hasobject:
-                        raise PlanFileError(f"{where}: object arrays are not allowed")
-                    if key == DIGEST_KEY:
-                        if dtype.kind != "U" or n != 1:
-                            raise PlanFileError(f"{where}: must be one string")
-                    elif key.endswith(".idx"):
-                        if dtype.kind not in "iu":
-                            raise PlanFileError(f"{where}: index tables are integers (int64), got {dtype}")
-                    elif key.endswith(".coef"):
-                        if dtype.kind != "f":
-                            raise PlanFileError(f"{where}: coefficient tables are float64, got {dtype}")
-                    else:
-                        raise PlanFileError(f"{where}: names end in .idx or .coef")
-                    if key != DIGEST_KEY and (len(shape) != 1 or (slots is not None and shape[0] != slots)):
-                        want = f"({slots},)" if slots is not None else "one-dimensional"
-                        raise PlanFileError(f"{where}: shape {tuple(shape)}, expected {want}")
-                    if n * dtype.itemsize > info.file_size:
-                        raise PlanFileError(f"{where}: its header claims {n * dtype.itemsize} bytes but the "
-                                            f"member holds {info.file_size}")
-                    fh.seek(0)
-                    arr = np.lib.format.read_array(fh, allow_pickle=False)
-                if key.endswith(".coef") and not np.all(np.isfinite(arr)):
-                    raise PlanFileError(f"tables file {p}: array {key!r}: coefficients must be finite")
+                key, arr = _read_member(zf, info, p, slots)
                 out[key] = arr
     except FileNotFoundError:
         raise PlanFileError(f"tables file {p} not found") from None
@@ -381,3 +248,21 @@ def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapp
     else:
         out.pop(DIGEST_KEY, None)
     return out
+
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
+
+
+def load_model_file(path: str | Path, model: type[M], what: str) -> tuple[M, Path]:
+    """A JSON file validated by a pydantic model, and its folder (suite paths are relative
+    to it); errors name the file."""
+    p = Path(path)
+    try:
+        return model.model_validate(json.loads(p.read_text())), p.parent
+    except FileNotFoundError as e:
+        raise SlotplanError(f"{what} {p} not found") from e
+    except (ValueError, json.JSONDecodeError) as e:
+        raise SlotplanError(f"{what} {p}: {' '.join(str(e).split())}") from e

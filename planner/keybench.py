@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.bench import load_model_file
 from planner.errors import SlotplanError
 from planner.graph import load_graph
+from planner.io import load_model_file
 from planner.keys import STRATEGIES, KeyCapError, KeySchedule, schedule_keys
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph

@@ -35,21 +35,24 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from planner import progress
+from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
+from solver import progress
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
+from solver.registry import Registry
 
 __all__ = [
     "BASES",
     "MERGE_WINDOW",
+    "KEY_STRATEGIES",
     "STRATEGIES",
     "KeyCapError",
     "KeyInfo",
@@ -63,7 +66,6 @@ __all__ = [
     "schedule_plan",
 ]
 
-STRATEGIES = ("keep-all", "keymemrt", "belady", "exact", "pow2")
 BASES = ("auto", "pow2", "naf", "bsgs")
 # KeyMemRT's Merge Rotation Keys pass: merge when the next use is within 10 operations
 # (shared/notes/peers.md, KeyMemRT section; paper section 4.2.4).
@@ -76,7 +78,6 @@ SHRINK_TRIALS = 8
 # The z3 cross-check of the exact model runs on problems with at most this many decisions.
 Z3_CROSS_CHECK_MAX_GAPS = 400
 
-KEY_OPS = ("load_key", "drop_key")
 
 
 class KeyScheduleError(SlotplanError):
@@ -174,11 +175,11 @@ class KeySchedule:
 
 
 def _rot_keys(ins: Mapping[str, Any]) -> list[int]:
-    if ins["op"] == "rot":
-        return [int(ins["k"])]
-    if ins["op"] == "rot_hoisted":
-        return [int(k) for k in ins["ks"]]
-    return []
+    return list(ir.decode(ins).rot_keys())
+
+
+def _is_key_op(ins: Mapping[str, Any]) -> bool:
+    return isinstance(ir.decode(ins), ir.KeyOp)
 
 
 def _walk(
@@ -216,7 +217,7 @@ def base_profile(
     program: Sequence[Mapping[str, Any]], params: Params, depth: Mapping[str, int] | None = None
 ) -> list[int]:
     """Live ciphertext + plaintext bytes at every point of a program without key ops."""
-    _, ps, cs = _walk([i for i in program if i["op"] not in KEY_OPS], params, {}, depth)
+    _, ps, cs = _walk([i for i in program if not _is_key_op(i)], params, {}, depth)
     return [p + c for p, c in zip(ps, cs, strict=True)]
 
 
@@ -279,7 +280,8 @@ def _bfs(slots: int, basis: Iterable[int], targets: Iterable[int], max_depth: in
 
 
 def _sites(program: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...]]:
-    return [tuple(_rot_keys(ins)) for ins in program if ins["op"] in ("rot", "rot_hoisted")]
+    decoded = (ir.decode(ins) for ins in program)
+    return [ins.rot_keys() for ins in decoded if isinstance(ins, ir.Rot | ir.RotHoisted)]
 
 
 def _site_cost(site: tuple[int, ...], paths: _Paths) -> int:
@@ -449,21 +451,21 @@ def rewrite_rotations(
 
     chains: dict[int, list[int]] = {}
     out: list[dict[str, Any]] = []
-    for ins in program:
-        op = ins["op"]
-        if op not in ("rot", "rot_hoisted"):
-            out.append(dict(ins))
+    for raw in program:
+        rot = ir.decode(raw)
+        if not isinstance(rot, ir.Rot | ir.RotHoisted):
+            out.append(dict(raw))
             continue
-        ks = _rot_keys(ins)
-        dsts = [ins["dst"]] if op == "rot" else list(ins["dsts"])
+        ks = list(rot.rot_keys())
+        dsts = list(rot.writes())
         if all(k in basis for k in ks):
-            out.append(dict(ins))
+            out.append(dict(raw))
             continue
         for k in ks:
             if k not in basis:
                 chains[k] = paths.chain(k)
         # tree of partial sums: node -> register; children grouped per parent
-        reg: dict[int, str] = {0: ins["src"]}
+        reg: dict[int, str] = {0: rot.src}
         want = dict(zip(ks, dsts, strict=True))
         children: dict[int, list[tuple[int, int]]] = {}
         order: list[int] = [0]
@@ -480,10 +482,10 @@ def rewrite_rotations(
             kids = sorted(children.get(node, []))
             if len(kids) == 1:
                 s, child = kids[0]
-                out.append({"op": "rot", "dst": reg[child], "src": reg[node], "k": s})
+                out.append(ir.Rot(reg[child], reg[node], s).to_json())
             elif kids:
                 out.append(
-                    {"op": "rot_hoisted", "dsts": [reg[c] for _, c in kids], "src": reg[node], "ks": [s for s, _ in kids]}
+                    ir.RotHoisted(tuple(reg[c] for _, c in kids), reg[node], tuple(s for s, _ in kids)).to_json()
                 )
     return out, chains
 
@@ -667,6 +669,68 @@ def _exact(ctx: _Ctx, time_limit_s: float, cross_check: bool) -> tuple[list[Inte
 
 
 # --------------------------------------------------------------------------------------
+# The strategies by name
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StrategyKnobs:
+    """The options of one scheduling run a strategy may read (and records in the plan)."""
+
+    merge_window: int
+    prefetch: int
+    time_limit_s: float
+    cross_check: bool
+    max_keys: int | None
+    basis: str | None  # the basis the rotations were rewritten over (None: not rewritten)
+    rewritten: bool  # a basis was chosen (max_keys given, or the strategy rewrites)
+
+
+@dataclass(frozen=True)
+class KeyStrategy:
+    """A residency strategy: ``intervals`` (resident intervals, solver report) over the
+    program points; ``options`` what it records in ``key_schedule.options`` (in order);
+    ``keeps_all``: every key resident from the start to the end (its smallest cap is the
+    peak with all keys); ``pow2_basis``: rotations are first rewritten over powers of two."""
+
+    name: str
+    intervals: Callable[[_Ctx, StrategyKnobs], tuple[list[Interval], dict[str, Any] | None]]
+    options: Callable[[StrategyKnobs], dict[str, Any]]
+    keeps_all: bool = False
+    pow2_basis: bool = False
+
+
+def _basis_options(k: StrategyKnobs) -> dict[str, Any]:
+    return {"max_keys": k.max_keys, "basis": k.basis} if k.rewritten else {}
+
+
+def _all_resident(ctx: _Ctx, k: StrategyKnobs) -> tuple[list[Interval], dict[str, Any] | None]:
+    return [(key, 0, ctx.n - 1) for key in sorted(ctx.uses)], None
+
+
+# Key strategies by name (the order of `slotplan keybench`'s rows).
+KEY_STRATEGIES: Registry[KeyStrategy] = Registry("key strategy", "known", KeyScheduleError)
+
+
+def _strategy(strategy: KeyStrategy) -> None:
+    KEY_STRATEGIES.register(strategy.name, lambda: strategy)
+
+
+_strategy(KeyStrategy("keep-all", _all_resident, _basis_options, keeps_all=True))
+_strategy(KeyStrategy(
+    "keymemrt", lambda ctx, k: (_keymemrt(ctx, k.merge_window, k.prefetch), None),
+    lambda k: {"merge_window": k.merge_window, "prefetch": k.prefetch, **_basis_options(k)},
+))
+_strategy(KeyStrategy("belady", lambda ctx, k: (_belady(ctx), None), _basis_options))
+_strategy(KeyStrategy(
+    "exact", lambda ctx, k: _exact(ctx, k.time_limit_s, k.cross_check),
+    lambda k: {**_basis_options(k), "time_limit_s": k.time_limit_s},
+))
+_strategy(KeyStrategy("pow2", _all_resident, _basis_options, keeps_all=True, pow2_basis=True))
+STRATEGIES = KEY_STRATEGIES.names()
+
+
+# --------------------------------------------------------------------------------------
 # The pass
 # --------------------------------------------------------------------------------------
 
@@ -681,25 +745,25 @@ def _emit(program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], d
             drops.setdefault(b, []).append(k)
     out: list[dict[str, Any]] = []
     for i, ins in enumerate(program):
-        out.extend({"op": "drop_key", "k": k} for k in sorted(drops.get(i - 1, [])))
-        out.extend({"op": "load_key", "k": k} for k in sorted(loads.get(i, [])))
+        out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(i - 1, [])))
+        out.extend(ir.LoadKey(k).to_json() for k in sorted(loads.get(i, [])))
         out.append(dict(ins))
-    out.extend({"op": "drop_key", "k": k} for k in sorted(drops.get(n - 1, [])))
+    out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(n - 1, [])))
     return out
 
 
 def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping[int, int], cap: int | None) -> dict[str, int]:
     resident: set[int] = set()
-    for i, ins in enumerate(program):
-        op = ins["op"]
-        if op == "load_key":
-            if int(ins["k"]) in resident:
-                raise KeyScheduleError(f"internal: key {ins['k']} loaded twice (instruction {i})")
-            resident.add(int(ins["k"]))
-        elif op == "drop_key":
-            resident.discard(int(ins["k"]))
+    for i, raw in enumerate(program):
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+            if ins.k in resident:
+                raise KeyScheduleError(f"internal: key {ins.k} loaded twice (instruction {i})")
+            resident.add(ins.k)
+        elif isinstance(ins, ir.DropKey) and ins.k is not None:
+            resident.discard(ins.k)
         else:
-            missing = [k for k in _rot_keys(ins) if k not in resident]
+            missing = [k for k in ins.rot_keys() if k not in resident]
             if missing:
                 raise KeyScheduleError(f"internal: instruction {i} rotates by {missing} with no key resident")
     peak = key_memory_profile(program, params, sizes)
@@ -725,21 +789,20 @@ def schedule_keys(
     """Insert a key schedule into ``program`` (any existing ``load_key``/``drop_key`` are
     replaced).  Raises :class:`KeyCapError` (naming the smallest feasible cap) when
     ``cap_bytes`` is below what the strategy needs at some step."""
-    if strategy not in STRATEGIES:
-        raise KeyScheduleError(f"unknown key strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    strat = KEY_STRATEGIES.create(strategy)
     if cap_bytes is not None and cap_bytes <= 0:
         raise KeyScheduleError(f"memory cap must be positive, got {cap_bytes}")
     if merge_window < 0 or prefetch < 0:
         raise KeyScheduleError("merge window and prefetch distance must be non-negative")
-    prog = [dict(i) for i in program if i["op"] not in KEY_OPS]
+    prog = [dict(i) for i in program if not _is_key_op(i)]
     sites = _sites(prog)
     rotations_before = sum(len(s) for s in sites)
     keys_before = len({k for s in sites for k in s})
     chosen: list[int] | None = None
     chains: dict[int, list[int]] = {}
     basis_name = None
-    if strategy == "pow2" or max_keys is not None:
-        family = "pow2" if strategy == "pow2" and basis == "auto" else basis
+    if strat.pow2_basis or max_keys is not None:
+        family = "pow2" if strat.pow2_basis and basis == "auto" else basis
         bset, paths, basis_name = choose_basis(prog, params.slots, max_keys, family)
         if basis_name != "direct":
             prog, chains = rewrite_rotations(prog, paths)
@@ -760,49 +823,37 @@ def schedule_keys(
     base = base_profile(prog, params, depth)
     ctx = _Ctx(len(prog), uses, need, size, base, cap_bytes)
     # smallest cap each strategy can meet, and where it binds
-    if strategy in ("keep-all", "pow2"):
+    if strat.keeps_all:
         all_keys = sum(size.values())
         i_max = max(range(len(prog)), key=lambda i: base[i]) if prog else 0
         min_cap = (base[i_max] if prog else 0) + all_keys
         where = (
             f"keeping all {len(size)} keys ({all_keys} bytes) resident, instruction {i_max} "
-            f"({prog[i_max]['op'] if prog else '-'}) peaks at {min_cap} bytes"
+            f"({ir.op_name(prog[i_max]) if prog else '-'}) peaks at {min_cap} bytes"
         )
     else:
         needs = [base[i] + sum(size[k] for k in need[i]) for i in range(len(prog))]
         i_max = max(range(len(prog)), key=lambda i: needs[i]) if prog else 0
         min_cap = needs[i_max] if prog else 0
         where = (
-            f"instruction {i_max} ({prog[i_max]['op'] if prog else '-'}) alone needs {min_cap} bytes "
+            f"instruction {i_max} ({ir.op_name(prog[i_max]) if prog else '-'}) alone needs {min_cap} bytes "
             f"(ciphertexts and plaintexts {base[i_max] if prog else 0}, its keys "
             f"{min_cap - (base[i_max] if prog else 0)})"
         )
     if cap_bytes is not None and cap_bytes < min_cap:
         raise KeyCapError(cap_bytes, min_cap, strategy, where)
-    solver_info: dict[str, Any] | None = None
-    if strategy in ("keep-all", "pow2"):
-        intervals = [(k, 0, len(prog) - 1) for k in sorted(uses)]
-        new = _emit(prog, intervals, drop_at_end=False)
-    else:
-        if strategy == "keymemrt":
-            intervals = _keymemrt(ctx, merge_window, prefetch)
-        elif strategy == "belady":
-            intervals = _belady(ctx)
-        else:
-            intervals, solver_info = _exact(ctx, time_limit_s, cross_check)
-        new = _emit(prog, intervals, drop_at_end=True)
+    knobs = StrategyKnobs(
+        merge_window, prefetch, time_limit_s, cross_check, max_keys, basis_name,
+        rewritten=strat.pow2_basis or max_keys is not None,
+    )
+    intervals, solver_info = strat.intervals(ctx, knobs)
+    new = _emit(prog, intervals, drop_at_end=not strat.keeps_all)
     peak = _verify(new, params, size, cap_bytes)
     loads_per: dict[int, int] = {}
     for k, _, _ in intervals:
         loads_per[k] = loads_per.get(k, 0) + 1
     keys = {k: KeyInfo(k, level[k], size[k], len(uses[k]), loads_per.get(k, 0)) for k in sorted(uses)}
-    options: dict[str, Any] = {"key_levels": key_levels}
-    if strategy == "keymemrt":
-        options.update(merge_window=merge_window, prefetch=prefetch)
-    if max_keys is not None or strategy == "pow2":
-        options.update(max_keys=max_keys, basis=basis_name)
-    if strategy == "exact":
-        options.update(time_limit_s=time_limit_s)
+    options: dict[str, Any] = {"key_levels": key_levels, **strat.options(knobs)}
     return KeySchedule(
         program=new,
         strategy=strategy,
@@ -824,7 +875,7 @@ def schedule_keys(
 def program_sha256(program: Sequence[Mapping[str, Any]]) -> str:
     """Digest of a program without its key schedule (identifies the planned program a
     schedule was derived from)."""
-    core = [i for i in program if i["op"] not in KEY_OPS]
+    core = [i for i in program if not _is_key_op(i)]
     return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner import progress
+from planner import ir
 from planner.candidates import (
     ELEMENTWISE_KERNELS,
+    KERNEL_FAMILIES,
     KERNELS,
     LINEAR_KERNELS,
     PlanError,
@@ -32,27 +33,33 @@ from planner.candidates import (
 from planner.convert import plan_conversion
 from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
-from planner.graph import Graph
+from planner.graph import Graph, Node
+from planner.ir import PLAN_SCHEMA
 from planner.kernels.base import Candidate
 from planner.layout import ChannelLayout
 from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
 from planner.rotom import parse_layout
 from planner.summary import span_counts, summarize
-from solver import create
+from solver import SOLVER_BACKENDS, create, progress
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
-PLAN_SCHEMA = "slotplan.plan/1"
 # Default solver time limit: the models of single kernels and small graphs prove optimal
 # in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
 DEFAULT_TIME_LIMIT_S = 10.0
+
+
+if TYPE_CHECKING:
+    SolverName = str
+else:  # the registered solver back ends, as an enum of the JSON schema (REST, OpenAPI)
+    SolverName = Literal[SOLVER_BACKENDS.names()]
 
 
 class PlanOptionsLiteral(BaseModel):
     """Unchecked JSON/CLI form of the planning options."""
 
     model_config = ConfigDict(extra="forbid")
-    solver: Literal["cpsat", "z3"] = "cpsat"
+    solver: SolverName = "cpsat"
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=3600)
     memory_cap_bytes: int | None = Field(default=None, gt=0)
     kernels: list[str] | None = None
@@ -152,75 +159,22 @@ def _group_of(graph: Graph, tensor: str) -> str:
 
 
 def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanProblem:
+    """Candidates of every node, layout options of every encrypted input, conversion
+    costs between them: the choice model the solver picks from."""
     S = params.slots
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
-    linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
-    pinned: dict[str, Any] = {}
-    for t, text in options.input_layouts:
-        if t not in graph.tensors or not graph.encrypted(t) or graph.producer(t) is not None:
-            raise PlanError(f"input layout given for {t!r}, which is not an encrypted graph input")
-        try:
-            pinned[t] = parse_layout(text, graph.shape(t), S)
-        except SlotplanError as e:
-            raise PlanError(f"input layout of {t!r}: {e}") from e
+    pinned = _pinned_layouts(graph, options, S)
     cands: dict[str, list[Candidate]] = {}
     progress.begin("candidates", len(graph.nodes))
     for node in graph.nodes:
-        enc = [t for t in node.inputs if graph.encrypted(t)]
-        bases: dict[str, list[ChannelLayout]] = {}
-        for t in enc:
-            prod = graph.producer(t)
-            if prod is None:
-                bases[t] = [pinned[t]] if t in pinned else [input_layout(graph, t, S)]
-            else:
-                opts = list(dict.fromkeys(c.out_layout for c in cands[prod.id]))
-                bases[t] = opts
-        if node.op in ("matvec", "conv2d"):
-            t = enc[0] if enc else node.inputs[-1 if node.op == "matvec" else 0]
-            if not enc:
-                raise PlanError(f"{node.op} has no encrypted operand: nothing to plan", node.id)
-            is_input = graph.producer(t) is None and t not in pinned
-            out: list[Candidate] = []
-            seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
-            for base in seen_bases:
-                out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
-        elif node.op in ("add", "sub", "mul", "poly"):
-            out = elementwise_candidates(graph, node, bases)
-        elif node.op == "matmul":
-            if not enc:
-                raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
-            free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
-            out = matmul_candidates(graph, node, bases, options.kernels, free_inputs)
-        elif node.op in ("transpose", "reshape", "sum"):
-            if not enc:
-                raise PlanError(f"{node.op} of a plaintext tensor: fold it before planning", node.id)
-            out = view_candidates(graph, node, bases)
-        else:
-            raise PlanError(f"op {node.op!r} is not supported by the slot kernels", node.id)
+        out = _node_candidates(graph, node, cands, pinned, options, S)
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
         cands[node.id] = _prune(out, costs, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")
-
-    # encrypted graph inputs: the client packs any layout a consumer asks for
-    input_options: dict[str, list[ChannelLayout]] = {}
-    for t in graph.inputs:
-        if not graph.encrypted(t) or not graph.consumers(t):
-            continue
-        if t in pinned:
-            input_options[t] = [pinned[t]]
-            continue
-        opts = [input_layout(graph, t, S)]
-        if free:
-            for n in graph.consumers(t):
-                for c in cands.get(n.id, []):
-                    lay = c.in_layouts.get(t)
-                    if lay is not None:
-                        opts.append(lay.with_clean(True))
-        input_options[t] = list(dict.fromkeys(opts))
-
+    input_options = _input_options(graph, cands, pinned, free, S)
     penalty: dict[int, int] = {}
     if options.memory_cap_bytes is not None:
         penalty = _apply_residency(cands, params, options.memory_cap_bytes, costs)
@@ -247,27 +201,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             # reads, so only matching (option, candidate) pairs can be optimal; pricing the
             # other conversions would only cost planning time
             own = src.startswith("input:") and free and t not in pinned and len(graph.consumers(t)) == 1
-            mat: list[tuple[int | None, ...]] = []
-            dmat: list[tuple[int, ...]] = []
-            for sl in src_layouts:
-                row: list[int | None] = []
-                drow: list[int] = []
-                for c in cands[node.id]:
-                    dl = c.in_layouts.get(t)
-                    drow.append(0)
-                    if dl is None or own and sl.with_clean(True) != dl.with_clean(True):
-                        row.append(None)
-                        continue
-                    try:
-                        cv = plan_conversion(sl, dl).cost()
-                    except ValueError:
-                        row.append(None)
-                        continue
-                    row.append(costs.iscore(cv))
-                    drow[-1] = cv.depth
-                mat.append(tuple(row))
-                dmat.append(tuple(drow))
-            edges.append(Edge(src, node.id, t, tuple(mat), tuple(dmat), adapts=own))
+            mat, dmat = _conversion_costs(src_layouts, cands[node.id], t, own, costs)
+            edges.append(Edge(src, node.id, t, mat, dmat, adapts=own))
         progress.advance("conversions", node.id)
     progress.end("conversions")
     all_candidates = {k: list(v) for k, v in cands.items()}  # issue 17: runner-ups may be pruned ones
@@ -280,6 +215,111 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     )
     return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source,
                        all_candidates)
+
+
+def _pinned_layouts(graph: Graph, options: PlanOptions, S: int) -> dict[str, Any]:
+    """The input layouts the user fixed (``input_layouts``), parsed."""
+    pinned: dict[str, Any] = {}
+    for t, text in options.input_layouts:
+        if t not in graph.tensors or not graph.encrypted(t) or graph.producer(t) is not None:
+            raise PlanError(f"input layout given for {t!r}, which is not an encrypted graph input")
+        try:
+            pinned[t] = parse_layout(text, graph.shape(t), S)
+        except SlotplanError as e:
+            raise PlanError(f"input layout of {t!r}: {e}") from e
+    return pinned
+
+
+def _node_candidates(
+    graph: Graph, node: Node, cands: Mapping[str, list[Candidate]], pinned: Mapping[str, Any],
+    options: PlanOptions, S: int,
+) -> list[Candidate]:
+    """One node's candidates, for every layout its encrypted operands may arrive in (the
+    candidates of their producers, or the input layouts)."""
+    free = options.input_layout == "free"
+    enc = [t for t in node.inputs if graph.encrypted(t)]
+    bases: dict[str, list[ChannelLayout]] = {}
+    for t in enc:
+        prod = graph.producer(t)
+        if prod is None:
+            bases[t] = [pinned[t]] if t in pinned else [input_layout(graph, t, S)]
+        else:
+            opts = list(dict.fromkeys(c.out_layout for c in cands[prod.id]))
+            bases[t] = opts
+    if node.op in ("matvec", "conv2d"):
+        t = enc[0] if enc else node.inputs[-1 if node.op == "matvec" else 0]
+        if not enc:
+            raise PlanError(f"{node.op} has no encrypted operand: nothing to plan", node.id)
+        is_input = graph.producer(t) is None and t not in pinned
+        linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
+        out: list[Candidate] = []
+        seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
+        for base in seen_bases:
+            out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
+        return out
+    if node.op in ("add", "sub", "mul", "poly"):
+        return elementwise_candidates(graph, node, bases)
+    if node.op == "matmul":
+        if not enc:
+            raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
+        free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
+        return matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+    if node.op in ("transpose", "reshape", "sum"):
+        if not enc:
+            raise PlanError(f"{node.op} of a plaintext tensor: fold it before planning", node.id)
+        return view_candidates(graph, node, bases)
+    raise PlanError(f"op {node.op!r} is not supported by the slot kernels", node.id)
+
+
+def _input_options(
+    graph: Graph, cands: Mapping[str, list[Candidate]], pinned: Mapping[str, Any], free: bool, S: int
+) -> dict[str, list[ChannelLayout]]:
+    """Layout options of the encrypted graph inputs: the client packs any layout a
+    consumer asks for (free input layout), else the row-major one; pinned ones as given."""
+    input_options: dict[str, list[ChannelLayout]] = {}
+    for t in graph.inputs:
+        if not graph.encrypted(t) or not graph.consumers(t):
+            continue
+        if t in pinned:
+            input_options[t] = [pinned[t]]
+            continue
+        opts = [input_layout(graph, t, S)]
+        if free:
+            for n in graph.consumers(t):
+                for c in cands.get(n.id, []):
+                    lay = c.in_layouts.get(t)
+                    if lay is not None:
+                        opts.append(lay.with_clean(True))
+        input_options[t] = list(dict.fromkeys(opts))
+    return input_options
+
+
+def _conversion_costs(
+    src_layouts: Sequence[Any], cands: Sequence[Candidate], t: str, own: bool, costs: CostTable
+) -> tuple[tuple[tuple[int | None, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Cost (None: impossible or not worth pricing) and depth of converting operand ``t``
+    from each source layout to what each candidate reads."""
+    mat: list[tuple[int | None, ...]] = []
+    dmat: list[tuple[int, ...]] = []
+    for sl in src_layouts:
+        row: list[int | None] = []
+        drow: list[int] = []
+        for c in cands:
+            dl = c.in_layouts.get(t)
+            drow.append(0)
+            if dl is None or own and sl.with_clean(True) != dl.with_clean(True):
+                row.append(None)
+                continue
+            try:
+                cv = plan_conversion(sl, dl).cost()
+            except ValueError:
+                row.append(None)
+                continue
+            row.append(costs.iscore(cv))
+            drow[-1] = cv.depth
+        mat.append(tuple(row))
+        dmat.append(tuple(drow))
+    return tuple(mat), tuple(dmat)
 
 
 # Node-granularity key residency (used when a memory cap is set): key load time relative
@@ -302,8 +342,8 @@ def candidate_min_cap(c: Candidate, params: Params) -> int:
     ser = memory_series(prog, params, depth=b.depth)
     key = params.rotation_key_bytes()
     need = 0
-    for i, ins in enumerate(prog):
-        n_keys = len(ins["ks"]) if ins["op"] == "rot_hoisted" else 1 if ins["op"] == "rot" else 0
+    for i, raw in enumerate(prog):
+        n_keys = len(ir.decode(raw).rot_keys())
         need = max(need, int(ser["plaintexts"][i] + ser["ciphertexts"][i]) + n_keys * key)
     return need
 
@@ -548,4 +588,4 @@ def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
 
 
 def kernel_names() -> Sequence[str]:
-    return KERNELS
+    return KERNEL_FAMILIES.names()

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from planner import ir
+
 TableGen = Callable[[], tuple[np.ndarray, np.ndarray | None]]
 
 
@@ -132,22 +134,26 @@ class ProgramBuilder:
         return name
 
     # ---------------------------------------------------------------- instructions
+    def _emit(self, ins: ir.Instr) -> None:
+        """Instructions are kept in their JSON form (what the plan's program holds)."""
+        self.instrs.append(ins.to_json())
+
     def input(self, tensor: str, table: str, gen: TableGen) -> str:
         self.table(table, gen)
         dst = self._reg(0)
-        self.instrs.append({"op": "input", "dst": dst, "tensor": tensor, "table": table})
+        self._emit(ir.Input(dst, tensor, table))
         return dst
 
     def output(self, src: str, tensor: str, table: str, gen: TableGen) -> None:
         self.table(table, gen)
-        self.instrs.append({"op": "output", "src": src, "tensor": tensor, "table": table})
+        self._emit(ir.Output(src, tensor, table))
 
     def rot(self, src: str, k: int) -> str:
         k = self.norm(k)
         if k == 0:
             return src
         dst = self._reg(self.depth[src])
-        self.instrs.append({"op": "rot", "dst": dst, "src": src, "k": k})
+        self._emit(ir.Rot(dst, src, k))
         return dst
 
     def rot_many(self, src: str, ks: Iterable[int]) -> dict[int, str]:
@@ -163,49 +169,49 @@ class ProgramBuilder:
             out[norm[0]] = self.rot(src, norm[0])
         elif norm:
             dsts = [self._reg(self.depth[src]) for _ in norm]
-            self.instrs.append({"op": "rot_hoisted", "dsts": dsts, "src": src, "ks": norm})
+            self._emit(ir.RotHoisted(tuple(dsts), src, tuple(norm)))
             out.update(zip(norm, dsts, strict=True))
         return {k: (src if self.norm(k) == 0 else out[self.norm(k)]) for k in ks}
 
-    def _bin(self, op: str, a: str, b: str) -> str:
+    def _bin(self, kind: type[ir.Add | ir.Sub], a: str, b: str) -> str:
         dst = self._reg(max(self.depth[a], self.depth[b]))
-        self.instrs.append({"op": op, "dst": dst, "a": a, "b": b})
+        self._emit(kind(dst, a, b))
         return dst
 
     def add(self, a: str, b: str) -> str:
-        return self._bin("add", a, b)
+        return self._bin(ir.Add, a, b)
 
     def sub(self, a: str, b: str) -> str:
-        return self._bin("sub", a, b)
+        return self._bin(ir.Sub, a, b)
 
     def cmul(self, a: str, b: str) -> str:
         dst = self._reg(max(self.depth[a], self.depth[b]) + 1)
-        self.instrs.append({"op": "cmul", "dst": dst, "a": a, "b": b})
+        self._emit(ir.CMul(dst, a, b))
         return dst
 
     def pmul(self, src: str, pt: str) -> str:
         dst = self._reg(self.depth[src] + 1)
-        self.instrs.append({"op": "pmul", "dst": dst, "src": src, "pt": pt})
+        self._emit(ir.PMul(dst, src, pt))
         return dst
 
     def padd(self, src: str, pt: str) -> str:
         dst = self._reg(self.depth[src])
-        self.instrs.append({"op": "padd", "dst": dst, "src": src, "pt": pt})
+        self._emit(ir.PAdd(dst, src, pt))
         return dst
 
     def psub(self, src: str, pt: str) -> str:
         dst = self._reg(self.depth[src])
-        self.instrs.append({"op": "psub", "dst": dst, "src": src, "pt": pt})
+        self._emit(ir.PSub(dst, src, pt))
         return dst
 
     def poly(self, src: str, coeffs: Iterable[float], depth_cost: int) -> str:
         dst = self._reg(self.depth[src] + depth_cost)
-        self.instrs.append({"op": "poly", "dst": dst, "src": src, "coeffs": [float(c) for c in coeffs]})
+        self._emit(ir.Poly(dst, src, tuple(float(c) for c in coeffs)))
         return dst
 
     def rescale(self, src: str) -> str:
         dst = self._reg(self.depth[src])
-        self.instrs.append({"op": "rescale", "dst": dst, "src": src})
+        self._emit(ir.Rescale(dst, src))
         return dst
 
     def accumulate(self, acc: str | None, term: str) -> str:

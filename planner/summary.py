@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from planner import ir
 from planner.params import Params
 
 
@@ -25,46 +26,28 @@ def plan_key_bytes(plan: Mapping[str, Any]) -> dict[int, int] | None:
     return {int(k): int(v["bytes"]) for k, v in keys.items()} if keys else None
 
 
-def reg_reads(ins: Mapping[str, Any]) -> list[str]:
-    op = ins["op"]
-    if op in ("add", "sub", "cmul"):
-        return [ins["a"], ins["b"]]
-    if op in ("rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "output"):
-        return [ins["src"]]
-    return []
+Instruction = Mapping[str, Any] | ir.Instr
+Program = Sequence[Instruction]
 
 
-def reg_writes(ins: Mapping[str, Any]) -> list[str]:
-    if ins["op"] == "rot_hoisted":
-        return list(ins["dsts"])
-    if "dst" in ins:
-        return [ins["dst"]]
-    return []
+def reg_reads(ins: Instruction) -> list[str]:
+    return list(ir.decode(ins).reads())
 
 
-def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Multiplicative depth of every register (pmul/cmul add one, poly its degree's depth)."""
+def reg_writes(ins: Instruction) -> list[str]:
+    return list(ir.decode(ins).writes())
+
+
+def register_depths(program: Program) -> dict[str, int]:
+    """Multiplicative depth of every register (each instruction's depth rule, planner.ir)."""
     d: dict[str, int] = {}
-    for ins in program:
-        op = ins["op"]
-        if op == "input":
-            d[ins["dst"]] = 0
-        elif op in ("add", "sub"):
-            d[ins["dst"]] = max(d[ins["a"]], d[ins["b"]])
-        elif op == "cmul":
-            d[ins["dst"]] = max(d[ins["a"]], d[ins["b"]]) + 1
-        elif op == "pmul":
-            d[ins["dst"]] = d[ins["src"]] + 1
-        elif op == "poly":
-            # degree d costs ceil(log2(d + 1)) levels (power basis / Paterson-Stockmeyer; the
-            # leading coefficient's multiplication included), as Lattigo's evaluator uses
-            deg = max((i for i, c in enumerate(ins["coeffs"]) if c != 0.0), default=0)
-            d[ins["dst"]] = d[ins["src"]] + deg.bit_length()
-        elif op == "rot_hoisted":
-            for r in ins["dsts"]:
-                d[r] = d[ins["src"]]
-        elif op in ("rot", "padd", "psub", "rescale"):
-            d[ins["dst"]] = d[ins["src"]]
+    for raw in program:
+        ins = ir.decode(raw)
+        regs = ins.writes()
+        if regs:
+            dd = ins.depth(d)
+            for r in regs:
+                d[r] = dd
     return d
 
 
@@ -74,26 +57,18 @@ def register_depths(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 NODE_COUNT_FIELDS = ("rotations", "pmul", "cmul", "add", "rescale", "poly", "key_loads")
 
 
-def span_counts(program: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def span_counts(program: Program) -> dict[str, int]:
     """The summary's counters over a slice of a program (one node's span)."""
     counts: dict[str, int] = dict.fromkeys(NODE_COUNT_FIELDS, 0)
-    for ins in program:
-        op = ins["op"]
-        if op == "rot":
-            counts["rotations"] += 1
-        elif op == "rot_hoisted":
-            counts["rotations"] += len(ins["ks"])
-        elif op in ("add", "sub", "padd", "psub"):
-            counts["add"] += 1
-        elif op == "load_key":
-            counts["key_loads"] += 1
-        elif op in counts:
-            counts[op] += 1
+    for raw in program:
+        ins = ir.decode(raw)
+        if ins.counter in counts:
+            counts[ins.counter] += ins.count()
     return counts
 
 
 def remap_spans(
-    old: Sequence[Mapping[str, Any]], spans: Sequence[Sequence[int]], new: Sequence[Mapping[str, Any]]
+    old: Program, spans: Sequence[Sequence[int]], new: Program
 ) -> list[list[int]]:
     """Node spans of ``new``, a rewrite of ``old`` (key schedule: load/drop inserted,
     rotations re-expressed as chains) that keeps the names of the registers ``old``
@@ -108,11 +83,12 @@ def remap_spans(
                 owner_of_reg[r] = n
     owner: list[int | None] = [None] * len(new)
     pending: list[int] = []
-    for i, ins in enumerate(new):
-        if ins["op"] == "input":
+    for i, raw in enumerate(new):
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.Input):
             continue  # inputs belong to no node; keep what waits for the next owner
-        hit = next((owner_of_reg[r] for r in reg_writes(ins) if r in owner_of_reg), None)
-        if hit is None and ins["op"] != "output":
+        hit = next((owner_of_reg[r] for r in ins.writes() if r in owner_of_reg), None)
+        if hit is None and not isinstance(ins, ir.Output):
             pending.append(i)
             continue
         for j in pending:
@@ -140,35 +116,29 @@ def remap_spans(
 
 
 def summarize(
-    program: Sequence[Mapping[str, Any]],
+    program: Program,
     params: Params,
     n_plaintexts: int,
     key_bytes: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
+    prog = ir.decode_program(program)
     counts: dict[str, int] = {}
-    rotations = 0
-    offsets: set[int] = set()
-    for ins in program:
-        counts[ins["op"]] = counts.get(ins["op"], 0) + 1
-        if ins["op"] == "rot":
-            rotations += 1
-            offsets.add(int(ins["k"]))
-        elif ins["op"] == "rot_hoisted":
-            rotations += len(ins["ks"])
-            offsets.update(int(k) for k in ins["ks"])
-    depth = register_depths(program)
-    out_depth = max((depth[ins["src"]] for ins in program if ins["op"] == "output"), default=0)
-    mem = memory_profile(program, params, depth, key_bytes)
+    for ins in prog:
+        if ins.counter is not None:
+            counts[ins.counter] = counts.get(ins.counter, 0) + ins.count()
+    depth = register_depths(prog)
+    out_depth = max((depth[ins.src] for ins in prog if isinstance(ins, ir.Output)), default=0)
+    mem = memory_profile(prog, params, depth, key_bytes)
     return {
-        "rotations": rotations,
-        "rotation_keys": len(offsets),
+        "rotations": counts.get("rotations", 0),
+        "rotation_keys": len(ir.rot_keys_of(prog)),
         "pmul": counts.get("pmul", 0),
         "cmul": counts.get("cmul", 0),
-        "add": sum(counts.get(k, 0) for k in ("add", "sub", "padd", "psub")),
+        "add": counts.get("add", 0),
         "rescale": counts.get("rescale", 0),
         "poly": counts.get("poly", 0),
         "depth": out_depth,
-        "key_loads": counts.get("load_key", 0),
+        "key_loads": counts.get("key_loads", 0),
         "plaintexts": n_plaintexts,
         "instructions": len(program),
         "peak_bytes": mem,
@@ -176,7 +146,7 @@ def summarize(
 
 
 def memory_series(
-    program: Sequence[Mapping[str, Any]],
+    program: Program,
     params: Params,
     depth: Mapping[str, int] | None = None,
     key_bytes: Mapping[int, int] | None = None,
@@ -185,6 +155,7 @@ def memory_series(
     its frees): ``keys``, ``plaintexts``, ``ciphertexts``.  ``key_bytes`` gives each key's
     size (a plan's ``keys[k].bytes``, for keys generated below the top level); default:
     every key at the top level.  Without a key schedule every key is resident throughout."""
+    program = ir.decode_program(program)
     depth = depth if depth is not None else register_depths(program)
     L = params.max_level
 
@@ -196,24 +167,19 @@ def memory_series(
     pt_last: dict[str, int] = {}
     pt_level: dict[str, int] = {}
     for i, ins in enumerate(program):
-        for r in reg_reads(ins):
+        for r in ins.reads():
             last_use[r] = i
-        if "pt" in ins:
-            pt_first.setdefault(ins["pt"], i)
-            pt_last[ins["pt"]] = i
-            pt_level.setdefault(ins["pt"], level(ins["src"]))
-    has_schedule = any(ins["op"] in ("load_key", "drop_key") for ins in program)
+        for pt in ins.plaintexts():
+            pt_first.setdefault(pt, i)
+            pt_last[pt] = i
+            pt_level.setdefault(pt, level(ins.reads()[0]))
+    has_schedule = ir.has_key_schedule(program)
     top_key = params.rotation_key_bytes()
 
     def kb(k: int) -> int:
         return key_bytes.get(k, top_key) if key_bytes is not None else top_key
 
-    all_keys: set[int] = set()
-    for ins in program:
-        if ins["op"] == "rot":
-            all_keys.add(int(ins["k"]))
-        elif ins["op"] == "rot_hoisted":
-            all_keys.update(int(k) for k in ins["ks"])
+    all_keys = ir.rot_keys_of(program)
     pt_start: dict[int, list[str]] = {}
     pt_end: dict[int, list[str]] = {}
     for p, i in pt_first.items():
@@ -229,31 +195,30 @@ def memory_series(
     resident: set[int] = set()
     live: set[str] = set()
     for i, ins in enumerate(program):
-        op = ins["op"]
-        if op == "load_key":
-            resident.add(int(ins["k"]))
+        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+            resident.add(int(ins.k))
             keys = sum(kb(k) for k in resident)
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
-        for r in reg_writes(ins):
+        for r in ins.writes():
             live.add(r)
             live_ct += params.ciphertext_bytes(level(r))
         out["keys"][i], out["plaintexts"][i], out["ciphertexts"][i] = keys, live_pt, live_ct
         # frees after the instruction: registers with no later read
-        for r in set(reg_reads(ins)) | set(reg_writes(ins)):
+        for r in set(ins.reads()) | set(ins.writes()):
             if last_use.get(r, -1) <= i and r in live:
                 live.discard(r)
                 live_ct -= params.ciphertext_bytes(level(r))
         for p in pt_end.get(i, []):
             live_pt -= params.plaintext_bytes(pt_level[p])
-        if op == "drop_key":
-            resident.discard(int(ins["k"]))
+        if isinstance(ins, ir.DropKey) and ins.k is not None:
+            resident.discard(int(ins.k))
             keys = sum(kb(k) for k in resident)
     return out
 
 
 def memory_profile(
-    program: Sequence[Mapping[str, Any]],
+    program: Program,
     params: Params,
     depth: Mapping[str, int] | None = None,
     key_bytes: Mapping[int, int] | None = None,

@@ -1,6 +1,7 @@
 """slotplan solver layer: pluggable back ends of solver-neutral models.
 
-``create("cpsat" | "z3")`` returns a back end; unknown names are refused with the list.
+``create(name)`` returns a back end of :data:`SOLVER_BACKENDS` (``cpsat``, ``z3``); unknown
+names are refused with the list.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Protocol
 
 from planner.errors import SlotplanError
 from solver.model import ChoiceModel, Solution, Status
+from solver.registry import Registry
 
 
 class SolverBackend(Protocol):
@@ -17,23 +19,34 @@ class SolverBackend(Protocol):
     def solve(self, model: ChoiceModel, time_limit_s: float) -> Solution: ...
 
 
-SOLVERS = ("cpsat", "z3")
-
-
 class UnknownSolverError(SlotplanError):
     pass
 
 
+# Solver back ends by name (imported when first created: ortools and z3 load lazily).
+SOLVER_BACKENDS: Registry[SolverBackend] = Registry("solver", "known solvers", UnknownSolverError)
+
+
+@SOLVER_BACKENDS.register("cpsat")
+def _cpsat() -> SolverBackend:
+    from solver.cpsat import CpSatSolver
+
+    return CpSatSolver()
+
+
+@SOLVER_BACKENDS.register("z3")
+def _z3() -> SolverBackend:
+    from solver.z3backend import Z3Solver
+
+    return Z3Solver()
+
+
+SOLVERS = SOLVER_BACKENDS.names()
+
+
 def create(name: str) -> SolverBackend:
-    if name == "cpsat":
-        from solver.cpsat import CpSatSolver
-
-        return CpSatSolver()
-    if name == "z3":
-        from solver.z3backend import Z3Solver
-
-        return Z3Solver()
-    raise UnknownSolverError(f"unknown solver {name!r}; known solvers: {', '.join(SOLVERS)}")
+    """The back end called ``name``; unknown names are refused with the list."""
+    return SOLVER_BACKENDS.create(name)
 
 
-__all__ = ["SOLVERS", "ChoiceModel", "Solution", "SolverBackend", "Status", "create"]
+__all__ = ["SOLVERS", "SOLVER_BACKENDS", "ChoiceModel", "Solution", "SolverBackend", "Status", "create"]

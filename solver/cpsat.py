@@ -6,7 +6,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from planner import progress
+from solver import progress
 from solver.model import ChoiceModel, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
@@ -94,7 +94,7 @@ class CpSatSolver:
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):
-    """Reports each improving solution (objective, bound) to planner.progress."""
+    """Reports each improving solution (objective, bound) to solver.progress."""
 
     def __init__(self, stage: str, units: float):
         super().__init__()

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import z3
 from ortools.sat.python import cp_model
 
-from planner.kernels.imra import eq11
-from planner.kernels.problem import gamma
+from solver.formulas import eq11, gamma
 
 
 @dataclass(frozen=True)

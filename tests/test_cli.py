@@ -13,6 +13,7 @@ import pytest
 
 from planner.graph import load_graph
 from planner.reference import random_values, reference
+from solver import SOLVERS
 from tests.third_party_exec import execute
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def test_run_detects_tampered_plan(tmp_path: Path) -> None:
 
 def test_solvers_agree_via_cli() -> None:
     objs = []
-    for solver in ("cpsat", "z3"):
+    for solver in SOLVERS:
         r = run("plan", "data/workloads/conv2.json", "--solver", solver, "--json")
         assert r.returncode == 0, r.stderr
         objs.append(json.loads(r.stdout)["summary"]["solver"]["objective"])

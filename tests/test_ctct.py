@@ -18,6 +18,7 @@ from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.program import LazyTables, ProgramBuilder
 from planner.rotom import parse_layout
+from solver import SOLVERS
 from tests.helpers import check_plan, small_params
 from tests.test_rotom import run_conversion
 
@@ -156,7 +157,7 @@ def test_depth_budget_steers_the_kernel_choice() -> None:
     g = load_graph(DATA / "workloads/rotom/bolt_ctct.json")
     opts = dict(input_layouts=(("A", "[1:64][0:128]"), ("B", "[0:64][1:128]")))
     shallow = small_params(14, levels=2)
-    for solver in ("cpsat", "z3"):
+    for solver in SOLVERS:
         res = plan_graph(g, shallow, PlanOptions(solver=solver, **opts))
         assert res.plan["summary"]["depth"] <= 2
         assert {n["kernel"] for n in res.plan["nodes"]} == {"ct-ct-diagonal"}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from planner.graph import parse_graph
 from planner.pipeline import PlanOptions, build_problem, lower_solution, solve_problem
-from solver import create
+from solver import SOLVERS, create
 from solver.model import Solution, Status
 from tests.helpers import check_plan, small_params
 
@@ -70,7 +70,7 @@ def test_random_graphs_match_numpy_and_solvers_agree(spec: dict[str, Any], layou
     g = parse_graph(spec)
     params = small_params(10, levels=12)
     problem = build_problem(g, params, PlanOptions(input_layout=layout))
-    sols = {name: create(name).solve(problem.model, 30.0) for name in ("cpsat", "z3")}
+    sols = {name: create(name).solve(problem.model, 30.0) for name in SOLVERS}
     assert sols["cpsat"].status is Status.OPTIMAL
     if len(g.nodes) <= 6:
         assert sols["z3"].status is Status.OPTIMAL
@@ -127,7 +127,7 @@ def test_ct_ct_chain_solvers_agree_and_match_numpy() -> None:
     }
     g = parse_graph(spec)
     problem = build_problem(g, small_params(10, levels=14), PlanOptions())
-    sols = {name: create(name).solve(problem.model, 60.0) for name in ("cpsat", "z3")}
+    sols = {name: create(name).solve(problem.model, 60.0) for name in SOLVERS}
     assert all(s.status is Status.OPTIMAL for s in sols.values())
     assert sols["cpsat"].objective == sols["z3"].objective
     from planner.pipeline import PlanResult

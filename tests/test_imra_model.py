@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.kernels.imra import feasible_pairs, select_imra
-from planner.kernels.problem import doubling_cost, gamma, square_dims
+from planner.kernels.problem import doubling_cost, square_dims
+from solver.formulas import gamma
 from solver.imra_model import solve_cpsat, solve_z3
 
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.candidates import PlanError
+from planner.candidates import LINEAR_KERNELS, PlanError
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import check_plan, conv_graph, matvec_graph, small_params
 
-LINEAR = ["imra", "bsgs", "hs-diagonal", "fhelipe"]
+LINEAR = list(LINEAR_KERNELS)
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner import ir
 from planner.program import ProgramBuilder
 
 # in_regs: per encrypted operand, the registers of its ciphertexts (in layout order)
@@ -74,32 +75,28 @@ def sequential(first: CostVector, then: CostVector) -> CostVector:
 def count_program(
     instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float
 ) -> CostVector:
-    ops: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
     keys: set[int] = set()
-    rotations = 0
     hoisted = 0
     hoisted_rot = 0
-    for ins in instrs:
-        op = ins["op"]
-        ops[op] += 1
-        if op == "rot":
-            rotations += 1
-            keys.add(ins["k"])
-        elif op == "rot_hoisted":
-            rotations += len(ins["ks"])
-            keys.update(ins["ks"])
+    for raw in instrs:
+        ins = ir.decode(raw)
+        if ins.counter is not None:
+            counts[ins.counter] += ins.count()
+        keys.update(ins.rot_keys())
+        if isinstance(ins, ir.RotHoisted):
             hoisted += 1
-            hoisted_rot += len(ins["ks"])
+            hoisted_rot += ins.count()
     return CostVector(
-        rotations=rotations,
+        rotations=counts["rotations"],
         rot_keys=frozenset(keys),
         hoisted_groups=hoisted,
         hoisted_rotations=hoisted_rot,
-        pmul=ops["pmul"],
-        cmul=ops["cmul"],
-        add=ops["add"] + ops["sub"] + ops["padd"] + ops["psub"],
-        rescale=ops["rescale"],
-        poly=ops["poly"],
+        pmul=counts["pmul"],
+        cmul=counts["cmul"],
+        add=counts["add"],
+        rescale=counts["rescale"],
+        poly=counts["poly"],
         depth=depth_out - depth_in,
         plaintexts=n_pt,
         ciphertexts_out=n_out,

@@ -31,9 +31,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.kernels.base import Candidate
-from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, gamma, square_dims
+from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, square_dims
 from planner.layout import ChannelLayout
 from planner.program import ProgramBuilder
+from solver.formulas import eq11
 
 # Dense checks of which channel diagonals carry weights are skipped above this many
 # (diagonal, block) pairs: a zero plaintext only wastes a pmul, it is never wrong.
@@ -66,15 +67,6 @@ def feasible_pairs(nd: int, kd: int, lc: int, slots: int) -> list[tuple[int, int
             if Pb % Ps == 0 and Ps * kd * lc + nd * lc <= slots:
                 out.append((Pb, Ps))
     return out
-
-
-def eq11(nd: int, T: int, Pb: int, Ps: int) -> int:
-    """Eq. 11: gamma(Ps + 1) + (nd*T/Pb - 1) + (Pb/Ps - 1) + (Ps - 1).
-
-    rot(A_rep^b) is 0 here: the input row is the ciphertext itself (the replication to
-    kd/k copies is part of the Ps + 1 horizontal copies, both are one doubling chain).
-    """
-    return gamma(Ps + 1) + (nd * T // Pb - 1) + (Pb // Ps - 1) + (Ps - 1)
 
 
 def select_imra(nd: int, kd: int, T: int, lc: int, slots: int) -> ImraChoice:

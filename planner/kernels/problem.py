@@ -255,11 +255,3 @@ def doubling_cost(m: int) -> int:
     if m <= 1:
         return 0
     return (m.bit_length() - 1) + bin(m).count("1") - 1
-
-
-def gamma(m: int) -> int:
-    """MetaKernel's gamma(m) (section 4.1.2): rotations for replicating m times as the sum
-    of the bit positions of the ones of m plus their number minus one; gamma(9) = 4."""
-    if m <= 1:
-        return 0
-    return sum(i for i in range(m.bit_length()) if m >> i & 1) + bin(m).count("1") - 1

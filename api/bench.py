@@ -1,17 +1,19 @@
-"""Benchmark suites: our plans against the papers' numbers and the baselines."""
+"""Benchmark suites: our plans against the papers' numbers and the baselines (``slotplan bench``).
+
+It sits in the API layer because it plans and then runs the plans on an execution back end."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import SlotplanError
 from planner.graph import load_graph
+from planner.io import load_model_file
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
 
@@ -39,21 +41,6 @@ class Suite(BaseModel):
     params: str = "n16"
     input_layout: str = "row-major"
     workloads: list[SuiteWorkload]
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def load_model_file(path: str | Path, model: type[M], what: str) -> tuple[M, Path]:
-    """A JSON file validated by a pydantic model, and its folder (suite paths are relative
-    to it); errors name the file."""
-    p = Path(path)
-    try:
-        return model.model_validate(json.loads(p.read_text())), p.parent
-    except FileNotFoundError as e:
-        raise SlotplanError(f"{what} {p} not found") from e
-    except (ValueError, json.JSONDecodeError) as e:
-        raise SlotplanError(f"{what} {p}: {' '.join(str(e).split())}") from e
 
 
 def load_suite(path: str | Path) -> tuple[Suite, Path]:

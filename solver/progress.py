@@ -1,6 +1,9 @@
 """Progress of long planning steps, reported to whoever listens (the CLI draws it with rich),
 and the wall-clock deadline of a whole planning request, checked at the same points.
 
+It sits in the lowest layer (``solver/``, imported by the planner and the API) because the
+solver back ends report their improving solutions through it.
+
 The planner and the solver back ends call :func:`stage`, :func:`advance` and :func:`note`;
 without a listener (the default, and always in worker processes) these cost one context
 variable lookup and do nothing, so plans are byte-for-byte the same with and without

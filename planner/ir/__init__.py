@@ -1,0 +1,44 @@
+"""Typed plan IR: the instructions of shared/SPEC.md section 4 (:mod:`planner.ir.instructions`)
+and the plan document's schema and validator (:mod:`planner.ir.plan`).
+
+Plans are stored and written as JSON dicts; code that needs to know what an instruction
+does decodes it here (:func:`decode`) instead of looking at its ``"op"``."""
+
+from planner.ir.instructions import (
+    MAX_POLY_COEFF_ABS,
+    OPS,
+    Add,
+    Bootstrap,
+    CMul,
+    DropKey,
+    Input,
+    Instr,
+    KeyOp,
+    LoadKey,
+    Output,
+    PAdd,
+    PMul,
+    Poly,
+    PSub,
+    Rescale,
+    Rot,
+    RotHoisted,
+    Sub,
+    UnknownOpError,
+    decode,
+    decode_program,
+    has_key_schedule,
+    instruction,
+    op_name,
+    rot_keys_of,
+    to_json_program,
+    try_decode,
+)
+from planner.ir.plan import MAX_PROGRAM_LENGTH, PLAN_SCHEMA, Plan, validate_plan
+
+__all__ = [
+    "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "CMul", "DropKey",
+    "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
+    "RotHoisted", "Sub", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
+    "op_name", "rot_keys_of", "to_json_program", "try_decode", "validate_plan",
+]

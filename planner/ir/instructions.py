@@ -1,0 +1,461 @@
+"""The plan's instructions (shared/SPEC.md section 4) as typed values.
+
+Every instruction is a frozen dataclass whose fields, in declaration order, are the JSON
+fields after ``"op"`` (so :meth:`Instr.to_json` reproduces a plan's instruction dicts key
+for key).  Each class states what the rest of slotplan asks of an instruction:
+
+* ``reads()`` / ``writes()``: the registers it reads and writes (SSA);
+* ``depth(d)``: the multiplicative depth of what it writes, given its operands' depths;
+* ``rot_keys()``: the rotation offsets it needs a key for;
+* ``counter`` / ``count()``: the summary counter it adds to (``rotations``, ``pmul``,
+  ``cmul``, ``add``, ``rescale``, ``poly``, ``key_loads``, ``bootstraps``) and by how much.
+
+:func:`decode` turns a trusted instruction dict (one the planner built) into its object
+without checks; :meth:`Instr.from_json` checks a dict from outside and names the field at
+fault.  Adding an instruction is one class here (registered in :data:`OPS`) plus its
+executors (``backends/sim.py``, the Lattigo runner).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+from planner.errors import PlanFileError
+
+# Largest |coefficient| of a poly instruction (as planner.graph.MAX_POLY_COEFF_ABS).
+MAX_POLY_COEFF_ABS = 2.0**20
+
+Bad = Callable[[str, str], PlanFileError]  # (field, rule) -> error naming the field
+
+
+class UnknownOpError(ValueError):
+    """An instruction whose ``op`` no class of :data:`OPS` implements."""
+
+    def __init__(self, op: object) -> None:
+        self.op = op
+        super().__init__(f"unknown op {op!r}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_offset(bad: Bad, field: str, k: object, slots: int | None) -> None:
+    if not _is_int(k):
+        raise bad(field, f"rotation offsets are integers, got {json.dumps(k)}")
+    assert isinstance(k, int)
+    if slots is not None and not 1 <= k < slots:
+        raise bad(field, f"rotation offset {k} outside 1..{slots - 1}")
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _thaw(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """Base of all instructions; subclasses set ``op`` and their fields."""
+
+    op: ClassVar[str] = ""
+    counter: ClassVar[str | None] = None
+    # fields holding register names that must be strings (checked in this order)
+    string_fields: ClassVar[tuple[str, ...]] = ()
+    # fields naming the registers read, in order (a field may hold a single register)
+    read_fields: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ registers
+    def reads(self) -> tuple[str, ...]:
+        return tuple(getattr(self, f) for f in self.read_fields)
+
+    def write_fields(self) -> Iterator[tuple[str, str]]:
+        """(field path, register) of every register written."""
+        dst = getattr(self, "dst", None)
+        if dst is not None:
+            yield "dst", dst
+
+    def writes(self) -> tuple[str, ...]:
+        return tuple(r for _, r in self.write_fields())
+
+    def plaintexts(self) -> tuple[str, ...]:
+        """Plaintexts the instruction reads."""
+        return ()
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        """Depth of the registers written (default: the deepest operand)."""
+        return max((d[r] for r in self.reads()), default=0)
+
+    def rot_keys(self) -> tuple[int, ...]:
+        return ()
+
+    def count(self) -> int:
+        """How much the instruction adds to its ``counter``."""
+        return 1
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        for name in self._names():
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = _thaw(v)
+        return out
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        """Rules beyond ``string_fields`` (subclasses)."""
+
+    @classmethod
+    def from_json(
+        cls, d: object, *, where: str = "instruction", path: str = "", slots: int | None = None
+    ) -> Instr:
+        """Check an instruction dict from outside and build its object.  Raises
+        :class:`PlanFileError` ``"<where>: field '<path>.<field>': <rule>"``; ``slots``
+        (when given) bounds rotation offsets."""
+        prefix = f"{path}." if path else ""
+
+        def bad(field: str, rule: str) -> PlanFileError:
+            return PlanFileError(f"{where}: field {prefix + field!r}: {rule}")
+
+        if not isinstance(d, dict):
+            raise PlanFileError(f"{where}: field {path or 'instruction'!r}: an instruction must be a JSON object")
+        op = d.get("op")
+        klass = OPS.get(op) if isinstance(op, str) else None
+        if klass is None:
+            raise bad("op", f"unknown op {json.dumps(op)[:40]}")
+        if cls is not Instr and klass is not cls:
+            raise bad("op", f"expected {cls.op!r}, got {json.dumps(op)[:40]}")
+        for key in klass.string_fields:
+            if not isinstance(d.get(key), str):
+                raise bad(key, f"{op} needs a string {key!r}")
+        klass._check(d, bad, slots)
+        return klass._decode(d)
+
+    @classmethod
+    def _decode(cls, d: Mapping[str, Any]) -> Instr:
+        return cls(*[_freeze(d.get(name)) for name in cls._names()])
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        return names
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+OPS: dict[str, type[Instr]] = {}
+_I = TypeVar("_I", bound=type[Instr])
+
+
+def instruction(cls: _I) -> _I:
+    """Register an instruction class under its ``op``."""
+    if not cls.op or cls.op in OPS:
+        raise ValueError(f"instruction class {cls.__name__}: op {cls.op!r} missing or taken")
+    OPS[cls.op] = cls
+    return cls
+
+
+# ---------------------------------------------------------------------- ciphertext I/O
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Input(Instr):
+    op: ClassVar[str] = "input"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "tensor", "table")
+    dst: str
+    tensor: str
+    table: str
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return 0
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Output(Instr):
+    op: ClassVar[str] = "output"
+    string_fields: ClassVar[tuple[str, ...]] = ("src", "tensor", "table")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    src: str
+    tensor: str
+    table: str
+
+
+# ---------------------------------------------------------------------- rotations
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Rot(Instr):
+    op: ClassVar[str] = "rot"
+    counter: ClassVar[str | None] = "rotations"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+    k: int
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        _check_offset(bad, "k", d.get("k"), slots)
+
+    def rot_keys(self) -> tuple[int, ...]:
+        return (int(self.k),)
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class RotHoisted(Instr):
+    """One key-switch decomposition of ``src``, ``len(ks)`` rotations."""
+
+    op: ClassVar[str] = "rot_hoisted"
+    counter: ClassVar[str | None] = "rotations"
+    string_fields: ClassVar[tuple[str, ...]] = ("src",)
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dsts: tuple[str, ...]
+    src: str
+    ks: tuple[int, ...]
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        ks, dsts = d.get("ks"), d.get("dsts")
+        if not isinstance(ks, list) or not isinstance(dsts, list) or len(ks) != len(dsts) or not ks:
+            raise bad("ks", "rot_hoisted needs non-empty lists ks and dsts of equal length")
+        for j, k in enumerate(ks):
+            _check_offset(bad, f"ks[{j}]", k, slots)
+        if not all(isinstance(r, str) for r in dsts):
+            raise bad("dsts", "must be a list of register names")
+
+    def write_fields(self) -> Iterator[tuple[str, str]]:
+        for j, r in enumerate(self.dsts):
+            yield f"dsts[{j}]", r
+
+    def rot_keys(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in self.ks)
+
+    def count(self) -> int:
+        return len(self.ks)
+
+
+# ---------------------------------------------------------------------- arithmetic
+
+
+@dataclass(frozen=True, slots=True)
+class _CtCt(Instr):
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "a", "b")
+    read_fields: ClassVar[tuple[str, ...]] = ("a", "b")
+    dst: str
+    a: str
+    b: str
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Add(_CtCt):
+    op: ClassVar[str] = "add"
+    counter: ClassVar[str | None] = "add"
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Sub(_CtCt):
+    op: ClassVar[str] = "sub"
+    counter: ClassVar[str | None] = "add"
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class CMul(_CtCt):
+    """Ciphertext x ciphertext (relinearised): one level."""
+
+    op: ClassVar[str] = "cmul"
+    counter: ClassVar[str | None] = "cmul"
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return max(d[self.a], d[self.b]) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _CtPt(Instr):
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src", "pt")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+    pt: str
+
+    def plaintexts(self) -> tuple[str, ...]:
+        return (self.pt,)
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class PMul(_CtPt):
+    op: ClassVar[str] = "pmul"
+    counter: ClassVar[str | None] = "pmul"
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return d[self.src] + 1
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class PAdd(_CtPt):
+    op: ClassVar[str] = "padd"
+    counter: ClassVar[str | None] = "add"
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class PSub(_CtPt):
+    op: ClassVar[str] = "psub"
+    counter: ClassVar[str | None] = "add"
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Poly(Instr):
+    """Element-wise polynomial (power basis, or Chebyshev over ``domain``)."""
+
+    op: ClassVar[str] = "poly"
+    counter: ClassVar[str | None] = "poly"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+    coeffs: tuple[float, ...]
+    basis: str | None = None
+    domain: tuple[float, ...] | None = None
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        cs = d.get("coeffs")
+        if not isinstance(cs, list) or not cs:
+            raise bad("coeffs", "must be a non-empty list of numbers")
+        for j, c in enumerate(cs):
+            if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c) \
+                    or abs(c) > MAX_POLY_COEFF_ABS:
+                raise bad(f"coeffs[{j}]", f"coefficients are finite numbers with |c| <= 2**20, got {json.dumps(c)}")
+
+    def degree(self) -> int:
+        return max((i for i, c in enumerate(self.coeffs) if c != 0.0), default=0)
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        # degree d costs ceil(log2(d + 1)) levels (power basis / Paterson-Stockmeyer; the
+        # leading coefficient's multiplication included), as Lattigo's evaluator uses
+        return d[self.src] + self.degree().bit_length()
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Rescale(Instr):
+    """Value unchanged (level bookkeeping)."""
+
+    op: ClassVar[str] = "rescale"
+    counter: ClassVar[str | None] = "rescale"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Bootstrap(Instr):
+    """Value unchanged, depth reset (bootstrapping presets)."""
+
+    op: ClassVar[str] = "bootstrap"
+    counter: ClassVar[str | None] = "bootstraps"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return 0
+
+
+# ---------------------------------------------------------------------- key residency
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOp(Instr):
+    """Rotation key ``k`` (or the key block ``block``) becomes resident / is dropped."""
+
+    k: int | None = None
+    block: str | None = None
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        if "block" in d:
+            if d["block"] != "boot":
+                raise bad("block", "the only key block is 'boot'")
+        else:
+            _check_offset(bad, "k", d.get("k"), slots)
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class LoadKey(KeyOp):
+    op: ClassVar[str] = "load_key"
+    counter: ClassVar[str | None] = "key_loads"
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class DropKey(KeyOp):
+    op: ClassVar[str] = "drop_key"
+
+
+# ---------------------------------------------------------------------- programs
+
+
+def decode(d: Mapping[str, Any] | Instr) -> Instr:
+    """The object of a trusted instruction dict (no checks; objects pass through).
+    Raises :class:`UnknownOpError` for an op no class implements."""
+    if isinstance(d, Instr):
+        return d
+    op = d.get("op")
+    klass = OPS.get(op) if isinstance(op, str) else None
+    if klass is None:
+        raise UnknownOpError(op)
+    return klass._decode(d)
+
+
+def try_decode(d: Mapping[str, Any] | Instr) -> Instr | None:
+    """:func:`decode`, or None for an unknown op (executors report it at its turn)."""
+    try:
+        return decode(d)
+    except UnknownOpError:
+        return None
+
+
+def decode_program(program: Sequence[Mapping[str, Any] | Instr]) -> list[Instr]:
+    return [decode(d) for d in program]
+
+
+def to_json_program(program: Sequence[Instr]) -> list[dict[str, Any]]:
+    return [ins.to_json() for ins in program]
+
+
+def op_name(d: Mapping[str, Any] | Instr) -> str:
+    """The op of an instruction (dict or object), for display."""
+    return d.op if isinstance(d, Instr) else str(d.get("op"))
+
+
+def has_key_schedule(program: Sequence[Instr]) -> bool:
+    """True when the program loads or drops keys (a plan with a key schedule)."""
+    return any(isinstance(ins, KeyOp) for ins in program)
+
+
+def rot_keys_of(program: Sequence[Instr]) -> set[int]:
+    """Every rotation offset the program needs a key for."""
+    return {k for ins in program for k in ins.rot_keys()}
