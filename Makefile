@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-installed
 SLOTPLAN:= $(VENV)/bin/slotplan
 
-.PHONY: install lattigo demo test lint bench golden clean chromium
+.PHONY: install lattigo demo test lint gocheck bench golden clean chromium
 
 install: $(STAMP) lattigo
 
@@ -38,7 +38,12 @@ chromium:
 	else echo "make: chromium is not installed and cannot be installed here (needs root and apt-get);" \
 	    "the browser test will be skipped"; fi
 
-test: install lint chromium
+# The Go side of the Lattigo backend: go vet and its own tests (small rings, ~10 s).
+GO := $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+gocheck: lattigo
+	cd backends/lattigo && $(GO) vet . && $(GO) test -count=1 .
+
+test: install lint gocheck chromium
 	$(VENV)/bin/pytest
 
 golden: install

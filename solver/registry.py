@@ -11,6 +11,7 @@ lives in the lowest layer so that every layer can use it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from planner.errors import SlotplanError
@@ -53,6 +54,15 @@ class Registry(Generic[T]):
             return f
 
         return add(factory) if factory is not None else add
+
+    @contextmanager
+    def temporarily(self, name: str, factory: Callable[..., T]) -> Iterator[str]:
+        """Register ``name`` for the enclosed block only (test fakes)."""
+        self.register(name, factory)
+        try:
+            yield name
+        finally:
+            del self._entries[name]
 
     def _all(self) -> dict[str, Callable[..., T]]:
         if self._discover is None:
