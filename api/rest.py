@@ -62,7 +62,7 @@ from api.workers import JobKilled, WorkerPool
 from planner.costs import COST_TABLES
 from planner.diff import DiffInputError, diff_plans, render_markdown
 from planner.errors import GraphError, ParamsError, SlotplanError
-from planner.graph import Graph, parse_graph
+from planner.graph import Graph, parse_graph, reject_duplicate_keys
 from planner.io import DEFAULT_MAX_TABLE_BYTES
 from planner.ir import PLAN_SCHEMA
 from planner.params import PRESETS, Params
@@ -495,12 +495,7 @@ def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r} in a JSON object (JSON keys must be unique)")
-        out[key] = value
-    return out
+    return reject_duplicate_keys(pairs, ValueError)
 
 
 def _no_constants(name: str) -> Any:

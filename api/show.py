@@ -438,6 +438,22 @@ def _memory_panel(
     ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
 
 
+def save_figure(fig: Any, out: Path, fmt: str) -> Path:
+    """Write a figure deterministically (SVG without a date, fixed hash salt) and close it.
+    Library callers get the directory made; the CLI refuses a missing one before drawing."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "svg":
+        with matplotlib.rc_context({"svg.hashsalt": "slotplan"}):
+            fig.savefig(out, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
+
 def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Draw the three panels into ``path`` (PNG, or SVG when the name ends in .svg)."""
     import matplotlib
@@ -476,14 +492,7 @@ def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = No
     _memory_panel(ax_mem, program, mem, summary, n_steps)
 
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".svg":
-        with matplotlib.rc_context({"svg.hashsalt": "slotplan"}):
-            fig.savefig(out, format="svg", metadata={"Date": None})
-    else:
-        fig.savefig(out, format="png")
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, "svg" if out.suffix.lower() == ".svg" else "png")
 
 
 # --------------------------------------------------------------------------------------
@@ -671,11 +680,4 @@ def render_layouts(views: Sequence[LayoutView], path: str | Path, fmt: str | Non
         sf.legend(handles=[Patch(facecolor=ZERO_RGB, edgecolor="black", label="zero: no element, clean layout"),
                            Patch(facecolor=GARBAGE_RGB, label="garbage: no element, dirty (~) layout")],
                   loc="lower left", ncol=2, fontsize=7, frameon=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "svg":
-        with matplotlib.rc_context({"svg.hashsalt": "slotplan"}):
-            fig.savefig(out, format="svg", metadata={"Date": None})
-    else:
-        fig.savefig(out, format="png")
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, fmt)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 from pydantic_core import ErrorDetails
@@ -407,18 +407,20 @@ def load_graph(src: str | Path | Mapping[str, object]) -> Graph:
     return parse_graph(_decode_json(text, f"graph file {str(path)!r}"))
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
+def reject_duplicate_keys(pairs: list[tuple[str, Any]], error: type[Exception] = GraphError) -> dict[str, Any]:
+    """``json.loads(object_pairs_hook=...)``: refuse an object that repeats a key (the CLI
+    and REST read graphs and requests alike)."""
+    out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise GraphError(f"duplicate key {key!r} in a JSON object (JSON keys must be unique)")
+            raise error(f"duplicate key {key!r} in a JSON object (JSON keys must be unique)")
         out[key] = value
     return out
 
 
 def _decode_json(text: str, what: str) -> Mapping[str, object]:
     try:
-        obj: object = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+        obj: object = json.loads(text, object_pairs_hook=reject_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise GraphError(
             f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

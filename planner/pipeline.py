@@ -401,6 +401,9 @@ def solve_problem(problem: PlanProblem) -> Solution:
     limit = problem.options.time_limit_s if left is None else max(0.05, min(problem.options.time_limit_s, left))
     sol = create(problem.options.solver).solve(problem.model, limit)
     progress.end("solve")
+    if sol.status is Status.UNKNOWN and limit < problem.options.time_limit_s:
+        progress.check("solve")  # the wall limit, not the solver's own, stopped it
+        raise progress.DeadlineExceeded("solve", "no plan found in the time left", progress.limit_seconds() or 0.0)
     if sol.status is Status.INFEASIBLE:
         m = problem.model
         if m.max_depth is not None:

@@ -62,6 +62,12 @@ def check(name: str, detail: str = "") -> None:
         raise DeadlineExceeded(name, detail, d[1])
 
 
+def limit_seconds() -> float | None:
+    """The seconds the innermost deadline allows (None: no deadline)."""
+    d = _DEADLINE.get()
+    return None if d is None else d[1]
+
+
 def remaining() -> float | None:
     """Seconds left before the deadline (None: no deadline)."""
     d = _DEADLINE.get()
