@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.sim import simulate
+from backends.sim import SimResult, simulate
 from planner.pipeline import PlanResult
 from planner.reference import reference
 
@@ -37,11 +37,18 @@ class ClaimViolation:
         return f"{self.what} ct {self.ciphertext}: {self.rule}: {self.slots} slots ({self.detail})"
 
 
-def check_claims(res: PlanResult, values: Mapping[str, np.ndarray]) -> list[ClaimViolation]:
-    """Violations of the plan's layout claims on ``values`` (empty when all hold)."""
+def claimed_registers(res: PlanResult) -> set[str]:
+    """The registers the claims speak of (``simulate(..., keep=...)`` keeps them)."""
+    return {r for c in res.claims for r in c.regs}
+
+
+def check_claims(res: PlanResult, values: Mapping[str, np.ndarray], sim: SimResult | None = None) -> list[ClaimViolation]:
+    """Violations of the plan's layout claims on ``values`` (empty when all hold).  ``sim``:
+    a simulation of the plan on ``values`` that kept :func:`claimed_registers` (one run can
+    serve the caller's own output checks); simulated here when absent."""
     ref = reference(res.problem.graph, values)
-    keep = {r for c in res.claims for r in c.regs}
-    sim = simulate(res.plan, res.tables, values, keep=keep)
+    if sim is None:
+        sim = simulate(res.plan, res.tables, values, keep=claimed_registers(res))
     out: list[ClaimViolation] = []
     for c in res.claims:
         flat = ref[c.tensor].ravel()

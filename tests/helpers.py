@@ -39,9 +39,11 @@ def conv_graph(c: int, h: int, w: int, co: int, k1: int, k2: int, stride: tuple[
 
 
 def check_plan(res: PlanResult, graph: Graph, seed: int = 0, rtol: float = 1e-9) -> dict[str, Any]:
+    from backends.layout_check import check_claims, claimed_registers
+
     vals = random_values(graph, seed)
     ref = reference(graph, vals)
-    out = simulate(res.plan, res.tables, vals)
+    out = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
     for t in graph.outputs:
         want = ref[t]
         got = out.outputs[t]
@@ -52,9 +54,7 @@ def check_plan(res: PlanResult, graph: Graph, seed: int = 0, rtol: float = 1e-9)
     assert out.rotations == res.plan["summary"]["rotations"]
     # every layout the lowering claims (node outputs, conversions) holds on the registers
     if res.claims:
-        from backends.layout_check import check_claims
-
-        bad = check_claims(res, vals)
+        bad = check_claims(res, vals, out)
         assert not bad, "\n".join(map(str, bad))
     return {"rotations": out.rotations}
 

@@ -19,6 +19,11 @@ from tests.test_batch import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = golden.load_manifest()
+# one pytest-xdist group per workload: its golden and hygiene tests run in one process
+WORKLOAD_PARAMS = [
+    pytest.param(c, id=f"{c.name}.{c.entry.params}", marks=pytest.mark.xdist_group(f"workload-{c.name}.{c.entry.params}"))
+    for c in CASES
+]
 
 
 _PLANNED: dict[Path, golden.PlanResult] = {}
@@ -39,7 +44,7 @@ def test_manifest_covers_every_workload() -> None:
         assert c.golden_path.exists(), f"{c.golden_path} missing: run `slotplan golden --regenerate`"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.name}.{c.entry.params}" for c in CASES])
+@pytest.mark.parametrize("case", WORKLOAD_PARAMS)
 def test_golden(case: golden.GoldenCase) -> None:
     expected = golden.load_golden(case)
     assert expected is not None, f"{case.golden_path} missing: run `slotplan golden --regenerate`"

@@ -20,7 +20,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from backends.layout_check import check_claims
+from backends.layout_check import check_claims, claimed_registers
 from backends.sim import simulate
 from planner.candidates import ELEMENTWISE_KERNELS, KERNELS
 from planner.graph import parse_graph
@@ -57,7 +57,7 @@ def check_network(seed: int) -> list[str]:
     res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
     vals = random_values(g, seed)
     ref = reference(g, vals)
-    sim = simulate(res.plan, res.tables, vals)
+    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
     where = f"graph {seed} ({describe(spec)}, log_n {log_n}, {opts.input_layout}, clean={opts.clean_outputs})"
     problems: list[str] = []
     for t in g.outputs:
@@ -65,7 +65,7 @@ def check_network(seed: int) -> list[str]:
         err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / scale
         if not err < 1e-9:
             problems.append(f"{where}: output {t}: relative error {err:.2e}")
-    problems += [f"{where}: {v}" for v in check_claims(res, vals)]
+    problems += [f"{where}: {v}" for v in check_claims(res, vals, sim)]
     s = res.plan["summary"]
     if opts.clean_outputs:
         if not s["clean_outputs"]:

@@ -15,19 +15,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.layout_check import check_claims
+from backends.layout_check import check_claims, claimed_registers
 from backends.runner import SIM_RTOL
 from backends.sim import simulate
 from planner.reference import random_values, reference
 from planner.summary import NODE_COUNT_FIELDS
-from tests.test_golden import CASES, planned
+from tests.test_golden import WORKLOAD_PARAMS, planned
 
 # Keeping every claimed register of a larger plan costs more memory than the check is
 # worth in the default suite; those plans still get the output and per-node checks.
 CLAIM_CHECK_MAX_INSTRUCTIONS = 20_000
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.name}.{c.entry.params}" for c in CASES])
+@pytest.mark.parametrize("case", WORKLOAD_PARAMS)
 def test_workload_counts_add_up_and_outputs_are_clean(case) -> None:  # noqa: ANN001
     res = planned(case)
     plan = res.plan
@@ -37,7 +37,9 @@ def test_workload_counts_add_up_and_outputs_are_clean(case) -> None:  # noqa: AN
     assert s["clean_outputs"] is True
     graph = res.problem.graph
     vals = random_values(graph, 0)
-    sim = simulate(plan, res.tables, vals)
+    small = len(plan["program"]) <= CLAIM_CHECK_MAX_INSTRUCTIONS
+    # one simulation serves the output checks and (for plans up to the size limit) the claims
+    sim = simulate(plan, res.tables, vals, keep=claimed_registers(res) if small else ())
     ref = reference(graph, vals)
     for t in graph.outputs:
         scale = max(1.0, float(np.max(np.abs(ref[t]))))
@@ -45,6 +47,6 @@ def test_workload_counts_add_up_and_outputs_are_clean(case) -> None:  # noqa: AN
         assert err < SIM_RTOL, f"{case.name}: output {t} relative error {err:.2e}"
     assert set(sim.leaked_slots) == set(graph.outputs)
     assert all(n == 0 for n in sim.leaked_slots.values()), f"{case.name}: outputs leak {sim.leaked_slots}"
-    if len(plan["program"]) <= CLAIM_CHECK_MAX_INSTRUCTIONS:
-        bad = check_claims(res, vals)
+    if small:
+        bad = check_claims(res, vals, sim)
         assert not bad, "\n".join(map(str, bad))
