@@ -433,8 +433,9 @@ def serve(
     worker_memory: Annotated[str, typer.Option("--worker-memory", help="resident memory limit of one planning worker")] = "3GiB",
     max_work: Annotated[int, typer.Option("--max-work", min=1, help="largest planning work of a graph (slot blocks per node summed)")] = 20_000,
 ) -> None:
-    """REST service: POST /v1/plans, GET /v1/plans[/ID[/tables]], DELETE /v1/plans/ID, GET /v1/jobs/ID,
-    POST /v1/diff, GET /healthz, /readyz, /metrics."""
+    """REST service: POST /v1/plans, GET /v1/plans, GET /v1/plans/ID, GET /v1/plans/ID/tables,
+    GET /v1/plans/ID/view, DELETE /v1/plans/ID, GET /v1/jobs/ID, POST /v1/diff, GET /healthz,
+    /readyz, /metrics (docs/rest.md)."""
     from api.rest import RestLimits, default_allowed_hosts, is_loopback, read_api_keys
     from api.rest import serve as run_server
     from api.store import PlanStore

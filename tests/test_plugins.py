@@ -64,3 +64,17 @@ def test_cli_in_process(cli: Callable[..., tuple[int, str, str]], tmp_path: Path
     assert doc["summary"]["clean_outputs"] is True and doc["nodes"][0]["id"] == "y"
     code, _, err = cli("plan", root / "data/workloads/conv1.json", "--solver", "nope")
     assert code == 2 and "unknown solver 'nope'" in err
+
+
+def test_every_help_text_renders(cli: Callable[..., tuple[int, str, str]]) -> None:
+    """`slotplan --help` and every command's help (rich markup in a docstring once broke
+    the top-level help with a MarkupError)."""
+    from api.cli import app
+
+    code, out, err = cli("--help")
+    assert code == 0 and "Usage" in out, err
+    names = [c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands]
+    assert len(names) >= 10
+    for name in names:
+        code, out, err = cli(name.replace("_", "-"), "--help")
+        assert code == 0 and "Usage" in out, (name, err)
