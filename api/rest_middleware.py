@@ -1,0 +1,351 @@
+"""REST service: metrics, JSON request logging, strict JSON bodies, body limits, and the
+access guard (API keys, Host allow-list, per-key rate limit)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from api.rest_models import (
+    ASGIApp,
+    RestLimits,
+)
+from planner.graph import reject_duplicate_keys
+
+log = logging.getLogger("slotplan.rest")
+
+
+# --------------------------------------------------------------------------------------
+# Metrics (Prometheus, one registry per app)
+# --------------------------------------------------------------------------------------
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("slotplan_requests_total", "HTTP requests", ["method", "route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("slotplan_request_seconds", "HTTP request latency", ["method", "route"],
+                                 registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.queue = Gauge("slotplan_queue_depth", "planning jobs queued or running", registry=self.registry)
+        self.solver = Histogram("slotplan_solver_seconds", "solver seconds per planning job", registry=self.registry,
+                                buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self.plans = Counter("slotplan_plans_total", "planning outcomes", ["outcome"], registry=self.registry)
+        self.killed = Counter("slotplan_jobs_killed_total", "jobs killed over a limit (worker recycled)",
+                              ["limit"], registry=self.registry)
+        self.rate_limited = Counter("slotplan_rate_limited_total", "requests refused with 429",
+                                    registry=self.registry)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+_ROUTE_IDS = re.compile(r"/[0-9a-f]{64}(?=/|$)")
+_ROUTES = ("/v1/plans", "/v1/plans/{id}", "/v1/plans/{id}/tables", "/v1/jobs/{id}", "/v1/diff", "/healthz",
+           "/readyz", "/metrics", "/openapi.json", "/docs")
+
+
+def route_of(path: str) -> str:
+    r = _ROUTE_IDS.sub("/{id}", path)
+    return r if r in _ROUTES else "other"
+
+
+# --------------------------------------------------------------------------------------
+# ASGI middleware: access control, body limit, one JSON log line per request
+# --------------------------------------------------------------------------------------
+
+# --------------------------------------------------------------------------------------
+# ASGI middleware: body limit and one JSON log line per request
+# --------------------------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc.update(fields)
+        else:
+            doc["message"] = record.getMessage()
+        if record.exc_info:
+            doc["exception"] = "".join(traceback.format_exception(*record.exc_info))[-4000:]
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    if not any(getattr(h, "_slotplan", False) for h in log.handlers):
+        h = logging.StreamHandler()
+        h.setFormatter(JsonFormatter())
+        h._slotplan = True  # type: ignore[attr-defined]
+        log.addHandler(h)
+    log.setLevel(level)
+    log.propagate = False
+
+
+
+async def _send_json(send: Callable[[Any], Awaitable[None]], status: int, body: Mapping[str, Any],
+                     headers: Mapping[str, str] | None = None) -> None:
+    data = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    hdrs += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return reject_duplicate_keys(pairs, ValueError)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def check_json_body(body: bytes) -> dict[str, Any] | None:
+    """None when ``body`` is strict JSON (unique keys, no NaN/Infinity), else a 422 body
+    saying what is wrong (the same rules as the CLI's graph reader)."""
+    rule = "the body must be valid JSON with unique keys"
+    try:
+        json.loads(body, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constants)
+    except json.JSONDecodeError as e:
+        return {"error": "request", "field": None, "rule": rule,
+                "message": f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"}
+    except UnicodeDecodeError:
+        return {"error": "request", "field": None, "rule": rule, "message": "the request body is not UTF-8 JSON"}
+    except RecursionError:
+        return {"error": "request", "field": None, "rule": rule, "message": "the request body is nested too deeply"}
+    except ValueError as e:
+        return {"error": "request", "field": None, "rule": rule, "message": f"the request body is not valid: {e}"}
+    return None
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies above ``max_bytes`` with 413 before the app parses them, and
+    bodies that are not strict JSON with 422 (415 for another content type)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        too_big = {"error": "too_large", "message": f"request body over the limit of {self.max_bytes} bytes",
+                   "field": "limits.max_body_bytes", "rule": f"at most {self.max_bytes} bytes"}
+        declared_text = _header(scope, b"content-length")
+        if declared_text is not None:
+            try:
+                declared = int(declared_text)
+            except ValueError:
+                await _send_json(send, 422, {"error": "request", "field": "Content-Length",
+                                             "rule": "an integer", "message": "bad Content-Length header"})
+                return
+            if declared > self.max_bytes:
+                await _send_json(send, 413, too_big)
+                return
+        ctype = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
+        if ctype != "application/json" and not ctype.endswith("+json"):
+            await _send_json(send, 415, {"error": "request", "field": "Content-Type", "rule": "application/json",
+                                         "message": f"the body must be application/json, not {ctype[:60]}"})
+            return
+        # buffer the body (bounded), then replay it to the app
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_json(send, 413, too_big)
+                return
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        bad = check_json_body(body)
+        if bad is not None:
+            scope.setdefault("state", {})["error"] = "request"
+            await _send_json(send, 422, bad)
+            return
+        sent = False
+
+        async def replay() -> Any:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class TokenBucket:
+    """``rate`` requests per minute per client, bursts up to ``rate``."""
+
+    def __init__(self, rate_per_min: int):
+        self.rate = rate_per_min / 60.0
+        self.burst = float(max(1, rate_per_min))
+        self.state: dict[str, tuple[float, float]] = {}
+
+    def take(self, who: str, now: float | None = None) -> float:
+        """0 when allowed, else the seconds until a token is free."""
+        now = time.monotonic() if now is None else now
+        tokens, last = self.state.get(who, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens >= 1.0:
+            self.state[who] = (tokens - 1.0, now)
+            if len(self.state) > 100_000:  # bounded memory under many clients
+                self.state.clear()
+            return 0.0
+        self.state[who] = (tokens, now)
+        return (1.0 - tokens) / self.rate
+
+
+OPEN_PATHS = ("/healthz",)
+
+
+class GuardMiddleware:
+    """Host allow-list (DNS rebinding), API keys (``X-API-Key`` or ``Authorization: Bearer``;
+    every path but /healthz) and a per-key rate limit (429 with Retry-After)."""
+
+    def __init__(self, app: ASGIApp, limits: RestLimits, metrics: Metrics):
+        self.app = app
+        self.limits = limits
+        self.metrics = metrics
+        self.keys = [k.encode() for k in sorted(limits.api_keys)]
+        self.hosts = {h.lower() for h in limits.allowed_hosts} if limits.allowed_hosts is not None else None
+        self.bucket = TokenBucket(limits.rate_limit_per_min) if limits.rate_limit_per_min else None
+
+    def _key_ok(self, given: str) -> bool:
+        g = given.encode("utf-8", "replace")
+        ok = False
+        for k in self.keys:  # constant time per key, no early exit
+            ok |= hmac.compare_digest(g, k)
+        return ok
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if self.hosts is not None:
+            host = (_header(scope, b"host") or "").lower()
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if host not in self.hosts and name not in self.hosts:
+                state["error"] = "host"
+                await _send_json(send, 421, {"error": "host", "field": "Host", "rule": "an allowed host name",
+                                             "message": f"host {host[:100]!r} is not served here"})
+                return
+        path = scope.get("path", "")
+        who = ""
+        if self.keys and path not in OPEN_PATHS:
+            given = _header(scope, b"x-api-key")
+            if given is None:
+                auth = _header(scope, b"authorization") or ""
+                if auth[:7].lower() == "bearer ":
+                    given = auth[7:].strip()
+            if not given or not self._key_ok(given):
+                state["error"] = "auth"
+                await _send_json(send, 401, {
+                    "error": "auth", "field": "X-API-Key", "rule": "a valid API key",
+                    "message": "missing or wrong API key: send X-API-Key: KEY or Authorization: Bearer KEY"},
+                    {"WWW-Authenticate": 'Bearer realm="slotplan"'})
+                return
+            who = "key:" + hashlib.sha256(given.encode()).hexdigest()[:16]
+        if self.bucket is not None and path not in OPEN_PATHS:
+            client = scope.get("client") or ("?", 0)
+            wait = self.bucket.take(who or f"addr:{client[0]}")
+            if wait > 0:
+                state["error"] = "rate_limit"
+                self.metrics.rate_limited.inc()
+                retry = max(1, int(wait + 0.999))
+                await _send_json(send, 429, {
+                    "error": "rate_limit", "rule": f"at most {self.limits.rate_limit_per_min} requests per minute",
+                    "message": f"over the rate limit of {self.limits.rate_limit_per_min} requests per minute; "
+                               f"retry in {retry} s"}, {"Retry-After": str(retry)})
+                return
+        await self.app(scope, receive, send)
+
+
+class AccessLogMiddleware:
+    """One JSON log line per request (request id, method, path, status, seconds, plan id)
+    and the request metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        rid = ""
+        for k, v in scope.get("headers", []):
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")[:64]
+        rid = rid or uuid.uuid4().hex[:16]
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        status = 500
+
+        async def send_wrapper(msg: Any) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = int(msg["status"])
+                msg = dict(msg)
+                msg["headers"] = [*msg.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            secs = time.perf_counter() - t0
+            route = route_of(str(scope.get("path", "")))
+            method = str(scope.get("method", ""))
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(secs)
+            fields = {
+                "event": "request",
+                "request_id": rid,
+                "method": scope.get("method"),
+                "path": scope.get("path"),
+                "status": status,
+                "seconds": round(secs, 6),
+            }
+            for key in ("plan_id", "cache", "error"):
+                if key in state:
+                    fields[key] = state[key]
+            log.info("request", extra={"fields": fields})
+
+
+# --------------------------------------------------------------------------------------
