@@ -54,8 +54,8 @@ class Metrics:
 
 
 _ROUTE_IDS = re.compile(r"/[0-9a-f]{64}(?=/|$)")
-_ROUTES = ("/v1/plans", "/v1/plans/{id}", "/v1/plans/{id}/tables", "/v1/jobs/{id}", "/v1/diff", "/healthz",
-           "/readyz", "/metrics", "/openapi.json", "/docs")
+_ROUTES = ("/v1/plans", "/v1/plans/{id}", "/v1/plans/{id}/tables", "/v1/plans/{id}/view", "/v1/jobs/{id}",
+           "/v1/diff", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs")
 
 
 def route_of(path: str) -> str:
@@ -65,10 +65,6 @@ def route_of(path: str) -> str:
 
 # --------------------------------------------------------------------------------------
 # ASGI middleware: access control, body limit, one JSON log line per request
-# --------------------------------------------------------------------------------------
-
-# --------------------------------------------------------------------------------------
-# ASGI middleware: body limit and one JSON log line per request
 # --------------------------------------------------------------------------------------
 
 

@@ -187,6 +187,10 @@ def test_metrics_and_readyz(db: Path) -> None:
         assert 'slotplan_requests_total{method="POST",route="/v1/plans",status="200"} 1.0' in text
         assert "slotplan_request_seconds_bucket" in text and "slotplan_queue_depth" in text
         assert "slotplan_solver_seconds_count 1.0" in text
+        pid = c.get("/v1/plans").json()["items"][0]["id"]
+        assert c.get(f"/v1/plans/{pid}/view").status_code == 200
+        text = c.get("/metrics").text
+        assert 'slotplan_requests_total{method="GET",route="/v1/plans/{id}/view",status="200"} 1.0' in text
 
 
 def test_graph_work_bounds_requests(db: Path) -> None:
