@@ -344,10 +344,18 @@ def diff_entry(key: str, base: Mapping[str, Any] | None, head: Mapping[str, Any]
             if bo.get(k) != ho.get(k):
                 e.fields.append(FieldChange(field=f"options.{k}", base=bo.get(k), head=ho.get(k)))
         bsum, hsum = base.get("summary"), head.get("summary")
-        for f in ("solver.status", "solver.name", "memory_cap_bytes"):
+        for f in ("solver.status", "solver.name", "memory_cap_bytes", "clean_outputs", "insecure"):
             bv, hv = _lookup(bsum, f), _lookup(hsum, f)
             if bv != hv and (bsum is not None and hsum is not None):
                 e.fields.append(FieldChange(field=f, base=bv, head=hv))
+        if bsum is not None and hsum is not None:
+            # privacy and security are part of correctness: outputs that start leaking partial
+            # sums of the weights, or parameters below 128 bits, are regressions
+            if _lookup(bsum, "clean_outputs") is True and _lookup(hsum, "clean_outputs") is False:
+                e.regressions.append(f"{key}: outputs no longer clean (output ciphertexts may hold partial "
+                                     "sums of the weights)")
+            if not _lookup(bsum, "insecure") and _lookup(hsum, "insecure"):
+                e.regressions.append(f"{key}: parameters below the 128-bit bound (insecure)")
         if bsum is not None or hsum is not None:
             e.metrics = [_metric(m, _get(bsum, m), _get(hsum, m)) for m in METRICS]
         e.nodes = _diff_nodes(base.get("nodes") or [], head.get("nodes") or [])

@@ -177,3 +177,18 @@ def test_cli_diff_bad_input_exit_2(tmp_path: Path, content: str | None, plans: d
     assert len(msg) == 1 and "Traceback" not in err
     code, _, err = run_cli(["diff", str(good), str(good), "--format", "html"], capsys)
     assert code == 2
+
+
+def test_leaking_outputs_and_insecure_params_are_regressions() -> None:
+    """Privacy and security are part of correctness: a head whose outputs stop being clean,
+    or whose parameters fall below 128 bits, regresses (the reverse does not)."""
+    g = load_graph(Path(__file__).resolve().parent.parent / "data" / "workloads" / "keymemrt_mlp.json")
+    clean = plan_graph(g, load_params("n15"), PlanOptions()).plan
+    raw = plan_graph(g, load_params("n15"), PlanOptions(clean_outputs=False)).plan
+    worse = diff_plans(clean, raw)
+    assert worse.regressed and any("outputs no longer clean" in r for r in worse.regressions)
+    assert not diff_plans(raw, clean).regressed
+    insecure = copy.deepcopy(clean)
+    insecure["summary"]["insecure"] = True
+    report = diff_plans(clean, insecure)
+    assert report.regressed and any("128-bit" in r for r in report.regressions)
