@@ -16,6 +16,7 @@ from planner.graph import load_graph
 from planner.io import load_model_file
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
+from solver import progress
 
 TABLE8_KEYS = ("Pb", "Ps", "bs_opt", "search_space")
 
@@ -165,7 +166,9 @@ def bench_graph(path: Path, params: Params, input_layout: str, w: SuiteWorkload,
 
 def run_suite(path: str | Path, params_name: str | None = None, simulate: bool = False):  # noqa: ANN201
     suite, base = load_suite(path)
+    progress.begin("bench", len(suite.workloads))
     for w in suite.workloads:
+        progress.advance("bench", w.name or str(w.graph))
         params = load_params(params_name or w.params or suite.params)
         if w.conversion is not None:
             yield bench_conversion(w)
@@ -175,3 +178,4 @@ def run_suite(path: str | Path, params_name: str | None = None, simulate: bool =
         else:
             assert w.graph is not None
             yield bench_graph((base / w.graph).resolve(), params, suite.input_layout, w, simulate)
+    progress.end("bench")

@@ -171,16 +171,19 @@ def bench(
     params: Annotated[str | None, typer.Option("--params", help="override the suite's preset")] = None,
     sim: Annotated[bool, typer.Option("--sim/--no-sim", help="also run the IMRA plans in the simulator")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
     """Our plans vs the paper's MKR / FHELIPE / BSGS numbers and the baselines."""
     from api.bench import run_suite
+    from api.progress import shown, wanted
 
     rows: list[dict[str, Any]] = []
     try:
-        for row in run_suite(suite, params, sim):
-            rows.append(row)
-            if as_json:
-                print(json.dumps(row, sort_keys=True), flush=True)
+        with shown(wanted(progress, as_json)):
+            for row in run_suite(suite, params, sim):
+                rows.append(row)
+                if as_json:
+                    print(json.dumps(row, sort_keys=True), flush=True)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:

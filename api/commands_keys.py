@@ -80,9 +80,11 @@ def keybench(
     max_keys: Annotated[int | None, typer.Option("--max-keys", help="rewrite rotations over at most N keys first")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="exact: solver time limit per cap, seconds")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload, then the summary")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
 ) -> None:
     """Per workload and cap: rotations, key loads and peak per strategy; geomean peak
     reduction vs keep-all (ANT-ACE) at <= 5% extra modelled time."""
+    from api.progress import shown, wanted
     from planner.keybench import KEY_LOAD_MS_PER_80MIB, ROTATION_MS, run_key_suite, summarize_suite
 
     strats = [s.strip() for s in strategies.split(",") if s.strip()]
@@ -92,12 +94,13 @@ def keybench(
             raise SlotplanError(f"--caps must be at least 1, got {caps}")
         if time_limit <= 0:
             raise SlotplanError(f"--time-limit must be positive, got {time_limit}")
-        for r in run_key_suite(suite, params, strats, caps, key_levels, time_limit, max_keys):
-            results.append(r)
-            if as_json:
-                print(json.dumps(r, sort_keys=True), flush=True)
-            else:
-                _print_workload(r, strats)
+        with shown(wanted(progress, as_json)):
+            for r in run_key_suite(suite, params, strats, caps, key_levels, time_limit, max_keys):
+                results.append(r)
+                if as_json:
+                    print(json.dumps(r, sort_keys=True), flush=True)
+                else:
+                    _print_workload(r, strats)
     except SlotplanError as e:
         raise fail(e) from None
     summary = summarize_suite(results, strats)

@@ -26,6 +26,7 @@ from planner.io import load_model_file
 from planner.keys import STRATEGIES, KeyCapError, KeySchedule, schedule_keys
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
+from solver import progress
 
 # Rotation (key switch) at the top level, milliseconds, from shared/notes/lattigo-gopy.md
 # ("Rotation at max level: ~5 ms (LogN 13), ~20-40 ms (LogN 14), ~120-200 ms (LogN 16)",
@@ -183,12 +184,15 @@ def run_key_suite(
     if unknown:
         raise SlotplanError(f"unknown key strategy {', '.join(unknown)}; known: {', '.join(STRATEGIES)}")
     suite, root = load_key_suite(path)
+    progress.begin("keybench", len(suite.workloads))
     for w in suite.workloads:
+        progress.advance("keybench", str(w.graph))
         params = load_params(params_name or w.params)
         yield bench_keys(
             (root / w.graph).resolve(), params, suite.input_layout, strategies, n_caps, key_levels,
             time_limit_s, max_keys, w.paper,
         )
+    progress.end("keybench")
 
 
 def summarize_suite(results: Sequence[dict[str, Any]], strategies: Sequence[str]) -> dict[str, Any]:

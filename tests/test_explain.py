@@ -216,6 +216,19 @@ def test_cli_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0 and "key schedule: done" in err3
 
 
+def test_bench_progress_keeps_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    suite = str(ROOT / "data" / "suites" / "fame.json")
+    code, out1, err1 = run_cli(["bench", suite, "--json"], capsys)
+    assert code == 0 and err1 == ""
+    code, out2, err2 = run_cli(["bench", suite, "--json", "--progress"], capsys)
+    assert code == 0 and "slotplan: bench: started (12 steps)" in err2 and "slotplan: bench: done in" in err2
+
+    def rows(out: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in out.splitlines()]
+
+    assert rows(out1) == rows(out2)  # the same rows (wall times aside)
+
+
 def test_cli_show_layouts(mlp: PlanResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pf = tmp_path / "plan.json"
     pf.write_text(json.dumps(mlp.plan))
