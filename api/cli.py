@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,6 +55,7 @@ def plan(
     from planner.params import load_params
     from planner.pipeline import plan_graph
 
+    started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
         g = load_graph(graph)
         p = load_params(params)
@@ -72,7 +74,8 @@ def plan(
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
-            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit)
+            left = None if wall_limit is None else max(0.01, wall_limit - (time.monotonic() - started))
+            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=left)
             if explain:
                 from planner.explain import explain_choices
 
