@@ -74,8 +74,8 @@ def plan(
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
-            left = None if wall_limit is None else max(0.01, wall_limit - (time.monotonic() - started))
-            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=left)
+            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit,
+                             wall_started=started)
             if explain:
                 from planner.explain import explain_choices
 

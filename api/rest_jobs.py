@@ -164,8 +164,7 @@ def plan_job(graph_json: dict[str, Any], params: Params, options: PlanOptions,
     t0 = time.monotonic()
     try:
         graph = parse_graph(graph_json)
-        left = None if wall_limit_s is None else max(0.01, wall_limit_s - (time.monotonic() - t0))
-        res = plan_graph(graph, params, options, wall_limit_s=left)
+        res = plan_graph(graph, params, options, wall_limit_s=wall_limit_s, wall_started=t0)
         plan = res.plan
         check_memory_cap(plan)
         return "ok", json.dumps(plan, separators=(",", ":"), allow_nan=False), float(res.solution.seconds)

@@ -536,13 +536,15 @@ def _map_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
 
 def plan_graph(
     graph: Graph, params: Params, options: PlanOptions | None = None, record_timings: bool = False,
-    wall_limit_s: float | None = None,
+    wall_limit_s: float | None = None, wall_started: float | None = None,
 ) -> PlanResult:
     """Plan a graph.  Timings go to PlanResult.seconds and solution.seconds; the plan
     document records them only with ``record_timings`` (plans are byte-for-byte
     deterministic by default).  ``wall_limit_s`` bounds the whole planning (candidates,
-    pricing, solve, lowering, key schedule) in wall time: past it, :class:`PlanTimeout`
-    names the step where planning stopped (the solver's limit is capped by what is left)."""
+    pricing, solve, lowering, key schedule) in wall time, counted from ``wall_started`` (a
+    ``time.monotonic()`` reading; default: the call) so that callers can include reading the
+    graph: past it, :class:`PlanWallTimeout` names the step where planning stopped (the
+    solver's limit is capped by what is left)."""
     t0 = time.perf_counter()
     options = options or PlanOptions()
     from planner.params import check_security
@@ -550,7 +552,7 @@ def plan_graph(
     insecure = check_security(params, options.allow_insecure)
     claims: list[LayoutClaim] = []
     try:
-        with progress.deadline(wall_limit_s):
+        with progress.deadline(wall_limit_s, wall_started):
             problem = build_problem(graph, params, options)
             sol = solve_problem(problem)
             if sol.status is Status.UNKNOWN:

@@ -44,12 +44,15 @@ _DEADLINE: ContextVar[tuple[float, float] | None] = ContextVar("slotplan_deadlin
 
 
 @contextmanager
-def deadline(seconds: float | None) -> Iterator[None]:
-    """Bound the enclosed planning work to ``seconds`` of wall time (None: unbounded)."""
+def deadline(seconds: float | None, started: float | None = None) -> Iterator[None]:
+    """Bound the enclosed planning work to ``seconds`` of wall time (None: unbounded),
+    counted from ``started`` (a ``time.monotonic()`` reading; default: now), so a caller
+    can include work done before the block (reading the graph) in the same limit."""
     if seconds is None:
         yield
         return
-    token = _DEADLINE.set((time.monotonic() + seconds, seconds))
+    begin = time.monotonic() if started is None else started
+    token = _DEADLINE.set((begin + seconds, seconds))
     try:
         yield
     finally:
