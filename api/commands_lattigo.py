@@ -127,7 +127,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
     cols = [
         "workload", "ours kernel", "ours s", "rot", "keys", "err",
         "fhelipe s", "rot", "keys", "err",
-        "lintrans s", "rot b+g", "keys", "err",
+        "lintrans s (best r)", "rot b+g", "keys", "err",
         "lintrans/ours", "fhelipe/ours",
     ]
     for c in cols:
@@ -138,6 +138,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
         lt = r.get("lintrans")
         lt_cells = _cells(lt)
         if lt and lt.get("status") == "ok":
+            lt_cells[0] += f" (r={lt['log_bsgs_ratio']})"  # the fastest LogBSGSRatio of the sweep
             lt_cells[1] = f"{lt['baby_rotations']}+{lt['giant_rotations']}"
         t.add_row(
             escape(r["workload"]), escape(kern), *_cells(ours), *_cells(r.get("fhelipe")), *lt_cells,
@@ -201,7 +202,7 @@ def lattigo_bench(
     repeat: Annotated[int, typer.Option("--repeat", help="timed evaluations per method (median)")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="seed of W, x and the conv data")] = 0,
     methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans")] = "ours,fhelipe,lintrans",
-    log_bsgs_ratio: Annotated[int | None, typer.Option("--log-bsgs-ratio", help="lintrans LogBabyStepGiantStepRatio [default: 1]")] = None,
+    log_bsgs_ratio: Annotated[str, typer.Option("--log-bsgs-ratio", help="lintrans LogBabyStepGiantStepRatio(s), comma-separated; the fastest is the baseline")] = "0,1,2,3",
     memory_budget: Annotated[str | None, typer.Option("--memory-budget", help="skip a method whose keys need more (bytes or KiB/MiB/GiB) [default: 60% of MemAvailable]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write all rows, parameters and machine as one JSON file")] = None,
@@ -232,7 +233,13 @@ def lattigo_bench(
             raise SlotplanError("nothing to run: --shapes and --convs are both empty")
         rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()
-        for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, log_bsgs_ratio):
+        try:
+            ratios = tuple(int(r) for r in log_bsgs_ratio.split(",") if r.strip())
+        except ValueError:
+            raise SlotplanError(f"--log-bsgs-ratio {log_bsgs_ratio!r}: integers 0..16, comma-separated") from None
+        if not ratios or any(not 0 <= r <= 16 for r in ratios):
+            raise SlotplanError(f"--log-bsgs-ratio {log_bsgs_ratio!r}: integers 0..16, comma-separated")
+        for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, ratios):
             rows.append(row)
             if as_json:
                 print(json.dumps(row, sort_keys=True), flush=True)

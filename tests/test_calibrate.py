@@ -202,6 +202,11 @@ def test_bench_one_tiny_shape(n12) -> None:  # noqa: ANN001
     assert r["ours"]["op_seconds"]["pmul"] > 0 and r["ours"]["encode_seconds"] > 0
     assert r["lintrans_over_ours"] > 0 and r["fhelipe_over_ours"] > 0
     assert set(r["ours_seconds_by_op"]) == {"rot", "pmul", "add", "rescale", "other"}
+    # lintrans at its best: every LogBSGSRatio 0..3 ran, the fastest is the baseline
+    sweep = r["lintrans_sweep"]
+    assert set(sweep) == {"0", "1", "2", "3"} and all(isinstance(v, float) for v in sweep.values())
+    assert r["lintrans"]["eval_seconds"] == min(sweep.values())
+    assert sweep[str(r["lintrans"]["log_bsgs_ratio"])] == r["lintrans"]["eval_seconds"]
 
 
 def test_bench_conv_and_budget(n12) -> None:  # noqa: ANN001
@@ -240,7 +245,8 @@ def test_cli_lattigo_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     code, stdout, _ = run_cli(["lattigo-bench", "--params", "n12", "--shapes", "16x32", "--convs", ""], capsys)
     assert code == 0 and "lintrans/ours" in stdout
     for bad in (["--shapes", "12by4"], ["--convs", "conv99"], ["--params", "n99"], ["--repeat", "0"],
-                ["--shapes", "", "--convs", ""], ["--methods", "ours,magic"]):
+                ["--shapes", "", "--convs", ""], ["--methods", "ours,magic"], ["--log-bsgs-ratio", "1,x"],
+                ["--log-bsgs-ratio", "99"]):
         code, _, stderr = run_cli(["lattigo-bench", "--params", "n12", "--convs", "", *bad], capsys)
         assert code == 2, (bad, stderr)
         assert len(stderr.strip().splitlines()) == 1, stderr
