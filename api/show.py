@@ -25,7 +25,7 @@ import numpy as np
 from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
-from planner.summary import memory_series, plan_key_bytes
+from planner.summary import lifetimes, memory_series, plan_key_bytes
 
 MiB = 2**20
 
@@ -144,19 +144,9 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     peak = int(np.argmax(total))
     depth = register_depths(program)
     L = params.max_level
-    last_use: dict[str, int] = {}
-    pt_first: dict[str, int] = {}
-    pt_last: dict[str, int] = {}
-    pt_level: dict[str, int] = {}
-    used_keys: set[int] = set()
-    for i, ins in enumerate(program):
-        for r in ins.reads():
-            last_use[r] = i
-        for pt in ins.plaintexts():
-            pt_first.setdefault(pt, i)
-            pt_last[pt] = i
-            pt_level.setdefault(pt, max(0, L - depth[ins.reads()[0]]))
-        used_keys.update(ins.rot_keys())
+    life = lifetimes(program, depth, L)
+    last_use, pt_first, pt_last, pt_level = life.last_use, life.pt_first, life.pt_last, life.pt_level
+    used_keys = ir.rot_keys_of(program)
     scheduled = ir.has_key_schedule(program)
     resident: set[int] = set() if scheduled else set(used_keys)
     live: set[str] = set()

@@ -12,6 +12,7 @@ schedule, the keep-all model of ANT-ACE/Orion).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,31 @@ def summarize(
     }
 
 
+@dataclass(frozen=True)
+class Lifetimes:
+    """When values live in a program: each register's last read, and each plaintext's first
+    and last use and the level it is encoded at (that of the first ciphertext it meets)."""
+
+    last_use: dict[str, int]
+    pt_first: dict[str, int]
+    pt_last: dict[str, int]
+    pt_level: dict[str, int]
+
+
+def lifetimes(program: Sequence[Any], depth: Mapping[str, int], max_level: int) -> Lifetimes:
+    """The lifetimes of a decoded program's registers and plaintexts (the memory model's
+    liveness; ``slotplan show`` reads the same to explain the peak)."""
+    life = Lifetimes({}, {}, {}, {})
+    for i, ins in enumerate(program):
+        for r in ins.reads():
+            life.last_use[r] = i
+        for pt in ins.plaintexts():
+            life.pt_first.setdefault(pt, i)
+            life.pt_last[pt] = i
+            life.pt_level.setdefault(pt, max(0, max_level - depth[ins.reads()[0]]))
+    return life
+
+
 def memory_series(
     program: Program,
     params: Params,
@@ -162,17 +188,8 @@ def memory_series(
     def level(reg: str) -> int:
         return max(0, L - depth[reg])
 
-    last_use: dict[str, int] = {}
-    pt_first: dict[str, int] = {}
-    pt_last: dict[str, int] = {}
-    pt_level: dict[str, int] = {}
-    for i, ins in enumerate(program):
-        for r in ins.reads():
-            last_use[r] = i
-        for pt in ins.plaintexts():
-            pt_first.setdefault(pt, i)
-            pt_last[pt] = i
-            pt_level.setdefault(pt, level(ins.reads()[0]))
+    life = lifetimes(program, depth, L)
+    last_use, pt_first, pt_last, pt_level = life.last_use, life.pt_first, life.pt_last, life.pt_level
     has_schedule = ir.has_key_schedule(program)
     top_key = params.rotation_key_bytes()
 
