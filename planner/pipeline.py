@@ -175,7 +175,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         progress.advance("candidates", node.id)
     progress.end("candidates")
     input_options = _input_options(graph, cands, pinned, free, S)
-    penalty: dict[int, int] = {}
+    penalty: dict[str, list[int]] = {}
     if options.memory_cap_bytes is not None:
         penalty = _apply_residency(cands, params, options.memory_cap_bytes, costs)
     groups: list[Group] = []
@@ -184,7 +184,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     for node in graph.nodes:
         cs = cands[node.id]
         groups.append(
-            Group(node.id, tuple(costs.iscore(c.cost(S)) + penalty.get(id(c), 0) for c in cs),
+            Group(node.id, tuple(costs.iscore(c.cost(S)) + p
+                                 for c, p in zip(cs, penalty.get(node.id) or [0] * len(cs), strict=True)),
                   tuple(c.label for c in cs), depths=tuple(c.cost(S).depth for c in cs))
         )
     edges: list[Edge] = []
@@ -350,34 +351,37 @@ def candidate_min_cap(c: Candidate, params: Params) -> int:
 
 def _apply_residency(
     cands: dict[str, list[Candidate]], params: Params, cap: int, costs: CostTable
-) -> dict[int, int]:
-    """Under a cap, drop candidates that cannot run within it (when another can) and return
-    each remaining candidate's key-load penalty (objective units): every node loads its
-    distinct keys once when they cannot all stay resident (node granularity; the exact
-    instruction-level schedule refines it after the solve)."""
+) -> dict[str, list[int]]:
+    """Under a cap, drop candidates that cannot run within it (when another can; each keeps
+    its ``min_cap_bytes``) and return, per node and in the order of its remaining candidates,
+    each one's key-load penalty (objective units): every node loads its distinct keys once
+    when they cannot all stay resident (node granularity; the exact instruction-level
+    schedule refines it after the solve)."""
     key = params.rotation_key_bytes()
     load_w = costs.weights.rotation * KEY_LOAD_ROTATIONS_PER_80MIB * key / (80 * 2**20)
-    penalty: dict[int, int] = {}
+    penalty: dict[str, list[int]] = {}
     for node, cs in cands.items():
         fits = []
         for c in cs:
             if c.cost(params.slots).rotations + c.cost(params.slots).pmul > MAX_RESIDENCY_WALK:
                 fits.append(c)
                 continue
-            c.params.setdefault("min_cap_bytes", candidate_min_cap(c, params))
-            if c.params["min_cap_bytes"] <= cap:
+            if c.min_cap_bytes is None:
+                c.min_cap_bytes = candidate_min_cap(c, params)
+            if c.min_cap_bytes <= cap:
                 fits.append(c)
         if fits:
             cands[node] = fits
         else:
             # nothing fits: keep the candidates that need the least, so the refusal names
             # the smallest feasible cap whatever cap was asked
-            walked = [c for c in cs if "min_cap_bytes" in c.params]
+            walked = [c.min_cap_bytes for c in cs if c.min_cap_bytes is not None]
             if walked:
-                least = min(c.params["min_cap_bytes"] for c in walked)
-                cands[node] = [c for c in cs if c.params.get("min_cap_bytes", least) == least]
-        for c in cands[node]:
-            penalty[id(c)] = int(round(load_w * len(c.cost(params.slots).rot_keys) * OBJECTIVE_SCALE))
+                least = min(walked)
+                cands[node] = [c for c in cs if (c.min_cap_bytes if c.min_cap_bytes is not None else least) == least]
+        penalty[node] = [
+            int(round(load_w * len(c.cost(params.slots).rot_keys) * OBJECTIVE_SCALE)) for c in cands[node]
+        ]
     return penalty
 
 
@@ -473,6 +477,7 @@ def lower_solution(
                 "op": node.op,
                 "kernel": cand.kernel,
                 "params": cand.params,
+                **({"min_cap_bytes": cand.min_cap_bytes} if cand.min_cap_bytes is not None else {}),
                 **span_counts(b.instrs[start:end]),
                 "span": [start, end],
                 "cost": cv.to_json(),

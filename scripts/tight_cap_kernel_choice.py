@@ -14,6 +14,6 @@ for cap in (None, 400 * 2**20, 60 * 2**20, 30 * 2**20, 15 * 2**20):
     r = plan_graph(g, p, PlanOptions(memory_cap_bytes=cap))
     check_plan(r, g)
     n, s = r.plan["nodes"][0], r.plan["summary"]
-    print(f"cap {cap and cap // 2**20} MiB: {n['kernel']} (own min cap {n['params'].get('min_cap_bytes', 0) // 2**20} MiB) "
+    print(f"cap {cap and cap // 2**20} MiB: {n['kernel']} (own min cap {n.get('min_cap_bytes', 0) // 2**20} MiB) "
           f"rot {s['rotations']} keys {s['rotation_keys']} loads {s['key_loads']} "
           f"peak {s['peak_bytes']['total'] // 2**20} MiB {time.time() - t:.1f}s")

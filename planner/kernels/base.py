@@ -114,6 +114,9 @@ class Candidate:
     lower: LowerFn
     slot_utilization: float = 0.0
     note: str = ""
+    # the smallest memory cap under which this candidate runs by itself (its working set
+    # plus the keys its largest hoisted rotation needs at once); set when a cap is planned
+    min_cap_bytes: int | None = None
     analytic: Callable[[], CostVector] | None = field(default=None, repr=False)
     _cost: CostVector | None = field(default=None, repr=False)
 
