@@ -59,24 +59,24 @@ class CpSatSolver:
         # conversion and kernel depths of the chosen options are linear sums); readers see
         # R[g] = D[g], or boot_post when g is bootstrapped (b[g]); a bootstrapped value also
         # needs its scaling level before the bootstrap: D[g] + boot_pre * b[g] <= max_depth
-        b: dict[str, cp_model.IntVar] = {}
+        bvar: dict[str, cp_model.IntVar] = {}
         if model.max_depth is not None:
             L = model.max_depth
             D = {g.name: m.new_int_var(0, L, f"D[{g.name}]") for g in model.groups}
             R: dict[str, cp_model.IntVar] = dict(D)
             for g in model.bootable():
-                b[g.name] = m.new_bool_var(f"b[{g.name}]")
-                m.add_hint(b[g.name], 1 if g.boot_hint else 0)
+                bvar[g.name] = m.new_bool_var(f"b[{g.name}]")
+                m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
                 R[g.name] = m.new_int_var(0, L, f"R[{g.name}]")
-                m.add(R[g.name] >= D[g.name] - L * b[g.name])
+                m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
                 if g.boot_post:
-                    m.add(R[g.name] >= g.boot_post * b[g.name])
+                    m.add(R[g.name] >= g.boot_post * bvar[g.name])
                 if g.boot_pre:
-                    m.add(D[g.name] + g.boot_pre * b[g.name] <= L)
+                    m.add(D[g.name] + g.boot_pre * bvar[g.name] <= L)
                 # bootstrap cost: w * n_ct(option) for the chosen option when b[g]
                 for o, v in enumerate(x[g.name]):
                     z = m.new_bool_var(f"z[{g.name}][{o}]")
-                    m.add_bool_or([v.Not(), b[g.name].Not(), z])
+                    m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
                     obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
             for g in model.groups:
                 if g.depths:
@@ -107,7 +107,7 @@ class CpSatSolver:
             )
             objective: int | None = int(round(s.objective_value))
             bound: int | None = int(round(s.best_objective_bound))
-            boots = tuple(name for name, v in b.items() if s.value(v))
+            boots = tuple(name for name, v in bvar.items() if s.value(v))
         else:
             choice, objective, bound, boots = (), None, None, ()
         return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots)
