@@ -103,8 +103,9 @@ def _run_sim(
 ) -> Execution:
     key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
     res = simulate(plan, tables, values, key_levels=key_levels)
-    if plan.get("keys"):
-        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
+    if plan.get("keys") or params.boot is not None:
+        # keys at their own levels; a bootstrapping plan's block 'boot' (its own size)
+        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])
     else:
         peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
     # what the client would see beyond the answer: non-zero slots of the output ciphertexts

@@ -144,8 +144,8 @@ class ChoiceModel:
     def lazy_boots(self, choice: Mapping[str, int]) -> frozenset[str] | None:
         """The first-fit placement (what a compiler without a placement model does): walk
         the groups in order and bootstrap an operand only when the reader would exceed
-        ``max_depth`` without it, deepest operand first (as late as possible).  None when
-        even that does not fit."""
+        ``max_depth`` without it (less the levels its own bootstrap would need first),
+        deepest operand first (as late as possible).  None when even that does not fit."""
         if self.max_depth is None:
             return frozenset()
         L = self.max_depth
@@ -156,9 +156,12 @@ class ChoiceModel:
         for g in self.groups:
             o = choice[g.name]
             edges = [e for e in inc.get(g.name, []) if e.src in r]
+            # a value that may be bootstrapped later keeps room for the levels before its
+            # bootstrap (its scaling or mask)
+            limit = L - (g.boot_pre(o) if g.bootable and self.bootstraps else 0)
             while True:
                 need = max([r[e.src] + e.depth(choice[e.src], o) for e in edges], default=0) + g.depth(o)
-                if need <= L:
+                if need <= limit:
                     break
                 cands = [e for e in edges if e.src not in boots and self.group(e.src).bootable and self.bootstraps
                          and d[e.src] + self.group(e.src).boot_pre(choice[e.src]) <= L]
