@@ -4,6 +4,7 @@ the key block in the key schedule and the memory model, ``--params auto``."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -227,3 +228,45 @@ def test_params_auto() -> None:
     assert auto_params(mul_chain(8), PlanOptions()).name == "n14"  # 8
     assert auto_params(mul_chain(9), PlanOptions()).name == "n15"  # 15
     assert auto_params(mul_chain(23), PlanOptions()).name == "n16boot"
+
+
+def _brute(model: Any, limit: int = 20000) -> int | None | str:
+    import itertools
+
+    sizes = [len(g.costs) for g in model.groups]
+    bootable = [g.name for g in model.bootable()]
+    if math.prod(sizes) * 2 ** len(bootable) > limit:
+        return "skip"
+    best = None
+    for combo in itertools.product(*[range(n) for n in sizes]):
+        choice = {g.name: o for g, o in zip(model.groups, combo, strict=True)}
+        for r in range(len(bootable) + 1):
+            for boots in itertools.combinations(bootable, r):
+                v = model.evaluate_boots(choice, boots)
+                if v is not None and (best is None or v < best):
+                    best = v
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_networks_with_bootstraps_brute_force_and_solvers(seed: int) -> None:
+    from tests.random_networks import random_network
+
+    raw, _ = random_network(seed)
+    raw["tensors"]["x"]["range"] = [-1.0, 1.0]
+    g = parse_graph(raw)
+    params = tiny_boot(3)
+    results = {}
+    for solver in SOLVERS:
+        try:
+            res = plan(g, params, solver=solver)
+        except PlanError as e:  # a single node deeper than 3 levels cannot be planned at all
+            results[solver] = ("refused", str(e)[:40])
+            continue
+        s = res.plan["summary"]
+        results[solver] = (s["bootstraps"], s["solver"]["objective"])
+        check_plan(res, g)
+        want = _brute(res.problem.model)
+        if want != "skip":
+            assert s["solver"]["objective"] == want
+    assert len(set(results.values())) == 1, results
