@@ -123,6 +123,8 @@ def plan(
             f"bootstraps {summary['bootstraps']} ({len(bt.get('values', []))} values; first fit on the same layouts: "
             f"{ff.get('bootstraps')})  scaled: {', '.join(f'{k} 1/{v}' for k, v in bt.get('scales', {}).items()) or 'none'}"
         )
+        for w in bt.get("warnings", []):
+            out.print(f"warning: {escape(w)}")
     out.print(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"

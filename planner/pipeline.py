@@ -595,6 +595,13 @@ def lower_solution(
     return plan, LazyTables(b.tables)
 
 
+# Bits of precision of one bootstrap on Lattigo (N16QP1546H192H32 and its log N 14 form:
+# max error 3.3e-8 / 2.7e-8 for |x| <= 1, about 25 bits), and the scale (in bits) above
+# which a plan warns that the scaling eats most of them.
+BOOT_PRECISION_BITS = 25
+BOOT_SCALE_WARN_BITS = 12
+
+
 def _lower_bootstrap(
     b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str
 ) -> tuple[list[str], ChannelLayout]:
@@ -630,9 +637,19 @@ def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
     def n_boot(groups: frozenset[str] | None, ch: Mapping[str, int]) -> int | None:
         return None if groups is None else sum(m.group(g).n_ct(ch[g]) for g in groups)
 
+    scales = {v: problem.boot_scales[v] for v in sorted(sol.boots) if problem.boot_scales.get(v, 1) > 1}
+    # Lattigo's bootstrap keeps about 25 bits (shared notes: max error 3.3e-8 at |x| <= 1):
+    # a value scaled down by 2^k keeps about 25 - k bits relative to its bound
+    warnings = [
+        f"the bootstrap of {v!r} scales by 2^{s.bit_length() - 1} (worst-case bound {ranges.bound(v) if ranges else 0:.3g}): "
+        f"about {max(0, BOOT_PRECISION_BITS - (s.bit_length() - 1))} of Lattigo's ~{BOOT_PRECISION_BITS} bits survive; "
+        "give the graph's nodes measured `range`s for a tighter bound"
+        for v, s in scales.items() if s.bit_length() - 1 > BOOT_SCALE_WARN_BITS
+    ]
     return {
         "values": sorted(sol.boots),
-        "scales": {v: problem.boot_scales[v] for v in sorted(sol.boots) if problem.boot_scales.get(v, 1) > 1},
+        "scales": scales,
+        **({"warnings": warnings} if warnings else {}),
         "bounds": {v: ranges.bound(v) for v in sorted(sol.boots)} if ranges is not None else {},
         "assumed_ranges": {t: list(iv) for t, iv in sorted(ranges.assumed.items())} if ranges is not None else {},
         "max_abs": problem.params.boot.max_abs if problem.params.boot is not None else None,
