@@ -112,6 +112,22 @@ def test_ct_ct_broadcast_priced_exactly() -> None:
     assert free.plan["summary"]["rotations"] == 0  # the client packs the copies
 
 
+def test_batched_matmul_analytic_cost_is_the_lowered_count() -> None:
+    """The batched matmul's cost (the entry's times the entries, weight plaintexts per block)
+    equals the counts of its own lowered program, for every candidate."""
+    from planner.pipeline import build_problem
+
+    S = small_params(10, 8)
+    for name in ("matmul-3d-pt", "matmul-3d-2d", "matmul-2d-3d", "matmul-3d-ctct", "matmul-2d-3d-ctct",
+                 "matmul-4d"):
+        prob = build_problem(CASES[name], S, PlanOptions(allow_insecure=True))
+        cands = prob.all_candidates["y"]
+        assert cands
+        for c in cands:
+            assert c.analytic is not None or c.params.get("output_mask")
+            assert c.cost(S.slots) == c.lowered_cost(S.slots), (name, c.label)
+
+
 def _random_graph(rng: np.random.Generator, i: int) -> Graph:
     kind = i % 6
     if kind == 0:  # broadcast, either side, weight or ct
