@@ -232,3 +232,24 @@ def test_lattigo(name: str) -> None:
     rep = run_plan(res.plan, res.tables, "lattigo", seed=3)
     assert rep.ok, (name, rep.max_rel_error)
     assert rep.max_rel_error < 1e-4
+
+
+def test_ir_chebyshev_poly_rules() -> None:
+    """The instruction: basis and domain checked; depth ceil(log2(d + 1)), one more for a
+    domain other than [-1, 1]; the simulator's value is the Chebyshev series."""
+    from planner import ir
+    from planner.errors import PlanFileError
+
+    base = {"op": "poly", "dst": "b", "src": "a", "coeffs": [0.5, 1.0, 0.0, 0.25]}
+    unit = ir.Instr.from_json({**base, "basis": "chebyshev", "domain": [-1.0, 1.0]})
+    wide = ir.Instr.from_json({**base, "basis": "chebyshev", "domain": [-4.0, 2.0]})
+    mono = ir.Instr.from_json(base)
+    assert unit.depth({"a": 1}) == 3 and wide.depth({"a": 1}) == 4 and mono.depth({"a": 1}) == 3
+    assert "basis" not in mono.to_json() and wide.to_json()["domain"] == [-4.0, 2.0]
+    x = np.linspace(-4, 2, 7)
+    assert isinstance(wide, ir.Poly)
+    np.testing.assert_allclose(wide.evaluate(x), np.polynomial.chebyshev.chebval((2 * x + 2) / 6, base["coeffs"]))
+    for bad, field in (({"basis": "chebyshev"}, "domain"), ({"basis": "chebyshev", "domain": [1.0, 1.0]}, "domain"),
+                       ({"basis": "legendre"}, "basis"), ({"domain": [0.0, 1.0]}, "domain")):
+        with pytest.raises(PlanFileError, match=field):
+            ir.Instr.from_json({**base, **bad})
