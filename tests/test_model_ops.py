@@ -208,6 +208,8 @@ LATTIGO_CASES = {
                            {"id": "y", "op": "add", "inputs": ["m", "r"]}], ["y"]),
     "ct-ct-bcast": G({"x": ([6, 5], "input"), "v": ([5], "input")},
                      [{"id": "y", "op": "mul", "inputs": ["x", "v"]}], ["y"]),
+    "ct-ct-bcast-row-major": G({"x": ([3, 6, 5], "input"), "v": ([3, 1, 5], "input")},
+                               [{"id": "y", "op": "sub", "inputs": ["x", "v"]}], ["y"]),
     "slice+concat": G({"x": ([4, 6], "input"), "z": ([4, 2], "input"), "w": ([4, 3], "weight")},
                       [{"id": "s", "op": "slice", "inputs": ["x"], "axis": 1, "start": 2, "stop": 5},
                        {"id": "y", "op": "concat", "inputs": ["s", "w", "z"], "axis": 1}], ["y"]),
@@ -227,7 +229,11 @@ def test_lattigo(name: str) -> None:
     from backends.runner import run_plan
 
     params = Params(log_n=12, log_q=(50,) + (40,) * 6, log_p=(50,), log_scale=40, name="test12")
-    res = plan_graph(LATTIGO_CASES[name], params, PlanOptions(allow_insecure=True))
+    # row-major inputs: the ct-ct broadcast then converts by rotations (free when packed)
+    layout = "row-major" if name.endswith("row-major") else "free"
+    res = plan_graph(LATTIGO_CASES[name], params, PlanOptions(allow_insecure=True, input_layout=layout))
+    if layout == "row-major":
+        assert res.plan["summary"]["rotations"] > 0
     check_plan(res, LATTIGO_CASES[name])
     rep = run_plan(res.plan, res.tables, "lattigo", seed=3)
     assert rep.ok, (name, rep.max_rel_error)
@@ -253,3 +259,29 @@ def test_ir_chebyshev_poly_rules() -> None:
                        ({"basis": "legendre"}, "basis"), ({"domain": [0.0, 1.0]}, "domain")):
         with pytest.raises(PlanFileError, match=field):
             ir.Instr.from_json({**base, **bad})
+
+
+@pytest.mark.skipif(not _lattigo_available(), reason="Lattigo extension not built (make lattigo)")
+def test_lattigo_secure_n13() -> None:
+    """The preset n13 (128-bit secure, 3 levels): graphs mixing the model ops."""
+    g1 = G({"x": ([2, 4, 8], "input"), "b": ([2, 1, 1], "weight"), "z": ([2, 4, 2], "input")},
+           [{"id": "s", "op": "slice", "inputs": ["x"], "axis": 2, "start": 1, "stop": 7},
+            {"id": "a", "op": "mul", "inputs": ["s", "b"]},
+            {"id": "p", "op": "poly", "inputs": ["a"], "coeffs": [0.0, 0.8, 0.0, -0.1], "basis": "chebyshev",
+             "domain": [-1.0, 1.0]},
+            {"id": "y", "op": "concat", "inputs": ["p", "z"], "axis": 2}], ["y"])
+    g2 = G({"x": ([3, 4, 6], "input"), "w": ([3, 6, 5], "weight"), "b": ([5], "weight")},
+           [{"id": "m", "op": "matmul", "inputs": ["x", "w"]},
+            {"id": "y", "op": "add", "inputs": ["m", "b"]}], ["y"])
+    for g in (g1, g2):
+        _run_n13(g)
+
+
+def _run_n13(g: Graph) -> None:
+    from backends.runner import run_plan
+    from planner.params import load_params
+
+    res = plan_graph(g, load_params("n13"), PlanOptions())
+    check_plan(res, g)
+    rep = run_plan(res.plan, res.tables, "lattigo", seed=5)
+    assert rep.ok and rep.max_rel_error < 1e-4, rep.max_rel_error
