@@ -420,6 +420,41 @@ def chebyshev_map(domain: tuple[float, float]) -> tuple[float, float]:
     return 2.0 / (b - a), -(a + b) / (b - a)
 
 
+# A Chebyshev series over [a, b] != [-1, 1] is evaluated in the monomial basis of x (one
+# level less: no change of variable) only when that is numerically harmless: at most this
+# degree, a condition number max sum|b_i x^i| / max|p(x)| over [a, b] of at most
+# MONOMIAL_MAX_CONDITION (loses at most 4 bits), and powers |x|^d of at most
+# MONOMIAL_MAX_POWER (CKKS values must stay far below q0 / scale).
+MONOMIAL_MAX_DEGREE = 7
+MONOMIAL_MAX_CONDITION = 16.0
+MONOMIAL_MAX_POWER = 2.0**8
+
+
+def chebyshev_as_monomial(node: Node) -> tuple[float, ...] | None:
+    """The monomial coefficients (in x) of a Chebyshev node over a domain other than
+    [-1, 1] when evaluating them loses nothing that matters (rules above), else None."""
+    if node.basis != "chebyshev" or node.domain is None or tuple(node.domain) == (-1.0, 1.0):
+        return None
+    coeffs = node.coeffs or (0.0,)
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    if not 1 <= deg <= MONOMIAL_MAX_DEGREE:
+        return None
+    a, b = node.domain
+    if max(abs(a), abs(b)) ** deg > MONOMIAL_MAX_POWER:
+        return None
+    mono = np.polynomial.Chebyshev(np.asarray(coeffs[: deg + 1]), domain=[a, b]).convert(
+        kind=np.polynomial.Polynomial).coef
+    if mono.size and (not np.all(np.isfinite(mono)) or float(np.max(np.abs(mono))) > 2.0**20):
+        return None
+    x = np.linspace(a, b, 1025)
+    powers = np.abs(x)[:, None] ** np.arange(mono.size)[None, :]
+    worst = float(np.max(powers @ np.abs(mono)))
+    peak = float(np.max(np.abs(np.polynomial.polynomial.polyval(x, mono))))
+    if worst > MONOMIAL_MAX_CONDITION * max(peak, 1e-300):
+        return None
+    return tuple(float(v) for v in mono)
+
+
 def poly_const_term(node: Node) -> float:
     """What a poly node leaves in a slot that held 0 (exactly as the lowered program
     computes it): p(0) in the monomial basis, the unit-domain series at the mapped 0 for
@@ -427,6 +462,9 @@ def poly_const_term(node: Node) -> float:
     coeffs = node.coeffs or (0.0,)
     if node.basis != "chebyshev":
         return float(coeffs[0])
+    mono = chebyshev_as_monomial(node)
+    if mono is not None:
+        return mono[0]
     assert node.domain is not None
     s, c = chebyshev_map(node.domain)
     t = 0.0 * s + c if tuple(node.domain) != (-1.0, 1.0) else 0.0
@@ -440,6 +478,9 @@ def lower_poly(b: ProgramBuilder, node: Node, r: str) -> str:
     coeffs = node.coeffs or (0.0,)
     if node.basis != "chebyshev":
         return b.poly(r, coeffs, poly_depth(coeffs))
+    mono = chebyshev_as_monomial(node)
+    if mono is not None:
+        return b.poly(r, mono, poly_depth(mono))
     assert node.domain is not None
     if tuple(node.domain) != (-1.0, 1.0) and poly_depth(coeffs) > 0:
         s, c = chebyshev_map(node.domain)
@@ -507,6 +548,8 @@ def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidat
         params["broadcast"] = bcast
     if op == "poly" and node.basis == "chebyshev":
         params["basis"] = "chebyshev"
+        if chebyshev_as_monomial(node) is not None:
+            params["evaluated"] = "monomial"
     return Candidate(
         node=node.id, kernel="elementwise", params=params, in_layouts=in_layouts,
         out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
