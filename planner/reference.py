@@ -23,7 +23,10 @@ import numpy.typing as npt
 from planner.errors import ValuesError
 from planner.graph import Graph, Node
 
-__all__ = ["Array", "chebyshev", "conv2d", "evaluate_node", "poly", "poly_node", "random_values", "reference"]
+__all__ = [
+    "Array", "chebyshev", "conv2d", "evaluate_node", "poly", "poly_node", "poly_node_range", "random_values",
+    "reference",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -98,6 +101,28 @@ def poly_node(node: Node, x: Array) -> Array:
         assert node.domain is not None
         return chebyshev(x, node.coeffs, node.domain)
     return poly(x, node.coeffs)
+
+
+def poly_node_range(node: Node, lo: float, hi: float) -> tuple[float, float]:
+    """The exact range of a ``poly`` node (either basis) over ``[lo, hi]``: its values at the
+    ends and at the real critical points inside (found in the node's own basis, so a
+    high-degree Chebyshev series keeps its precision), widened by a relative 1e-9."""
+    assert node.coeffs is not None
+    series: np.polynomial.Chebyshev | np.polynomial.Polynomial
+    if node.basis == "chebyshev":
+        assert node.domain is not None
+        series = np.polynomial.Chebyshev(np.asarray(node.coeffs, dtype=np.float64), domain=list(node.domain))
+    else:
+        series = np.polynomial.Polynomial(np.asarray(node.coeffs, dtype=np.float64))
+    pts = [float(lo), float(hi)]
+    if len(node.coeffs) > 2 and hi > lo:
+        for r in np.asarray(series.deriv().roots(), dtype=np.complex128).tolist():
+            re, im = float(r.real), float(r.imag)
+            if abs(im) <= 1e-9 * max(1.0, abs(re)) and lo <= re <= hi:
+                pts.append(re)
+    vals = [float(series(x)) for x in pts]
+    span = max(abs(v) for v in vals)
+    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
 
 
 def chebyshev(x: npt.ArrayLike, coeffs: Sequence[float], domain: Sequence[float]) -> Array:

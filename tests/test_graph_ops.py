@@ -193,3 +193,32 @@ def test_random_shapes_against_numpy() -> None:
         c = np.concatenate([m[tuple(sl)], m], axis=axis)
         np.testing.assert_allclose(ref["k"], c.sum(axis=axis, keepdims=True), rtol=1e-12, atol=1e-12)
         assert math.prod(ref["k"].shape) == math.prod(parse_graph(d).shape("k"))
+
+
+def test_poly_node_range_both_bases() -> None:
+    """The exact range of a poly node over an interval (what bootstrap scaling needs): the
+    Chebyshev series in its own basis, checked against dense sampling."""
+    from planner.reference import poly_node_range
+
+    rng = np.random.default_rng(3)
+    for i in range(40):
+        deg = int(rng.integers(1, 32 if i % 2 else 8))
+        coeffs = [float(c) for c in rng.uniform(-1, 1, deg + 1)]
+        a = float(rng.uniform(-10, 0))
+        b = a + float(rng.uniform(0.5, 20))
+        attrs = {"coeffs": coeffs, "basis": "chebyshev", "domain": [a, b]} if i % 2 else {"coeffs": coeffs}
+        node = parse_graph(one("poly", {"x": [3]}, ["x"], **attrs)).node("n1")
+        lo = float(rng.uniform(a, b))
+        hi = float(rng.uniform(lo, b))
+        got = poly_node_range(node, lo, hi)
+        x = np.linspace(lo, hi, 200001)
+        ys = reference_poly(node, x)
+        span = max(1.0, float(np.max(np.abs(ys))))
+        assert got[0] <= ys.min() + 1e-9 * span and got[1] >= ys.max() - 1e-9 * span, (i, got, ys.min(), ys.max())
+        assert got[0] >= ys.min() - 1e-6 * span and got[1] <= ys.max() + 1e-6 * span, (i, got, ys.min(), ys.max())
+
+
+def reference_poly(node: Any, x: np.ndarray) -> np.ndarray:
+    from planner.reference import poly_node
+
+    return poly_node(node, x)
