@@ -36,6 +36,8 @@ class RunReport:
     peak_resident_key_bytes: int
     seconds: float
     stats: dict[str, Any]
+    bootstraps: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,8 @@ class RunReport:
             "key_loads": self.key_loads,
             "peak_resident_key_bytes": self.peak_resident_key_bytes,
             "seconds": round(self.seconds, 6),
+            "bootstraps": self.bootstraps,
+            "memory": self.memory,
             "stats": self.stats,
         }
 
@@ -131,6 +135,41 @@ def _run_lattigo(
     )
 
 
+def bootstrap_report(counts: Mapping[str, int], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Bootstraps of a run: how many, and (measured by the back end) seconds each."""
+    secs = [float(x) for x in stats.get("bootstrap_seconds") or []]
+    out: dict[str, Any] = {"count": int(counts.get("bootstrap", len(secs)))}
+    if secs:
+        out |= {
+            "seconds": [round(x, 3) for x in secs],
+            "mean_seconds": round(sum(secs) / len(secs), 3),
+            "input_levels": list(stats.get("bootstrap_input_levels") or []),
+        }
+    return out
+
+
+def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_bytes: int) -> dict[str, Any]:
+    """Modelled peak (the plan's summary) beside what the back end measured: resident key
+    bytes, the tracked peak (live ciphertexts + keys + DFT matrices, Lattigo only), and the
+    process's peak RSS with its value at the start of the run (Lattigo only)."""
+    peak = plan.get("summary", {}).get("peak_bytes", {})
+    out: dict[str, Any] = {
+        "modelled_peak_bytes": peak.get("total"),
+        "modelled_key_bytes": peak.get("keys"),
+        "peak_resident_key_bytes": int(peak_key_bytes),
+    }
+    for key in ("peak_tracked_bytes", "peak_rss_bytes", "rss_start_bytes", "boot_key_bytes", "boot_matrix_bytes"):
+        if stats.get(key):
+            out[key] = int(stats[key])
+    model = out.get("modelled_peak_bytes")
+    if model and out.get("peak_rss_bytes"):
+        out["rss_over_model"] = round(out["peak_rss_bytes"] / model, 4)
+        out["rss_growth_over_model"] = round((out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / model, 4)
+    if model and out.get("peak_tracked_bytes"):
+        out["tracked_over_model"] = round(out["peak_tracked_bytes"] / model, 4)
+    return out
+
+
 def run_plan(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray] | None,
@@ -168,4 +207,7 @@ def run_plan(
         max_abs = max(max_abs, err)
         max_rel = max(max_rel, err / scale if scale > 0 else err)
     ok = bool(np.isfinite(max_rel) and max_rel <= tol)
-    return RunReport(backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats)
+    return RunReport(
+        backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats,
+        bootstrap_report(counts, stats), memory_report(plan, stats, peak_keys),
+    )

@@ -339,8 +339,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		levels = nil // an explicit key_level option overrides the plan's per-key levels
 	}
 	for k, l := range levels {
-		if l < 0 || l > setup.top {
-			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, setup.top)
+		if l < 0 || l > params.MaxLevel() {
+			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, params.MaxLevel())
 		}
 	}
 	// Without a key schedule the boot block stays resident and its relinearisation key
