@@ -397,8 +397,13 @@ func (e *executor) step(in instr) error {
 		if err = e.checkMulLevel(in.B, b, 1); err != nil {
 			return err
 		}
-		if _, err = e.keys.GetRelinearizationKey(); err != nil {
+		rlk, err := e.keys.GetRelinearizationKey()
+		if err != nil {
 			return fmt.Errorf("no relinearisation key resident: %w", err)
+		}
+		if lv := min(a.Level(), b.Level()); rlk.LevelQ() < lv {
+			return fmt.Errorf("the relinearisation key was generated at level %d, below the operands' level %d (it would give wrong results)",
+				rlk.LevelQ(), lv)
 		}
 		out := e.newCt(min(a.Level(), b.Level()))
 		if err = e.eval.MulRelin(a, b, out); err != nil {

@@ -302,10 +302,12 @@ func (s *keyStore) GetGaloisKeysList() []uint64 {
 	return slices.Clone(s.galEls)
 }
 
-// GetRelinearizationKey implements rlwe.EvaluationKeySet: the plan's own key, else the
-// resident boot block's.
+// GetRelinearizationKey implements rlwe.EvaluationKeySet: the resident boot block's key
+// (generated at the top of the bootstrapping chain: the bootstrap's own multiplications
+// need it there, and a lower-level key would give silently wrong results), else the plan's
+// own key.
 func (s *keyStore) GetRelinearizationKey() (*rlwe.RelinearizationKey, error) {
-	if s.rlk == nil && s.block != nil {
+	if s.block != nil {
 		return s.block.rlk, nil
 	}
 	if s.rlk == nil {
