@@ -163,6 +163,13 @@ def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_by
     for key in ("peak_tracked_bytes", "peak_rss_bytes", "rss_start_bytes", "boot_key_bytes", "boot_matrix_bytes"):
         if stats.get(key):
             out[key] = int(stats[key])
+    at_run = _model_at_run_key_levels(plan, stats)
+    if at_run is not None:
+        # the same memory model with the rotation keys at the level the back end generated
+        # them (a bootstrapping plan's own keys at the top residual level, not at the top
+        # of the bootstrapping chain)
+        out["modelled_peak_bytes_summary"] = out["modelled_peak_bytes"]
+        out["modelled_peak_bytes"] = at_run
     model = out.get("modelled_peak_bytes")
     if model and out.get("peak_rss_bytes"):
         out["rss_over_model"] = round(out["peak_rss_bytes"] / model, 4)
@@ -179,6 +186,26 @@ def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray])
     assumed = plan.get("summary", {}).get("bootstrapping", {}).get("assumed_ranges")
     if assumed:
         check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items()}, ref)
+
+
+def _model_at_run_key_levels(plan: Mapping[str, Any], stats: Mapping[str, Any]) -> int | None:
+    """The modelled peak with keep-all rotation keys of the size the back end reports
+    (``galois_key_bytes``), when that differs from the summary's (a bootstrapping preset
+    models its keys at the bootstrapping chain's top level; Lattigo generates the plan's
+    own keys at the top residual level). None when not applicable."""
+    params_json = plan.get("params") or {}
+    gk = stats.get("galois_key_bytes")
+    if not params_json.get("boot") or plan.get("keys") or not gk:
+        return None
+    from planner import ir
+    from planner.summary import memory_series
+
+    params = Params.from_json(params_json)
+    if int(gk) == params.rotation_key_bytes():
+        return None
+    program = ir.decode_program(plan["program"])
+    series = memory_series(program, params, key_bytes={k: int(gk) for k in ir.rot_keys_of(program)})
+    return int(max(series["keys"] + series["plaintexts"] + series["ciphertexts"], default=0))
 
 
 def run_plan(

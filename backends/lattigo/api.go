@@ -44,8 +44,10 @@ func Version() (v string) {
 //     length-slots value vector, concatenated the same way.
 //   - optionsJSON: "" or an object with optional fields
 //     "key_dir" (where the client writes the evaluation keys; default: a temporary
-//     directory removed afterwards) and "key_level" (level of the generated rotation keys;
-//     default: the top level).
+//     directory removed afterwards), "key_level" (level of the generated rotation keys;
+//     default: the top level), "plaintext_file" (the plaintext vectors in a file instead
+//     of the plaintexts argument, read one at a time) and "gc_percent" (Go's GOGC during
+//     the call; default 10 for bootstrapping plans).
 //
 // The client side generates a secret key, only the plan's rotation keys (and the
 // relinearisation key when the plan multiplies ciphertexts) into the key directory, and
@@ -124,6 +126,10 @@ type runOptions struct {
 	// GCPercent sets Go's GOGC for the call (default: 10 for bootstrapping plans, so the
 	// heap stays near the live keys and matrices; unchanged otherwise).
 	GCPercent *int `json:"gc_percent"`
+	// PlaintextFile: the plaintext vectors in a file (packed as for the plaintexts
+	// argument, which is then empty), read one vector at a time when it is encoded: a plan
+	// with many plaintexts then never holds them all in memory.
+	PlaintextFile string `json:"plaintext_file"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -284,13 +290,24 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", err
 	}
 	names := p.plaintextNames()
-	ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
-	if err != nil {
-		return "", err
-	}
 	ptValues := map[string][]float64{}
-	for i, n := range names {
-		ptValues[n] = ptVecs[i]
+	var ptFile *plaintextFile
+	if opt.PlaintextFile != "" {
+		if len(plaintexts) != 0 {
+			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
+		}
+		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, slots); err != nil {
+			return "", err
+		}
+		defer ptFile.close()
+	} else {
+		ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+		if err != nil {
+			return "", err
+		}
+		for i, n := range names {
+			ptValues[n] = ptVecs[i]
+		}
 	}
 	keyLevel := setup.top
 	if opt.KeyLevel != nil {
@@ -368,6 +385,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", err
 	}
 	ex := newExecutor(setup, keys, p, ptValues, io, st)
+	ex.ptFile = ptFile
 	st.SetupSeconds = time.Since(t).Seconds()
 
 	t = time.Now()
@@ -456,4 +474,59 @@ func resetPeakRSS() (int64, bool) {
 // peakRSS is the process's peak RSS (VmHWM) in bytes.
 func peakRSS() int64 {
 	return procStatus("VmHWM")
+}
+
+// plaintextFile serves plaintext vectors from a file packed like Run's plaintexts argument
+// (sorted plaintext names, length-slots little-endian float64 each), one read per use.
+type plaintextFile struct {
+	f     *os.File
+	index map[string]int
+	slots int
+	buf   []byte
+	path  string
+}
+
+func openPlaintextFile(path string, names []string, slots int) (*plaintextFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("plaintext_file: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("plaintext_file: %w", err)
+	}
+	if want := int64(len(names)) * int64(slots) * 8; fi.Size() != want {
+		f.Close()
+		return nil, fmt.Errorf("plaintext_file %s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
+			path, len(names), slots, want, fi.Size())
+	}
+	pf := &plaintextFile{f: f, index: map[string]int{}, slots: slots, buf: make([]byte, 8*slots), path: path}
+	for i, n := range names {
+		pf.index[n] = i
+	}
+	return pf, nil
+}
+
+// vector reads the named plaintext's values (a fresh slice).
+func (pf *plaintextFile) vector(name string) ([]float64, error) {
+	i, ok := pf.index[name]
+	if !ok {
+		return nil, fmt.Errorf("plaintext %q is not in the plan", name)
+	}
+	if _, err := pf.f.ReadAt(pf.buf, int64(i)*int64(len(pf.buf))); err != nil {
+		return nil, fmt.Errorf("plaintext_file %s: %w", pf.path, err)
+	}
+	v := make([]float64, pf.slots)
+	for s := range v {
+		v[s] = math.Float64frombits(binary.LittleEndian.Uint64(pf.buf[8*s:]))
+		if math.IsNaN(v[s]) || math.IsInf(v[s], 0) {
+			return nil, fmt.Errorf("plaintext %q slot %d is %v", name, s, v[s])
+		}
+	}
+	return v, nil
+}
+
+func (pf *plaintextFile) close() {
+	pf.f.Close()
 }

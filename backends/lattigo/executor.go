@@ -59,6 +59,7 @@ type executor struct {
 	keys     *keyStore
 	plan     *plan
 	ptValues map[string][]float64
+	ptFile   *plaintextFile // when set, plaintext vectors are read from it instead
 	io       clientIO
 
 	scheduled bool
@@ -249,7 +250,14 @@ func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Cipher
 func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Plaintext, error) {
 	pt := ckks.NewPlaintext(e.params, level)
 	pt.Scale = scale
-	if err := e.ecd.Encode(e.ptValues[name], pt); err != nil {
+	values := e.ptValues[name]
+	if e.ptFile != nil {
+		var err error
+		if values, err = e.ptFile.vector(name); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.ecd.Encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	return pt, nil
