@@ -6,6 +6,10 @@ encrypts and decrypts; the evaluation part never sees the secret key, loads rota
 from the directory following the plan's ``load_key``/``drop_key`` schedule (all up front
 when the plan has none) and executes every instruction of SPEC section 4.
 
+A plan whose params carry ``boot`` (``n14boot``, ``n16boot``) runs entirely on Lattigo's
+bootstrapping parameters; the client also generates the bootstrapping keys once into the key
+directory and the evaluation side loads them as the key block ``boot`` (docs/lattigo.md).
+
 This module does what needs tensors and tables, so Go never sees them: it packs one
 length-``slots`` vector per ``input`` instruction (program order) and per plaintext (sorted
 by name), and scatters the decrypted vector of each ``output`` instruction back into its
