@@ -188,6 +188,21 @@ def run(
             f"rotations {rep.rotations}  key loads {rep.key_loads}  "
             f"peak resident keys {rep.peak_resident_key_bytes / 2**20:.1f} MiB  time {rep.seconds:.3f}s"
         )
+        if rep.bootstraps.get("count"):
+            b = rep.bootstraps
+            each = f"  {b['mean_seconds']:.2f}s each" if "mean_seconds" in b else ""
+            out.print(f"bootstraps {b['count']}{each}")
+        mem = rep.memory
+        if mem.get("modelled_peak_bytes") and (mem.get("peak_rss_bytes") or mem.get("peak_tracked_bytes")):
+            parts = [f"modelled peak {mem['modelled_peak_bytes'] / 2**20:.1f} MiB"]
+            if mem.get("peak_tracked_bytes"):
+                parts.append(f"tracked {mem['peak_tracked_bytes'] / 2**20:.1f} MiB (x{mem['tracked_over_model']:.3f})")
+            if mem.get("peak_rss_bytes"):
+                parts.append(
+                    f"peak RSS {mem['peak_rss_bytes'] / 2**20:.1f} MiB (x{mem['rss_over_model']:.3f}; "
+                    f"{mem.get('rss_start_bytes', 0) / 2**20:.1f} MiB at start)"
+                )
+            out.print("memory: " + "  ".join(parts))
         if rep.stats:
             out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
         if out_file is not None:

@@ -521,3 +521,26 @@ def test_capped_schedule_keys_by_level_measured_within_model() -> None:
     measured = rep.stats["peak_key_bytes"]
     assert abs(measured - model) <= 0.05 * model, (measured, model)
     assert measured <= cap and plan["summary"]["peak_bytes"]["total"] <= cap
+
+
+def test_plaintexts_through_a_file(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above PLAINTEXT_INLINE_BYTES the plaintext vectors go to Go through a file, read one
+    at a time: same results as packed in memory."""
+    import backends.lattigo_backend as lb
+
+    tables = base_tables(rng)
+    program = [
+        {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+        {"op": "pmul", "dst": "c1", "src": "c0", "pt": "p0"},
+        {"op": "padd", "dst": "c2", "src": "c1", "pt": "p1"},
+        {"op": "output", "src": "c2", "tensor": "y", "table": "out/all"},
+    ]
+    plan = make_plan(program, {"p0": {"source": "w", "table": "pt/w"}, "p1": {"source": "const", "table": "pt/c"}})
+    tables = dict(tables) | {"pt/w.idx": np.arange(2048), "pt/c.idx": np.full(2048, -1), "pt/c.coef": rng.normal(size=2048)}
+    inputs, weights = {"x": rng.uniform(-1, 1, 2000)}, {"w": rng.uniform(-1, 1, 4096)}
+    inline = run_plan(plan, inputs, weights, tables)
+    monkeypatch.setattr(lb, "PLAINTEXT_INLINE_BYTES", 0)
+    filed = run_plan(plan, inputs, weights, tables)
+    np.testing.assert_allclose(filed.outputs["y"], inline.outputs["y"], atol=1e-6)
+    want = simulate(plan, inputs, weights, tables)["y"]
+    np.testing.assert_allclose(filed.outputs["y"].ravel()[: want.size], want.ravel(), atol=1e-5)
