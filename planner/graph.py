@@ -205,6 +205,7 @@ class TensorLiteral(BaseModel):
 
     shape: list[StrictInt]
     role: Literal["input", "weight"]
+    range: list[StrictFloat] | None = None
 
 
 class NodeLiteral(BaseModel):
@@ -242,7 +243,7 @@ class GraphFile(BaseModel):
 
 
 _TOP_FIELDS = ("schema", "name", "tensors", "nodes", "outputs")
-_TENSOR_FIELDS = ("shape", "role")
+_TENSOR_FIELDS = ("shape", "role", "range")
 _NODE_FIELDS = ("id", "op", "inputs", *ATTRIBUTES)
 
 
@@ -259,6 +260,9 @@ class TensorInfo:
     shape: tuple[int, ...]
     role: Role
     encrypted: bool
+    # [lo, hi]: the values the user promises (or an importer measured) for this tensor;
+    # planning uses it to keep bootstrap inputs within ``boot.max_abs`` (None: unknown)
+    range: tuple[float, float] | None = None
 
     @property
     def size(self) -> int:
@@ -417,14 +421,17 @@ class Graph:
         return {
             "schema": SCHEMA,
             "name": self.name,
-            "tensors": {
-                t.name: {"shape": list(t.shape), "role": t.role}
-                for t in self.tensors.values()
-                if t.role != "node"
-            },
+            "tensors": {t.name: _tensor_json(t) for t in self.tensors.values() if t.role != "node"},
             "nodes": [n.to_json() for n in self.nodes],
             "outputs": list(self.outputs),
         }
+
+
+def _tensor_json(t: TensorInfo) -> dict[str, object]:
+    out: dict[str, object] = {"shape": list(t.shape), "role": t.role}
+    if t.range is not None:  # only when given: graphs without ranges keep their hash
+        out["range"] = [float(t.range[0]), float(t.range[1])]
+    return out
 
 
 def canonical_json(obj: object) -> bytes:
@@ -635,6 +642,20 @@ def _check_size(shape: tuple[int, ...], *, node: str | None, tensor: str | None,
         )
 
 
+def _check_range(name: str, value: Sequence[float] | None) -> tuple[float, float] | None:
+    """A tensor's ``range`` [lo, hi]: two finite numbers with lo <= hi."""
+    if value is None:
+        return None
+    if len(value) != 2:
+        raise GraphError(f"range must be [lo, hi] (two numbers), got {len(value)} numbers", tensor=name, field="range")
+    lo, hi = float(value[0]), float(value[1])
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise GraphError(f"range bounds must be finite, got [{lo}, {hi}]", tensor=name, field="range")
+    if lo > hi:
+        raise GraphError(f"range must have lo <= hi, got [{lo}, {hi}]", tensor=name, field="range")
+    return (lo, hi)
+
+
 class _Builder:
     def __init__(self, literal: GraphFile) -> None:
         self.lit = literal
@@ -669,7 +690,9 @@ class _Builder:
                     )
             shape = tuple(t.shape)
             _check_size(shape, node=None, tensor=name, field_name="shape")
-            self.tensors[name] = TensorInfo(name, shape, t.role, encrypted=t.role == "input")
+            self.tensors[name] = TensorInfo(
+                name, shape, t.role, encrypted=t.role == "input", range=_check_range(name, t.range)
+            )
 
     # -- per-node checks that do not need shapes ------------------------------------------
     def _node_headers(self) -> None:
