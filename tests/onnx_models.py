@@ -57,7 +57,13 @@ class Builder:
                 for k, v in outputs.items()]
         g = helper.make_graph(self.nodes, name, ins, outs, self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-        m.ir_version = 8
+        m.ir_version = 8 if opset <= 17 else 9
+        if any(v is None for v in outputs.values()):  # output shapes by onnx's shape inference
+            inferred = onnx.shape_inference.infer_shapes(m)
+            for o in m.graph.output:
+                if not o.type.tensor_type.HasField("shape"):
+                    known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
+                    o.type.tensor_type.shape.CopyFrom(known[o.name].type.tensor_type.shape)
         onnx.checker.check_model(m)
         return m
 

@@ -438,7 +438,8 @@ def _gemm(im: Importer) -> list[Value]:
         a = np.asarray(a).T if ta else np.asarray(a)
     if not isinstance(b, Dyn):
         b = np.asarray(b).T if tb else np.asarray(b)
-    y = _matmul2(im, a, b, base + (".mm" if rest and rest[0].size else ""), bn, alpha)
+    has_c = bool(rest) and (isinstance(rest[0], Dyn) or np.asarray(rest[0]).size > 0)
+    y = _matmul2(im, a, b, base + (".mm" if has_c else ""), bn, alpha)
     if rest and not isinstance(rest[0], Dyn) and np.asarray(rest[0]).size:
         c = beta * np.asarray(rest[0], dtype=np.float64)
         y = _binary(im, "add", y, c, base, im.node.input[2])
@@ -750,8 +751,8 @@ def _reciprocal(im: Importer, x: Dyn, onnx_name: str, base: str) -> Dyn:
 def _inverse(im: Importer, x: Dyn, xs: Array | None, function: str, default: tuple[float, float], base: str,
              pre: tuple[float, float] = (0.0, 1.0)) -> Dyn:
     """``1 / a`` or ``1 / sqrt(a)`` of ``a = pre[0] + pre[1] * x`` (a > 0): a Chebyshev fit on
-    the measured range of ``a`` (kept above 0), then ``opts.newton`` Newton steps
-    (``y <- y (2 - a y)``, ``y <- y (3 - a y^2) / 2``)."""
+    the measured range of ``x`` (kept where a > 0), then ``opts.newton`` Newton steps
+    (``y <- y (2 - a y)``, ``y <- y (3 - a y^2) / 2``), each squaring the relative error."""
     c0, c1 = pre
     a_s = None if xs is None else c0 + c1 * xs
     if a_s is not None and np.any(a_s <= 0):
@@ -765,23 +766,26 @@ def _inverse(im: Importer, x: Dyn, xs: Array | None, function: str, default: tup
     steps = im.opts.newton
     y, f = im.approximate(x, function, g, xs, dom_default, base + (".init" if steps else ""), positive=True)
     if steps:
-        a = x if pre == (0.0, 1.0) else im.emit("poly", [x.name], base + ".arg", x.shape, coeffs=[c0, c1])
+        half = function == "invsqrt"
+        # reciprocal: y <- (y + y) - (a y) y (2 levels); inverse square root:
+        # y <- 1.5 y - ((a/2) y^2) y (3 levels); a = pre[0] + pre[1] x (halved for invsqrt)
+        h = (c0 / 2, c1 / 2) if half else (c0, c1)
+        a = x if h == (0.0, 1.0) else im.emit("poly", [x.name], base + ".arg", x.shape, coeffs=[h[0], h[1]])
         for k in range(steps):
-            last = k == steps - 1
-            name = base if last else f"{base}.newton{k + 1}"
-            if function == "reciprocal":
-                t = im.emit("mul", [a.name, y.name], f"{base}.ay{k + 1}", x.shape)
-                u = im.emit("poly", [t.name], f"{base}.u{k + 1}", x.shape, coeffs=[2.0, -1.0])
-            else:
+            name = base if k == steps - 1 else f"{base}.newton{k + 1}"
+            if half:
                 y2 = im.emit("mul", [y.name, y.name], f"{base}.y2_{k + 1}", x.shape)
                 t = im.emit("mul", [a.name, y2.name], f"{base}.ay2_{k + 1}", x.shape)
-                u = im.emit("poly", [t.name], f"{base}.u{k + 1}", x.shape, coeffs=[1.5, -0.5])
-            y = im.emit("mul", [y.name, u.name], name, x.shape)
+                lin = im.emit("poly", [y.name], f"{base}.y15_{k + 1}", x.shape, coeffs=[0.0, 1.5])
+            else:
+                t = im.emit("mul", [a.name, y.name], f"{base}.ay_{k + 1}", x.shape)
+                lin = im.emit("add", [y.name, y.name], f"{base}.y2x_{k + 1}", x.shape)
+            t3 = im.emit("mul", [t.name, y.name], f"{base}.t_{k + 1}", x.shape)
+            y = im.emit("sub", [lin.name, t3.name], name, x.shape)
         row = im.rows[-1]
         err = _newton_error(function, g, f, steps, xs, f.domain, pre)
         im.rows[-1] = ApproxRow(row.node, row.onnx_node, row.function, row.measured, row.domain, row.degree,
-                                row.depth + 2 * steps + (1 if function == "invsqrt" else 0) * steps, err,
-                                row.on_samples, steps)
+                                row.depth + (3 if half else 2) * steps, err, row.on_samples, steps)
     return y
 
 
@@ -932,6 +936,22 @@ def _avgpool(im: Importer) -> list[Value]:
 
 
 # -- views ----------------------------------------------------------------------------------
+
+
+@handles("BatchNormalization")
+def _batchnorm(im: Importer) -> list[Value]:
+    """A BatchNorm not folded into a linear layer: a per-channel affine map (2 plaintext ops)."""
+    x, *params = im.dyn_inputs()
+    x = _dyn(im, x)
+    if len(params) < 4 or len(x.shape) < 2:
+        raise im.fail("BatchNormalization needs scale, bias, mean and variance, on [N, C, ...]")
+    scale, beta, mean, var = (_const(im, p, "BatchNormalization parameters").astype(np.float64) for p in params[:4])
+    eps = float(attr(im.node, "epsilon", 1e-5))
+    k = scale / np.sqrt(var + eps)
+    per = (1, -1, *([1] * (len(x.shape) - 2)))
+    base = im.out_name()
+    y = _binary(im, "mul", x, k.reshape(per), base + ".scale", base + ".bn_scale")
+    return [_binary(im, "add", y, (beta - mean * k).reshape(per), base, base + ".bn_shift")]
 
 
 @handles("Identity", "Dropout", "Cast", "CastLike")
@@ -1132,6 +1152,9 @@ def import_model(
     doc: dict[str, Any] = {"schema": SCHEMA, "name": name, "tensors": im.tensors, "nodes": im.nodes,
                            "outputs": [outputs[o] for o in og.outputs]}
     ranges = _ranges(im, recorded)
+    for gname in im.input_map.values():
+        if gname in ranges:  # the measured range, widened by the margin, is what the graph promises
+            im.tensors[gname]["range"] = list(im.widen(*ranges[gname]))
     try:
         graph = parse_graph(doc)
     except GraphError as exc:

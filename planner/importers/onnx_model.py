@@ -211,13 +211,13 @@ class OnnxGraph:
         self.prune()
 
     def replace(self, old: Iterable[Any], new: Any, at: Any) -> None:
-        """Put ``new`` where ``at`` is and remove ``old`` (nodes)."""
-        drop = {id(n) for n in old}
+        """Put ``new`` (a node or a list of nodes) where ``at`` is; remove ``at`` and ``old``."""
+        drop = {id(n) for n in old} | {id(at)}
         out: list[Any] = []
         for node in self.nodes:
             if node is at:
-                out.append(new)
-            if id(node) not in drop and node is not at:
+                out.extend(new if isinstance(new, list) else [new])
+            if id(node) not in drop:
                 out.append(node)
         self.nodes = out
 
@@ -242,7 +242,7 @@ def _static_shape(vi: Any) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _single_consumer(g: OnnxGraph, name: str) -> Any | None:
+def _single_consumer(g: OnnxGraph, name: str) -> Any:
     users = g.consumers.get(name, [])
     if len(users) != 1 or name in g.outputs:
         return None
@@ -433,8 +433,7 @@ def _fuse_div_sqrt(g: OnnxGraph, const: set[str]) -> None:
         inv_name = f"{div.input[1]}.invsqrt"
         inv = helper.make_node("InvSqrt", [sq.input[0]], [inv_name], name=sq.name, domain=FUSED_DOMAIN)
         mul = helper.make_node("Mul", [div.input[0], inv_name], [div.output[0]], name=div.name)
-        g.replace([sq], inv, div)
-        g.replace([div], mul, div)
+        g.replace([sq], [inv, mul], div)
         g.notes.append(f"Div by Sqrt at {node_label(div)!r} read as a product with an inverse square root")
         g.index()
         prod = g.producer_map()
