@@ -23,10 +23,12 @@ from planner.candidates import (
     KERNELS,
     LINEAR_KERNELS,
     PlanError,
+    concat_candidates,
     elementwise_candidates,
     input_layout,
     linear_candidates,
     matmul_candidates,
+    slice_candidates,
     view_candidates,
     with_clean_output,
 )
@@ -265,6 +267,10 @@ def _node_candidates(
             raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
         free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
         return matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+    if node.op in ("slice", "concat"):
+        if not enc:
+            raise PlanError(f"{node.op} of plaintext tensors: fold it before planning", node.id)
+        return slice_candidates(graph, node, bases) if node.op == "slice" else concat_candidates(graph, node, bases)
     if node.op in ("transpose", "reshape", "sum"):
         if not enc:
             raise PlanError(f"{node.op} of a plaintext tensor: fold it before planning", node.id)

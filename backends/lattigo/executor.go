@@ -32,8 +32,10 @@ import (
 //   - rescale: a real Rescale when the operand carries an unrescaled product; otherwise the
 //     value is passed through unchanged (counted as skipped_rescales), because dividing a
 //     ciphertext at the default scale by q would destroy its precision.
-//   - poly: Lattigo's polynomial evaluator (monomial basis, Paterson-Stockmeyer); it uses
-//     ceil(log2(degree+1)) levels (none for a constant). Its target scale is the default
+//   - poly: Lattigo's polynomial evaluator (monomial basis, or Chebyshev basis for
+//     basis "chebyshev"; baby-step giant-step); it uses ceil(log2(degree+1)) levels (none for
+//     a constant), and one more for a Chebyshev domain other than [-1, 1] (the change of
+//     variable (2x - a - b)/(b - a) is a constant multiplication and a rescale). Its target scale is the default
 //     scale when the input's is within 2^-10 of it (this removes cmul drift), else the
 //     input's scale.
 //   - Multiplying at a level with nothing left to rescale is an error naming the register.
@@ -195,6 +197,23 @@ func (e *executor) checkMulLevel(name string, ct *rlwe.Ciphertext, levels int) e
 			name, ct.Level(), need, e.params.MaxLevel())
 	}
 	return nil
+}
+
+// chebyshevVariable maps x to (2x - a - b)/(b - a), the variable of a Chebyshev series over
+// [a, b] (Lattigo's evaluator expects it done): a constant multiplication and a rescale.
+func (e *executor) chebyshevVariable(ct *rlwe.Ciphertext, poly bignum.Polynomial) (*rlwe.Ciphertext, error) {
+	scalar, constant := poly.ChangeOfBasis()
+	out, err := e.eval.MulNew(ct, scalar)
+	if err != nil {
+		return nil, err
+	}
+	if err = e.eval.Add(out, constant, out); err != nil {
+		return nil, err
+	}
+	if err = e.eval.Rescale(out, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // binaryOperands prepares add/sub operands so that their scales agree (policy above).
@@ -400,7 +419,12 @@ func (e *executor) step(in instr) error {
 				err = e.eval.Add(out, in.Coeffs[0], out)
 			}
 		} else {
-			if err = e.checkMulLevel(in.Src, ct, bits.Len(uint(d))); err != nil {
+			cheb := in.Basis == "chebyshev"
+			levels := bits.Len(uint(d))
+			if cheb && !in.unitDomain() {
+				levels++ // the change of variable multiplies by a constant
+			}
+			if err = e.checkMulLevel(in.Src, ct, levels); err != nil {
 				return err
 			}
 			// Target the default scale when the input is close to it: this also removes
@@ -409,7 +433,17 @@ func (e *executor) step(in instr) error {
 			if math.Abs(ct.Scale.Div(e.params.DefaultScale()).Float64()-1) < 1.0/1024 {
 				target = e.params.DefaultScale()
 			}
-			poly := bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
+			var poly bignum.Polynomial
+			if cheb {
+				poly = bignum.NewPolynomial(bignum.Chebyshev, in.Coeffs[:d+1], [2]float64{in.Domain[0], in.Domain[1]})
+				if !in.unitDomain() {
+					if ct, err = e.chebyshevVariable(ct, poly); err != nil {
+						return err
+					}
+				}
+			} else {
+				poly = bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
+			}
 			out, err = e.polyEval.Evaluate(ct, poly, target)
 		}
 		if err != nil {

@@ -38,6 +38,8 @@ type instr struct {
 	Ks     []int     `json:"ks"`
 	Pt     string    `json:"pt"`
 	Coeffs []float64 `json:"coeffs"`
+	Basis  string    `json:"basis"`
+	Domain []float64 `json:"domain"`
 	Tensor string    `json:"tensor"`
 	Table  string    `json:"table"`
 }
@@ -236,6 +238,9 @@ func (p *plan) validate(slots int) error {
 					err = fail("coefficient %v is not finite", c)
 				}
 			}
+			if err == nil {
+				err = checkPolyBasis(in, fail)
+			}
 		case "rescale":
 			if err = need("dst", in.Dst); err == nil {
 				err = need("src", in.Src)
@@ -327,6 +332,30 @@ func (p *plan) plaintextNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// checkPolyBasis: basis "monomial" (or absent) without a domain, or "chebyshev" with a
+// domain [a, b], a < b, both finite.
+func checkPolyBasis(in instr, fail func(string, ...any) error) error {
+	switch in.Basis {
+	case "", "monomial":
+		if in.Domain != nil {
+			return fail("\"domain\" is only meaningful with basis \"chebyshev\"")
+		}
+	case "chebyshev":
+		if len(in.Domain) != 2 || math.IsNaN(in.Domain[0]) || math.IsInf(in.Domain[0], 0) ||
+			math.IsNaN(in.Domain[1]) || math.IsInf(in.Domain[1], 0) || !(in.Domain[0] < in.Domain[1]) {
+			return fail("a chebyshev poly needs \"domain\" [a, b] with finite a < b, got %v", in.Domain)
+		}
+	default:
+		return fail("unknown basis %q (known: monomial chebyshev)", in.Basis)
+	}
+	return nil
+}
+
+// unitDomain reports a Chebyshev poly over [-1, 1] (no change of variable needed).
+func (in instr) unitDomain() bool {
+	return len(in.Domain) == 2 && in.Domain[0] == -1 && in.Domain[1] == 1
 }
 
 // polyDegree is the degree after trailing zero coefficients are dropped.
