@@ -92,8 +92,12 @@ def report_lines(res: Any, console: Console) -> None:
         console.print(t)
     else:
         console.print("no approximated activations (the model is polynomial)")
-    for note in res.notes:
+    for note in res.notes[:5]:
         console.print(f"note: {escape(note)}")
+    if len(res.notes) > 5:
+        folded = sum("folded into" in n for n in res.notes)
+        console.print(f"note: ... {len(res.notes) - 5} more ({folded} BatchNormalization folded in all; "
+                      "--json lists every note)")
     if res.end_to_end_error is not None:
         console.print(f"end-to-end max |graph reference - onnx reference evaluator| on the samples: "
                       f"{res.end_to_end_error:.3e}")
