@@ -457,3 +457,18 @@ def test_calibration_refusals(tmp_path: Path) -> None:
         import_model(path, None, tmp_path / "c.npz")
     with pytest.raises(ModelError, match="--degree"):
         import_model(path, ImportOptions(degree=0))
+
+
+def test_scalar_affine_folds_into_the_chebyshev_domain(tmp_path: Path) -> None:
+    b = M.Builder(dtype=np.float64)
+    scaled = b.op("Div", ["x", b.init("minus4", np.array(-4.0))])
+    b.op("Tanh", [scaled], out="y")
+    model = b.model({"x": [1, 20]}, {"y": None})
+    calib = {"x": np.random.default_rng(3).normal(size=(6, 20))}
+    res = _import(tmp_path, model, calib)
+    (node,) = res.graph.nodes  # the division by -4 is folded into the domain
+    (row,) = res.approximations
+    assert node.op == "poly" and node.inputs == ("x",) and node.domain == row.domain
+    assert row.measured == pytest.approx((calib["x"].min(), calib["x"].max()))
+    err, _ = _compare(model, res, {"x": calib["x"][2:3]})
+    assert err <= row.max_error + 1e-12

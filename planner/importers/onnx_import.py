@@ -1148,6 +1148,7 @@ def import_model(
     im = Importer(og, opts, recorded)
     im.run()
     outputs = _outputs(im)
+    _fold_affine_into_chebyshev(im, set(outputs.values()))
     name = opts.name or sanitise(model.graph.name or Path(str(model_path)).stem)
     doc: dict[str, Any] = {"schema": SCHEMA, "name": name, "tensors": im.tensors, "nodes": im.nodes,
                            "outputs": [outputs[o] for o in og.outputs]}
@@ -1183,6 +1184,52 @@ def _outputs(im: Importer) -> dict[str, str]:
             v = Dyn(sanitise(o), v.shape)
         out[o] = v.name
     return out
+
+
+def _fold_affine_into_chebyshev(im: Importer, outputs: set[str]) -> None:
+    """A degree-1 ``poly`` ``c0 + c1 v`` whose only consumer is a Chebyshev ``poly`` p on
+    [a, b] is dropped: p(c0 + c1 v) is the same Chebyshev series on the domain
+    ``[(a - c0) / c1, (b - c0) / c1]`` (coefficients of odd degree negated when c1 < 0),
+    which saves the level of the constant multiplication (e.g. attention's 1/sqrt(d)
+    before the softmax exponential)."""
+    users: dict[str, list[dict[str, Any]]] = {}
+    for n in im.nodes:
+        for i in dict.fromkeys(n["inputs"]):
+            users.setdefault(i, []).append(n)
+    by_id = {n["id"]: n for n in im.nodes}
+    drop: set[str] = set()
+    for n in im.nodes:
+        if n["op"] != "poly" or n.get("basis") != "chebyshev":
+            continue
+        src = by_id.get(n["inputs"][0])
+        if src is None or src["op"] != "poly" or src.get("basis") or len(src["coeffs"]) != 2:
+            continue
+        if src["id"] in outputs or len(users.get(src["id"], [])) != 1:
+            continue
+        c0, c1 = (float(c) for c in src["coeffs"])
+        if c1 == 0.0:
+            continue
+        a, b = n["domain"]
+        lo, hi = (a - c0) / c1, (b - c0) / c1
+        coeffs = list(n["coeffs"])
+        if c1 < 0:
+            lo, hi = hi, lo
+            coeffs = [-c if i % 2 else c for i, c in enumerate(coeffs)]
+        n["inputs"] = list(src["inputs"])
+        n["domain"] = [lo, hi]
+        n["coeffs"] = coeffs
+        drop.add(src["id"])
+        im.rows = [_refolded(r, c0, c1, (lo, hi)) if r.node == n["id"] else r for r in im.rows]
+    im.nodes = [n for n in im.nodes if n["id"] not in drop]
+
+
+def _refolded(row: ApproxRow, c0: float, c1: float, domain: tuple[float, float]) -> ApproxRow:
+    measured = None
+    if row.measured is not None:
+        m = sorted(((row.measured[0] - c0) / c1, (row.measured[1] - c0) / c1))
+        measured = (m[0], m[1])
+    return ApproxRow(row.node, row.onnx_node, f"{row.function} of {c1:.4g}x" + (f" + {c0:.4g}" if c0 else ""),
+                     measured, domain, row.degree, row.depth, row.max_error, row.on_samples, row.newton)
 
 
 def _rename(im: Importer, old: str, new: str) -> None:
