@@ -152,10 +152,16 @@ def run(
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="the encrypted inputs: .npz with one array per graph input, named as the tensor (any shape with its number of elements)")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", help="the weights: .npz with one array per graph weight, named as the tensor")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="write the decrypted outputs (.npz, named and shaped as the graph's outputs)")] = None,
 ) -> None:
-    """Execute a plan on seeded random data and compare with the numpy reference."""
+    """Execute a plan on seeded random data (or the user's --inputs/--weights) and compare
+    with the numpy reference."""
     from api.progress import shown, step, wanted
     from backends.runner import run_plan
+    from planner.graph import parse_graph
+    from planner.io import user_values, write_arrays
 
     try:
         EXECUTION_BACKENDS.check(backend)
@@ -163,8 +169,17 @@ def run(
         tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
+        values = None
+        if inputs is not None or weights is not None:
+            if "spec" not in pl["graph"]:
+                raise SlotplanError("the plan does not embed its graph (graph.spec): cannot read tensors by name")
+            values = user_values(parse_graph(pl["graph"]["spec"]), inputs, weights)
+        if out_file is not None and (out_file.is_dir() or not (out_file.parent if str(out_file.parent) else Path(".")).is_dir()):
+            raise SlotplanError(f"cannot write --out {out_file}: not a file in an existing directory")
         with shown(wanted(progress, as_json)), step(f"run on {backend}"):
-            rep = run_plan(pl, tb, backend, seed, init)
+            rep = run_plan(pl, tb, backend, seed, init, values=values)
+        if out_file is not None:
+            write_arrays(out_file, rep.outputs)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:
@@ -183,6 +198,8 @@ def run(
         )
         if rep.stats:
             out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
+        if out_file is not None:
+            out.print(escape(f"wrote {out_file}: {', '.join(rep.outputs)}"))
     if not rep.ok:
         raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
 
