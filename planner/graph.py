@@ -228,6 +228,7 @@ class NodeLiteral(BaseModel):
     stop: StrictInt | None = None
     perm: list[StrictInt] | None = None
     shape: list[StrictInt] | None = None
+    range: list[StrictFloat] | None = None
 
 
 class GraphFile(BaseModel):
@@ -244,7 +245,7 @@ class GraphFile(BaseModel):
 
 _TOP_FIELDS = ("schema", "name", "tensors", "nodes", "outputs")
 _TENSOR_FIELDS = ("shape", "role", "range")
-_NODE_FIELDS = ("id", "op", "inputs", *ATTRIBUTES)
+_NODE_FIELDS = ("id", "op", "inputs", *ATTRIBUTES, "range")
 
 
 # --------------------------------------------------------------------------------------
@@ -422,9 +423,16 @@ class Graph:
             "schema": SCHEMA,
             "name": self.name,
             "tensors": {t.name: _tensor_json(t) for t in self.tensors.values() if t.role != "node"},
-            "nodes": [n.to_json() for n in self.nodes],
+            "nodes": [_node_json(n, self.tensors[n.id]) for n in self.nodes],
             "outputs": list(self.outputs),
         }
+
+
+def _node_json(n: Node, t: TensorInfo) -> dict[str, object]:
+    out = n.to_json()
+    if t.range is not None:  # a node result's promised (or measured) range
+        out["range"] = [float(t.range[0]), float(t.range[1])]
+    return out
 
 
 def _tensor_json(t: TensorInfo) -> dict[str, object]:
@@ -642,17 +650,18 @@ def _check_size(shape: tuple[int, ...], *, node: str | None, tensor: str | None,
         )
 
 
-def _check_range(name: str, value: Sequence[float] | None) -> tuple[float, float] | None:
-    """A tensor's ``range`` [lo, hi]: two finite numbers with lo <= hi."""
+def _check_range(name: str, value: Sequence[float] | None, node: bool = False) -> tuple[float, float] | None:
+    """A tensor's (or node result's) ``range`` [lo, hi]: two finite numbers with lo <= hi."""
     if value is None:
         return None
+    where: dict[str, str] = {"node": name} if node else {"tensor": name}
     if len(value) != 2:
-        raise GraphError(f"range must be [lo, hi] (two numbers), got {len(value)} numbers", tensor=name, field="range")
+        raise GraphError(f"range must be [lo, hi] (two numbers), got {len(value)} numbers", field="range", **where)
     lo, hi = float(value[0]), float(value[1])
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise GraphError(f"range bounds must be finite, got [{lo}, {hi}]", tensor=name, field="range")
+        raise GraphError(f"range bounds must be finite, got [{lo}, {hi}]", field="range", **where)
     if lo > hi:
-        raise GraphError(f"range must have lo <= hi, got [{lo}, {hi}]", tensor=name, field="range")
+        raise GraphError(f"range must have lo <= hi, got [{lo}, {hi}]", field="range", **where)
     return (lo, hi)
 
 
@@ -806,7 +815,7 @@ class _Builder:
         node, shape = infer(n, operands)
         _check_size(shape, node=n.id, tensor=None, field_name="inputs")
         encrypted = any(t.encrypted for t in operands)
-        self.tensors[n.id] = TensorInfo(n.id, shape, "node", encrypted)
+        self.tensors[n.id] = TensorInfo(n.id, shape, "node", encrypted, range=_check_range(n.id, n.range, node=True))
         return node
 
     # -- outputs and warnings ----------------------------------------------------------------

@@ -71,13 +71,16 @@ class CpSatSolver:
                 m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
                 if g.boot_post:
                     m.add(R[g.name] >= g.boot_post * bvar[g.name])
-                if g.boot_pre:
-                    m.add(D[g.name] + g.boot_pre * bvar[g.name] <= L)
-                # bootstrap cost: w * n_ct(option) for the chosen option when b[g]
+                # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
+                # levels of the scaling or mask before the bootstrap
+                zs = []
                 for o, v in enumerate(x[g.name]):
                     z = m.new_bool_var(f"z[{g.name}][{o}]")
                     m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
                     obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
+                    zs.append(z)
+                if any(g.boot_pre(o) for o in range(len(zs))):
+                    m.add(D[g.name] + sum(g.boot_pre(o) * z for o, z in enumerate(zs)) <= L)
             for g in model.groups:
                 if g.depths:
                     m.add(D[g.name] >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))

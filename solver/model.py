@@ -17,7 +17,7 @@ consumers read it" (per value, not per edge: a value read twice is bootstrapped 
 Depth then counts the levels used since the last bootstrap: consumers read g at
 ``R[g] = D[g]`` when not bootstrapped, else at ``boot_post`` (the levels the scaling after
 the bootstrap uses, 0 or 1); a bootstrapped value needs ``D[g] + boot_pre <= max_depth``
-(the scaling before it).  A bootstrap costs ``boot_weight`` per ciphertext of the chosen
+(the scaling or mask before it, per option).  A bootstrap costs ``boot_weight`` per ciphertext of the chosen
 option (``n_cts``).  Linearised the same way in CP-SAT and z3.
 
 Built in named steps by the back ends: variables, choice constraints, edge (layout)
@@ -43,7 +43,7 @@ class Group:
     # group may be bootstrapped, the levels of the range scaling before/after a bootstrap
     n_cts: tuple[int, ...] = ()
     bootable: bool = False
-    boot_pre: int = 0
+    boot_pres: tuple[int, ...] = ()  # per option (empty: 0): e.g. a mask of a dirty layout
     boot_post: int = 0
     boot_hint: bool = False
 
@@ -53,6 +53,9 @@ class Group:
     def n_ct(self, o: int) -> int:
         return self.n_cts[o] if self.n_cts else 1
 
+    def boot_pre(self, o: int) -> int:
+        return self.boot_pres[o] if self.boot_pres else 0
+
     def keep(self, opts: list[int], hint: int | None = None) -> Group:
         """The group restricted to options ``opts`` (in that order)."""
         h = self.hint if hint is None else hint
@@ -61,7 +64,8 @@ class Group:
             opts.index(h) if h in opts else 0,
             tuple(self.depths[o] for o in opts) if self.depths else (),
             tuple(self.n_cts[o] for o in opts) if self.n_cts else (),
-            self.bootable, self.boot_pre, self.boot_post, self.boot_hint,
+            self.bootable, tuple(self.boot_pres[o] for o in opts) if self.boot_pres else (),
+            self.boot_post, self.boot_hint,
         )
 
 
@@ -130,7 +134,7 @@ class ChoiceModel:
             d = self.depths_of(choice, boots)
             if max(d.values(), default=0) > self.max_depth:
                 return None
-            if any(d[b] + self.group(b).boot_pre > self.max_depth for b in boots):
+            if any(d[b] + self.group(b).boot_pre(choice[b]) > self.max_depth for b in boots):
                 return None
         for b in boots:
             g = self.group(b)
@@ -140,8 +144,8 @@ class ChoiceModel:
     def lazy_boots(self, choice: Mapping[str, int]) -> frozenset[str] | None:
         """The first-fit placement (what a compiler without a placement model does): walk
         the groups in order and bootstrap an operand only when the reader would exceed
-        ``max_depth`` without it, deepest operand first (as late as possible).  None when
-        even that does not fit."""
+        ``max_depth`` without it (less the levels its own bootstrap would need first),
+        deepest operand first (as late as possible).  None when even that does not fit."""
         if self.max_depth is None:
             return frozenset()
         L = self.max_depth
@@ -152,12 +156,15 @@ class ChoiceModel:
         for g in self.groups:
             o = choice[g.name]
             edges = [e for e in inc.get(g.name, []) if e.src in r]
+            # a value that may be bootstrapped later keeps room for the levels before its
+            # bootstrap (its scaling or mask)
+            limit = L - (g.boot_pre(o) if g.bootable and self.bootstraps else 0)
             while True:
                 need = max([r[e.src] + e.depth(choice[e.src], o) for e in edges], default=0) + g.depth(o)
-                if need <= L:
+                if need <= limit:
                     break
                 cands = [e for e in edges if e.src not in boots and self.group(e.src).bootable and self.bootstraps
-                         and d[e.src] + self.group(e.src).boot_pre <= L]
+                         and d[e.src] + self.group(e.src).boot_pre(choice[e.src]) <= L]
                 if not cands:
                     return None
                 e = max(cands, key=lambda e: (r[e.src] + e.depth(choice[e.src], o), e.src))
@@ -273,7 +280,7 @@ class ChoiceModel:
             # same outgoing rows and, for bootstrapping, the same ciphertext count: the two
             # options look alike to every reader and to the bootstrap decision of g; the
             # depth rule below then treats bootstraps like depth (no deeper option dominates)
-            sig = {o: (g.n_ct(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
+            sig = {o: (g.n_ct(o), g.boot_pre(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
                    for o in keep[g.name]}
             kept: list[int] = []
             for c2 in sorted(keep[g.name], key=lambda o: (g.costs[o], o)):

@@ -103,8 +103,9 @@ def _depth(
         opt.add(R[g.name] >= D[g.name] - L * z3.If(bg, 1, 0))
         if g.boot_post:
             opt.add(R[g.name] >= z3.If(bg, g.boot_post, 0))
-        if g.boot_pre:
-            opt.add(D[g.name] + z3.If(bg, g.boot_pre, 0) <= L)
+        pres = [z3.If(z3.And(v, bg), g.boot_pre(o), 0) for o, v in enumerate(x[g.name]) if g.boot_pre(o)]
+        if pres:
+            opt.add(D[g.name] + z3.Sum(pres) <= L)
         for o, v in enumerate(x[g.name]):
             c = (model.boot_weight or 0) * g.n_ct(o)
             if c:

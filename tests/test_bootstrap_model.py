@@ -58,7 +58,7 @@ def random_boot_model(seed: int) -> ChoiceModel:
             depths=tuple(0 if inp else int(rng.integers(0, 3)) for _ in range(sizes[n])),
             n_cts=tuple(int(rng.integers(1, 4)) for _ in range(sizes[n])),
             bootable=not inp and n != "n4",
-            boot_pre=int(rng.integers(0, 2)) if not inp else 0,
+            boot_pres=tuple(int(rng.integers(0, 2)) if not inp else 0 for _ in range(sizes[n])),
             boot_post=int(rng.integers(0, 2)) if not inp else 0,
         ))
     pairs = [("input:a", "n0"), ("n0", "n1"), ("n0", "n2"), ("n1", "n3"), ("n2", "n3"), ("n3", "n4"), ("n1", "n4")]
@@ -104,7 +104,7 @@ def test_solvers_match_brute_force_with_bootstraps(seed: int) -> None:
     if lazy is not None:  # first fit keeps every depth within the budget
         d = m.depths_of(choice, lazy)
         assert max(d.values()) <= (m.max_depth or 0)
-        assert all(d[b] + m.group(b).boot_pre <= (m.max_depth or 0) for b in lazy)
+        assert all(d[b] + m.group(b).boot_pre(choice[b]) <= (m.max_depth or 0) for b in lazy)
         got = m.evaluate_boots(choice, lazy)
         assert got is None or want is not None and got >= want[0]
 
