@@ -80,6 +80,14 @@ def test_resnet20_folds_batchnorm_and_matches(tmp_path: Path) -> None:
     assert "bn" not in " ".join(res.graph.weights).replace("bn_folded", "").replace("bn_bias", "")
     assert len(res.approximations) == 19  # stem + 2 per block x 9
     assert res.graph.tensors["image"].range is not None
+    g = res.graph
+    assert all(g.tensor(n.id).range is not None for n in g.nodes)  # measured on the samples, widened
+    for w in g.weights:
+        assert g.tensor(w).range == (float(res.weights[w].min()), float(res.weights[w].max()))
+    got = reference(g, {**res.weights, "image": calib["image"][0].astype(np.float64)})
+    for n in g.nodes:
+        lo, hi = g.tensor(n.id).range or (0.0, 0.0)
+        assert lo <= float(got[n.id].min()) and float(got[n.id].max()) <= hi
     assert res.end_to_end_error is not None and res.end_to_end_error < 0.1
     err, scale = _compare(model, res, {"image": calib["image"][:1]})
     assert err <= res.end_to_end_error + 1e-6

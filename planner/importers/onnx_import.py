@@ -1156,14 +1156,17 @@ def import_model(
     for gname in im.input_map.values():
         if gname in ranges:  # the measured range, widened by the margin, is what the graph promises
             im.tensors[gname]["range"] = list(im.widen(*ranges[gname]))
-    try:
-        graph = parse_graph(doc)
-    except GraphError as exc:
-        raise ModelError(f"the imported graph is not valid: {exc}") from None
+    for wname, w in im.weights.items():  # the weights' exact range (run checks them)
+        im.tensors[wname]["range"] = [float(np.min(w)), float(np.max(w))]
+    graph = _parse(doc)
     res = ImportResult(doc, graph, im.weights, im.rows, len(samples_in), og.notes, ranges,
                        input_map=im.input_map, output_map=outputs)
     if recorded is not None:
-        res.end_to_end_error = _end_to_end(res, og, samples_in, recorded)
+        res.end_to_end_error, node_ranges = _sample_pass(res, samples_in, recorded)
+        for n in im.nodes:  # every node's range on the samples, widened by the margin
+            if n["id"] in node_ranges:
+                n["range"] = list(im.widen(*node_ranges[n["id"]]))
+        res.graph = _parse(doc)
     return res
 
 
@@ -1255,12 +1258,22 @@ def _ranges(im: Importer, recorded: Mapping[str, Array] | None) -> dict[str, tup
     return dict(sorted(out.items()))
 
 
-def _end_to_end(res: ImportResult, og: OnnxGraph, samples: list[dict[str, Array]],
-                recorded: Mapping[str, Array]) -> float:
-    """Largest |graph reference - model in float| over the outputs and the samples."""
+def _parse(doc: dict[str, Any]) -> Graph:
+    try:
+        return parse_graph(doc)
+    except GraphError as exc:
+        raise ModelError(f"the imported graph is not valid: {exc}") from None
+
+
+def _sample_pass(res: ImportResult, samples: list[dict[str, Array]],
+                 recorded: Mapping[str, Array]) -> tuple[float, dict[str, tuple[float, float]]]:
+    """The graph's numpy reference on every calibration sample: the largest |graph - model in
+    float| over the outputs, and the range of every node's values."""
     from planner.reference import reference
 
     worst = 0.0
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
     for i, feed in enumerate(samples):
         values: dict[str, Any] = dict(res.weights)
         for onnx_name, gname in res.input_map.items():
@@ -1269,4 +1282,8 @@ def _end_to_end(res: ImportResult, og: OnnxGraph, samples: list[dict[str, Array]
         for onnx_name, gname in res.output_map.items():
             want = np.asarray(recorded[onnx_name][i], dtype=np.float64).reshape(-1)
             worst = max(worst, float(np.max(np.abs(got[gname].reshape(-1) - want))))
-    return worst
+        for node in res.graph.nodes:
+            v = got[node.id]
+            lo[node.id] = min(lo.get(node.id, math.inf), float(np.min(v)))
+            hi[node.id] = max(hi.get(node.id, -math.inf), float(np.max(v)))
+    return worst, {k: (lo[k], hi[k]) for k in lo}
