@@ -377,6 +377,8 @@ def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]
             continue
         seen.add(lay_out)
         out.append(_elementwise(graph, node, lay_out, enc))
+    if not out:  # every producer layout carries periodic copies: work in the natural one
+        out.append(_elementwise(graph, node, input_layout(graph, node.id, lays[0].slots), enc))
     return out
 
 

@@ -112,6 +112,22 @@ def test_ct_ct_broadcast_priced_exactly() -> None:
     assert free.plan["summary"]["rotations"] == 0  # the client packs the copies
 
 
+def test_batched_matmul_analytic_cost_is_the_lowered_count() -> None:
+    """The batched matmul's cost (the entry's times the entries, weight plaintexts per block)
+    equals the counts of its own lowered program, for every candidate."""
+    from planner.pipeline import build_problem
+
+    S = small_params(10, 8)
+    for name in ("matmul-3d-pt", "matmul-3d-2d", "matmul-2d-3d", "matmul-3d-ctct", "matmul-2d-3d-ctct",
+                 "matmul-4d"):
+        prob = build_problem(CASES[name], S, PlanOptions(allow_insecure=True))
+        cands = prob.all_candidates["y"]
+        assert cands
+        for c in cands:
+            assert c.analytic is not None or c.params.get("output_mask")
+            assert c.cost(S.slots) == c.lowered_cost(S.slots), (name, c.label)
+
+
 def _random_graph(rng: np.random.Generator, i: int) -> Graph:
     kind = i % 6
     if kind == 0:  # broadcast, either side, weight or ct
@@ -192,6 +208,8 @@ LATTIGO_CASES = {
                            {"id": "y", "op": "add", "inputs": ["m", "r"]}], ["y"]),
     "ct-ct-bcast": G({"x": ([6, 5], "input"), "v": ([5], "input")},
                      [{"id": "y", "op": "mul", "inputs": ["x", "v"]}], ["y"]),
+    "ct-ct-bcast-row-major": G({"x": ([3, 6, 5], "input"), "v": ([3, 1, 5], "input")},
+                               [{"id": "y", "op": "sub", "inputs": ["x", "v"]}], ["y"]),
     "slice+concat": G({"x": ([4, 6], "input"), "z": ([4, 2], "input"), "w": ([4, 3], "weight")},
                       [{"id": "s", "op": "slice", "inputs": ["x"], "axis": 1, "start": 2, "stop": 5},
                        {"id": "y", "op": "concat", "inputs": ["s", "w", "z"], "axis": 1}], ["y"]),
@@ -211,8 +229,59 @@ def test_lattigo(name: str) -> None:
     from backends.runner import run_plan
 
     params = Params(log_n=12, log_q=(50,) + (40,) * 6, log_p=(50,), log_scale=40, name="test12")
-    res = plan_graph(LATTIGO_CASES[name], params, PlanOptions(allow_insecure=True))
+    # row-major inputs: the ct-ct broadcast then converts by rotations (free when packed)
+    layout = "row-major" if name.endswith("row-major") else "free"
+    res = plan_graph(LATTIGO_CASES[name], params, PlanOptions(allow_insecure=True, input_layout=layout))
+    if layout == "row-major":
+        assert res.plan["summary"]["rotations"] > 0
     check_plan(res, LATTIGO_CASES[name])
     rep = run_plan(res.plan, res.tables, "lattigo", seed=3)
     assert rep.ok, (name, rep.max_rel_error)
     assert rep.max_rel_error < 1e-4
+
+
+def test_ir_chebyshev_poly_rules() -> None:
+    """The instruction: basis and domain checked; depth ceil(log2(d + 1)), one more for a
+    domain other than [-1, 1]; the simulator's value is the Chebyshev series."""
+    from planner import ir
+    from planner.errors import PlanFileError
+
+    base = {"op": "poly", "dst": "b", "src": "a", "coeffs": [0.5, 1.0, 0.0, 0.25]}
+    unit = ir.Instr.from_json({**base, "basis": "chebyshev", "domain": [-1.0, 1.0]})
+    wide = ir.Instr.from_json({**base, "basis": "chebyshev", "domain": [-4.0, 2.0]})
+    mono = ir.Instr.from_json(base)
+    assert unit.depth({"a": 1}) == 3 and wide.depth({"a": 1}) == 4 and mono.depth({"a": 1}) == 3
+    assert "basis" not in mono.to_json() and wide.to_json()["domain"] == [-4.0, 2.0]
+    x = np.linspace(-4, 2, 7)
+    assert isinstance(wide, ir.Poly)
+    np.testing.assert_allclose(wide.evaluate(x), np.polynomial.chebyshev.chebval((2 * x + 2) / 6, base["coeffs"]))
+    for bad, field in (({"basis": "chebyshev"}, "domain"), ({"basis": "chebyshev", "domain": [1.0, 1.0]}, "domain"),
+                       ({"basis": "legendre"}, "basis"), ({"domain": [0.0, 1.0]}, "domain")):
+        with pytest.raises(PlanFileError, match=field):
+            ir.Instr.from_json({**base, **bad})
+
+
+@pytest.mark.skipif(not _lattigo_available(), reason="Lattigo extension not built (make lattigo)")
+def test_lattigo_secure_n13() -> None:
+    """The preset n13 (128-bit secure, 3 levels): graphs mixing the model ops."""
+    g1 = G({"x": ([2, 4, 8], "input"), "b": ([2, 1, 1], "weight"), "z": ([2, 4, 2], "input")},
+           [{"id": "s", "op": "slice", "inputs": ["x"], "axis": 2, "start": 1, "stop": 7},
+            {"id": "a", "op": "mul", "inputs": ["s", "b"]},
+            {"id": "p", "op": "poly", "inputs": ["a"], "coeffs": [0.0, 0.8, 0.0, -0.1], "basis": "chebyshev",
+             "domain": [-1.0, 1.0]},
+            {"id": "y", "op": "concat", "inputs": ["p", "z"], "axis": 2}], ["y"])
+    g2 = G({"x": ([3, 4, 6], "input"), "w": ([3, 6, 5], "weight"), "b": ([5], "weight")},
+           [{"id": "m", "op": "matmul", "inputs": ["x", "w"]},
+            {"id": "y", "op": "add", "inputs": ["m", "b"]}], ["y"])
+    for g in (g1, g2):
+        _run_n13(g)
+
+
+def _run_n13(g: Graph) -> None:
+    from backends.runner import run_plan
+    from planner.params import load_params
+
+    res = plan_graph(g, load_params("n13"), PlanOptions())
+    check_plan(res, g)
+    rep = run_plan(res.plan, res.tables, "lattigo", seed=5)
+    assert rep.ok and rep.max_rel_error < 1e-4, rep.max_rel_error

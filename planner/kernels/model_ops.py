@@ -191,10 +191,26 @@ def batched_matmul_candidate(graph: Graph, node: Node, inner: Candidate, slots: 
                 b.weight_blocks.update(saved)
         return outs
 
+    def analytic() -> CostVector:
+        """The entry's counts times the entries; plaintexts: the weight's per distinct block
+        read, the constant ones (masks, shared by key) once."""
+        c = inner.cost(slots)
+        b, _ = inner.dry_program(slots)
+        n_weight = sum(1 for p in b.plaintexts.values() if p.source in weight)
+        blocks = len({int(entry_of[w][e]) for w in weight for e in range(n_entries)}) if weight else 1
+        return CostVector(
+            rotations=c.rotations * n_entries, rot_keys=c.rot_keys,
+            hoisted_groups=c.hoisted_groups * n_entries, hoisted_rotations=c.hoisted_rotations * n_entries,
+            pmul=c.pmul * n_entries, cmul=c.cmul * n_entries, add=c.add * n_entries,
+            rescale=c.rescale * n_entries, poly=c.poly * n_entries, depth=c.depth,
+            plaintexts=c.plaintexts - n_weight + n_weight * blocks,
+            ciphertexts_out=c.ciphertexts_out * n_entries, slot_utilization=c.slot_utilization,
+        )
+
     return Candidate(
         node=node.id, kernel=inner.kernel, params={**inner.params, "batch": list(batch)},
         in_layouts=in_layouts, out_layout=out_layout, lower=lower, slot_utilization=inner.slot_utilization,
-        note=inner.note,
+        note=inner.note, analytic=analytic,
     )
 
 
