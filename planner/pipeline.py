@@ -707,6 +707,49 @@ def plan_graph(
     return PlanResult(plan, tables, sol, problem, seconds, claims)
 
 
+def auto_params(graph: Graph, options: PlanOptions | None = None) -> Params:
+    """``--params auto``: the smallest secure preset whose levels fit the graph without
+    bootstrapping (n13, n14, n15, n16 in this order), else ``n16boot``.  A preset is skipped
+    at once when even the shallowest option of some node is too deep (a lower bound from
+    the choice model), else the solver decides whether an assignment fits."""
+    from planner.params import PRESETS, SECURE_PRESETS_BY_SIZE
+
+    options = options or PlanOptions()
+    for name in SECURE_PRESETS_BY_SIZE:
+        params = PRESETS[name]
+        try:
+            with progress.stage(f"auto: {name}"):
+                problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
+                if min_depth(problem.model) > params.max_level:
+                    continue
+                solve_problem(problem)
+        except PlanTimeout:
+            raise
+        except SlotplanError:
+            continue  # does not fit this preset (depth, slots): try the next one
+        return params
+    return PRESETS["n16boot"]
+
+
+def min_depth(model: ChoiceModel) -> int:
+    """A lower bound on the depth of every assignment without bootstraps: per option the
+    shallowest way its operands can arrive (ignoring that readers of one value share its
+    option)."""
+    inc = model.incoming()
+    best: dict[str, list[int]] = {}
+    big = 1 << 30
+    for g in model.groups:
+        row = []
+        for o in range(len(g.costs)):
+            d = 0
+            for e in inc.get(g.name, []):
+                arr = [best[e.src][a] + e.depth(a, o) for a in range(len(best[e.src])) if e.costs[a][o] is not None]
+                d = max(d, min(arr, default=big))
+            row.append(d + g.depth(o))
+        best[g.name] = row
+    return max((min(r) for r in best.values()), default=0)
+
+
 def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
     names: list[str] = []
     for ins in plan["program"]:
