@@ -117,3 +117,39 @@ def test_onnx_is_model_not_graph() -> None:
     from api.commands_import import is_onnx
 
     assert is_onnx(Path("a/b.ONNX")) and not is_onnx(Path("g.json"))
+
+
+def _evaluate(model_path: Path, x: np.ndarray) -> np.ndarray:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx.load(str(model_path))
+    name = model.graph.input[0].name
+    return np.asarray(ReferenceEvaluator(model).run(None, {name: x})[0], dtype=np.float64)
+
+
+@pytest.mark.parametrize("activation", ["square", "Relu"])
+def test_import_plan_run_on_user_data(tmp_path: Path, cli: Cli, activation: str) -> None:
+    """import -> plan --params auto -> run --inputs/--weights/--out in the simulator: the
+    decrypted output against onnx's evaluator, exact for x*x, within the import's measured
+    end-to-end error for ReLU."""
+    model = M.save(M.mlp(activation, sizes=(16, 8, 4), seed=2), tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    calib = tmp_path / "c.npz"
+    np.savez(calib, input=rng.normal(size=(32, 16)).astype(np.float32))
+    graph, weights, plan, tables = (tmp_path / n for n in ("g.json", "w.npz", "p.json", "t.npz"))
+    code, out, err = cli("import", model, "-o", graph, "--weights-out", weights, "--calibrate", calib, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    code, _, err = cli("plan", graph, "--params", "auto", "-o", plan, "--tables", tables)
+    assert code == 0, err
+    x = rng.normal(size=(1, 16)).astype(np.float32)
+    xs, ys = tmp_path / "x.npz", tmp_path / "y.npz"
+    np.savez(xs, input=x)
+    code, out, err = cli("run", plan, "--tables", tables, "--inputs", xs, "--weights", weights, "--out", ys)
+    assert code == 0, err
+    with np.load(ys) as z:
+        y = z["logits"].reshape(-1)
+    want = _evaluate(model, x).reshape(-1)
+    bound = 1e-6 if activation == "square" else 2 * report["end_to_end_error"] + 1e-6
+    assert np.max(np.abs(y - want)) <= bound
