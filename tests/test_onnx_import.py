@@ -480,3 +480,34 @@ def test_scalar_affine_folds_into_the_chebyshev_domain(tmp_path: Path) -> None:
     assert row.measured == pytest.approx((calib["x"].min(), calib["x"].max()))
     err, _ = _compare(model, res, {"x": calib["x"][2:3]})
     assert err <= row.max_error + 1e-12
+
+
+def _m(op: str, shape: list[int | str], *extra: Any, opset: int = M.OPSET, **attrs: Any) -> onnx.ModelProto:
+    b = M.Builder()
+    inputs = ["x", *[e(b) if callable(e) else e for e in extra]]
+    b.op(op, inputs, out="y", **attrs)
+    return b.model({"x": shape}, {"y": None}, opset=opset)
+
+
+REFUSALS: list[tuple[str, Any, tuple[str, ...]]] = [
+    ("conv1d", lambda: _m("Conv", [1, 1, 8], lambda b: b.rand("w", (2, 1, 3))), ("(Conv)", "2-D convolutions")),
+    ("pad", lambda: _m("Pad", [1, 4], lambda b: b.ints("p", [0, 1, 0, 1])), ("(Pad)", "hint: use the pads")),
+    ("gather", lambda: _m("Gather", [1, 4], lambda b: b.ints("i", [0]), axis=1), ("(Gather)", "hint: use Slice")),
+    ("matmul-rank5", lambda: _m("MatMul", [1, 2, 2, 2, 4], lambda b: b.rand("w", (2, 2, 2, 4, 3))),
+     ("(MatMul)", "rank 2..4")),
+    ("softmax-opset11", lambda: _m("Softmax", [1, 3, 4], opset=11, axis=1), ("(Softmax)", "opset >= 13")),
+    ("div-by-zero", lambda: _m("Div", [1, 4], lambda b: b.init("z", np.zeros(4))), ("(Div)", "zeros")),
+    ("layernorm-axes", lambda: _m("LayerNormalization", [1, 3, 4], lambda b: b.init("g", np.ones((3, 4))), axis=1),
+     ("(LayerNormalization)", "last axis")),
+    ("concat-batch", lambda: _m("Concat", [1, 4], "x", axis=0), ("(Concat)", "batch dimension")),
+    ("avgpool-ceil", lambda: _m("AveragePool", [1, 1, 5, 5], kernel_shape=[2, 2], ceil_mode=1), ("ceil_mode",)),
+    ("reduce-batch", lambda: _m("ReduceSum", [1, 3, 4], keepdims=0), ("(ReduceSum)", "batch dimension")),
+    ("rank7", lambda: _m("Mul", [1, 2, 2, 2, 2, 2, 2, 2], "x"), ("MAX_RANK",)),
+    ("cast-to-int", lambda: _m("Cast", [1, 4], to=TensorProto.INT64), ("(Cast)", "non-float")),
+]
+
+
+@pytest.mark.parametrize("name", [r[0] for r in REFUSALS])
+def test_more_refusals(tmp_path: Path, name: str) -> None:
+    _, build, needles = next(r for r in REFUSALS if r[0] == name)
+    _refused(tmp_path, build(), *needles)

@@ -68,6 +68,12 @@ HINTS = {
     "Upsample": "use a transposed convolution or reshape",
     "ConvTranspose": "use Conv",
     "Abs": "use x*x or a polynomial activation",
+    "Pad": "use the pads attribute of Conv / AveragePool",
+    "Gather": "use Slice (a constant index on an encrypted value)",
+    "Expand": "let Add/Mul broadcast instead",
+    "Where": "use a polynomial (a select is not one)",
+    "Max": "use a polynomial activation (a max is not a polynomial)",
+    "Min": "use a polynomial activation (a min is not a polynomial)",
 }
 
 
@@ -416,7 +422,8 @@ def _gaxis(im: Importer, d: Dyn, axis: int) -> int:
     axis = _axis(im, axis, len(d.shape))
     drop = len(d.shape) - len(d.gshape)
     if axis < drop:
-        raise im.fail(f"axis {axis} is the batch dimension (of size 1)", hint="reduce over feature axes")
+        raise im.fail(f"axis {axis} is the batch dimension (one sample of size 1)",
+                      hint="operate on the feature axes (the graph holds one sample)")
     return axis - drop
 
 
