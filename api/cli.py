@@ -46,18 +46,22 @@ def plan(
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="add 'explain' to the plan: per node the runner-up kernel, its cost and why it lost; print it")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal (off with --json unless given)")] = False,
+    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="MODEL.onnx only: calibration samples .npz (see slotplan import)")] = None,
+    degree: Annotated[int | None, typer.Option("--degree", help="MODEL.onnx only: degree of the activation polynomials")] = None,
+    max_error: Annotated[float | None, typer.Option("--max-error", help="MODEL.onnx only: choose each activation's degree for this error")] = None,
+    weights_out: Annotated[Path | None, typer.Option("--weights-out", help="MODEL.onnx only: write the imported weights (.npz)")] = None,
+    graph_out: Annotated[Path | None, typer.Option("--graph-out", help="MODEL.onnx only: write the imported graph (JSON)")] = None,
 ) -> None:
-    """Plan one graph."""
+    """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
 
     from api.progress import shown, wanted
-    from planner.graph import load_graph
     from planner.params import AUTO, load_params
     from planner.pipeline import auto_params, plan_graph
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
-        g = load_graph(graph)
+        g = _graph_or_model(graph, calibrate, degree, max_error, weights_out, graph_out)
         p = load_params(params) if params != AUTO else None
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
@@ -133,6 +137,21 @@ def plan(
         from api.show import explain_lines
 
         out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
+
+
+def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
+                    weights_out: Path | None, graph_out: Path | None) -> Any:
+    """``plan``'s graph: a graph file, or an ONNX model imported (its report on stderr)."""
+    from api.commands_import import import_for_plan, is_onnx
+    from planner.graph import load_graph
+
+    if is_onnx(path):
+        return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err)
+    given = [n for n, v in (("--calibrate", calibrate), ("--degree", degree), ("--max-error", max_error),
+                            ("--weights-out", weights_out), ("--graph-out", graph_out)) if v is not None]
+    if given:
+        raise SlotplanError(f"{', '.join(given)}: only for an ONNX model (MODEL.onnx), not a graph file")
+    return load_graph(path)
 
 
 @app.command()
@@ -290,7 +309,7 @@ def _register_extensions() -> None:
     """Commands that live in their own modules (batch, diff, serve, show, calibrate, ...)."""
     import importlib
 
-    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo"):
+    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
