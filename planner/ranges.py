@@ -24,9 +24,11 @@ before trusting the result.
 Rules (each sound for every value in the operands' intervals): ``matvec``/``matmul``:
 ``k * max|W| * max|x|`` for an inner dimension ``k``; ``conv2d``: ``(C/groups) * K1 * K2 *
 max|w| * max|x|``; ``add``/``sub``/``mul``: interval sum, difference and product;
-``poly``: the exact range of the polynomial over the interval (end points and real
-critical points); ``sum`` over an axis of length n: ``n`` times the interval;
-``transpose``/``reshape``: unchanged.
+``poly``: the exact range of the polynomial over the interval, in its own basis (end
+points and real critical points); ``sum`` over an axis of length n: ``n`` times the
+interval (``keepdims`` alike); ``transpose``/``reshape``/``slice``: unchanged; ``concat``:
+the union of the operands' intervals. Broadcasting ``add``/``sub``/``mul`` follow the
+interval rules unchanged (a broadcast repeats values, it creates none).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 
 from planner.errors import SlotplanError, ValuesError
 from planner.graph import Graph, Node
+from planner.reference import poly_node_range
 
 __all__ = [
     "DEFAULT_WEIGHT_RANGE",
@@ -62,25 +65,12 @@ def _sym(b: float) -> Interval:
     return (-b, b)
 
 
-def _poly_range(coeffs: tuple[float, ...], iv: Interval) -> Interval:
-    lo, hi = iv
-    p = np.polynomial.Polynomial(coeffs)
-    pts = [lo, hi]
-    if len(coeffs) > 2:
-        for r in np.asarray(p.deriv().roots(), dtype=np.complex128).tolist():
-            re, im = float(r.real), float(r.imag)
-            if abs(im) <= 1e-12 * max(1.0, abs(re)) and lo <= re <= hi:
-                pts.append(re)
-    vals = [float(p(x)) for x in pts]
-    # a relative margin covers the rounding of the critical points
-    span = max(abs(v) for v in vals)
-    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
-
-
 def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
     op = node.op
-    if op in ("transpose", "reshape"):
+    if op in ("transpose", "reshape", "slice"):
         return ops[0]
+    if op == "concat":
+        return (min(iv[0] for iv in ops), max(iv[1] for iv in ops))
     if op == "add":
         return (ops[0][0] + ops[1][0], ops[0][1] + ops[1][1])
     if op == "sub":
@@ -89,8 +79,7 @@ def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
         ends = [a * b for a in ops[0] for b in ops[1]]
         return (min(ends), max(ends))
     if op == "poly":
-        assert node.coeffs is not None
-        return _poly_range(tuple(float(c) for c in node.coeffs), ops[0])
+        return poly_node_range(node, ops[0][0], ops[0][1])
     if op == "sum":
         assert node.axis is not None
         n = graph.shape(node.inputs[0])[node.axis]
