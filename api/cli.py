@@ -170,6 +170,7 @@ def run(
     """Execute a plan on seeded random data (or the user's --inputs/--weights) and compare
     with the numpy reference."""
     from api.progress import shown, step, wanted
+    from backends.lattigo_backend import LattigoError
     from backends.runner import run_plan
     from planner.graph import parse_graph
     from planner.io import user_values, write_arrays
@@ -193,6 +194,8 @@ def run(
             write_arrays(out_file, rep.outputs)
     except SlotplanError as e:
         raise _fail(e) from None
+    except LattigoError as e:  # the backend failed on a valid plan: one line, exit 1
+        raise ExitError(f"lattigo: {e}", 1) from None
     if as_json:
         out.print_json(json.dumps(rep.to_json()))
     else:

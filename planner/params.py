@@ -271,7 +271,9 @@ class Params:
     def _key_level(self, level: int | None) -> int:
         top = self.key_max_level
         if level is None:
-            return top
+            # a plan's own keys are generated at the plan's top level (the executor does so
+            # on the bootstrapping chain too: level 9, a fifth of a level-24 key)
+            return self.max_level
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= top:
             raise ParamsError(f"key level must be an integer in 0..{top}, got {level!r}", field="level")
         return level
@@ -291,9 +293,10 @@ class Params:
         return (self._level(level) + 1) * self.n * WORD_BYTES
 
     def rotation_key_bytes(self, level: int | None = None) -> int:
-        """Bytes of one Galois (rotation) key generated at ``level`` (default: the top of
-        the key chain: ``max_level``, or the bootstrapping chain's top level 24 for a
-        bootstrapping preset); such a key serves ciphertexts at levels <= ``level``. For a
+        """Bytes of one Galois (rotation) key generated at ``level`` (default: ``max_level``,
+        the level a plan's own keys are generated at; up to ``key_max_level``, the
+        bootstrapping chain's top level 24 for a bootstrapping preset, where the block's
+        keys live); such a key serves ciphertexts at levels <= ``level``. For a
         bootstrapping preset the key lives on the bootstrapping chain (its own P primes)."""
         lv = self._key_level(level)
         return self.dnum(lv) * 2 * (lv + 1 + self.key_p_primes) * self.n * WORD_BYTES + KEY_OVERHEAD_BYTES
