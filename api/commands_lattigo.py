@@ -127,7 +127,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
     cols = [
         "workload", "ours kernel", "ours s", "rot", "keys", "err",
         "fhelipe s", "rot", "keys", "err",
-        "lintrans s (best r)", "rot b+g", "keys", "err",
+        "lintrans s (best)", "rot b+g(+f)", "keys", "err",
         "lintrans/ours", "fhelipe/ours",
     ]
     for c in cols:
@@ -138,8 +138,11 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
         lt = r.get("lintrans")
         lt_cells = _cells(lt)
         if lt and lt.get("status") == "ok":
-            lt_cells[0] += f" (r={lt['log_bsgs_ratio']})"  # the fastest LogBSGSRatio of the sweep
+            # the fastest variant of the sweep: embedding (square / hybrid) and LogBSGSRatio
+            lt_cells[0] += f" ({'h' if lt.get('embedding') == 'hybrid' else 'sq'} r={lt['log_bsgs_ratio']})"
             lt_cells[1] = f"{lt['baby_rotations']}+{lt['giant_rotations']}"
+            if lt.get("fold_rotations"):
+                lt_cells[1] += f"+{lt['fold_rotations']}"
         t.add_row(
             escape(r["workload"]), escape(kern), *_cells(ours), *_cells(r.get("fhelipe")), *lt_cells,
             _ratio(r.get("lintrans_over_ours")), _ratio(r.get("fhelipe_over_ours")),
