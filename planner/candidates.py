@@ -14,6 +14,7 @@ from planner.kernels.base import Candidate
 from planner.kernels.ctct import jkls_candidates
 from planner.kernels.diagonal import DiagonalKernel
 from planner.kernels.fhelipe import FhelipeMatvec
+from planner.kernels.hybrid import hybrid_candidates
 from planner.kernels.imra import ImraKernel
 from planner.kernels.problem import (
     ChannelProblem,
@@ -124,10 +125,16 @@ def _fhelipe_candidates(prob: ChannelProblem, node: Node, free_input: bool, out:
         out.append(FhelipeMatvec(prob).candidate(node.id))
 
 
+def _hybrid_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    if prob.op == "matvec":
+        out.extend(hybrid_candidates(prob, node.id, free_input))
+
+
 _family("imra", "linear", _imra_candidates)
 _family("bsgs", "linear", _diagonal_candidates("bsgs"))
 _family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
 _family("fhelipe", "linear", _fhelipe_candidates)
+_family("hybrid", "linear", _hybrid_candidates)
 _family("elementwise", "elementwise")
 _family("ct-ct-diagonal", "ct-ct")
 _family("ct-ct-jkls", "ct-ct")

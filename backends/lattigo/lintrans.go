@@ -106,6 +106,8 @@ type lintransStats struct {
 	RescaleSeconds  float64   `json:"rescale_seconds"`
 	EvalSeconds     float64   `json:"eval_seconds"`
 	EvalSecondsRuns []float64 `json:"eval_seconds_runs"`
+	CPUSeconds      float64   `json:"cpu_seconds"`
+	CPUSecondsRuns  []float64 `json:"cpu_seconds_runs"`
 	TotalSeconds    float64   `json:"total_seconds"`
 }
 
@@ -288,13 +290,14 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 
 	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(nil, gks...))
 	ltEval := lintrans.NewEvaluator(eval)
-	type run struct{ evaluate, rescale, fold float64 }
+	type run struct{ evaluate, rescale, fold, cpu float64 }
 	runs := make([]run, 0, opt.Repeat)
 	var res *rlwe.Ciphertext
 	for r := 0; r < opt.Repeat; r++ {
 		out := ckks.NewCiphertext(params, 1, level)
 		resc := ckks.NewCiphertext(params, 1, level-1)
 		t = time.Now()
+		cpu0 := cpuSeconds()
 		if err = ltEval.Evaluate(ct, lt, out); err != nil {
 			return "", fmt.Errorf("lintrans Evaluate: %w", err)
 		}
@@ -315,7 +318,8 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 				return "", err
 			}
 		}
-		runs = append(runs, run{ev, rs, time.Since(t).Seconds()})
+		runs = append(runs, run{ev, rs, time.Since(t).Seconds(), cpuSeconds() - cpu0})
+		st.CPUSecondsRuns = append(st.CPUSecondsRuns, runs[r].cpu)
 		st.EvalSecondsRuns = append(st.EvalSecondsRuns, ev+rs+runs[r].fold)
 		res = resc
 	}
@@ -323,6 +327,7 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	sort.Slice(runs, func(a, b int) bool { return total(runs[a]) < total(runs[b]) })
 	m := runs[(len(runs)-1)/2]
 	st.EvaluateSeconds, st.RescaleSeconds, st.FoldSeconds, st.EvalSeconds = m.evaluate, m.rescale, m.fold, total(m)
+	st.CPUSeconds = m.cpu
 
 	t = time.Now()
 	ys := make([]float64, d)
