@@ -136,6 +136,13 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "poly": _ms(float(once["poly3"]["median"])) if "poly3" in once else 0.0,
         "depth": 0.0,
     }
+    if "block_product" in t:  # the Lattigo executor's fused blocks (backends/lattigo/fused.go)
+        weights |= {
+            "block": _ms(med(top, "block_fixed")),
+            "block_baby": _ms(med(top, "block_baby")),
+            "block_giant": _ms(med(top, "block_giant")),
+            "block_product": _ms(med(top, "block_product")),
+        }
     per_level_ms = {
         lv: {op: _ms(v["median"]) for op, v in sorted(ops.items())}
         | {"hoisted_rotation_extra": _ms(extra(lv))}
@@ -160,6 +167,7 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
     measurements: dict[str, Any] = {
         "unit": "millisecond",
         "statistic": f"median of {raw['repeat']} timed runs after one warm-up",
+        "clock": raw.get("clock", "wall"),
         "repeat": raw["repeat"],
         "hoist_batch": b,
         "levels": raw["levels"],

@@ -244,8 +244,17 @@ def run_plan_bench(
             raise LattigoError(f"output {t!r} is not fully written by the plan")
         a, r = _rel_error(outs[t], ref[t])
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+    model = modelled_seconds(plan, params)
     row.update(
         status="ok",
+        modelled_seconds=model,
+        model_over_eval=round(model / st["eval_seconds"], 3) if model and st["eval_seconds"] else None,
+        model_over_cpu=round(model / st["cpu_seconds"], 3) if model and st.get("cpu_seconds") else None,
+        cpu_seconds=st.get("cpu_seconds"),
+        cpu_seconds_runs=st.get("cpu_seconds_runs"),
+        prepare_seconds=st.get("prepare_seconds"),
+        fused_blocks=st.get("fused_blocks"),
+        workers=st.get("workers"),
         eval_seconds=st["eval_seconds"],
         eval_seconds_runs=st["eval_seconds_runs"],
         encode_seconds=st["encode_seconds"],
@@ -275,6 +284,26 @@ def run_plan_bench(
             "key_write_seconds": round(float(st.get("key_write_seconds", 0.0)), 3),
         }
     return row
+
+
+def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
+    """The plan's time under its calibrated cost table (the one ``--objective time`` used;
+    the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
+    None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
+    executor fuses them (``planner.fusion``)."""
+    from planner.costs import COST_TABLES, load_costs
+    from planner.kernels.base import count_program
+
+    name = str((plan.get("options") or {}).get("costs") or "default")
+    table = load_costs(name)
+    if not table.is_time:
+        alt = f"{params.name}-lattigo"
+        if alt not in COST_TABLES:
+            return None
+        table = load_costs(alt)
+    cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
+    scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
+    return round(table.score(cv) * scale, 6)
 
 
 def lintrans_matvec(
@@ -354,6 +383,8 @@ def run_lintrans(
         "status": "ok",
         "eval_seconds": st["eval_seconds"],
         "eval_seconds_runs": st["eval_seconds_runs"],
+        "cpu_seconds": st.get("cpu_seconds"),
+        "cpu_seconds_runs": st.get("cpu_seconds_runs"),
         "evaluate_seconds": st["evaluate_seconds"],
         "rescale_seconds": st["rescale_seconds"],
         "encode_seconds": st["encode_seconds"],
@@ -393,12 +424,12 @@ def best_variant(variants: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any]:
     return min(ok, key=lambda v: (float(v["eval_seconds"]), int(v["log_bsgs_ratio"]), str(v.get("embedding"))))
 
 
-def _ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
+def _ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, key: str = "eval_seconds") -> float | None:
     if not a or not b or a.get("status") != "ok" or b.get("status") != "ok":
         return None
-    if not b["eval_seconds"]:
+    if not a.get(key) or not b.get(key):
         return None
-    return round(float(a["eval_seconds"]) / float(b["eval_seconds"]), 3)
+    return round(float(a[key]) / float(b[key]), 3)
 
 
 def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -477,6 +508,7 @@ def bench(
             if len(embeddings) > 1:
                 row["lintrans_square"] = best_variant({key: v for key, v in variants.items() if key[0] == "square"})
         row["lintrans_over_ours"] = _ratio(row.get("lintrans"), row.get("ours"))
+        row["lintrans_over_ours_cpu"] = _ratio(row.get("lintrans"), row.get("ours"), "cpu_seconds")
         if "lintrans_square" in row:
             row["lintrans_square_over_ours"] = _ratio(row.get("lintrans_square"), row.get("ours"))
         row["fhelipe_over_ours"] = _ratio(row.get("fhelipe"), row.get("ours"))

@@ -322,8 +322,7 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
         outs = []
         for q in range(lay.n_ct):
             if op == "poly":
-                coeffs = node.coeffs or (0.0,)
-                outs.append(b.poly(regs[a][q], coeffs, poly_depth(coeffs)))
+                outs.append(lower_poly(b, regs[a][q], tuple(node.coeffs or (0.0,)), lay.slots))
                 continue
             assert b_ is not None
             ea, eb = graph.encrypted(a), graph.encrypted(b_)
@@ -354,6 +353,22 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
         node=node.id, kernel="elementwise", params={"op": op}, in_layouts=in_layouts,
         out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
     )
+
+
+def lower_poly(b: ProgramBuilder, r: str, coeffs: tuple[float, ...], slots: int) -> str:
+    """An element-wise polynomial at its fewest levels: ``x^2 + c0`` (Orion's and CryptoNets'
+    square activation) is ``cmul(x, x)`` (one level, where a ``poly`` of degree 2 takes
+    ceil(log2 3) = 2), plus a constant ``padd`` when c0 != 0; every other polynomial is one
+    ``poly`` instruction (ceil(log2(d + 1)) levels)."""
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    if deg == 2 and coeffs[1] == 0.0 and coeffs[2] == 1.0:
+        sq = b.rescale(b.cmul(r, r))
+        c0 = float(coeffs[0])
+        if c0 == 0.0:
+            return sq
+        pt = b.const_plaintext(("const", slots, c0), f"pt/const/{c0!r}", lambda: np.full(slots, c0))
+        return b.padd(sq, pt)
+    return b.poly(r, coeffs, poly_depth(coeffs))
 
 
 def input_layout(graph: Graph, tensor: str, slots: int) -> Any:

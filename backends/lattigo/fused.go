@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"syscall"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
@@ -236,10 +235,14 @@ type ptCache struct {
 	bytes   int64
 	seconds float64 // encoding time spent so far
 	limit   int64   // > 0: encode without caching above this many bytes
+	// baby rotations released by finished blocks, by level, reused by later blocks and
+	// evaluations (no allocation per block)
+	pool map[int][]*rlwe.Element[ringqp.Poly]
 }
 
 func newPtCache(limit int64) *ptCache {
-	return &ptCache{q: map[ptKey]*rlwe.Plaintext{}, qp: map[ptKey]ringqp.Poly{}, limit: limit}
+	return &ptCache{q: map[ptKey]*rlwe.Plaintext{}, qp: map[ptKey]ringqp.Poly{}, limit: limit,
+		pool: map[int][]*rlwe.Element[ringqp.Poly]{}}
 }
 
 func (c *ptCache) keep(n int64) bool {
@@ -349,12 +352,18 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 	}
 	sort.Ints(todo)
 	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	pool := e.cache.pool[levelQ]
 	for _, b := range todo {
 		if err := e.rotationKey(b, ct); err != nil {
 			return nil, err
 		}
-		bc.rot[b] = rlwe.NewElementExtended(e.params, 1, levelQ, levelP)
+		if n := len(pool); n > 0 {
+			bc.rot[b], pool = pool[n-1], pool[:n-1]
+		} else {
+			bc.rot[b] = rlwe.NewElementExtended(e.params, 1, levelQ, levelP)
+		}
 	}
+	e.cache.pool[levelQ] = pool
 	if e.decomp == nil {
 		rqp := e.params.RingQP()
 		n := e.params.BaseRNSDecompositionVectorSize(e.params.MaxLevel(), e.params.MaxLevelP())
@@ -562,17 +571,17 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	bc.remain--
 	if bc.remain <= 0 {
 		delete(e.babies, f.base)
+		for _, el := range bc.rot {
+			if el != nil {
+				e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
+			}
+		}
 	}
 	e.fusedEvalSec += nowSeconds() - tEval
 	return out, nil
 }
 
-// cpuSeconds is the process's user + system CPU time (all threads): next to wall time it
-// shows how much of a loaded machine a timed section got.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
-}
+// cpuSeconds is the process's CPU time (all threads; clock_gettime
+// CLOCK_PROCESS_CPUTIME_ID): next to wall time it shows how much of a loaded machine a
+// timed section got.
+func cpuSeconds() float64 { return clockSeconds(2) }
