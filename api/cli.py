@@ -41,6 +41,7 @@ def plan(
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
+    objective: Annotated[str | None, typer.Option("--objective", help="time (modelled seconds of the preset's calibrated table data/costs/<preset>-lattigo.json; the default where one exists) | rotations (the minimum-rotation plan)")] = None,
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
     clean_outputs: Annotated[bool, typer.Option("--clean-outputs/--raw-outputs", help="outputs hold zeros outside their tensor (default; a mask where a kernel leaves partial sums of the weights) | leave what the kernel leaves (the client may see linear combinations of the weights)")] = True,
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
@@ -75,6 +76,7 @@ def plan(
             costs=costs,
             clean_outputs=clean_outputs,
             allow_insecure=allow_insecure,
+            objective=objective,  # type: ignore[arg-type]
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):

@@ -14,6 +14,7 @@ from planner.kernels.base import Candidate
 from planner.kernels.ctct import jkls_candidates
 from planner.kernels.diagonal import DiagonalKernel
 from planner.kernels.fhelipe import FhelipeMatvec
+from planner.kernels.hybrid import hybrid_candidates
 from planner.kernels.imra import ImraKernel
 from planner.kernels.model_ops import (
     batched_matmul_candidate,
@@ -140,10 +141,16 @@ def _fhelipe_candidates(prob: ChannelProblem, node: Node, free_input: bool, out:
         out.append(FhelipeMatvec(prob).candidate(node.id))
 
 
+def _hybrid_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    if prob.op == "matvec":
+        out.extend(hybrid_candidates(prob, node.id, free_input))
+
+
 _family("imra", "linear", _imra_candidates)
 _family("bsgs", "linear", _diagonal_candidates("bsgs"))
 _family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
 _family("fhelipe", "linear", _fhelipe_candidates)
+_family("hybrid", "linear", _hybrid_candidates)
 _family("elementwise", "elementwise")
 _family("ct-ct-diagonal", "ct-ct")
 _family("ct-ct-jkls", "ct-ct")
@@ -475,12 +482,12 @@ def lower_poly(b: ProgramBuilder, node: Node, r: str) -> str:
     """A poly node on one ciphertext: a monomial poly, or a Chebyshev series as the change
     of variable (a pmul by s and a padd of c, over all slots; none for [-1, 1]) followed by
     a Chebyshev poly over [-1, 1] (the instruction whose depth is ceil(log2(d + 1)))."""
-    coeffs = node.coeffs or (0.0,)
+    coeffs = tuple(node.coeffs or (0.0,))
     if node.basis != "chebyshev":
-        return b.poly(r, coeffs, poly_depth(coeffs))
+        return lower_monomial(b, r, coeffs, b.slots)
     mono = chebyshev_as_monomial(node)
     if mono is not None:
-        return b.poly(r, mono, poly_depth(mono))
+        return lower_monomial(b, r, tuple(mono), b.slots)
     assert node.domain is not None
     if tuple(node.domain) != (-1.0, 1.0) and poly_depth(coeffs) > 0:
         s, c = chebyshev_map(node.domain)
@@ -554,6 +561,22 @@ def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidat
         node=node.id, kernel="elementwise", params=params, in_layouts=in_layouts,
         out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
     )
+
+
+def lower_monomial(b: ProgramBuilder, r: str, coeffs: tuple[float, ...], slots: int) -> str:
+    """An element-wise polynomial at its fewest levels: ``x^2 + c0`` (Orion's and CryptoNets'
+    square activation) is ``cmul(x, x)`` (one level, where a ``poly`` of degree 2 takes
+    ceil(log2 3) = 2), plus a constant ``padd`` when c0 != 0; every other polynomial is one
+    ``poly`` instruction (ceil(log2(d + 1)) levels)."""
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    if deg == 2 and coeffs[1] == 0.0 and coeffs[2] == 1.0:
+        sq = b.rescale(b.cmul(r, r))
+        c0 = float(coeffs[0])
+        if c0 == 0.0:
+            return sq
+        pt = b.const_plaintext(("const", slots, c0), f"pt/const/{c0!r}", lambda: np.full(slots, c0))
+        return b.padd(sq, pt)
+    return b.poly(r, coeffs, poly_depth(coeffs))
 
 
 def input_layout(graph: Graph, tensor: str, slots: int) -> Any:

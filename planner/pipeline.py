@@ -33,7 +33,7 @@ from planner.candidates import (
     with_clean_output,
 )
 from planner.convert import plan_conversion
-from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
+from planner.costs import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
 from planner.graph import Graph, Node
 from planner.ir import PLAN_SCHEMA
@@ -69,6 +69,11 @@ class PlanOptionsLiteral(BaseModel):
     input_layout: Literal["free", "row-major"] = "free"
     input_layouts: dict[str, str] | None = None
     costs: str = "default"
+    # what the solver minimises: "time" (modelled seconds of the calibrated table
+    # data/costs/<preset>-lattigo.json) or "rotations" (the default table, rotations first);
+    # unset: time where the preset has a calibrated table, else rotations. An explicit
+    # non-default --costs table wins.
+    objective: Literal["time", "rotations"] | None = None
     # graph outputs hold zeros outside their tensor (a mask where the kernel leaves
     # partial sums): what the client decrypts is the output and nothing of the weights
     clean_outputs: bool = True
@@ -86,6 +91,7 @@ class PlanOptions:
     costs: str = "default"
     clean_outputs: bool = True
     allow_insecure: bool = False
+    objective: str | None = None
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -100,7 +106,7 @@ class PlanOptions:
             kernels=kernels, input_layout=lit.input_layout,
             input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
             clean_outputs=lit.clean_outputs,
-            allow_insecure=lit.allow_insecure,
+            allow_insecure=lit.allow_insecure, objective=lit.objective,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +122,28 @@ class PlanOptions:
         }
         if self.allow_insecure:  # only when given: existing plans stay byte-identical
             out["allow_insecure"] = True
+        if self.objective is not None:
+            out["objective"] = self.objective
         return out
+
+
+def resolve_objective(options: PlanOptions, params: Params) -> PlanOptions:
+    """The options with the objective made explicit: ``costs`` the table the solver uses,
+    ``objective`` "time" (a calibrated table, modelled milliseconds) or "rotations"."""
+    if options.costs != "default":
+        return replace(options, objective="time" if load_costs(options.costs).is_time else "rotations")
+    if options.objective == "rotations":
+        return options
+    name = f"{params.name}-lattigo"
+    if name in COST_TABLES and load_costs(name).is_time:
+        return replace(options, costs=name, objective="time")
+    if options.objective == "time":
+        raise PlanError(
+            f"--objective time needs a calibrated cost table for params {params.name!r} "
+            f"(data/costs/{name}.json): run `slotplan calibrate --params {params.name}`, "
+            "or plan with --objective rotations"
+        )
+    return replace(options, objective="rotations")
 
 
 @dataclass
@@ -171,6 +198,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     """Candidates of every node, layout options of every encrypted input, conversion
     costs between them: the choice model the solver picks from."""
     S = params.slots
+    options = resolve_objective(options, params)
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)

@@ -152,6 +152,9 @@ type stats struct {
 	RelinKeyBytes       int                `json:"relin_key_bytes"`
 	PeakCiphertextBytes int64              `json:"peak_ciphertext_bytes"`
 	SkippedRescales     int                `json:"skipped_rescales"`
+	FusedBlocks         int                `json:"fused_blocks"`
+	FusedProducts       int                `json:"fused_products"`
+	Workers             int                `json:"workers"`
 	MaxScaleFix         float64            `json:"max_scale_fix"`
 	KeygenSeconds       float64            `json:"keygen_seconds"`
 	KeyWriteSeconds     float64            `json:"key_write_seconds"`

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils/bignum"
 )
@@ -73,9 +75,30 @@ type executor struct {
 	st        *stats
 
 	rescaleSec float64 // auto-rescale time inside the current instruction
+	encodeSec  float64 // plaintext encoding time inside the current instruction
+	cur        int     // index of the instruction being executed
 	nInput     int
 	nOutput    int
+
+	// fused linear blocks (fused.go) and the plaintext cache
+	cache        *ptCache
+	fusion       *fusionPlan
+	babies       map[string]*babyCache
+	workers      []*fusedWorker
+	nWorkers     int
+	decomp       []ringqp.Poly
+	fusedEvalSec float64
 }
+
+// executorOptions: fuse linear blocks (default on), workers for fused blocks (0: GOMAXPROCS),
+// a shared plaintext cache (nil: a fresh one per executor).
+type executorOptions struct {
+	NoFuse  bool
+	Workers int
+	Cache   *ptCache
+}
+
+func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // clientIO is how the evaluation side reaches the client: it asks for the n-th input
 // ciphertext and hands over the n-th output ciphertext.
@@ -84,8 +107,12 @@ type clientIO interface {
 	output(n int, ct *rlwe.Ciphertext) error
 }
 
-func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats) *executor {
+func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats, opts ...executorOptions) *executor {
 	params := setup.params
+	var opt executorOptions
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
 	eval := ckks.NewEvaluator(params, keys)
 	e := &executor{
 		params:    params,
@@ -103,16 +130,59 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		refs:      map[*rlwe.Ciphertext]int{},
 		lastUse:   map[string]int{},
 		st:        st,
+		cache:     opt.Cache,
+		babies:    map[string]*babyCache{},
+		nWorkers:  opt.Workers,
+	}
+	if e.cache == nil {
+		e.cache = newPtCache(0)
+	}
+	if e.nWorkers <= 0 {
+		e.nWorkers = runtime.GOMAXPROCS(0)
+	}
+	st.Workers = e.nWorkers
+	if !opt.NoFuse && !e.scheduled {
+		e.fusion = analyseFusion(p, params.MaxSlots())
 	}
 	for i, in := range p.Program {
-		for _, r := range in.defs() {
-			e.lastUse[r] = i
-		}
-		for _, r := range in.uses() {
+		for _, r := range e.regsAt(i, in) {
 			e.lastUse[r] = i
 		}
 	}
 	return e
+}
+
+// regsAt lists the registers instruction i reads or writes as executed (a fused block
+// reads its base and writes its root; skipped instructions touch nothing).
+func (e *executor) regsAt(i int, in instr) []string {
+	if e.fusion != nil {
+		if f := e.fusion.roots[i]; f != nil {
+			return []string{f.base, e.fusion.rootDst[i]}
+		}
+		if e.fusion.skip[i] {
+			return nil
+		}
+	}
+	return append(in.uses(), in.defs()...)
+}
+
+// exec runs instruction i: a fused block, nothing (absorbed into one), or the instruction.
+func (e *executor) exec(i int, in instr) (string, error) {
+	if e.fusion != nil {
+		if f := e.fusion.roots[i]; f != nil {
+			out, err := e.evalFused(f)
+			if err != nil {
+				return "", err
+			}
+			e.set(e.fusion.rootDst[i], out)
+			return "bsgs_block", nil
+		}
+		if e.fusion.skip[i] {
+			return "", nil
+		}
+	}
+	e.cur = i
+	return in.Op, e.step(in)
 }
 
 func (e *executor) run() error {
@@ -128,11 +198,12 @@ func (e *executor) run() error {
 	}
 	for i, in := range e.plan.Program {
 		t := time.Now()
-		e.rescaleSec = 0
-		if err := e.step(in); err != nil {
+		e.rescaleSec, e.encodeSec = 0, 0
+		op, err := e.exec(i, in)
+		if err != nil {
 			return fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
 		}
-		e.afterStep(i, in, time.Since(t).Seconds()-e.rescaleSec)
+		e.afterStep(i, in, op, time.Since(t).Seconds()-e.rescaleSec)
 	}
 	return nil
 }
@@ -266,7 +337,17 @@ func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Cipher
 	return a, b, nil
 }
 
+// plaintext returns plaintext name encoded at (level, scale), from the cache when it was
+// encoded before (by this evaluation or an earlier one of the same model).
 func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Plaintext, error) {
+	key := ptKey{name, level, scale.Log2()}
+	c := e.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pt, ok := c.q[key]; ok {
+		return pt, nil
+	}
+	t := nowSeconds()
 	pt := ckks.NewPlaintext(e.params, level)
 	pt.Scale = scale
 	values := e.ptValues[name]
@@ -279,7 +360,23 @@ func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Pl
 	if err := e.ecd.Encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
+	d := nowSeconds() - t
+	c.seconds += d
+	e.encodeSec += d
+	if c.keep(int64(pt.BinarySize())) {
+		c.q[key] = pt
+	}
 	return pt, nil
+}
+
+// inPlace: the register's ciphertext may be overwritten by instruction i (its last use,
+// held by no other register).
+func (e *executor) inPlace(name string, i int) *rlwe.Ciphertext {
+	ct := e.regs[name]
+	if ct == nil || e.lastUse[name] != i || e.refs[ct] != 1 {
+		return nil
+	}
+	return ct
 }
 
 // rotationKey checks that the key for offset k can rotate ct.
@@ -360,7 +457,11 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		out := e.newCt(min(a.Level(), b.Level()))
+		// in place into a when this is a's last use (no allocation)
+		out := e.inPlace(in.A, e.cur)
+		if out != a || in.A == in.B || a.Level() != b.Level() || out.BinarySize() != a.BinarySize() {
+			out = e.newCt(min(a.Level(), b.Level()))
+		}
 		if in.Op == "add" {
 			err = e.eval.Add(a, b, out)
 		} else {
@@ -403,7 +504,10 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		out := e.newCt(ct.Level())
+		out := e.inPlace(in.Src, e.cur)
+		if out != ct {
+			out = e.newCt(ct.Level())
+		}
 		if err = e.eval.Mul(ct, pt, out); err != nil {
 			return err
 		}
@@ -536,18 +640,20 @@ func (e *executor) step(in instr) error {
 
 // afterStep records an executed instruction's time and rotations, tracks the peak of live
 // ciphertext bytes, and frees the registers the instruction used for the last time.
-func (e *executor) afterStep(i int, in instr, seconds float64) {
-	e.st.addOp(in.Op, seconds)
-	if in.Op == "rot_hoisted" {
+func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
+	if op != "" {
+		e.st.addOp(op, seconds)
+	}
+	if op == "rot_hoisted" {
 		e.st.Rotations += len(in.Ks)
-	} else if in.Op == "rot" {
+	} else if op == "rot" {
 		e.st.Rotations++
 	}
 	if e.liveBytes > e.st.PeakCiphertextBytes {
 		e.st.PeakCiphertextBytes = e.liveBytes
 	}
 	e.notePeak()
-	for _, r := range append(in.uses(), in.defs()...) {
+	for _, r := range e.regsAt(i, in) {
 		if e.lastUse[r] == i {
 			e.set(r, nil)
 		}
