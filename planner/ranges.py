@@ -24,11 +24,12 @@ before trusting the result.
 Rules (each sound for every value in the operands' intervals): ``matvec``/``matmul``:
 ``k * max|W| * max|x|`` for an inner dimension ``k``; ``conv2d``: ``(C/groups) * K1 * K2 *
 max|w| * max|x|``; ``add``/``sub``/``mul``: interval sum, difference and product;
-``poly``: the exact range of the polynomial over the interval, in its own basis (end
-points and real critical points); ``sum`` over an axis of length n: ``n`` times the
-interval (``keepdims`` alike); ``transpose``/``reshape``/``slice``: unchanged; ``concat``:
-the union of the operands' intervals. Broadcasting ``add``/``sub``/``mul`` follow the
-interval rules unchanged (a broadcast repeats values, it creates none).
+``poly``: the exact range of the polynomial over the interval (end points and real
+critical points; a Chebyshev series in its own basis over its domain); ``sum`` over an
+axis of length n: ``n`` times the interval (with or without ``keepdims``);
+``transpose``/``reshape``/``slice``: unchanged; ``concat``: the hull of the operands'
+intervals (a batched ``matmul`` and the broadcasting element-wise ops follow the rules
+above: broadcasting repeats values, it does not change their range).
 """
 
 from __future__ import annotations
@@ -65,12 +66,27 @@ def _sym(b: float) -> Interval:
     return (-b, b)
 
 
+def _poly_range(coeffs: tuple[float, ...], iv: Interval) -> Interval:
+    lo, hi = iv
+    p = np.polynomial.Polynomial(coeffs)
+    pts = [lo, hi]
+    if len(coeffs) > 2:
+        for r in np.asarray(p.deriv().roots(), dtype=np.complex128).tolist():
+            re, im = float(r.real), float(r.imag)
+            if abs(im) <= 1e-12 * max(1.0, abs(re)) and lo <= re <= hi:
+                pts.append(re)
+    vals = [float(p(x)) for x in pts]
+    # a relative margin covers the rounding of the critical points
+    span = max(abs(v) for v in vals)
+    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
+
+
 def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
     op = node.op
     if op in ("transpose", "reshape", "slice"):
         return ops[0]
     if op == "concat":
-        return (min(iv[0] for iv in ops), max(iv[1] for iv in ops))
+        return (min(o[0] for o in ops), max(o[1] for o in ops))
     if op == "add":
         return (ops[0][0] + ops[1][0], ops[0][1] + ops[1][1])
     if op == "sub":
@@ -79,7 +95,10 @@ def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
         ends = [a * b for a in ops[0] for b in ops[1]]
         return (min(ends), max(ends))
     if op == "poly":
-        return poly_node_range(node, ops[0][0], ops[0][1])
+        assert node.coeffs is not None
+        if node.basis == "chebyshev":  # the series in its own basis (not as monomial coefficients)
+            return poly_node_range(node, ops[0][0], ops[0][1])
+        return _poly_range(tuple(float(c) for c in node.coeffs), ops[0])
     if op == "sum":
         assert node.axis is not None
         n = graph.shape(node.inputs[0])[node.axis]

@@ -222,3 +222,45 @@ def reference_poly(node: Any, x: np.ndarray) -> np.ndarray:
     from planner.reference import poly_node
 
     return poly_node(node, x)
+
+
+def test_ranges_of_the_model_ops_are_sound() -> None:
+    """Interval arithmetic (planner/ranges.py, for bootstrap scaling) over the model ops:
+    every reference value on inputs drawn inside the declared ranges lies inside the
+    propagated interval, and a Chebyshev series is bounded in its own basis (read as
+    monomial coefficients it would be bounded wrongly)."""
+    from planner.ranges import graph_ranges
+
+    cheb = [0.1, 0.9, -0.4, 0.3, 0.05, -0.02]
+    d = graph(
+        {"x": ([3, 4, 5], "input"), "z": ([3, 2, 5], "input"), "b": ([3, 1, 1], "weight"),
+         "w": ([3, 5, 2], "weight")},
+        [
+            {"id": "m", "op": "mul", "inputs": ["x", "b"]},
+            {"id": "s", "op": "slice", "inputs": ["m"], "axis": 1, "start": 1, "stop": 3},
+            {"id": "c", "op": "concat", "inputs": ["s", "z"], "axis": 1},
+            {"id": "p", "op": "poly", "inputs": ["c"], "coeffs": cheb, "basis": "chebyshev", "domain": [-3.0, 2.0]},
+            {"id": "k", "op": "sum", "inputs": ["p"], "axis": 2, "keepdims": True},
+            {"id": "e", "op": "sub", "inputs": ["p", "k"]},
+            {"id": "y", "op": "matmul", "inputs": ["e", "w"]},
+        ],
+        ["y"],
+    )
+    d["tensors"]["x"]["range"] = [-2.0, 1.5]
+    d["tensors"]["z"]["range"] = [-3.0, 2.0]
+    g = parse_graph(d)
+    rep = graph_ranges(g)
+    xs = np.linspace(-3.0, 2.0, 100001)
+    lo, hi = rep.ranges["p"] or (0.0, 0.0)
+    ys = np.polynomial.chebyshev.chebval((2 * xs + 1) / 5, cheb)
+    assert lo <= ys.min() and hi >= ys.max() and hi - lo <= (ys.max() - ys.min()) * (1 + 1e-6)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        vals = {"x": rng.uniform(-2.0, 1.5, (3, 4, 5)), "z": rng.uniform(-3.0, 2.0, (3, 2, 5)),
+                "b": rng.uniform(-1, 1, (3, 1, 1)), "w": rng.uniform(-1, 1, (3, 5, 2))}
+        vals["x"].flat[0], vals["z"].flat[0] = -2.0, 2.0  # the ends
+        ref = reference(g, vals)
+        for t in ("m", "s", "c", "p", "k", "e", "y"):
+            iv = rep.ranges[t]
+            assert iv is not None, t
+            assert iv[0] <= ref[t].min() and ref[t].max() <= iv[1], (t, iv, ref[t].min(), ref[t].max())
