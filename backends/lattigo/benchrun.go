@@ -24,7 +24,19 @@ import (
 //   - the program runs `repeat` times (option, default 1) on fresh copies of the input
 //     ciphertexts; stats.eval_seconds is the median, stats.eval_seconds_runs every run,
 //     op_seconds/op_counts belong to the median run;
-//   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call.
+//   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call;
+//     memory_limit_extra_bytes (> 0) sets it, once keys and inputs are ready, to what the Go
+//     runtime holds then plus that many bytes (the run's modelled peak: the garbage
+//     collector then keeps the heap near the live bytes);
+//   - option prefetch (default true): a scheduled plan's load_key reads the key in a
+//     background goroutine (prefetch.go); false reads it in line;
+//   - option keep_all_disk: a plan without key schedule reads all its keys from a key
+//     directory before the clock starts (ANT-ACE's keep-all: stats.key_load_seconds)
+//     instead of generating them in memory;
+//   - option measure_rss: the process's resident set is measured around the evaluation
+//     (after garbage collection, the kernel's high-water mark reset): rss_start_bytes
+//     before the keep-all loads / the first instruction, rss_peak_bytes the peak until the
+//     last run ends.
 //
 // Extra stats: encrypt_seconds, decrypt_seconds, encode_seconds, repeat, key_store
 // ("memory" or "disk"), key_bytes (all rotation keys) and eval_seconds_runs.
@@ -39,7 +51,11 @@ type benchPlanOptions struct {
 	// MemoryLimitBytes (> 0) is the Go soft memory limit during the call
 	// (debug.SetMemoryLimit): the garbage collector works harder instead of letting the
 	// heap grow to twice the live keys.
-	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+	MemoryLimitBytes      int64 `json:"memory_limit_bytes"`
+	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
+	Prefetch              *bool `json:"prefetch"`
+	KeepAllDisk           bool  `json:"keep_all_disk"`
+	MeasureRSS            bool  `json:"measure_rss"`
 	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
 	commonOptions
 }
@@ -53,6 +69,11 @@ type benchPlanStats struct {
 	Repeat          int       `json:"repeat"`
 	KeyStore        string    `json:"key_store"`
 	KeyBytes        int64     `json:"key_bytes"`
+	Prefetch        bool      `json:"prefetch"`
+	KeyWaitSeconds  float64   `json:"key_wait_seconds"`
+	RSSStartBytes   int64     `json:"rss_start_bytes"`
+	RSSPeakBytes    int64     `json:"rss_peak_bytes"`
+	RSSMeasured     bool      `json:"rss_measured"`
 }
 
 // benchIO hands pre-encrypted inputs to the executor and keeps the output ciphertexts
@@ -159,14 +180,18 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	c := newClient(params)
 	offsets := p.rotationOffsets()
 	var keys *keyStore
-	if p.hasKeySchedule() {
+	if p.hasKeySchedule() || opt.KeepAllDisk {
 		bs.KeyStore = "disk"
 		keyDir, err := os.MkdirTemp("", "slotlattigo-bench-keys-")
 		if err != nil {
 			return "", fmt.Errorf("cannot create a temporary key directory: %w", err)
 		}
 		defer os.RemoveAll(keyDir)
-		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), nil)
+		levels, err := p.keyLevels() // each key at the level the plan gives it (none: the top)
+		if err != nil {
+			return "", err
+		}
+		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), levels)
 		if err != nil {
 			return "", err
 		}
@@ -194,6 +219,27 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 	}
 	bs.EncryptSeconds = time.Since(t).Seconds()
+	bs.Prefetch = p.hasKeySchedule() && (opt.Prefetch == nil || *opt.Prefetch)
+	if bs.Prefetch {
+		keys.enablePrefetch()
+		defer keys.stopPrefetch()
+	}
+	if opt.MeasureRSS {
+		bs.RSSMeasured = resetPeakRSS()
+		bs.RSSStartBytes = rssBytes()
+	}
+	if opt.MemoryLimitExtraBytes > 0 {
+		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
+	}
+	keepAllLoadSec := 0.0
+	if !p.hasKeySchedule() && opt.KeepAllDisk {
+		// ANT-ACE's keep-all: every key read before the program starts
+		t := time.Now()
+		if err := keys.loadAll(); err != nil {
+			return "", fmt.Errorf("keep-all key policy: %w", err)
+		}
+		keepAllLoadSec = time.Since(t).Seconds()
+	}
 
 	type runRecord struct {
 		st      *stats
@@ -237,6 +283,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
+		if !p.hasKeySchedule() && opt.KeepAllDisk {
+			st.KeyLoads, st.KeyLoadSeconds = len(keys.resident), keepAllLoadSec
+		}
 		st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 		runs = append(runs, runRecord{st: st, eval: eval, encode: encode, outputs: io.outputs})
 		if p.hasKeySchedule() {
@@ -246,6 +295,10 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			}
 		}
 	}
+	if opt.MeasureRSS {
+		bs.RSSPeakBytes = peakRSSBytes()
+	}
+	bs.KeyWaitSeconds = keys.waitSeconds()
 	order := make([]int, len(runs))
 	for i := range order {
 		order[i] = i

@@ -23,7 +23,8 @@ import (
 // resident ones): Lattigo's evaluator precomputes its automorphism index tables from that
 // list, and an incomplete list makes it fill the table lazily (a data race) or panic.
 //
-// The store is used by one goroutine; ShallowCopy returns the store itself.
+// The store is used by one goroutine (with prefetching on, a background goroutine only
+// reads key files for it: prefetch.go); ShallowCopy returns the store itself.
 type keyStore struct {
 	dir      string
 	params   ckks.Parameters
@@ -39,6 +40,26 @@ type keyStore struct {
 	peakCount     int
 	loads         int
 	loadSeconds   float64
+
+	pf *prefetcher // nil: load reads in line
+}
+
+// addResident counts bytes (and keys) becoming resident and keeps the peaks.
+func (s *keyStore) addResident(bytes int64, keys int) {
+	s.residentBytes += bytes
+	if s.residentBytes > s.peakBytes {
+		s.peakBytes = s.residentBytes
+	}
+	if n := len(s.resident) + keys + s.inflightCount(); n > s.peakCount {
+		s.peakCount = n
+	}
+}
+
+func (s *keyStore) inflightCount() int {
+	if s.pf == nil {
+		return 0
+	}
+	return len(s.pf.inflight)
 }
 
 func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
@@ -97,12 +118,17 @@ func (s *keyStore) has(k int) bool {
 	return ok
 }
 
-// residentKey returns the resident key for offset k, or nil.
+// residentKey returns the resident key for offset k (waiting for its prefetch), or nil.
 func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
-	return s.resident[s.params.GaloisElement(k)]
+	galEl := s.params.GaloisElement(k)
+	if err := s.settle(galEl); err != nil {
+		return nil
+	}
+	return s.resident[galEl]
 }
 
-// load makes the key for offset k resident (a no-op when it already is).
+// load makes the key for offset k resident (a no-op when it already is); with prefetching
+// on, it queues the read and returns at once.
 func (s *keyStore) load(k int) error {
 	galEl := s.params.GaloisElement(k)
 	if _, ok := s.resident[galEl]; ok {
@@ -111,6 +137,12 @@ func (s *keyStore) load(k int) error {
 	mk, ok := s.byGalEl[galEl]
 	if !ok {
 		return fmt.Errorf("key directory %s has no rotation key for k=%d", s.dir, k)
+	}
+	if s.pf != nil {
+		if _, busy := s.pf.inflight[galEl]; !busy {
+			s.startLoad(galEl, mk)
+		}
+		return nil
 	}
 	t := time.Now()
 	gk := new(rlwe.GaloisKey)
@@ -122,20 +154,16 @@ func (s *keyStore) load(k int) error {
 	}
 	s.loadSeconds += time.Since(t).Seconds()
 	s.loads++
+	s.addResident(int64(gk.BinarySize()), 1)
 	s.resident[galEl] = gk
-	s.residentBytes += int64(gk.BinarySize())
-	if s.residentBytes > s.peakBytes {
-		s.peakBytes = s.residentBytes
-	}
-	if len(s.resident) > s.peakCount {
-		s.peakCount = len(s.resident)
-	}
 	return nil
 }
 
-// drop forgets the key for offset k (a no-op when it is not resident).
+// drop forgets the key for offset k (a no-op when it is not resident; an in-flight
+// prefetch is waited for first).
 func (s *keyStore) drop(k int) {
 	galEl := s.params.GaloisElement(k)
+	_ = s.settle(galEl)
 	if gk, ok := s.resident[galEl]; ok {
 		s.residentBytes -= int64(gk.BinarySize())
 		delete(s.resident, galEl)
@@ -154,6 +182,9 @@ func (s *keyStore) loadAll() error {
 
 // GetGaloisKey implements rlwe.EvaluationKeySet.
 func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
+	if err := s.settle(galEl); err != nil {
+		return nil, err
+	}
 	if gk, ok := s.resident[galEl]; ok {
 		return gk, nil
 	}
