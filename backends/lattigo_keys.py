@@ -93,7 +93,7 @@ def measure_graph(
     ka_peak = ka.peak_bytes
     ka_time = modelled_time(res.plan["program"], params, {}, tm)
     runs: list[dict[str, Any]] = []
-    row = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
+    row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
     row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True))

@@ -394,7 +394,7 @@ def _joint_once(
 ) -> JointChoice | tuple[int, str]:
     """Split, solve the joint model, collapse, prefetch.  Returns the smallest feasible cap
     and where it binds when ``cap`` is below it."""
-    from planner.keys import _Ctx, _belady, _merges_from_intervals, base_profile
+    from planner.keys import _belady, _Ctx, _merges_from_intervals, base_profile
 
     split = fully_split(prog)
     sp = split.program

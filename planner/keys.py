@@ -905,12 +905,12 @@ def _schedule_joint(
     prog: list[dict[str, Any]], params: Params, cap_bytes: int | None, strategy: str, knobs: StrategyKnobs,
     key_levels: bool, rotations_before: int, keys_before: int, basis: list[int] | None, chains: dict[int, list[int]],
 ) -> KeySchedule:
-    from planner.keyplan import plan_joint
+    from planner.keyplan import JointChoice, plan_joint
 
     ch = plan_joint(prog, params, cap_bytes, key_levels=key_levels, time_limit_s=knobs.time_limit_s,
                     cross_check=knobs.cross_check, prefetch=knobs.prefetch)
-    if not hasattr(ch, "program"):
-        min_cap, where = ch  # type: ignore[misc]
+    if not isinstance(ch, JointChoice):
+        min_cap, where = ch
         raise KeyCapError(int(cap_bytes or 0), int(min_cap), strategy, str(where))
     new = _emit(ch.program, ch.intervals, drop_at_end=True)
     peak = _verify(new, params, ch.size, cap_bytes)

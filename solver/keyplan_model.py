@@ -33,6 +33,7 @@ import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 CPSAT_WORKERS = 1
 CPSAT_SEED = 0
@@ -174,6 +175,65 @@ def _decode(p: JointKeyProblem, b: _Built, gap_on: Sequence[bool], join_on: Sequ
     return merged, [list(map(bool, js)) for js in join_on]
 
 
+def _cp_build(p: JointKeyProblem, b: _Built, capacity: Any, m: Any) -> tuple[list[Any], list[list[Any]], Any]:
+    """The CP-SAT model's variables and constraints (capacity: an int or a variable)."""
+    on = [m.new_bool_var(f"merge[k{g.key}][{g.index}]") for g in b.gaps]
+    join = [[m.new_bool_var(f"join[g{gi}][{j}]") for j in range(len(pts) - 1)] for gi, pts in enumerate(p.groups)]
+    # cov[g][(i, j)], i < j: points i..j of group g in one run
+    cov: list[dict[tuple[int, int], Any]] = []
+    for gi, pts in enumerate(p.groups):
+        c: dict[tuple[int, int], Any] = {}
+        for i in range(len(pts)):
+            for j in range(i + 1, len(pts)):
+                if j == i + 1:
+                    c[(i, j)] = join[gi][i]
+                    continue
+                v = m.new_bool_var(f"cov[g{gi}][{i},{j}]")
+                prev, jn = c[(i, j - 1)], join[gi][j - 1]
+                m.add_implication(v, prev)
+                m.add_implication(v, jn)
+                m.add_bool_or([prev.Not(), jn.Not(), v])
+                c[(i, j)] = v
+        cov.append(c)
+    intervals: list[Any] = []
+    demands: list[int] = []
+    for gi, (g, (a, z)) in enumerate(zip(b.gaps, b.gap_span, strict=True)):
+        slack = p.capacity - max(b.seg_fixed[a:z])
+        if p.sizes[g.key] > slack:
+            m.add(on[gi] == 0)
+            continue
+        intervals.append(m.new_optional_fixed_size_interval_var(a, z - a, on[gi], f"live[k{g.key}][{g.index}]"))
+        demands.append(p.sizes[g.key])
+    for e, seg in zip(b.extras, b.extra_seg, strict=True):
+        pts = p.groups[e.group]
+        k = p.point_key[pts[e.i]]
+        cv = cov[e.group][(min(e.i, e.j), max(e.i, e.j))]
+        if e.gap is None:
+            lit = cv
+        else:
+            lit = m.new_bool_var(f"extra[g{e.group}][{e.i},{e.j}]")
+            g_on = on[e.gap]
+            m.add_implication(lit, cv)
+            m.add_implication(lit, g_on.Not())
+            m.add_bool_or([cv.Not(), g_on, lit])
+        if p.sizes[k] > p.capacity - b.seg_fixed[seg]:
+            m.add(lit == 0)
+            continue
+        intervals.append(m.new_optional_fixed_size_interval_var(seg, 1, lit, f"run[g{e.group}][{e.i}@{e.j}]"))
+        demands.append(p.sizes[k])
+    for s, f in enumerate(b.seg_fixed):
+        if f:
+            intervals.append(m.new_fixed_size_interval_var(s, 1, f"fixed[{s}]"))
+            demands.append(f)
+    if intervals:
+        m.add_cumulative(intervals, demands, capacity)
+    saved = sum(p.load_cost[g.key] * v for g, v in zip(b.gaps, on, strict=True)) + sum(
+        p.split_cost[gi] * v for gi, js in enumerate(join) for v in js
+    )
+    return on, join, saved
+
+
+
 def solve_cpsat(
     p: JointKeyProblem,
     time_limit_s: float = 10.0,
@@ -194,62 +254,6 @@ def solve_cpsat(
     if any(f > p.capacity for f in b.seg_fixed):
         return JointKeySolution([], [], 0, "infeasible", "cpsat", time.perf_counter() - t0, stats=stats)
 
-    def build(capacity: cp_model.LinearExprT, m: cp_model.CpModel) -> tuple[list[cp_model.IntVar], list[list[cp_model.IntVar]], cp_model.LinearExprT]:
-        on = [m.new_bool_var(f"merge[k{g.key}][{g.index}]") for g in b.gaps]
-        join = [[m.new_bool_var(f"join[g{gi}][{j}]") for j in range(len(pts) - 1)] for gi, pts in enumerate(p.groups)]
-        # cov[g][(i, j)], i < j: points i..j of group g in one run
-        cov: list[dict[tuple[int, int], cp_model.IntVar]] = []
-        for gi, pts in enumerate(p.groups):
-            c: dict[tuple[int, int], cp_model.IntVar] = {}
-            for i in range(len(pts)):
-                for j in range(i + 1, len(pts)):
-                    if j == i + 1:
-                        c[(i, j)] = join[gi][i]
-                        continue
-                    v = m.new_bool_var(f"cov[g{gi}][{i},{j}]")
-                    prev, jn = c[(i, j - 1)], join[gi][j - 1]
-                    m.add_implication(v, prev)
-                    m.add_implication(v, jn)
-                    m.add_bool_or([prev.Not(), jn.Not(), v])
-                    c[(i, j)] = v
-            cov.append(c)
-        intervals: list[cp_model.IntervalVar] = []
-        demands: list[int] = []
-        for gi, (g, (a, z)) in enumerate(zip(b.gaps, b.gap_span, strict=True)):
-            slack = p.capacity - max(b.seg_fixed[a:z])
-            if p.sizes[g.key] > slack:
-                m.add(on[gi] == 0)
-                continue
-            intervals.append(m.new_optional_fixed_size_interval_var(a, z - a, on[gi], f"live[k{g.key}][{g.index}]"))
-            demands.append(p.sizes[g.key])
-        for e, seg in zip(b.extras, b.extra_seg, strict=True):
-            pts = p.groups[e.group]
-            k = p.point_key[pts[e.i]]
-            cv = cov[e.group][(min(e.i, e.j), max(e.i, e.j))]
-            if e.gap is None:
-                lit = cv
-            else:
-                lit = m.new_bool_var(f"extra[g{e.group}][{e.i},{e.j}]")
-                g_on = on[e.gap]
-                m.add_implication(lit, cv)
-                m.add_implication(lit, g_on.Not())
-                m.add_bool_or([cv.Not(), g_on, lit])
-            if p.sizes[k] > p.capacity - b.seg_fixed[seg]:
-                m.add(lit == 0)
-                continue
-            intervals.append(m.new_optional_fixed_size_interval_var(seg, 1, lit, f"run[g{e.group}][{e.i}@{e.j}]"))
-            demands.append(p.sizes[k])
-        for s, f in enumerate(b.seg_fixed):
-            if f:
-                intervals.append(m.new_fixed_size_interval_var(s, 1, f"fixed[{s}]"))
-                demands.append(f)
-        if intervals:
-            m.add_cumulative(intervals, demands, capacity)
-        saved = sum(p.load_cost[g.key] * v for g, v in zip(b.gaps, on, strict=True)) + sum(
-            p.split_cost[gi] * v for gi, js in enumerate(join) for v in js
-        )
-        return on, join, saved
-
     def solver(limit: float) -> cp_model.CpSolver:
         s = cp_model.CpSolver()
         s.parameters.max_time_in_seconds = max(0.05, limit)
@@ -259,7 +263,7 @@ def solve_cpsat(
 
     full = sum(p.load_cost[g.key] for g in b.gaps) + sum(p.split_cost[gi] * (len(pts) - 1) for gi, pts in enumerate(p.groups))
     m1 = cp_model.CpModel()
-    on1, join1, saved1 = build(p.capacity, m1)
+    on1, join1, saved1 = _cp_build(p, b, p.capacity, m1)
     if hint is not None:
         hm, hj = hint
         for g, v in zip(b.gaps, on1, strict=True):
@@ -283,7 +287,7 @@ def solve_cpsat(
     if minimize_peak and remaining > 0.05 and b.seg_fixed:
         m2 = cp_model.CpModel()
         cap_var = m2.new_int_var(max(b.seg_fixed), p.capacity, "peak")
-        on2, join2, saved2 = build(cap_var, m2)
+        on2, join2, saved2 = _cp_build(p, b, cap_var, m2)
         m2.add(saved2 >= best_saved)
         for v, val in zip(on2, gap_vals, strict=True):
             m2.add_hint(v, val)

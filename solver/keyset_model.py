@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def solve_cpsat(p: KeySetProblem, time_limit_s: float = 10.0) -> KeySetSolution:
             m.add_implication(u, own[a])
             m.add_implication(u, own[b])
     m.add(sum(p.sizes[k] * own[k] for k in range(n)) <= p.budget)
-    obj = [p.load_cost[k] * own[k] for k in range(n)]
+    obj: list[Any] = [p.load_cost[k] * own[k] for k in range(n)]
     for s, hops in zip(p.sites, _first_hops(p), strict=True):
         for k in s.offsets:
             obj.append(s.weight * s.second_cost * sum(use[k]))
