@@ -157,11 +157,14 @@ class ModelledTime:
 def modelled_time(
     program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int], tm: TimeModel,
     prefetch: bool = True,
+    preload_prologue: bool = True,
 ) -> ModelledTime:
     """The program's modelled evaluation time.  Keys named by ``load_key`` are read by one
     background loader in ``load_key`` order from that point on (``prefetch``) and the
     program waits at a key's first use until it is read; without ``prefetch`` a load runs
-    in line.  A plan without key schedule has every key in memory beforehand (keep-all)."""
+    in line.  A plan without key schedule has every key in memory beforehand (keep-all);
+    with ``preload_prologue`` so have the keys a schedule loads before its first computing
+    instruction (the counterpart of keep-all's up-front loads: both read before the clock)."""
     prog = ir.decode_program(program)
     depth = register_depths(prog)
     L = params.max_level
@@ -169,13 +172,18 @@ def modelled_time(
     loader_free = 0.0
     ready: dict[int, float] = {}
     top = params.rotation_key_bytes()
+    prologue = preload_prologue
     for ins in prog:
+        if prologue and not isinstance(ins, ir.Input | ir.LoadKey):
+            prologue = False
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
                 continue
             ms = tm.load_ms(key_bytes.get(int(ins.k), top))
             loads += ms
-            if prefetch:
+            if prologue:
+                ready[int(ins.k)] = 0.0
+            elif prefetch:
                 start = max(clock, loader_free)
                 loader_free = start + ms
                 ready[int(ins.k)] = loader_free
