@@ -16,7 +16,10 @@ traffic: waits for keys not read in time), key-read seconds, peak resident key b
 key store counts a key from its ``load_key``), and the process's resident set: its peak
 over the evaluation minus the resident set just before (after garbage collection, the
 kernel's high-water mark reset).  Modelled: the plan's ``peak_bytes`` (keys, and keys +
-ciphertexts + plaintexts) and its modelled time.  Outputs are compared with numpy.
+ciphertexts + plaintexts; plus the relinearisation key the process also holds) and its
+modelled time.  With ``repeat`` > 1 each plan runs that many times (median evaluation
+time; the keep-all and capped runs of a workload alternate in no way, so load on the
+machine shows as noise).  Outputs are compared with numpy.
 """
 
 from __future__ import annotations
@@ -49,12 +52,12 @@ GC_HEADROOM = 1.10
 
 
 def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
-           model_total: int, keep_all: bool) -> dict[str, Any]:
+           model_total: int, keep_all: bool, repeat: int = 1) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
     packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
-    opts = {"repeat": 1, "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
+    opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
             "memory_limit_extra_bytes": int(model_total * GC_HEADROOM)}
     t0 = time.perf_counter()
     raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
@@ -66,6 +69,8 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     rel = max(float(np.max(np.abs(outs[t] - ref[t]))) / max(1e-300, float(np.max(np.abs(ref[t])))) for t in graph.outputs)
     return {
         "eval_seconds": round(st["eval_seconds"], 4),
+        "eval_seconds_runs": [round(x, 4) for x in st.get("eval_seconds_runs", [])],
+        "relin_key_bytes": st.get("relin_key_bytes", 0),
         "key_load_seconds": round(st["key_load_seconds"], 4),
         "key_wait_seconds": round(st.get("key_wait_seconds", 0.0), 4),
         "prologue_key_loads": st.get("prologue_key_loads", 0),
@@ -85,7 +90,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = 10.0, repeat: int = 1,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring)."""
     values = random_values(graph, seed)
@@ -98,7 +103,7 @@ def measure_graph(
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
-    row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True))
+    row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True, repeat=repeat))
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
@@ -110,7 +115,7 @@ def measure_graph(
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
-        row.update(_bench(r.plan, graph, values, r.tables, s["peak_bytes"]["total"], keep_all=False))
+        row.update(_bench(r.plan, graph, values, r.tables, s["peak_bytes"]["total"], keep_all=False, repeat=repeat))
         runs.append(row)
     base = runs[0]
     for row in runs:
@@ -119,12 +124,16 @@ def measure_graph(
         row["key_peak_reduction"] = round(base["peak_key_bytes"] / max(1, row["peak_key_bytes"]), 3)
         row["key_bytes_vs_model"] = round(row["peak_key_bytes"] / max(1, row["model_key_bytes"]), 4)
         row["rss_vs_model"] = round(row["rss_growth_bytes"] / max(1, row["model_peak_bytes"]), 4)
+        # the plan's memory model holds rotation keys, ciphertexts and plaintexts; the
+        # process also holds the relinearisation key (same size as a top-level rotation key)
+        row["model_total_with_relin_bytes"] = row["model_peak_bytes"] + row["relin_key_bytes"]
+        row["rss_vs_model_with_relin"] = round(row["rss_growth_bytes"] / max(1, row["model_total_with_relin_bytes"]), 4)
     return {"workload": graph.name, "params": params.name, "time_model": tm.source, "runs": runs}
 
 
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    only: Sequence[str] = (), time_limit_s: float = 10.0,
+    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1,
 ) -> Iterator[dict[str, Any]]:
     from planner.keybench import load_key_suite
 
@@ -133,7 +142,7 @@ def measure_suite(
         g = load_graph((root / w.graph).resolve())
         if only and g.name not in only:
             continue
-        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s)
+        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat)
 
 
 def geomean(values: Sequence[float]) -> float | None:
