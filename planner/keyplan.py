@@ -60,6 +60,9 @@ KEYSET_BUDGETS = (1, 2)
 MAX_PREFETCH = 256
 # Joint model problems larger than this many points are solved without the z3 check.
 Z3_MAX_POINTS = 300
+# Hoisted groups of more offsets than this are packed greedily (consecutive offsets while
+# they fit) instead of being modelled pairwise (a group of g offsets costs g^2 literals).
+MODEL_GROUP_MAX = 24
 
 
 # --------------------------------------------------------------------------------------
@@ -402,7 +405,7 @@ def _joint_once(
 ) -> JointChoice | tuple[int, str]:
     """Split, solve the joint model, collapse, prefetch.  Returns the smallest feasible cap
     and where it binds when ``cap`` is below it."""
-    from planner.keys import _belady, _Ctx, _merges_from_intervals, base_profile
+    from planner.keys import _Ctx, base_profile
 
     split = fully_split(prog)
     sp = split.program
@@ -432,27 +435,41 @@ def _joint_once(
     point_key = [kix[need[i][0]] if need[i] else -1 for i in range(len(sp))]
     total = max(fixed, default=0) + sum(size.values())
     gl = [_group_level(split, g, params, depth) for g in range(len(split.groups))]
+    # every group's greedy packing (consecutive offsets while they fit next to the working
+    # set): the hint, and the decision itself for groups too large to model pairwise
+    greedy = [_greedy_joins(pts, base, [size[need[q][0]] for q in pts], cap) for pts in split.groups]
+    modelled = [g for g, pts in enumerate(split.groups) if len(pts) <= MODEL_GROUP_MAX]
+    fixed_m = list(fixed)
+    for g, pts in enumerate(split.groups):
+        if len(pts) > MODEL_GROUP_MAX:
+            for run in _runs(pts, greedy[g]):
+                run_bytes = sum(size[need[q][0]] for q in run)
+                for q in run:
+                    fixed_m[q] += run_bytes - size[need[q][0]]
     prob = keyplan_model.JointKeyProblem(
         sizes=tuple(size[k] for k in keys),
         uses=tuple(tuple(uses[k]) for k in keys),
-        fixed=tuple(fixed),
+        fixed=tuple(fixed_m),
         point_key=tuple(point_key),
-        groups=tuple(tuple(g) for g in split.groups),
+        groups=tuple(tuple(split.groups[g]) for g in modelled),
         load_cost=tuple(max(1, int(round(tm.load_ms(size[k]) * 1000))) for k in keys),
-        split_cost=tuple(max(1, int(round(tm.split_ms(lv) * 1000))) for lv in gl),
+        split_cost=tuple(max(1, int(round(tm.split_ms(gl[g]) * 1000))) for g in modelled),
         capacity=min(cap, total) if cap is not None else total,
     )
     ctx = _Ctx(len(sp), uses, need, size, base, cap)
-    bel = _merges_from_intervals(ctx, _belady(ctx))
-    hint = ([bel[k] for k in keys], [[False] * (len(g) - 1) for g in split.groups])
+    hint = _hint(prob, ctx, keys, [greedy[g] for g in modelled])
     sol = keyplan_model.solve_cpsat(prob, time_limit_s, hint=hint)
     info: dict[str, Any] = {"name": "cpsat", "status": sol.status, "objective": sol.cost, "bound": sol.bound,
-                            "seconds": round(sol.seconds, 3), **sol.stats}
+                            "seconds": round(sol.seconds, 3), "greedy_groups": len(split.groups) - len(modelled),
+                            **sol.stats}
     if sol.status in ("optimal", "feasible"):
-        merged, joined = sol.merged, sol.joined
-    else:  # no solution in time: Belady on the fully split program is always feasible
-        merged, joined = hint
-        info.update(status="feasible", fallback="belady-split")
+        merged, joined_m = sol.merged, sol.joined
+    else:  # no solution in time: the hint (at worst Belady, fully split) is feasible
+        merged, joined_m = hint
+        info.update(status="feasible", fallback="hint")
+    joined = [list(js) for js in greedy]
+    for g, js in zip(modelled, joined_m, strict=True):
+        joined[g] = list(js)
     if cross_check and prob.n_points <= Z3_MAX_POINTS:
         zs = keyplan_model.solve_z3(prob, time_limit_s)
         info["z3"] = {"status": zs.status, "cost": zs.cost if zs.status == "optimal" else None}
@@ -476,6 +493,56 @@ def _joint_once(
     if prefetch > 0:
         ch.intervals = _prefetch(ch, params, cap, tm, prefetch)
     return ch
+
+
+def _greedy_joins(pts: Sequence[int], base: Sequence[int], sizes: Sequence[int], cap: int | None) -> list[bool]:
+    """Joins of a group packed greedily: consecutive offsets share a run while the run's
+    keys fit next to the largest working set in it (everything joined without a cap)."""
+    joins: list[bool] = []
+    run_bytes, run_base = sizes[0], base[pts[0]]
+    for b in range(1, len(pts)):
+        q, sz = pts[b], sizes[b]
+        if cap is None or max(run_base, base[q]) + run_bytes + sz <= cap:
+            joins.append(True)
+            run_bytes, run_base = run_bytes + sz, max(run_base, base[q])
+        else:
+            joins.append(False)
+            run_bytes, run_base = sz, base[q]
+    return joins
+
+
+def _runs(pts: Sequence[int], joins: Sequence[bool]) -> list[list[int]]:
+    out: list[list[int]] = [[pts[0]]]
+    for b in range(1, len(pts)):
+        if joins[b - 1]:
+            out[-1].append(pts[b])
+        else:
+            out.append([pts[b]])
+    return out
+
+
+def _hint(prob: keyplan_model.JointKeyProblem, ctx: Any, keys: Sequence[int],
+          greedy: list[list[bool]]) -> tuple[list[list[bool]], list[list[bool]]]:
+    """The cheaper feasible of: Belady's merges with the greedy packing (gaps that cover a
+    packed run unmerged), and Belady fully split (always feasible)."""
+    from planner.keys import _belady, _merges_from_intervals
+
+    bel = _merges_from_intervals(ctx, _belady(ctx))
+    split_hint = ([list(bel[k]) for k in keys], [[False] * (len(g) - 1) for g in prob.groups])
+    in_run: set[int] = set()
+    for pts, js in zip(prob.groups, greedy, strict=True):
+        for run in _runs(pts, js):
+            if len(run) > 1:
+                in_run.update(run)
+    merged = []
+    for ki, us in enumerate(prob.uses):
+        merged.append([bool(bel[keys[ki]][j]) and not any(us[j] < q < us[j + 1] for q in in_run)
+                       for j in range(len(us) - 1)])
+    cands = [split_hint]
+    cost, peak = keyplan_model.evaluate(prob, merged, greedy)
+    if peak <= prob.capacity:
+        cands.append((merged, greedy))
+    return min(cands, key=lambda h: keyplan_model.evaluate(prob, h[0], h[1])[0])
 
 
 def _prefetch(ch: JointChoice, params: Params, cap: int | None, tm: TimeModel, distance: int) -> list[tuple[int, int, int]]:
