@@ -454,14 +454,14 @@ def test_tight_cap_changes_the_kernel_choice() -> None:
     group = max(len(i["ks"]) for i in free.plan["program"] if i["op"] == "rot_hoisted")
     cap = 30 * 2**20  # below IMRA's largest hoisted group (31 keys at once): split, still IMRA
     assert cap < group * params.rotation_key_bytes()
-    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=3.0))
+    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
     node = split.plan["nodes"][0]
     assert node["kernel"] == "imra" and node["min_cap_bytes"] <= cap
     assert split.plan["summary"]["key_schedule"]["hoisted_splits"] > 0
     assert split.plan["summary"]["peak_bytes"]["total"] <= cap
     check_plan(split, g)
     cap = node["min_cap_bytes"] - 1  # below IMRA's own minimum: another kernel
-    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=3.0))
+    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
     node = tight.plan["nodes"][0]
     assert node["kernel"] != "imra" and node["min_cap_bytes"] <= cap and "min_cap_bytes" not in node["params"]
     assert tight.plan["summary"]["peak_bytes"]["total"] <= cap
