@@ -29,7 +29,7 @@ _fail = fail
 @app.command()
 def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
-    params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
+    params: Annotated[str, typer.Option("--params", help="preset n12..n16, n14boot, n16boot, auto (the smallest secure preset that fits without bootstrapping, else n16boot) or a JSON file")] = "n16",
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
@@ -46,19 +46,23 @@ def plan(
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="add 'explain' to the plan: per node the runner-up kernel, its cost and why it lost; print it")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal (off with --json unless given)")] = False,
+    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="MODEL.onnx only: calibration samples .npz (see slotplan import)")] = None,
+    degree: Annotated[int | None, typer.Option("--degree", help="MODEL.onnx only: degree of the activation polynomials")] = None,
+    max_error: Annotated[float | None, typer.Option("--max-error", help="MODEL.onnx only: choose each activation's degree for this error")] = None,
+    weights_out: Annotated[Path | None, typer.Option("--weights-out", help="MODEL.onnx only: write the imported weights (.npz)")] = None,
+    graph_out: Annotated[Path | None, typer.Option("--graph-out", help="MODEL.onnx only: write the imported graph (JSON)")] = None,
 ) -> None:
-    """Plan one graph."""
+    """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
 
     from api.progress import shown, wanted
-    from planner.graph import load_graph
-    from planner.params import load_params
-    from planner.pipeline import plan_graph
+    from planner.params import AUTO, load_params
+    from planner.pipeline import auto_params, plan_graph
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
-        g = load_graph(graph)
-        p = load_params(params)
+        g = _graph_or_model(graph, calibrate, degree, max_error, weights_out, graph_out)
+        p = load_params(params) if params != AUTO else None
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
         SOLVER_BACKENDS.check(solver)
@@ -74,6 +78,8 @@ def plan(
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
+            if p is None:  # --params auto: the smallest secure preset that fits, else n16boot
+                p = auto_params(g, opts)
             res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit,
                              wall_started=started)
             if explain:
@@ -114,6 +120,15 @@ def plan(
         f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
         f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
     )
+    if "bootstraps" in summary:
+        bt = summary.get("bootstrapping", {})
+        ff = bt.get("first_fit", {})
+        out.print(
+            f"bootstraps {summary['bootstraps']} ({len(bt.get('values', []))} values; first fit on the same layouts: "
+            f"{ff.get('bootstraps')})  scaled: {', '.join(f'{k} 1/{v}' for k, v in bt.get('scales', {}).items()) or 'none'}"
+        )
+        for w in bt.get("warnings", []):
+            out.print(f"warning: {escape(w)}")
     out.print(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
@@ -122,6 +137,21 @@ def plan(
         from api.show import explain_lines
 
         out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
+
+
+def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
+                    weights_out: Path | None, graph_out: Path | None) -> Any:
+    """``plan``'s graph: a graph file, or an ONNX model imported (its report on stderr)."""
+    from api.commands_import import import_for_plan, is_onnx
+    from planner.graph import load_graph
+
+    if is_onnx(path):
+        return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err)
+    given = [n for n, v in (("--calibrate", calibrate), ("--degree", degree), ("--max-error", max_error),
+                            ("--weights-out", weights_out), ("--graph-out", graph_out)) if v is not None]
+    if given:
+        raise SlotplanError(f"{', '.join(given)}: only for an ONNX model (MODEL.onnx), not a graph file")
+    return load_graph(path)
 
 
 @app.command()
@@ -133,10 +163,16 @@ def run(
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="the encrypted inputs: .npz with one array per graph input, named as the tensor (any shape with its number of elements)")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", help="the weights: .npz with one array per graph weight, named as the tensor")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="write the decrypted outputs (.npz, named and shaped as the graph's outputs)")] = None,
 ) -> None:
-    """Execute a plan on seeded random data and compare with the numpy reference."""
+    """Execute a plan on seeded random data (or the user's --inputs/--weights) and compare
+    with the numpy reference."""
     from api.progress import shown, step, wanted
     from backends.runner import run_plan
+    from planner.graph import parse_graph
+    from planner.io import user_values, write_arrays
 
     try:
         EXECUTION_BACKENDS.check(backend)
@@ -144,8 +180,17 @@ def run(
         tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
+        values = None
+        if inputs is not None or weights is not None:
+            if "spec" not in pl["graph"]:
+                raise SlotplanError("the plan does not embed its graph (graph.spec): cannot read tensors by name")
+            values = user_values(parse_graph(pl["graph"]["spec"]), inputs, weights)
+        if out_file is not None and (out_file.is_dir() or not (out_file.parent if str(out_file.parent) else Path(".")).is_dir()):
+            raise SlotplanError(f"cannot write --out {out_file}: not a file in an existing directory")
         with shown(wanted(progress, as_json)), step(f"run on {backend}"):
-            rep = run_plan(pl, tb, backend, seed, init)
+            rep = run_plan(pl, tb, backend, seed, init, values=values)
+        if out_file is not None:
+            write_arrays(out_file, rep.outputs)
     except SlotplanError as e:
         raise _fail(e) from None
     if as_json:
@@ -162,8 +207,25 @@ def run(
             f"rotations {rep.rotations}  key loads {rep.key_loads}  "
             f"peak resident keys {rep.peak_resident_key_bytes / 2**20:.1f} MiB  time {rep.seconds:.3f}s"
         )
+        if rep.bootstraps.get("count"):
+            b = rep.bootstraps
+            each = f"  {b['mean_seconds']:.2f}s each" if "mean_seconds" in b else ""
+            out.print(f"bootstraps {b['count']}{each}")
+        mem = rep.memory
+        if mem.get("modelled_peak_bytes") and (mem.get("peak_rss_bytes") or mem.get("peak_tracked_bytes")):
+            parts = [f"modelled peak {mem['modelled_peak_bytes'] / 2**20:.1f} MiB"]
+            if mem.get("peak_tracked_bytes"):
+                parts.append(f"tracked {mem['peak_tracked_bytes'] / 2**20:.1f} MiB (x{mem['tracked_over_model']:.3f})")
+            if mem.get("peak_rss_bytes"):
+                parts.append(
+                    f"peak RSS {mem['peak_rss_bytes'] / 2**20:.1f} MiB (x{mem['rss_over_model']:.3f}; "
+                    f"{mem.get('rss_start_bytes', 0) / 2**20:.1f} MiB at start)"
+                )
+            out.print("memory: " + "  ".join(parts))
         if rep.stats:
             out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
+        if out_file is not None:
+            out.print(escape(f"wrote {out_file}: {', '.join(rep.outputs)}"))
     if not rep.ok:
         raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
 
@@ -247,7 +309,7 @@ def _register_extensions() -> None:
     """Commands that live in their own modules (batch, diff, serve, show, calibrate, ...)."""
     import importlib
 
-    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo"):
+    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -260,3 +260,29 @@ def test_bench_reports_unsupported_methods(n12) -> None:  # noqa: ANN001
     assert r["fhelipe"]["status"].startswith("unsupported: ")
     assert r["lintrans"]["status"].startswith("skipped: ")
     assert r["lintrans_over_ours"] is None and r["fhelipe_over_ours"] is None
+
+
+def test_bootstrap_weight_in_the_table(n12) -> None:  # noqa: ANN001
+    """How a bootstrapping preset's bootstrap timing (Go: once.bootstrap and boot) becomes
+    the cost table's weight and measurements (the Go side runs at n14boot in
+    tests/test_lattigo_boot.py and `slotplan calibrate --params n14boot`)."""
+    from backends.calibrate import cost_table, measure
+    from planner.costs import CostTable
+
+    raw = measure(n12, repeat=1)
+    assert "bootstrap" not in raw["once"] and "boot" not in raw  # a plain preset times no bootstrap
+    assert "bootstrap" not in cost_table(n12, raw)["weights"]
+    raw["once"]["bootstrap"] = {"median": 4.25, "samples": [4.25, 4.5]}
+    raw["boot"] = {
+        "literal": "N16QP1546H192H32", "keygen_seconds": 17.0, "matrix_seconds": 5.0,
+        "evaluation_key_bytes": 1455522709, "matrix_bytes": 461666240, "galois_keys": 35,
+        "input_level": 0, "output_level": 9, "max_abs_error": [2e-8, 3e-8, 2.5e-8], "peak_rss_bytes": 3 << 30,
+    }
+    table = cost_table(n12, raw)
+    assert table["weights"]["bootstrap"] == 4250.0
+    assert CostTable.model_validate(table).weights.bootstrap_weight() == 4250.0
+    b = table["measurements"]["bootstrap"]
+    assert b["median_ms"] == 4250.0 and b["samples_ms"] == [4250.0, 4500.0]
+    assert b["evaluation_key_bytes"] == 1455522709 and b["matrix_bytes"] == 461666240
+    top = str(raw["max_level"])
+    assert b["rotations_per_bootstrap"] == round(4.25 / raw["per_level"][top]["rotate"]["median"], 1)

@@ -1,49 +1,16 @@
 package slotlattigo
 
 import (
-	"bufio"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
-	"strings"
 )
 
-// Process memory as the kernel sees it (Linux /proc/self): the resident set now (VmRSS)
-// and its high-water mark (VmHWM), which writing "5" to /proc/self/clear_refs resets.
-// Elsewhere both read as 0 (rssAvailable false).
-
-func procStatusKB(field string) int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, field+":") {
-			parts := strings.Fields(line[len(field)+1:])
-			if len(parts) > 0 {
-				v, _ := strconv.ParseInt(parts[0], 10, 64)
-				return v
-			}
-		}
-	}
-	return 0
-}
-
-// rssBytes and peakRSSBytes: the process's resident set and its peak since the last reset.
-func rssBytes() int64     { return procStatusKB("VmRSS") * 1024 }
-func peakRSSBytes() int64 { return procStatusKB("VmHWM") * 1024 }
-
-// resetPeakRSS returns the garbage to the OS and restarts the high-water mark from the
-// current resident set; it reports whether the kernel accepted the reset.
-func resetPeakRSS() bool {
+// collectGarbage returns the garbage to the OS (before a resident-set measurement starts:
+// resetPeakRSS and peakRSS in api.go).
+func collectGarbage() {
 	runtime.GC()
 	debug.FreeOSMemory()
-	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
 }
 
 // goMappedBytes is the memory the Go runtime holds from the OS (not yet released).
