@@ -860,6 +860,10 @@ def schedule_keys(
         if basis_name != "direct":
             prog, chains = rewrite_rotations(prog, paths)
             chosen = sorted(bset)
+    if strat.plans_program and _boot_spans(prog, params, False) != [None]:
+        # a bootstrapping program: the joint model does not place the key block 'boot' yet;
+        # its residency is scheduled exactly (hoisted groups stay whole)
+        strat = KEY_STRATEGIES.create("exact")
     if strat.plans_program:
         knobs = StrategyKnobs(
             merge_window, prefetch, time_limit_s, cross_check, max_keys, basis_name, rewritten=max_keys is not None,
