@@ -156,9 +156,124 @@ def _print_workload(r: dict[str, Any], strats: list[str]) -> None:
     out.print(t)
 
 
+def keycurve(
+    suite: Annotated[Path, typer.Argument(help="key suite file (data/suites/keymemrt.json)")],
+    params: Annotated[str | None, typer.Option("--params", help="override every workload's preset")] = None,
+    fractions: Annotated[str, typer.Option("--fractions", help="caps as fractions of the keep-all peak, comma-separated")] = "1,0.75,0.5,0.25",
+    low: Annotated[int, typer.Option("--low", help="more caps below the smallest fraction, down to the smallest feasible cap")] = 2,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit per cap, seconds")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
+) -> None:
+    """The joint key strategy's trade-off curve per workload: cap -> rotations, key loads,
+    hoisted splits, composed offsets, peak and modelled time against keep-all (ANT-ACE)."""
+    from api.progress import shown, wanted
+    from planner.keybench import run_key_curve
+
+    try:
+        fr = [float(x) for x in fractions.split(",") if x.strip()]
+        if not fr or any(not 0 < f <= 1 for f in fr):
+            raise SlotplanError(f"--fractions must be numbers in (0, 1], got {fractions!r}")
+        if low < 0:
+            raise SlotplanError(f"--low must be non-negative, got {low}")
+        if time_limit <= 0:
+            raise SlotplanError(f"--time-limit must be positive, got {time_limit}")
+        with shown(wanted(progress, as_json)):
+            for r in run_key_curve(suite, params, fr, low, time_limit):
+                if as_json:
+                    print(json.dumps(r, sort_keys=True), flush=True)
+                else:
+                    _print_curve(r)
+    except ValueError:
+        raise fail(SlotplanError(f"--fractions must be comma-separated numbers, got {fractions!r}")) from None
+    except SlotplanError as e:
+        raise fail(e) from None
+
+
+def _print_curve(r: dict[str, Any]) -> None:
+    t = Table(title=escape(
+        f"{r['workload']} @ {r['params']}: keep-all {_mib(r['keep_all_peak_bytes'])} MiB, smallest feasible cap "
+        f"{_mib(r['min_feasible_cap'])} MiB (time model: {r['time_model']})"
+    ))
+    for c in ("cap MiB", "of keep-all", "strategy", "rotations", "loads", "splits", "composed", "peak MiB",
+              "keys MiB", "time ms", "stall ms", "time vs keep-all"):
+        t.add_column(c)
+    for row in r["rows"]:
+        if row.get("feasible") is False:
+            t.add_row(_mib(row["cap"]), f"{row['fraction']:.2f}", row["strategy"], "infeasible", row["error"])
+            continue
+        t.add_row(
+            _mib(row["cap"]), f"{row['fraction']:.2f}", row["strategy"], str(row["rotations"]), str(row["key_loads"]),
+            str(row["hoisted_splits"]), str(row["composed"]), _mib(row["peak_bytes"]), _mib(row["peak_key_bytes"]),
+            f"{row['time_ms']:.0f}", f"{row['stall_ms']:.0f}", f"{row['time_ratio']:.3f}x",
+        )
+    out.print(t)
+
+
+def keymeasure(
+    suite: Annotated[Path, typer.Argument(help="key suite file (data/suites/keymemrt.json)")],
+    params: Annotated[str | None, typer.Option("--params", help="override every workload's preset")] = None,
+    only: Annotated[str, typer.Option("--only", help="workload names, comma-separated (default: all)")] = "",
+    fractions: Annotated[str, typer.Option("--fractions", help="caps as fractions of the keep-all peak")] = "0.5,0.25",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
+    repeat: Annotated[int, typer.Option("--repeat", help="runs per plan (median evaluation time)")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
+) -> None:
+    """Measure on Lattigo: keep-all (ANT-ACE) and the joint key schedule at caps of the
+    keep-all peak; peak key bytes (key store), process RSS growth, evaluation and key-read
+    time, against the model."""
+    from backends.lattigo_backend import LattigoError
+    from backends.lattigo_keys import geomean, measure_suite
+
+    try:
+        fr = tuple(float(x) for x in fractions.split(",") if x.strip())
+        if not fr or any(not 0 < f <= 1 for f in fr):
+            raise SlotplanError(f"--fractions must be numbers in (0, 1], got {fractions!r}")
+        names = [x.strip() for x in only.split(",") if x.strip()]
+        results = []
+        if not 1 <= repeat <= 100:
+            raise SlotplanError(f"--repeat must be in 1..100, got {repeat}")
+        for r in measure_suite(suite, params, fr, names, time_limit, repeat):
+            results.append(r)
+            if as_json:
+                print(json.dumps(r, sort_keys=True), flush=True)
+            else:
+                _print_measure(r)
+    except ValueError:
+        raise fail(SlotplanError(f"--fractions must be comma-separated numbers, got {fractions!r}")) from None
+    except (SlotplanError, LattigoError) as e:
+        raise fail(SlotplanError(str(e))) from None
+    if not as_json and results:
+        for f in fr:
+            rows = [x for r in results for x in r["runs"] if x["fraction"] == f and x["strategy"] != "keep-all"]
+            red = geomean([x["peak_reduction"] for x in rows])
+            tr = geomean([x["time_ratio"] for x in rows])
+            out.print(f"cap {f:g} x keep-all: geomean measured peak (RSS growth) reduction "
+                      f"{'-' if red is None else f'{red:.2f}x'} at {'-' if tr is None else f'{tr:.3f}x'} time",
+                      highlight=False)
+
+
+def _print_measure(r: dict[str, Any]) -> None:
+    t = Table(title=escape(f"{r['workload']} @ {r['params']} on Lattigo (time model: {r['time_model']})"))
+    for c in ("run", "cap MiB", "keys MiB meas/model", "RSS growth MiB / model total + relin key", "eval s", "vs keep-all",
+              "key read s", "key wait s", "loads", "splits", "rel err"):
+        t.add_column(c)
+    for x in r["runs"]:
+        t.add_row(
+            x["strategy"] if x["cap"] is None else f"{x['fraction']:g} x keep-all", _mib(x["cap"]),
+            f"{_mib(x['peak_key_bytes'])}/{_mib(x['model_key_bytes'])}",
+            f"{_mib(x['rss_growth_bytes'])}/{_mib(x['model_total_with_relin_bytes'])}", f"{x['eval_seconds']:.2f}",
+            f"{x['time_ratio']:.3f}x", f"{x['key_load_seconds']:.2f}", f"{x['key_wait_seconds']:.2f}",
+            str(x["key_loads"]), str(x["hoisted_splits"]), f"{x['max_rel_error']:.1e}",
+        )
+    out.print(t)
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="keys")(keys)
     app.command(name="keybench")(keybench)
+    app.command(name="keycurve")(keycurve)
+    app.command(name="keymeasure")(keymeasure)
 
 
-__all__ = ["keybench", "keys", "register"]
+__all__ = ["keybench", "keycurve", "keymeasure", "keys", "register"]

@@ -203,3 +203,71 @@ def summarize_suite(results: Sequence[dict[str, Any]], strategies: Sequence[str]
         vals = [r["best"][s]["reduction"] for r in results if r["best"].get(s)]
         out[s] = {"geomean_reduction": geomean(vals), "workloads": len(vals), "of": len(results)}
     return out
+
+
+# --------------------------------------------------------------------------------------
+# The trade-off curve of the joint strategy (planner.keyplan)
+# --------------------------------------------------------------------------------------
+
+CURVE_FRACTIONS = (1.0, 0.75, 0.5, 0.25)
+
+
+def key_curve(
+    graph_path: Path,
+    params: Params,
+    input_layout: str = "free",
+    fractions: Sequence[float] = CURVE_FRACTIONS,
+    n_low: int = 2,
+    time_limit_s: float = 10.0,
+) -> dict[str, Any]:
+    """One workload's cap -> (rotations, loads, hoisted splits, composed offsets, peak,
+    modelled time) under the joint strategy: caps at ``fractions`` of the keep-all peak
+    (ANT-ACE: every key at the top level) and ``n_low`` more down to the smallest feasible
+    cap.  Modelled time: :func:`planner.keyplan.modelled_time` (prefetching runtime)."""
+    from planner.keyplan import modelled_time, time_model
+
+    g = load_graph(graph_path)
+    res = plan_graph(g, params, PlanOptions(input_layout=input_layout))
+    prog = res.plan["program"]
+    tm = time_model(params)
+    base = schedule_keys(prog, params, None, "keep-all", key_levels=False)
+    base_t = modelled_time(prog, params, {}, tm)
+    top = base.peak_bytes["total"]
+    lowest = schedule_keys(prog, params, None, "joint", time_limit_s=time_limit_s).min_cap_bytes
+    caps = sorted({int(top * f) for f in fractions if int(top * f) >= lowest}
+                  | set(cap_points(int(top * min(fractions)), lowest, n_low + 1)[1:]), reverse=True)
+    rows: list[dict[str, Any]] = [{
+        "cap": None, "fraction": 1.0, "strategy": "keep-all", "rotations": base.rotations, "key_loads": len(base.keys),
+        "hoisted_splits": 0, "composed": 0, "peak_bytes": top, "peak_key_bytes": base.peak_bytes["keys"],
+        "time_ms": round(base_t.total_ms, 3), "stall_ms": 0.0, "time_ratio": 1.0,
+    }]
+    for cap in caps:
+        try:
+            s = schedule_keys(prog, params, cap, "joint", time_limit_s=time_limit_s)
+        except KeyCapError as e:
+            rows.append({"cap": cap, "fraction": round(cap / top, 4), "strategy": "joint", "feasible": False,
+                         "error": f"needs {e.min_cap} bytes"})
+            continue
+        t = modelled_time(s.program, params, s.key_bytes(), tm)
+        rows.append({
+            "cap": cap, "fraction": round(cap / top, 4), "strategy": "joint", "rotations": s.rotations,
+            "key_loads": s.loads, "hoisted_splits": s.splits or 0, "composed": len(s.chains),
+            "peak_bytes": s.peak_bytes["total"], "peak_key_bytes": s.peak_bytes["keys"],
+            "time_ms": round(t.total_ms, 3), "stall_ms": round(t.stall_ms, 3),
+            "time_ratio": round(t.total_ms / base_t.total_ms, 4), "solver": (s.solver or {}).get("status"),
+        })
+    return {"workload": g.name, "params": params.name, "time_model": tm.source, "keep_all_peak_bytes": top,
+            "min_feasible_cap": lowest, "rows": rows}
+
+
+def run_key_curve(
+    path: str | Path, params_name: str | None = None, fractions: Sequence[float] = CURVE_FRACTIONS,
+    n_low: int = 2, time_limit_s: float = 10.0,
+) -> Iterator[dict[str, Any]]:
+    suite, root = load_key_suite(path)
+    progress.begin("keycurve", len(suite.workloads))
+    for w in suite.workloads:
+        progress.advance("keycurve", str(w.graph))
+        yield key_curve((root / w.graph).resolve(), load_params(params_name or w.params), suite.input_layout,
+                        fractions, n_low, time_limit_s)
+    progress.end("keycurve")

@@ -134,6 +134,9 @@ class KeySchedule:
     chains: dict[int, list[int]] = field(default_factory=dict)  # offset -> steps (rewritten only)
     solver: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    # joint strategy: hoisted sub-groups split off, and the modelled time (planner.keyplan)
+    splits: int | None = None
+    time_ms: dict[str, float] | None = None
 
     @property
     def rotation_keys(self) -> int:
@@ -166,6 +169,10 @@ class KeySchedule:
             out["chains"] = {str(k): v for k, v in sorted(self.chains.items())}
         if self.solver is not None:
             out["solver"] = self.solver
+        if self.splits is not None:
+            out["hoisted_splits"] = self.splits
+        if self.time_ms is not None:
+            out["modelled_time_ms"] = self.time_ms
         return out
 
 
@@ -698,6 +705,7 @@ class KeyStrategy:
     options: Callable[[StrategyKnobs], dict[str, Any]]
     keeps_all: bool = False
     pow2_basis: bool = False
+    plans_program: bool = False  # decides the program too (planner.keyplan: splits, key set)
 
 
 def _basis_options(k: StrategyKnobs) -> dict[str, Any]:
@@ -727,6 +735,17 @@ _strategy(KeyStrategy(
     lambda k: {**_basis_options(k), "time_limit_s": k.time_limit_s},
 ))
 _strategy(KeyStrategy("pow2", _all_resident, _basis_options, keeps_all=True, pow2_basis=True))
+
+
+def _joint_only(ctx: _Ctx, k: StrategyKnobs) -> tuple[list[Interval], dict[str, Any] | None]:
+    raise KeyScheduleError("internal: the joint strategy schedules through planner.keyplan")
+
+
+_strategy(KeyStrategy(
+    "joint", _joint_only,
+    lambda k: {**_basis_options(k), "prefetch": k.prefetch, "time_limit_s": k.time_limit_s},
+    plans_program=True,
+))
 STRATEGIES = KEY_STRATEGIES.names()
 
 
@@ -812,7 +831,7 @@ def schedule_keys(
     basis: str = "auto",
     key_levels: bool = True,
     merge_window: int = MERGE_WINDOW,
-    prefetch: int = 0,
+    prefetch: int | None = None,
     time_limit_s: float = 10.0,
     cross_check: bool = False,
 ) -> KeySchedule:
@@ -822,6 +841,10 @@ def schedule_keys(
     strat = KEY_STRATEGIES.create(strategy)
     if cap_bytes is not None and cap_bytes <= 0:
         raise KeyScheduleError(f"memory cap must be positive, got {cap_bytes}")
+    if prefetch is None:  # the joint strategy prefetches by default (KeyMemRT's balanced mode)
+        from planner.keyplan import MAX_PREFETCH
+
+        prefetch = MAX_PREFETCH if strat.plans_program else 0
     if merge_window < 0 or prefetch < 0:
         raise KeyScheduleError("merge window and prefetch distance must be non-negative")
     prog = [dict(i) for i in program if not _is_key_op(i)]
@@ -837,6 +860,16 @@ def schedule_keys(
         if basis_name != "direct":
             prog, chains = rewrite_rotations(prog, paths)
             chosen = sorted(bset)
+    if strat.plans_program and _boot_spans(prog, params, False) != [None]:
+        # a bootstrapping program: the joint model does not place the key block 'boot' yet;
+        # its residency is scheduled exactly (hoisted groups stay whole)
+        strat = KEY_STRATEGIES.create("exact")
+    if strat.plans_program:
+        knobs = StrategyKnobs(
+            merge_window, prefetch, time_limit_s, cross_check, max_keys, basis_name, rewritten=max_keys is not None,
+        )
+        return _schedule_joint(prog, params, cap_bytes, strategy, knobs, key_levels, rotations_before, keys_before,
+                               chosen, chains)
     depth = register_depths(prog)
     # a bootstrapping program: the block 'boot' resident for the whole program (its keys
     # then serve every rotation of their offsets) when the cap allows, else from the first
@@ -935,6 +968,43 @@ def _schedule_with_block(
         chains=chains,
         solver=solver_info,
         options=options,
+    )
+
+
+def _schedule_joint(
+    prog: list[dict[str, Any]], params: Params, cap_bytes: int | None, strategy: str, knobs: StrategyKnobs,
+    key_levels: bool, rotations_before: int, keys_before: int, basis: list[int] | None, chains: dict[int, list[int]],
+) -> KeySchedule:
+    from planner.keyplan import JointChoice, plan_joint
+
+    ch = plan_joint(prog, params, cap_bytes, key_levels=key_levels, time_limit_s=knobs.time_limit_s,
+                    cross_check=knobs.cross_check, prefetch=knobs.prefetch)
+    if not isinstance(ch, JointChoice):
+        min_cap, where = ch
+        raise KeyCapError(int(cap_bytes or 0), int(min_cap), strategy, str(where))
+    new = _emit(ch.program, ch.intervals, drop_at_end=True)
+    peak = _verify(new, params, ch.size, cap_bytes)
+    loads_per: dict[int, int] = {}
+    for k, _, _ in ch.intervals:
+        loads_per[k] = loads_per.get(k, 0) + 1
+    keys = {k: KeyInfo(k, ch.level[k], ch.size[k], len(ch.uses[k]), loads_per.get(k, 0)) for k in sorted(ch.uses)}
+    return KeySchedule(
+        program=new,
+        strategy=strategy,
+        cap_bytes=cap_bytes,
+        keys=keys,
+        loads=sum(loads_per.values()),
+        rotations=sum(len(s) for s in _sites(ch.program)),
+        rotations_before=rotations_before,
+        rotation_keys_before=keys_before,
+        peak_bytes=peak,
+        min_cap_bytes=ch.min_cap,
+        basis=ch.basis if ch.basis is not None else basis,
+        chains={**chains, **ch.chains},
+        solver=ch.solver,
+        options={"key_levels": key_levels, **KEY_STRATEGIES.create(strategy).options(knobs)},
+        splits=ch.splits,
+        time_ms=ch.time.to_json() if ch.time is not None else None,
     )
 
 

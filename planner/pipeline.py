@@ -402,17 +402,19 @@ MAX_RESIDENCY_WALK = 200_000
 
 def candidate_min_cap(c: Candidate, params: Params) -> int:
     """Smallest cap under which this candidate can run by itself: the maximum over its
-    instructions of its live ciphertexts and plaintexts plus the keys that instruction needs
-    at once (a hoisted rotation needs all of its keys)."""
+    instructions of its live ciphertexts and plaintexts plus one key (the joint key schedule,
+    planner.keyplan, splits a hoisted rotation down to one offset at a time when the cap
+    requires it), walked over the candidate's program with its hoisted groups split."""
+    from planner.keyplan import fully_split
     from planner.summary import memory_series
 
     b, _ = c.dry_program(params.slots)
-    prog = b.instrs
+    prog = fully_split(b.instrs).program  # same registers: b.depth covers them
     ser = memory_series(prog, params, depth=b.depth)
     key = params.rotation_key_bytes()
     need = 0
     for i, raw in enumerate(prog):
-        n_keys = len(ir.decode(raw).rot_keys())
+        n_keys = min(1, len(ir.decode(raw).rot_keys()))
         need = max(need, int(ser["plaintexts"][i] + ser["ciphertexts"][i]) + n_keys * key)
     return need
 
@@ -731,13 +733,14 @@ def plan_graph(
                 )
             plan, tables = lower_solution(problem, sol, claims)
             if options.memory_cap_bytes is not None:
-                # rotation-key schedule under the cap (minimum loads; raises KeyCapError naming
-                # the smallest feasible cap); the schedule keeps every table, so `tables` stays valid
+                # rotation-key schedule under the cap (planner.keyplan: key set, hoisted-group
+                # splits and residency chosen together for the smallest modelled time; raises
+                # KeyCapError naming the smallest feasible cap); every table stays valid
                 from planner.keys import schedule_plan
 
                 left = progress.remaining()
                 plan, _ = schedule_plan(
-                    plan, options.memory_cap_bytes, "exact",
+                    plan, options.memory_cap_bytes, "joint",
                     time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
                 )
                 progress.check("key schedule")

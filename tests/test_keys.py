@@ -440,9 +440,10 @@ def test_scheduled_rewritten_plan_runs_on_lattigo(conv1: Case) -> None:
 
 
 def test_tight_cap_changes_the_kernel_choice() -> None:
-    """Joint model: under a cap a candidate must fit by itself (its working set plus the keys
-    its largest hoisted rotation needs at once); the solver then picks another kernel, and
-    the instruction-level schedule keeps the plan under the cap, correct in the simulator."""
+    """Joint model: under a cap a candidate must fit by itself (its working set plus one key:
+    the joint key schedule splits hoisted groups); a cap below IMRA's largest hoisted group
+    keeps IMRA (split), a cap below IMRA's own minimum picks another kernel, and the
+    instruction-level schedule keeps the plan under the cap, correct in the simulator."""
     from planner.pipeline import PlanOptions, plan_graph
     from tests.helpers import check_plan, matvec_graph
 
@@ -450,7 +451,16 @@ def test_tight_cap_changes_the_kernel_choice() -> None:
     params = load_params("n13")
     free = plan_graph(g, params, PlanOptions())
     assert free.plan["nodes"][0]["kernel"] == "imra"
-    cap = 30 * 2**20  # below IMRA's own minimum (31 keys at once for its hoisted babies)
+    group = max(len(i["ks"]) for i in free.plan["program"] if i["op"] == "rot_hoisted")
+    cap = 30 * 2**20  # below IMRA's largest hoisted group (31 keys at once): split, still IMRA
+    assert cap < group * params.rotation_key_bytes()
+    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
+    node = split.plan["nodes"][0]
+    assert node["kernel"] == "imra" and node["min_cap_bytes"] <= cap
+    assert split.plan["summary"]["key_schedule"]["hoisted_splits"] > 0
+    assert split.plan["summary"]["peak_bytes"]["total"] <= cap
+    check_plan(split, g)
+    cap = node["min_cap_bytes"] - 1  # below IMRA's own minimum: another kernel
     tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
     node = tight.plan["nodes"][0]
     assert node["kernel"] != "imra" and node["min_cap_bytes"] <= cap and "min_cap_bytes" not in node["params"]

@@ -28,7 +28,22 @@ import (
 //     op_seconds/op_counts belong to the median run;
 //   - options workers (goroutines of a fused block, default GOMAXPROCS), no_fuse (execute
 //     instruction by instruction) and no_prepare;
-//   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call.
+//   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call;
+//     memory_limit_extra_bytes (> 0) sets it, once keys and inputs are ready, to what the Go
+//     runtime holds then plus that many bytes (the run's modelled peak: the garbage
+//     collector then keeps the heap near the live bytes);
+//   - option prefetch (default true): a scheduled plan's load_key reads the key in a
+//     background goroutine (prefetch.go); false reads it in line;
+//   - option keep_all_disk: a plan without key schedule reads all its keys from a key
+//     directory before the clock starts (ANT-ACE's keep-all: stats.key_load_seconds)
+//     instead of generating them in memory;
+//   - option preload_prologue: a scheduled plan's leading load_key instructions (before
+//     its first instruction other than input/load_key) are read before the clock starts,
+//     as keep-all reads all its keys (stats.prologue_key_loads); they count as loads;
+//   - option measure_rss: the process's resident set is measured around the evaluation
+//     (after garbage collection, the kernel's high-water mark reset): rss_start_bytes
+//     before the keep-all loads / the first instruction, rss_peak_bytes the peak until the
+//     last run ends.
 //
 // Extra stats: encrypt_seconds, decrypt_seconds, encode_seconds, repeat, key_store
 // ("memory" or "disk"), key_bytes (all rotation keys) and eval_seconds_runs.
@@ -49,7 +64,12 @@ type benchPlanOptions struct {
 	// MemoryLimitBytes (> 0) is the Go soft memory limit during the call
 	// (debug.SetMemoryLimit): the garbage collector works harder instead of letting the
 	// heap grow to twice the live keys.
-	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+	MemoryLimitBytes      int64 `json:"memory_limit_bytes"`
+	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
+	Prefetch              *bool `json:"prefetch"`
+	KeepAllDisk           bool  `json:"keep_all_disk"`
+	PreloadPrologue       bool  `json:"preload_prologue"`
+	MeasureRSS            bool  `json:"measure_rss"`
 	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
 	commonOptions
 }
@@ -67,6 +87,12 @@ type benchPlanStats struct {
 	Repeat          int       `json:"repeat"`
 	KeyStore        string    `json:"key_store"`
 	KeyBytes        int64     `json:"key_bytes"`
+	Prefetch        bool      `json:"prefetch"`
+	KeyWaitSeconds  float64   `json:"key_wait_seconds"`
+	RSSStartBytes   int64     `json:"rss_start_bytes"`
+	RSSPeakBytes    int64     `json:"rss_peak_bytes"`
+	RSSMeasured     bool      `json:"rss_measured"`
+	PrologueLoads   int       `json:"prologue_key_loads"`
 }
 
 // benchIO hands pre-encrypted inputs to the executor and keeps the output ciphertexts
@@ -177,14 +203,18 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	c := newClient(params)
 	offsets := p.rotationOffsets()
 	var keys *keyStore
-	if p.hasKeySchedule() {
+	if p.hasKeySchedule() || opt.KeepAllDisk {
 		bs.KeyStore = "disk"
 		keyDir, err := os.MkdirTemp("", "slotlattigo-bench-keys-")
 		if err != nil {
 			return "", fmt.Errorf("cannot create a temporary key directory: %w", err)
 		}
 		defer os.RemoveAll(keyDir)
-		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), nil)
+		levels, err := p.keyLevels() // each key at the level the plan gives it (none: the top)
+		if err != nil {
+			return "", err
+		}
+		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), levels)
 		if err != nil {
 			return "", err
 		}
@@ -212,6 +242,27 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 	}
 	bs.EncryptSeconds = time.Since(t).Seconds()
+	bs.Prefetch = p.hasKeySchedule() && (opt.Prefetch == nil || *opt.Prefetch)
+	if bs.Prefetch {
+		keys.enablePrefetch()
+		defer keys.stopPrefetch()
+	}
+	if opt.MeasureRSS {
+		collectGarbage()
+		bs.RSSStartBytes, bs.RSSMeasured = resetPeakRSS()
+	}
+	if opt.MemoryLimitExtraBytes > 0 {
+		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
+	}
+	keepAllLoadSec := 0.0
+	if !p.hasKeySchedule() && opt.KeepAllDisk {
+		// ANT-ACE's keep-all: every key read before the program starts
+		t := time.Now()
+		if err := keys.loadAll(); err != nil {
+			return "", fmt.Errorf("keep-all key policy: %w", err)
+		}
+		keepAllLoadSec = time.Since(t).Seconds()
+	}
 
 	type runRecord struct {
 		st      *stats
@@ -227,6 +278,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	if !opt.NoPrepare {
 		first = -1 // run -1: model preparation (plaintexts encoded into the cache), untimed
 	}
+	prologueWait := 0.0
 	for r := first; r < opt.Repeat; r++ {
 		io := &benchIO{}
 		for _, ct := range cts {
@@ -255,6 +307,13 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			if err := keys.loadAll(); err != nil {
 				return "", fmt.Errorf("keep-all key policy: %w", err)
 			}
+		} else if opt.PreloadPrologue {
+			n, err := preloadPrologue(p, keys)
+			if err != nil {
+				return "", err
+			}
+			bs.PrologueLoads = n
+			prologueWait = keys.waitSeconds()
 		}
 		cpu0 := cpuSeconds()
 		eval, encode, err := ex.runTimed()
@@ -264,6 +323,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
+		if !p.hasKeySchedule() && opt.KeepAllDisk {
+			st.KeyLoads, st.KeyLoadSeconds = len(keys.resident), keepAllLoadSec
+		}
 		st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 		if r >= 0 {
 			runs = append(runs, runRecord{st: st, eval: eval, encode: encode, cpu: cpu, outputs: io.outputs})
@@ -277,6 +339,10 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			}
 		}
 	}
+	if opt.MeasureRSS {
+		bs.RSSPeakBytes = peakRSS()
+	}
+	bs.KeyWaitSeconds = keys.waitSeconds() - prologueWait
 	order := make([]int, len(runs))
 	for i := range order {
 		order[i] = i
@@ -334,4 +400,26 @@ func (e *executor) runTimed() (evalSec, encodeSec float64, err error) {
 		e.afterStep(i, in, op, time.Since(t).Seconds()-e.rescaleSec-e.encodeSec)
 	}
 	return time.Since(start).Seconds() - encodeSec, encodeSec, nil
+}
+
+// preloadPrologue reads the keys a scheduled plan loads before its first computing
+// instruction (the schedule's counterpart of keep-all's up-front loads) and waits for them.
+func preloadPrologue(p *plan, keys *keyStore) (int, error) {
+	n := 0
+	for i, in := range p.Program {
+		if in.Op == "input" {
+			continue
+		}
+		if in.Op != "load_key" || in.K == nil {
+			break
+		}
+		if err := keys.load(*in.K); err != nil {
+			return n, fmt.Errorf("instruction %d (load_key): %w", i, err)
+		}
+		if err := keys.settle(keys.params.GaloisElement(*in.K)); err != nil {
+			return n, fmt.Errorf("instruction %d (load_key): %w", i, err)
+		}
+		n++
+	}
+	return n, nil
 }

@@ -23,7 +23,8 @@ import (
 // resident ones): Lattigo's evaluator precomputes its automorphism index tables from that
 // list, and an incomplete list makes it fill the table lazily (a data race) or panic.
 //
-// The store is used by one goroutine; ShallowCopy returns the store itself.
+// The store is used by one goroutine (with prefetching on, a background goroutine only
+// reads key files for it: prefetch.go); ShallowCopy returns the store itself.
 type keyStore struct {
 	dir      string
 	params   ckks.Parameters
@@ -45,6 +46,26 @@ type keyStore struct {
 	peakCount     int
 	loads         int
 	loadSeconds   float64
+
+	pf *prefetcher // nil: load reads in line
+}
+
+// addResident counts bytes (and keys) becoming resident and keeps the peaks.
+func (s *keyStore) addResident(bytes int64, keys int) {
+	s.residentBytes += bytes
+	if s.residentBytes > s.peakBytes {
+		s.peakBytes = s.residentBytes
+	}
+	if n := s.residentCount() + keys + s.inflightCount(); n > s.peakCount {
+		s.peakCount = n
+	}
+}
+
+func (s *keyStore) inflightCount() int {
+	if s.pf == nil {
+		return 0
+	}
+	return len(s.pf.inflight)
 }
 
 func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
@@ -124,6 +145,9 @@ func (s *keyStore) has(k int) bool {
 // resident boot block's), or nil.
 func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
 	galEl := s.params.GaloisElement(k)
+	if err := s.settle(galEl); err != nil { // a prefetched key: wait for its read
+		return nil
+	}
 	if gk, ok := s.resident[galEl]; ok {
 		return gk
 	}
@@ -232,7 +256,8 @@ func (s *keyStore) dropBlock() {
 	}
 }
 
-// load makes the key for offset k resident (a no-op when it already is).
+// load makes the key for offset k resident (a no-op when it already is); with prefetching
+// on, it queues the read and returns at once.
 func (s *keyStore) load(k int) error {
 	galEl := s.params.GaloisElement(k)
 	if _, ok := s.resident[galEl]; ok {
@@ -241,6 +266,12 @@ func (s *keyStore) load(k int) error {
 	mk, ok := s.byGalEl[galEl]
 	if !ok {
 		return fmt.Errorf("key directory %s has no rotation key for k=%d", s.dir, k)
+	}
+	if s.pf != nil {
+		if _, busy := s.pf.inflight[galEl]; !busy {
+			s.startLoad(galEl, mk)
+		}
+		return nil
 	}
 	t := time.Now()
 	gk := new(rlwe.GaloisKey)
@@ -253,14 +284,15 @@ func (s *keyStore) load(k int) error {
 	s.loadSeconds += time.Since(t).Seconds()
 	s.loads++
 	s.resident[galEl] = gk
-	s.residentBytes += int64(gk.BinarySize())
-	s.notePeak()
+	s.addResident(int64(gk.BinarySize()), 0)
 	return nil
 }
 
-// drop forgets the key for offset k (a no-op when it is not resident).
+// drop forgets the key for offset k (a no-op when it is not resident; an in-flight
+// prefetch is waited for first).
 func (s *keyStore) drop(k int) {
 	galEl := s.params.GaloisElement(k)
+	_ = s.settle(galEl)
 	if gk, ok := s.resident[galEl]; ok {
 		s.residentBytes -= int64(gk.BinarySize())
 		delete(s.resident, galEl)
@@ -280,6 +312,9 @@ func (s *keyStore) loadAll() error {
 
 // GetGaloisKey implements rlwe.EvaluationKeySet.
 func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
+	if err := s.settle(galEl); err != nil {
+		return nil, err
+	}
 	if gk, ok := s.resident[galEl]; ok {
 		return gk, nil
 	}

@@ -1,0 +1,149 @@
+"""``slotplan keymeasure``: rotation-key memory measured on Lattigo, keep-all against caps.
+
+For each workload of a key suite (or one graph) at its preset:
+
+* **keep-all** (ANT-ACE): the plan without key schedule; every key generated at the top
+  level, written to a key directory and read back before the clock starts (Go
+  ``BenchPlan`` with ``keep_all_disk``);
+* **cap f** for each fraction ``f`` of the keep-all modelled peak: the graph planned with
+  ``memory_cap_bytes`` (the joint key schedule, :mod:`planner.keyplan`: hoisted splits, key
+  set, residency and prefetch), keys at the plan's levels, read during the evaluation by
+  the prefetching key store; the keys it loads before its first computing instruction are
+  read before the clock starts (``preload_prologue``), as keep-all's are.
+
+Measured per run (Go side): evaluation seconds (the scheduled runs include their key
+traffic: waits for keys not read in time), key-read seconds, peak resident key bytes (the
+key store counts a key from its ``load_key``), and the process's resident set: its peak
+over the evaluation minus the resident set just before (after garbage collection, the
+kernel's high-water mark reset).  Modelled: the plan's ``peak_bytes`` (keys, and keys +
+ciphertexts + plaintexts; plus the relinearisation key the process also holds) and its
+modelled time.  With ``repeat`` > 1 each plan runs that many times (median evaluation
+time; the keep-all and capped runs of a workload alternate in no way, so load on the
+machine shows as noise).  Outputs are compared with numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
+from backends.lattigo_bench import _scatter
+from planner.graph import Graph, load_graph
+from planner.keyplan import modelled_time, time_model
+from planner.keys import schedule_plan
+from planner.params import Params, load_params
+from planner.pipeline import PlanOptions, plan_graph
+from planner.reference import random_values, reference
+from planner.summary import plan_key_bytes
+
+__all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
+
+DEFAULT_FRACTIONS = (0.5, 0.25)
+# Go's soft memory limit during a run: the Go runtime's memory before the run plus the
+# modelled peak times this factor (the collector keeps the heap near the live bytes).
+GC_HEADROOM = 1.10
+
+
+def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
+           model_total: int, keep_all: bool, repeat: int = 1) -> dict[str, Any]:
+    inputs = {t: values[t] for t in graph.inputs}
+    weights = {t: values[t] for t in graph.weights}
+    packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
+    mod, go = _ext()
+    opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
+            "memory_limit_extra_bytes": int(model_total * GC_HEADROOM)}
+    t0 = time.perf_counter()
+    raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
+                           go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
+    wall = time.perf_counter() - t0
+    st = raw["stats"]
+    outs = _scatter(raw["outputs"], tables, {t: graph.shape(t) for t in graph.outputs})
+    ref = reference(graph, values)
+    rel = max(float(np.max(np.abs(outs[t] - ref[t]))) / max(1e-300, float(np.max(np.abs(ref[t])))) for t in graph.outputs)
+    return {
+        "eval_seconds": round(st["eval_seconds"], 4),
+        "eval_seconds_runs": [round(x, 4) for x in st.get("eval_seconds_runs", [])],
+        "relin_key_bytes": st.get("relin_key_bytes", 0),
+        "key_load_seconds": round(st["key_load_seconds"], 4),
+        "key_wait_seconds": round(st.get("key_wait_seconds", 0.0), 4),
+        "prologue_key_loads": st.get("prologue_key_loads", 0),
+        "key_loads": st["key_loads"],
+        "peak_key_bytes": st["peak_key_bytes"],
+        "peak_resident_keys": st["peak_resident_keys"],
+        "peak_ciphertext_bytes": st["peak_ciphertext_bytes"],
+        "rss_start_bytes": st.get("rss_start_bytes", 0),
+        "rss_peak_bytes": st.get("rss_peak_bytes", 0),
+        "rss_growth_bytes": st.get("rss_peak_bytes", 0) - st.get("rss_start_bytes", 0),
+        "rss_measured": bool(st.get("rss_measured")),
+        "rotations": st["rotations"],
+        "max_rel_error": rel,
+        "wall_seconds": round(wall, 2),
+    }
+
+
+def measure_graph(
+    graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
+    time_limit_s: float = 10.0, repeat: int = 1,
+) -> dict[str, Any]:
+    """Keep-all and one run per cap fraction (see the module docstring)."""
+    values = random_values(graph, seed)
+    tm = time_model(params)
+    res = plan_graph(graph, params, PlanOptions(time_limit_s=time_limit_s))
+    ka_plan, ka = schedule_plan(res.plan, None, "keep-all", key_levels=False)
+    ka_peak = ka.peak_bytes
+    ka_time = modelled_time(res.plan["program"], params, {}, tm)
+    runs: list[dict[str, Any]] = []
+    row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
+           "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
+           "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
+    row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True, repeat=repeat))
+    runs.append(row)
+    for f in fractions:
+        cap = int(ka_peak["total"] * f)
+        r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
+        s = r.plan["summary"]
+        ks = s["key_schedule"]
+        mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
+        row = {"cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
+               "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
+               "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
+               "hoisted_splits": ks.get("hoisted_splits", 0)}
+        row.update(_bench(r.plan, graph, values, r.tables, s["peak_bytes"]["total"], keep_all=False, repeat=repeat))
+        runs.append(row)
+    base = runs[0]
+    for row in runs:
+        row["time_ratio"] = round(row["eval_seconds"] / base["eval_seconds"], 4)
+        row["peak_reduction"] = round(base["rss_growth_bytes"] / max(1, row["rss_growth_bytes"]), 3)
+        row["key_peak_reduction"] = round(base["peak_key_bytes"] / max(1, row["peak_key_bytes"]), 3)
+        row["key_bytes_vs_model"] = round(row["peak_key_bytes"] / max(1, row["model_key_bytes"]), 4)
+        row["rss_vs_model"] = round(row["rss_growth_bytes"] / max(1, row["model_peak_bytes"]), 4)
+        # the plan's memory model holds rotation keys, ciphertexts and plaintexts; the
+        # process also holds the relinearisation key (same size as a top-level rotation key)
+        row["model_total_with_relin_bytes"] = row["model_peak_bytes"] + row["relin_key_bytes"]
+        row["rss_vs_model_with_relin"] = round(row["rss_growth_bytes"] / max(1, row["model_total_with_relin_bytes"]), 4)
+    return {"workload": graph.name, "params": params.name, "time_model": tm.source, "runs": runs}
+
+
+def measure_suite(
+    path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1,
+) -> Iterator[dict[str, Any]]:
+    from planner.keybench import load_key_suite
+
+    suite, root = load_key_suite(path)
+    for w in suite.workloads:
+        g = load_graph((root / w.graph).resolve())
+        if only and g.name not in only:
+            continue
+        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat)
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
