@@ -525,7 +525,7 @@ def lower_solution(
         "outputs": {t: list(graph.shape(t)) for t in graph.outputs},
         "nodes": nodes_json,
         "plaintexts": {
-            name: {"source": p.source, "table": p.table} for name, p in b.plaintexts.items()
+            name: p.to_json() for name, p in b.plaintexts.items()
         },
         "program": program,
     }

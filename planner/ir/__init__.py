@@ -9,6 +9,7 @@ from planner.ir.instructions import (
     OPS,
     Add,
     Bootstrap,
+    BootstrapCins,
     CMul,
     DropKey,
     Input,
@@ -24,6 +25,7 @@ from planner.ir.instructions import (
     Rot,
     RotHoisted,
     Sub,
+    ToCins,
     UnknownOpError,
     decode,
     decode_program,
@@ -37,8 +39,8 @@ from planner.ir.instructions import (
 from planner.ir.plan import MAX_PROGRAM_LENGTH, PLAN_SCHEMA, Plan, validate_plan
 
 __all__ = [
-    "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "CMul", "DropKey",
-    "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
-    "RotHoisted", "Sub", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
+    "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "BootstrapCins",
+    "CMul", "DropKey", "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
+    "RotHoisted", "Sub", "ToCins", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
     "op_name", "rot_keys_of", "to_json_program", "try_decode", "validate_plan",
 ]
