@@ -250,3 +250,27 @@ def test_ir_round_trip() -> None:
     from planner.ir.instructions import to_cins_rotations
 
     assert ir.ToCins("a", "b", "c", 1024, 2).count() == to_cins_rotations(1024, 2) > 0
+
+
+def test_registered_families_give_exact_cost_vectors() -> None:
+    from planner.candidates import CINS_KERNELS, KERNEL_FAMILIES, KERNELS
+    from planner.graph import load_graph
+
+    assert set(CINS_KERNELS) == {"cins-bsgs", "cins-hs", "cins-dw"} and not set(CINS_KERNELS) & set(KERNELS)
+    g = load_graph({
+        "schema": "slotplan.graph/1", "name": "c",
+        "tensors": {"x": {"shape": [16, 7, 7], "role": "input"}, "w": {"shape": [16, 16, 3, 3], "role": "weight"},
+                    "v": {"shape": [16, 1, 3, 3], "role": "weight"}},
+        "nodes": [{"id": "y", "op": "conv2d", "inputs": ["x", "w"], "padding": [1, 1]},
+                  {"id": "z", "op": "conv2d", "inputs": ["y", "v"], "padding": [1, 1], "groups": 16}],
+        "outputs": ["z"],
+    })
+    y, z = g.nodes
+    bsgs = KERNEL_FAMILIES.create("cins-bsgs").cins(g, y, 16 * 32)
+    hs = KERNEL_FAMILIES.create("cins-hs").cins(g, y, 16 * 32)
+    dw = KERNEL_FAMILIES.create("cins-dw").cins(g, z, 16 * 32)
+    assert KERNEL_FAMILIES.create("cins-dw").cins(g, y, 512) == []
+    (cb,), (ch,), (cd,) = bsgs, hs, dw
+    assert (cb.cost(512).pmul, cb.cost(512).rotations, cb.cost(512).depth) == (16, 6, 1)
+    assert (ch.cost(512).pmul, ch.cost(512).rotations) == (16, 15)
+    assert (cd.cost(512).pmul, cd.cost(512).rotations, cd.cost(512).plaintexts) == (1, 0, 1)
