@@ -14,6 +14,7 @@ from planner.errors import SlotplanError
 from planner.graph import Graph, parse_graph
 from planner.params import Params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
+from planner.ranges import check_values
 from planner.reference import random_values, reference
 from solver.registry import Registry
 
@@ -102,8 +103,9 @@ def _run_sim(
 ) -> Execution:
     key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
     res = simulate(plan, tables, values, key_levels=key_levels)
-    if plan.get("keys"):
-        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
+    if plan.get("keys") or params.boot is not None:
+        # keys at their own levels; a bootstrapping plan's block 'boot' (its own size)
+        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])
     else:
         peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
     # what the client would see beyond the answer: non-zero slots of the output ciphertexts
@@ -131,6 +133,15 @@ def _run_lattigo(
     )
 
 
+def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray]) -> None:
+    """A bootstrapping plan scaled its bootstrap inputs for the ranges it assumed (inputs,
+    weights, nodes' promised ranges): refuse values outside them, naming the tensor (the
+    bootstrap would return garbage on Lattigo)."""
+    assumed = plan.get("summary", {}).get("bootstrapping", {}).get("assumed_ranges")
+    if assumed:
+        check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items()}, ref)
+
+
 def run_plan(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray] | None,
@@ -148,6 +159,7 @@ def run_plan(
         tables = regenerate_tables(plan)
     values = random_values(graph, seed, init)
     ref = reference(graph, values)
+    check_assumed_ranges(plan, ref)
     execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
     ex = execute(plan, tables, values, graph, params)
