@@ -218,13 +218,33 @@ class _Machine:
         re = self.get(ins.re, i)
         im = self.get(ins.im, i) if ins.im is not None else np.zeros(self.S)
         self.put(ins.dst, cins.to_cins(re, im, int(ins.l)), i, int(ins.l))
+        self.rotations += ins.count()  # the rotations of its S_(l<-1) lowering (docs/cins.md)
 
     def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
         if self.dom.get(ins.src) != int(ins.l):
             raise SimulationError(f"instruction {i} ({ins.op}): {ins.src!r} is not a cins(l={ins.l}) register")
-        re, im = cins.bootstrap_cins(self.get(ins.src, i), int(ins.l))
+        x = self.get(ins.src, i)
+        self.check_boot_input(x, i, f"{ins.op} {ins.dsts[0]}, {ins.dsts[1]} <- {ins.src}", "coefficient")
+        re, im = cins.bootstrap_cins(x, int(ins.l))
         self.put(ins.dsts[0], re, i)
         self.put(ins.dsts[1], im, i)
+        self.bootstraps += 1
+
+    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str) -> None:
+        """A bootstrap needs params with a 'boot' object, the key block resident (in a plan
+        with a key schedule) and every value within boot.max_abs."""
+        op = what.split(" ")[0]
+        if self.boot_max_abs is None:
+            raise SimulationError(f"instruction {i} ({op}): the plan's params carry no 'boot' object")
+        if self.schedule and not self.boot_resident:
+            raise SimulationError(f"instruction {i} ({op}): the key block 'boot' is not resident")
+        if x.size:
+            s = int(np.argmax(np.abs(x)))
+            if not abs(x[s]) <= self.boot_max_abs:
+                raise SimulationError(
+                    f"instruction {i} ({what}): |value| {abs(float(x[s])):.6g} at {where} "
+                    f"{s} exceeds boot.max_abs {self.boot_max_abs:g} (Lattigo would return garbage)"
+                )
 
     def exec_poly(self, ins: ir.Poly, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
@@ -238,18 +258,9 @@ class _Machine:
         self.put(ins.dst, self.get(ins.src, i).copy(), i, self.dom.get(ins.src))
 
     def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
-        if self.boot_max_abs is None:
-            raise SimulationError(f"instruction {i} (bootstrap): the plan's params carry no 'boot' object")
-        if self.schedule and not self.boot_resident:
-            raise SimulationError(f"instruction {i} (bootstrap): the key block 'boot' is not resident")
+        self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
-        if x.size:
-            s = int(np.argmax(np.abs(x)))
-            if not abs(x[s]) <= self.boot_max_abs:
-                raise SimulationError(
-                    f"instruction {i} (bootstrap {ins.dst} <- {ins.src}): |value| {abs(float(x[s])):.6g} at slot "
-                    f"{s} exceeds boot.max_abs {self.boot_max_abs:g} (Lattigo would return garbage)"
-                )
+        self.check_boot_input(x, i, f"bootstrap {ins.dst} <- {ins.src}", "slot")
         self.put(ins.dst, x.copy(), i)
         self.bootstraps += 1
 

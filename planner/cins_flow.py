@@ -13,14 +13,15 @@ after) or decomposed (NeuJeans Alg. 2: polyphase split before ``to_cins``, dense
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from planner.cins import CinSLayout
 from planner.convert import plan_conversion
-from planner.kernels.base import CostVector, count_program
+from planner.kernels.base import Candidate, CostVector, count_program
 from planner.kernels.cins import CinsConv, cins_conv
 from planner.layout import MappedLayout, all_maps
 from planner.program import ProgramBuilder
@@ -132,3 +133,58 @@ def conv_layer(
         exit_layout = nonempty(dense.in_layout.pair_layout())[0]
     y = cins_to_slot(b, k.out_layout.with_clean(False), outs, exit_layout)
     return y, k, exit_layout
+
+
+# ---------------------------------------------------------------------- layer candidates
+
+
+def layer_candidate(raw: Candidate, scale: int = 1, levels: int = DEFAULT_TO_CINS_LEVELS) -> Candidate:
+    """A NeuJeans conv layer as one candidate of the choice model (issue 13): it reads its
+    operand in the slot domain, in the Re/Im pair layout of the conv's CinS input (any
+    other layout converts on the edge, priced like every conversion), then ``to_cins``,
+    the CinS conv (``raw``, its plaintexts divided by ``scale``), ``bootstrap_cins`` of
+    every result ciphertext (fused: NeuJeans folds the conv into SlotsToCoeffs) and one
+    ``pmul`` per result ciphertext by ``scale`` on the valid cells and 0 elsewhere (Alg. 1
+    l.3-4: the mask that restores the zeros; it undoes the scaling too).  Its result is a
+    clean slot layout (the pair layout of the conv's output, empty halves left out) at a
+    depth that does not depend on its operand's: the candidate ``resets``.
+
+    ``scale`` is a power of two with every coefficient of the conv's result (valid cells
+    and the partial sums in the padding alike) within the bootstrap's ``max_abs``."""
+    k: CinsConv = raw.source
+    if scale != 1:
+        k = replace(k, scale=scale)
+    lin, node = k.in_layout, raw.node
+    pair_in, where_in = nonempty(lin.with_clean(True).pair_layout())
+    full_out = k.out_layout.with_clean(False).pair_layout()
+    pair_out, where_out = nonempty(full_out.with_clean(True))
+
+    def mask(j: int) -> Callable[[], np.ndarray]:
+        return lambda: np.where(full_out.index_map(j) >= 0, float(scale), 0.0)
+
+    def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
+        xs = regs[k.x]
+        cins_regs = []
+        for q in range(lin.n_ct):
+            jr, ji = where_in[2 * q], where_in[2 * q + 1]
+            if jr is None:  # pragma: no cover - a CinS layout never has an empty ciphertext
+                raise ValueError(f"cins layout {lin.notation()}: ciphertext {q} holds no element")
+            cins_regs.append(b.to_cins(xs[jr], xs[ji] if ji is not None else None, lin.l, levels))
+        outs = k.lower(b, {k.x: cins_regs}, node)
+        res = []
+        for q, r in enumerate(outs):
+            pair = b.bootstrap_cins(r, lin.l, True)
+            for j, reg in zip((2 * q, 2 * q + 1), pair, strict=True):
+                if where_out[j] is None:
+                    continue  # the Im half of a slice holds no cell of the output
+                pt = b.const_plaintext(("cins-exit", node, j, scale), f"pt/{node}/cins-exit/{j}", mask(j))
+                res.append(b.rescale(b.pmul(reg, pt)))
+        return res
+
+    params = {**raw.params, "to_cins_levels": levels}
+    if scale != 1:
+        params["scale"] = scale
+    return Candidate(
+        node=node, kernel=raw.kernel, params=params, in_layouts={k.x: pair_in}, out_layout=pair_out,
+        lower=lower, slot_utilization=pair_out.size / (pair_out.n_ct * pair_out.slots), source=k, resets=True,
+    )

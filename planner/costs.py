@@ -70,6 +70,7 @@ class CostTable(BaseModel):
             + w.rescale * c.rescale
             + w.poly * c.poly
             + w.depth * c.depth
+            + (w.bootstrap_weight() * c.bootstraps if c.bootstraps else 0.0)
         )
 
     def iscore(self, c: CostVector) -> int:

@@ -81,13 +81,22 @@ class CpSatSolver:
                     zs.append(z)
                 if any(g.boot_pre(o) for o in range(len(zs))):
                     m.add(D[g.name] + sum(g.boot_pre(o) * z for o, z in enumerate(zs)) <= L)
+            # options that bootstrap inside themselves: their levels before the reset
+            # (P[g], within max_depth) and the fixed depth of their result
+            P: dict[str, cp_model.IntVar] = dict(D)
             for g in model.groups:
+                pre = D[g.name]
+                if g.has_resets:
+                    pre = P[g.name] = m.new_int_var(0, L, f"P[{g.name}]")
+                    resets = [(g.reset(o), v) for o, v in enumerate(x[g.name])]
+                    m.add(D[g.name] >= pre - L * sum(v for r, v in resets if r is not None))
+                    m.add(D[g.name] >= sum(r * v for r, v in resets if r))
                 if g.depths:
-                    m.add(D[g.name] >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
+                    m.add(pre >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
             for ei, e in enumerate(model.edges):
                 kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
                 cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
-                m.add(D[e.dst] >= R[e.src] + cd + kd)
+                m.add(P[e.dst] >= R[e.src] + cd + kd)
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)

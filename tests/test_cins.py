@@ -21,7 +21,9 @@ from planner.reference import conv2d
 
 def _plan(b: ProgramBuilder, outputs: dict[str, list[int]]) -> dict[str, Any]:
     return {
-        "params": {"slots": b.slots, "log_q": [60] * 30},
+        # a boot object (bootstrap_cins needs one); the flows here do not scale their
+        # bootstraps, so the range bound is wide (the pipeline's layers do: test_cins_plans)
+        "params": {"slots": b.slots, "log_q": [60] * 30, "boot": {"key_offsets": [], "max_abs": 1e6}},
         "plaintexts": {n: p.to_json() for n, p in b.plaintexts.items()},
         "program": b.instrs,
         "outputs": outputs,

@@ -580,6 +580,14 @@ def op_name(d: Mapping[str, Any] | Instr) -> str:
     return d.op if isinstance(d, Instr) else str(d.get("op"))
 
 
+# Instructions that bootstrap (each needs the key block "boot" resident).
+BOOTSTRAP_OPS: tuple[type[Instr], ...] = (Bootstrap, BootstrapCins)
+
+
+def is_bootstrap(ins: Instr) -> bool:
+    return isinstance(ins, BOOTSTRAP_OPS)
+
+
 def has_key_schedule(program: Sequence[Instr]) -> bool:
     """True when the program loads or drops keys (a plan with a key schedule)."""
     return any(isinstance(ins, KeyOp) for ins in program)

@@ -55,6 +55,9 @@ class CinsConv:
     in_layout: CinSLayout
     out_layout: CinSLayout
     kind: str = "bsgs"  # "bsgs" | "hs"
+    # the kernel computes conv / scale (a power of two folded into its plaintexts: a layer
+    # that bootstraps its result keeps every coefficient within boot.max_abs)
+    scale: int = 1
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -152,7 +155,7 @@ class CinsConv:
             for e, i, j in self.class_taps[g_ % s2]:
                 pos = (-e) % L
                 idx[t_ * L + pos] = ((o_ * Cg + c % Cg) * K1 + i) * K2 + j
-                coef[t_ * L + pos] = -1.0 if e > 0 else 1.0
+                coef[t_ * L + pos] = (-1.0 if e > 0 else 1.0) / self.scale
         return idx, coef
 
     def _gen(self, oq: int, iq: int, d: int, G: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
@@ -216,6 +219,7 @@ class CinsConv:
             out_layout=self.out_layout.with_clean(False),
             lower=lambda b, regs: self.lower(b, regs, node),
             slot_utilization=self.out_layout.size / (self.out_layout.n_ct * self.out_layout.N),
+            source=self,
         )
 
 
