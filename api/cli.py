@@ -39,6 +39,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
     kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {KERNEL_FAMILIES.help(',')}")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
+    cins: Annotated[bool, typer.Option("--cins/--no-cins", help="offer NeuJeans CinS conv layers (each bootstraps its result) at bootstrapping presets (default) | slot kernels only; a --kernels list is taken as given")] = True,
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
@@ -71,6 +72,7 @@ def plan(
             costs=costs,
             clean_outputs=clean_outputs,
             allow_insecure=allow_insecure,
+            cins=cins,
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):

@@ -198,7 +198,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)
     ranges = graph_ranges(graph) if params.boot is not None else None
-    cins_ctx = _CinsContext(options.cins_kernels(params), params, ranges) if ranges is not None else None
+    cins_families = options.cins_kernels(params)  # (refuses CinS kernels at a preset without bootstrapping)
+    cins_ctx = _CinsContext(cins_families, params, ranges) if ranges is not None else None
     cands: dict[str, list[Candidate]] = {}
     progress.begin("candidates", len(graph.nodes))
     for node in graph.nodes:
