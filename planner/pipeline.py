@@ -75,6 +75,9 @@ class PlanOptionsLiteral(BaseModel):
     # NeuJeans CinS conv layers (docs/cins.md) join the default kernels at bootstrapping
     # presets; false keeps the slot kernels only (a `kernels` list is taken as given)
     cins: bool = True
+    # strided CinS convs also in NeuJeans' decomposed form (Alg. 2: polyphase input, a
+    # quarter of the bootstraps at stride 2); false: only the densify-first form
+    cins_decompose: bool = True
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class PlanOptions:
     clean_outputs: bool = True
     allow_insecure: bool = False
     cins: bool = True
+    cins_decompose: bool = True
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -107,6 +111,7 @@ class PlanOptions:
             clean_outputs=lit.clean_outputs,
             allow_insecure=lit.allow_insecure,
             cins=lit.cins,
+            cins_decompose=lit.cins_decompose,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -124,6 +129,8 @@ class PlanOptions:
             out["allow_insecure"] = True
         if not self.cins:
             out["cins"] = False
+        if not self.cins_decompose:
+            out["cins_decompose"] = False
         return out
 
     def cins_kernels(self, params: Params) -> tuple[str, ...]:
@@ -199,7 +206,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     pinned = _pinned_layouts(graph, options, S)
     ranges = graph_ranges(graph) if params.boot is not None else None
     cins_families = options.cins_kernels(params)  # (refuses CinS kernels at a preset without bootstrapping)
-    cins_ctx = _CinsContext(cins_families, params, ranges) if ranges is not None else None
+    cins_ctx = _CinsContext(cins_families, params, ranges, options.cins_decompose) if ranges is not None else None
     cands: dict[str, list[Candidate]] = {}
     progress.begin("candidates", len(graph.nodes))
     for node in graph.nodes:
@@ -305,6 +312,7 @@ class _CinsContext:
     families: tuple[str, ...]
     params: Params
     ranges: RangeReport
+    decompose: bool = True
 
 
 def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candidate]:
@@ -326,7 +334,8 @@ def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candid
         if make is None:
             continue
         try:
-            out.extend(layer_candidate(c, scale) for c in make(graph, node, ctx.params.slots))
+            out.extend(layer_candidate(c, scale) for c in make(graph, node, ctx.params.slots)
+                       if ctx.decompose or not c.params.get("decomposed"))
         except (KernelError, LayoutError):
             continue
     return out
