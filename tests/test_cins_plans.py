@@ -154,3 +154,18 @@ def test_solvers_match_brute_force_with_resets(seed: int) -> None:
     if lazy is not None:  # first fit keeps every depth (before and after resets) within the budget
         d, pre = m.walk_depths(choice, lazy)
         assert max([*d.values(), *pre.values()]) <= (m.max_depth or 0)
+
+
+def test_resnet18_imagenet_workload_shapes() -> None:
+    # planning only (minutes at n16boot): data/golden/manifest.json lists it as such
+    from pathlib import Path
+
+    from planner.graph import load_graph
+
+    g = load_graph(Path(__file__).resolve().parent.parent / "data" / "workloads" / "resnet18_imagenet.json")
+    assert g.shape("x") == (3, 224, 224)
+    convs = [n for n in g.nodes if n.op == "conv2d"]
+    assert len(convs) == 21  # stem, average pool (depthwise 1/9), 16 block convs, 3 shortcuts
+    assert sum(1 for n in convs if (n.stride or (1, 1)) == (2, 2)) == 8
+    assert g.shape("fc") == (1000,) and g.shape("fc_w") == (1000, 512)
+    assert all(n.op != "poly" or list(n.coeffs or ()) == [0.0, 0.5, 0.125] for n in g.nodes)
