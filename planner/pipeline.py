@@ -46,6 +46,11 @@ from planner.summary import span_counts, summarize
 from solver import SOLVER_BACKENDS, create, progress
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
+# The CinS families offered by default at bootstrapping presets: cins-hs (one rotation per
+# slice diagonal) has the layouts of cins-bsgs and never fewer rotations, so it only adds
+# options to price and prune; name it in `kernels` to have it.
+DEFAULT_CINS_KERNELS = ("cins-bsgs", "cins-dw")
+
 # Default solver time limit: the models of single kernels and small graphs prove optimal
 # in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -135,7 +140,7 @@ class PlanOptions:
 
     def cins_kernels(self, params: Params) -> tuple[str, ...]:
         """The CinS families offered: those ``kernels`` names, else (the default kernel
-        list) all of them at a bootstrapping preset unless ``cins`` is off."""
+        list) ``DEFAULT_CINS_KERNELS`` at a bootstrapping preset unless ``cins`` is off."""
         named = tuple(k for k in self.kernels if k in CINS_KERNELS)
         if named:
             if params.boot is None:
@@ -145,7 +150,7 @@ class PlanOptions:
                 )
             return named
         if self.cins and params.boot is not None and self.kernels == KERNELS:
-            return CINS_KERNELS
+            return DEFAULT_CINS_KERNELS
         return ()
 
 
@@ -318,7 +323,8 @@ class _CinsContext:
 def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candidate]:
     """The NeuJeans conv layers of a conv2d node (planner.cins_flow.layer_candidate), one
     per family and form (direct, decomposed); none when the layer cannot be bootstrapped
-    (its operand's range unknown) or no CinS layout fits the ring."""
+    (its operand's range unknown, or its bound needs a scale above 2^BOOT_SCALE_WARN_BITS)
+    or no CinS layout fits the ring."""
     from planner.cins_flow import layer_candidate
     from planner.kernels.problem import KernelError
     from planner.layout import LayoutError
@@ -328,6 +334,10 @@ def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candid
     if boot is None or bound is None or not ctx.families:
         return []
     scale = boot_scale(bound, boot.max_abs)
+    if scale.bit_length() - 1 > BOOT_SCALE_WARN_BITS:
+        # the conv's interval bound would scale away most of the bootstrap's ~25 bits
+        # (a separately placed bootstrap scales by the node's promised range instead)
+        return []
     out: list[Candidate] = []
     for fam in ctx.families:
         make = KERNEL_FAMILIES.create(fam).cins

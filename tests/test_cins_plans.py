@@ -116,7 +116,7 @@ def test_cins_options() -> None:
         plan_graph(g, preset("n14"), PlanOptions(kernels=("cins-bsgs", "elementwise")))
     lit = PlanOptions.from_literal(PlanOptionsLiteral(kernels=["cins-hs", "bsgs"], cins=False))
     assert lit.cins_kernels(N14BOOT) == ("cins-hs",)
-    assert PlanOptions().cins_kernels(N14BOOT) == ("cins-bsgs", "cins-hs", "cins-dw")
+    assert PlanOptions().cins_kernels(N14BOOT) == ("cins-bsgs", "cins-dw")
     assert PlanOptions().cins_kernels(preset("n14")) == ()
     assert PlanOptions(cins=False).cins_kernels(N14BOOT) == ()
     assert PlanOptions(kernels=("bsgs", "elementwise")).cins_kernels(N14BOOT) == ()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from planner import golden
-from planner.graph import load_graph
 from planner.diff import diff_digests, render_markdown
+from planner.graph import load_graph
 from tests.test_batch import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
