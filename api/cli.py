@@ -39,6 +39,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
     kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {KERNEL_FAMILIES.help(',')}")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
+    cins: Annotated[bool, typer.Option("--cins/--no-cins", help="offer NeuJeans CinS conv layers (each bootstraps its result) at bootstrapping presets (default) | slot kernels only; a --kernels list is taken as given")] = True,
+    cins_decompose: Annotated[bool, typer.Option("--cins-decomposition/--no-cins-decomposition", help="strided CinS convs also in NeuJeans' decomposed form (Alg. 2, default) | only densify-first")] = True,
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     objective: Annotated[str | None, typer.Option("--objective", help="time (modelled seconds of the preset's calibrated table data/costs/<preset>-lattigo.json; the default where one exists) | rotations (the minimum-rotation plan)")] = None,
@@ -77,6 +79,8 @@ def plan(
             clean_outputs=clean_outputs,
             allow_insecure=allow_insecure,
             objective=objective,  # type: ignore[arg-type]
+            cins=cins,
+            cins_decompose=cins_decompose,
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):

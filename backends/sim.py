@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from planner import ir
+from planner import cins, ir
 from planner.errors import SlotplanError
 from planner.summary import register_depths
 
@@ -43,6 +43,7 @@ class SimResult:
 
 
 def _table(tables: Mapping[str, np.ndarray], name: str, slots: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Table ``name`` of length ``slots`` (``2 * slots`` for a cins register or plaintext)."""
     try:
         idx = np.asarray(tables[f"{name}.idx"], dtype=np.int64)
     except KeyError as e:
@@ -68,9 +69,10 @@ def gather(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def plaintext_vector(
     pt: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], slots: int
 ) -> np.ndarray:
-    idx, coef = _table(tables, pt["table"], slots)
+    n = 2 * slots if pt.get("l") else slots  # a cins(l) plaintext: local coefficients
+    idx, coef = _table(tables, pt["table"], n)
     if pt["source"] == "const":
-        v = np.ones(slots)
+        v = np.ones(n)
     else:
         if pt["source"] not in values:
             raise SimulationError(f"plaintext source {pt['source']!r} has no value")
@@ -96,6 +98,8 @@ class _Machine:
         self.values = values
         self.key_levels = key_levels
         self.regs: dict[str, np.ndarray] = {}
+        # register domain: None = slot, l = cins(l) (value: local coefficients, docs/cins.md)
+        self.dom: dict[str, int | None] = {}
         self.schedule = ir.has_key_schedule([i for i in program if i is not None])
         self.resident: set[int] = set()
         self.peak_keys = 0
@@ -120,10 +124,30 @@ class _Machine:
         except KeyError:
             raise SimulationError(f"instruction {i}: register {r!r} read before it is written") from None
 
-    def put(self, r: str, v: np.ndarray, i: int) -> None:
+    def put(self, r: str, v: np.ndarray, i: int, dom: int | None = None) -> None:
         if r in self.regs:
             raise SimulationError(f"instruction {i}: register {r!r} written twice (program is not SSA)")
         self.regs[r] = v
+        self.dom[r] = dom
+
+    def same_domain(self, regs: tuple[str, ...], i: int, op: str) -> int | None:
+        doms = {self.dom.get(r) for r in regs}
+        if len(doms) > 1:
+            raise SimulationError(f"instruction {i} ({op}): operands of different domains (slot and cins)")
+        return doms.pop() if doms else None
+
+    def slot_only(self, r: str, i: int, op: str) -> None:
+        if self.dom.get(r) is not None:
+            raise SimulationError(f"instruction {i} ({op}): not defined on a cins register ({r!r})")
+
+    def rotated(self, src: str, k: int, i: int, op: str) -> np.ndarray:
+        v = self.get(src, i)
+        lv = self.dom.get(src)
+        if lv is None:
+            return np.roll(v, -k)
+        if k % lv:
+            raise SimulationError(f"instruction {i} ({op}): rotation {k} of a cins(l={lv}) register is not a multiple of l")
+        return cins.rotate_slices(v, k, lv)
 
     def check_key(self, k: int, src: str, i: int, op: str) -> None:
         S = self.S
@@ -144,55 +168,96 @@ class _Machine:
     def exec_input(self, ins: ir.Input, i: int) -> None:
         if ins.tensor not in self.values:
             raise SimulationError(f"instruction {i}: no value for input tensor {ins.tensor!r}")
-        idx, _ = _table(self.tables, ins.table, self.S)
-        self.put(ins.dst, gather(self.values[ins.tensor], idx), i)
+        idx, _ = _table(self.tables, ins.table, 2 * self.S if ins.l else self.S)
+        self.put(ins.dst, gather(self.values[ins.tensor], idx), i, ins.l)
 
     def exec_rot(self, ins: ir.Rot, i: int) -> None:
         k = int(ins.k)
         self.check_key(k, ins.src, i, ins.op)
-        self.put(ins.dst, np.roll(self.get(ins.src, i), -k), i)
+        self.put(ins.dst, self.rotated(ins.src, k, i, ins.op), i, self.dom.get(ins.src))
         self.rotations += 1
 
     def exec_rot_hoisted(self, ins: ir.RotHoisted, i: int) -> None:
         src = self.get(ins.src, i)
         if len(ins.dsts) != len(ins.ks):
             raise SimulationError(f"instruction {i}: rot_hoisted needs as many dsts as ks")
+        del src
         for dst, k in zip(ins.dsts, ins.ks, strict=True):
             self.check_key(int(k), ins.src, i, ins.op)
-            self.put(dst, np.roll(src, -int(k)), i)
+            self.put(dst, self.rotated(ins.src, int(k), i, ins.op), i, self.dom.get(ins.src))
             self.rotations += 1
 
     def exec_ct_ct(self, ins: ir.Add | ir.Sub | ir.CMul, i: int) -> None:
         a, b = self.get(ins.a, i), self.get(ins.b, i)
-        self.put(ins.dst, a + b if isinstance(ins, ir.Add) else a - b if isinstance(ins, ir.Sub) else a * b, i)
+        dom = self.same_domain((ins.a, ins.b), i, ins.op)
+        if isinstance(ins, ir.CMul) and dom is not None:
+            self.slot_only(ins.a, i, ins.op)
+        self.put(ins.dst, a + b if isinstance(ins, ir.Add) else a - b if isinstance(ins, ir.Sub) else a * b, i, dom)
 
     def exec_ct_pt(self, ins: ir.PMul | ir.PAdd | ir.PSub, i: int) -> None:
         if ins.pt not in self.pts:
             raise SimulationError(f"instruction {i}: unknown plaintext {ins.pt!r}")
-        v = plaintext_vector(self.pts[ins.pt], self.tables, self.values, self.S)
+        pt = self.pts[ins.pt]
+        dom = self.dom.get(ins.src)
+        if (pt.get("l") or None) != dom:
+            raise SimulationError(
+                f"instruction {i} ({ins.op}): plaintext {ins.pt!r} (l={pt.get('l')}) does not match the "
+                f"register's domain ({'slot' if dom is None else f'cins(l={dom})'})"
+            )
+        v = plaintext_vector(pt, self.tables, self.values, self.S)
         x = self.get(ins.src, i)
-        self.put(ins.dst, x * v if isinstance(ins, ir.PMul) else x + v if isinstance(ins, ir.PAdd) else x - v, i)
+        if isinstance(ins, ir.PMul):
+            r = x * v if dom is None else cins.negacyclic(x, v, dom)
+        else:
+            r = x + v if isinstance(ins, ir.PAdd) else x - v
+        self.put(ins.dst, r, i, dom)
 
-    def exec_poly(self, ins: ir.Poly, i: int) -> None:
+    def exec_to_cins(self, ins: ir.ToCins, i: int) -> None:
+        for r in ins.reads():
+            self.slot_only(r, i, ins.op)
+        re = self.get(ins.re, i)
+        im = self.get(ins.im, i) if ins.im is not None else np.zeros(self.S)
+        self.put(ins.dst, cins.to_cins(re, im, int(ins.l)), i, int(ins.l))
+        self.rotations += ins.count()  # the rotations of its S_(l<-1) lowering (docs/cins.md)
+
+    def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
+        if self.dom.get(ins.src) != int(ins.l):
+            raise SimulationError(f"instruction {i} ({ins.op}): {ins.src!r} is not a cins(l={ins.l}) register")
         x = self.get(ins.src, i)
-        self.put(ins.dst, np.asarray(ins.evaluate(x), dtype=np.float64).reshape(self.S), i)
+        self.check_boot_input(x, i, f"{ins.op} {ins.dsts[0]}, {ins.dsts[1]} <- {ins.src}", "coefficient")
+        re, im = cins.bootstrap_cins(x, int(ins.l))
+        self.put(ins.dsts[0], re, i)
+        self.put(ins.dsts[1], im, i)
+        self.bootstraps += 1
 
-    def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
-        self.put(ins.dst, self.get(ins.src, i).copy(), i)
-
-    def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
+    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str) -> None:
+        """A bootstrap needs params with a 'boot' object, the key block resident (in a plan
+        with a key schedule) and every value within boot.max_abs."""
+        op = what.split(" ")[0]
         if self.boot_max_abs is None:
-            raise SimulationError(f"instruction {i} (bootstrap): the plan's params carry no 'boot' object")
+            raise SimulationError(f"instruction {i} ({op}): the plan's params carry no 'boot' object")
         if self.schedule and not self.boot_resident:
-            raise SimulationError(f"instruction {i} (bootstrap): the key block 'boot' is not resident")
-        x = self.get(ins.src, i)
+            raise SimulationError(f"instruction {i} ({op}): the key block 'boot' is not resident")
         if x.size:
             s = int(np.argmax(np.abs(x)))
             if not abs(x[s]) <= self.boot_max_abs:
                 raise SimulationError(
-                    f"instruction {i} (bootstrap {ins.dst} <- {ins.src}): |value| {abs(float(x[s])):.6g} at slot "
+                    f"instruction {i} ({what}): |value| {abs(float(x[s])):.6g} at {where} "
                     f"{s} exceeds boot.max_abs {self.boot_max_abs:g} (Lattigo would return garbage)"
                 )
+
+    def exec_poly(self, ins: ir.Poly, i: int) -> None:
+        self.slot_only(ins.src, i, ins.op)
+        x = self.get(ins.src, i)
+        self.put(ins.dst, np.asarray(ins.evaluate(x), dtype=np.float64).reshape(self.S), i)
+
+    def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
+        self.put(ins.dst, self.get(ins.src, i).copy(), i, self.dom.get(ins.src))
+
+    def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
+        self.slot_only(ins.src, i, ins.op)
+        x = self.get(ins.src, i)
+        self.check_boot_input(x, i, f"bootstrap {ins.dst} <- {ins.src}", "slot")
         self.put(ins.dst, x.copy(), i)
         self.bootstraps += 1
 
@@ -229,8 +294,8 @@ class _Machine:
 
     def exec_output(self, ins: ir.Output, i: int) -> None:
         t = ins.tensor
-        idx, _ = _table(self.tables, ins.table, self.S)
         v = self.get(ins.src, i)
+        idx, _ = _table(self.tables, ins.table, v.size)
         if t not in self.out_vals:
             size = int(np.prod(self.shapes[t])) if t in self.shapes else int(idx.max()) + 1
             self.out_vals[t] = np.full(size, np.nan)
@@ -259,6 +324,8 @@ _EXEC: dict[type[ir.Instr], Callable[[_Machine, Any, int], None]] = {
     ir.PSub: _Machine.exec_ct_pt,
     ir.Poly: _Machine.exec_poly,
     ir.Rescale: _Machine.exec_rescale,
+    ir.ToCins: _Machine.exec_to_cins,
+    ir.BootstrapCins: _Machine.exec_bootstrap_cins,
     ir.Bootstrap: _Machine.exec_bootstrap,
     ir.LoadKey: _Machine.exec_load_key,
     ir.DropKey: _Machine.exec_drop_key,

@@ -111,15 +111,48 @@ class KernelFamily:
     name: str
     kind: str
     linear: LinearCandidates | None = None
+    # kind "cins": (graph, node, slots) -> the family's CinS candidates (docs/cins.md)
+    cins: Callable[[Graph, Node, int], list[Candidate]] | None = None
 
 
 # Kernel families by name, in the order plans record them (PlanOptions.kernels).
 KERNEL_FAMILIES: Registry[KernelFamily] = Registry("kernel", "known kernels")
 
 
-def _family(name: str, kind: str, linear: LinearCandidates | None = None) -> None:
-    fam = KernelFamily(name, kind, linear)
+def _family(
+    name: str, kind: str, linear: LinearCandidates | None = None,
+    cins: Callable[[Graph, Node, int], list[Candidate]] | None = None,
+) -> None:
+    fam = KernelFamily(name, kind, linear, cins)
     KERNEL_FAMILIES.register(name, lambda: fam)
+
+
+def _cins_family(kind: str, depthwise: bool) -> Callable[[Graph, Node, int], list[Candidate]]:
+    """NeuJeans conv candidates of a conv2d node (planner/kernels/cins.py): unit stride, or
+    a strided conv both direct (step s) and decomposed (Alg. 2)."""
+
+    def make(graph: Graph, node: Node, slots: int) -> list[Candidate]:
+        from planner.kernels.cins import cins_conv
+
+        if node.op != "conv2d":
+            return []
+        x, w = node.inputs
+        xs, ws = graph.shape(x), graph.shape(w)
+        groups = node.groups or 1
+        if depthwise != (groups > 1 and ws[1] == 1):
+            return []
+        s1, s2 = node.stride or (1, 1)
+        if s1 != s2:
+            raise KernelError("cins kernels take square strides")
+        pad = node.padding or (0, 0)
+        out = []
+        for decomposed in ([False, True] if s1 > 1 else [False]):
+            k = cins_conv(x, w, (xs[0], xs[1], xs[2]), (ws[0], ws[1], ws[2], ws[3]), slots, s1, pad, groups,
+                          decomposed, kind)
+            out.append(k.candidate(node.id, "cins-dw" if depthwise else f"cins-{kind}"))
+        return out
+
+    return make
 
 
 def _imra_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
@@ -151,6 +184,12 @@ _family("bsgs", "linear", _diagonal_candidates("bsgs"))
 _family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
 _family("fhelipe", "linear", _fhelipe_candidates)
 _family("hybrid", "linear", _hybrid_candidates)
+# CinS kernels (docs/cins.md): candidates with exact cost vectors, not yet offered by
+# default (their layouts leave the coefficient domain only through bootstrap_cins, which
+# needs the bootstrapping model of the pipeline; issue 13 step 4)
+_family("cins-bsgs", "cins", cins=_cins_family("bsgs", False))
+_family("cins-hs", "cins", cins=_cins_family("hs", False))
+_family("cins-dw", "cins", cins=_cins_family("bsgs", True))
 _family("elementwise", "elementwise")
 _family("ct-ct-diagonal", "ct-ct")
 _family("ct-ct-jkls", "ct-ct")
@@ -163,7 +202,8 @@ def kernels_of_kind(*kinds: str) -> tuple[str, ...]:
     return tuple(n for n in KERNEL_FAMILIES.names() if KERNEL_FAMILIES.create(n).kind in kinds)
 
 
-KERNELS = KERNEL_FAMILIES.names()
+KERNELS = kernels_of_kind("linear", "ct-ct", "elementwise")
+CINS_KERNELS = kernels_of_kind("cins")
 LINEAR_KERNELS = kernels_of_kind("linear")
 CTCT_KERNELS = kernels_of_kind("ct-ct")
 # allowed whatever the user restricts (the graph's other ops need them)

@@ -90,6 +90,7 @@ class CostTable(BaseModel):
             + w.rescale * (c.rescale - f.rescale + f.block_rescales)
             + w.poly * c.poly
             + w.depth * c.depth
+            + (w.bootstrap_weight() * c.bootstraps if c.bootstraps else 0.0)
         )
         if f.blocks:
             assert w.block is not None and w.block_baby is not None

@@ -43,6 +43,9 @@ class Manifest(BaseModel):
     schema_: str = Field(alias="schema", pattern=r"^slotplan\.golden-manifest/1$")
     description: str = ""
     entries: list[ManifestEntry]
+    # graphs under data/workloads too large to plan in the test suite (planning only at
+    # n16boot, minutes on two cores): the suite loads and validates them, nothing more
+    planning_only: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ def load_manifest(golden_dir: Path = GOLDEN_DIR) -> list[GoldenCase]:
         name = load_graph(graph_path).name
         cases.append(GoldenCase(entry, graph_path, golden_dir / f"{name}.{entry.params}.json", name))
     return cases
+
+
+def planning_only(golden_dir: Path = GOLDEN_DIR) -> list[Path]:
+    """The manifest's planning-only graphs (resolved paths)."""
+    path = golden_dir / "manifest.json"
+    manifest = Manifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    return [(golden_dir / g).resolve() for g in manifest.planning_only]
 
 
 def fresh_plan(case: GoldenCase) -> PlanResult:

@@ -173,7 +173,9 @@ def plan_digest(plan: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path, slots: int | None) -> tuple[str, np.ndarray]:
+def _read_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path, slots: int | None, wide: frozenset[str] = frozenset()
+) -> tuple[str, np.ndarray]:
     """One array of a tables file, its header checked before its data is read."""
     if not info.filename.endswith(".npy"):
         raise PlanFileError(f"tables file {p}: member {info.filename!r} is not a .npy array")
@@ -184,7 +186,8 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path, slots: int
             shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-        _check_member(f"tables file {p}: array {key!r}", key, tuple(shape), dtype, slots, info.file_size)
+        n = slots * 2 if slots is not None and key.rsplit(".", 1)[0] in wide else slots
+        _check_member(f"tables file {p}: array {key!r}", key, tuple(shape), dtype, n, info.file_size)
         fh.seek(0)
         arr = np.lib.format.read_array(fh, allow_pickle=False)
     if key.endswith(".coef") and not np.all(np.isfinite(arr)):
@@ -217,19 +220,29 @@ def _check_member(
                             f"member holds {file_size}")
 
 
+def cins_tables(plan: Mapping[str, Any]) -> frozenset[str]:
+    """Tables of length ``2 * slots`` (docs/cins.md): those of cins plaintexts and of
+    inputs with ``l``."""
+    names = {str(pt.get("table")) for pt in plan.get("plaintexts", {}).values() if isinstance(pt, dict) and pt.get("l")}
+    names |= {str(i.get("table")) for i in plan.get("program", []) if isinstance(i, dict) and i.get("op") == "input"
+              and i.get("l")}
+    return frozenset(names)
+
+
 def load_tables(path: str | Path, plan: Mapping[str, Any] | None = None) -> Mapping[str, np.ndarray]:
     """Read a tables file strictly: every member's header is checked before its data is
     read (dtype: int64 indices ``T.idx``, finite float64 ``T.coef``; length ``slots`` when
     the plan is given), and a file written for another plan is refused."""
     p = Path(path)
     slots = int(plan["params"]["slots"]) if plan is not None else None
+    wide = cins_tables(plan) if plan is not None else frozenset()
     out: dict[str, np.ndarray] = {}
     try:
         if p.is_dir():
             raise PlanFileError(f"tables file {p} is a directory")
         with zipfile.ZipFile(p) as zf:
             for info in zf.infolist():
-                key, arr = _read_member(zf, info, p, slots)
+                key, arr = _read_member(zf, info, p, slots, wide)
                 out[key] = arr
     except FileNotFoundError:
         raise PlanFileError(f"tables file {p} not found") from None

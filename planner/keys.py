@@ -762,7 +762,7 @@ def _boot_spans(
     [None] when the program does not bootstrap."""
     if params.boot is None:
         return [None]
-    at = [i for i, ins in enumerate(prog) if isinstance(ir.decode(ins), ir.Bootstrap)]
+    at = [i for i, ins in enumerate(prog) if ir.is_bootstrap(ir.decode(ins))]
     if not at:
         return [None]
     whole = (0, len(prog) - 1)
@@ -810,7 +810,7 @@ def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping
         elif isinstance(ins, ir.DropKey) and ins.k is not None:
             resident.discard(ins.k)
         else:
-            if isinstance(ins, ir.Bootstrap) and not block:
+            if ir.is_bootstrap(ins) and not block:
                 raise KeyScheduleError(f"internal: instruction {i} bootstraps with the key block 'boot' not resident")
             missing = [k for k in ins.rot_keys() if k not in resident and not (block and k in offsets)]
             if missing:

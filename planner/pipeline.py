@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner import ir
 from planner.candidates import (
+    CINS_KERNELS,
     ELEMENTWISE_KERNELS,
     KERNEL_FAMILIES,
     KERNELS,
@@ -41,11 +42,16 @@ from planner.kernels.base import Candidate
 from planner.layout import ChannelLayout
 from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
-from planner.ranges import RangeReport, boot_scale, graph_ranges
+from planner.ranges import RangeReport, boot_scale, graph_ranges, operand_bound
 from planner.rotom import parse_layout
 from planner.summary import span_counts, summarize
 from solver import SOLVER_BACKENDS, create, progress
 from solver.model import ChoiceModel, Edge, Group, Solution, Status
+
+# The CinS families offered by default at bootstrapping presets: cins-hs (one rotation per
+# slice diagonal) has the layouts of cins-bsgs and never fewer rotations, so it only adds
+# options to price and prune; name it in `kernels` to have it.
+DEFAULT_CINS_KERNELS = ("cins-bsgs", "cins-dw")
 
 # Default solver time limit: the models of single kernels and small graphs prove optimal
 # in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
@@ -78,6 +84,12 @@ class PlanOptionsLiteral(BaseModel):
     # partial sums): what the client decrypts is the output and nothing of the weights
     clean_outputs: bool = True
     allow_insecure: bool = Field(default=False, description="accept parameters above the 128-bit bound")
+    # NeuJeans CinS conv layers (docs/cins.md) join the default kernels at bootstrapping
+    # presets; false keeps the slot kernels only (a `kernels` list is taken as given)
+    cins: bool = True
+    # strided CinS convs also in NeuJeans' decomposed form (Alg. 2: polyphase input, a
+    # quarter of the bootstraps at stride 2); false: only the densify-first form
+    cins_decompose: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,13 +104,17 @@ class PlanOptions:
     clean_outputs: bool = True
     allow_insecure: bool = False
     objective: str | None = None
+    cins: bool = True
+    cins_decompose: bool = True
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
         kernels = tuple(lit.kernels) if lit.kernels else KERNELS
-        unknown = [k for k in kernels if k not in KERNELS]
+        unknown = [k for k in kernels if k not in KERNELS and k not in CINS_KERNELS]
         if unknown:
-            raise PlanError(f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(KERNELS)}")
+            raise PlanError(
+                f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(KERNELS + CINS_KERNELS)}"
+            )
         if not any(k in kernels for k in ELEMENTWISE_KERNELS):
             kernels = kernels + ELEMENTWISE_KERNELS
         return PlanOptions(
@@ -107,6 +123,8 @@ class PlanOptions:
             input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
             clean_outputs=lit.clean_outputs,
             allow_insecure=lit.allow_insecure, objective=lit.objective,
+            cins=lit.cins,
+            cins_decompose=lit.cins_decompose,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -124,7 +142,26 @@ class PlanOptions:
             out["allow_insecure"] = True
         if self.objective is not None:
             out["objective"] = self.objective
+        if not self.cins:
+            out["cins"] = False
+        if not self.cins_decompose:
+            out["cins_decompose"] = False
         return out
+
+    def cins_kernels(self, params: Params) -> tuple[str, ...]:
+        """The CinS families offered: those ``kernels`` names, else (the default kernel
+        list) ``DEFAULT_CINS_KERNELS`` at a bootstrapping preset unless ``cins`` is off."""
+        named = tuple(k for k in self.kernels if k in CINS_KERNELS)
+        if named:
+            if params.boot is None:
+                raise PlanError(
+                    f"the CinS kernels ({', '.join(named)}) bootstrap every layer: they need a bootstrapping "
+                    f"preset (n14boot, n16boot), not {params.name}"
+                )
+            return named
+        if self.cins and params.boot is not None and self.kernels == KERNELS:
+            return DEFAULT_CINS_KERNELS
+        return ()
 
 
 def resolve_objective(options: PlanOptions, params: Params) -> PlanOptions:
@@ -202,10 +239,13 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)
+    ranges = graph_ranges(graph) if params.boot is not None else None
+    cins_families = options.cins_kernels(params)  # (refuses CinS kernels at a preset without bootstrapping)
+    cins_ctx = _CinsContext(cins_families, params, ranges, options.cins_decompose) if ranges is not None else None
     cands: dict[str, list[Candidate]] = {}
     progress.begin("candidates", len(graph.nodes))
     for node in graph.nodes:
-        out = _node_candidates(graph, node, cands, pinned, options, S)
+        out = _node_candidates(graph, node, cands, pinned, options, S, cins_ctx)
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
         cands[node.id] = _prune(out, costs, S)
@@ -218,18 +258,22 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
-    ranges = graph_ranges(graph) if params.boot is not None else None
     boot_scales: dict[str, int] = {}
     boot_unknown: dict[str, str] = {}
     for node in graph.nodes:
         cs = cands[node.id]
         bootable, pres, post = _boot_options(graph, node, cs, params, ranges, boot_scales, boot_unknown)
+        # a candidate that bootstraps inside itself (a CinS layer): the levels it uses
+        # before its bootstraps, and its result's depth
+        rds = [c.reset_depths(S) for c in cs]
         groups.append(
             Group(node.id, tuple(costs.iscore(c.cost(S)) + p
                                  for c, p in zip(cs, penalty.get(node.id) or [0] * len(cs), strict=True)),
-                  tuple(c.label for c in cs), depths=tuple(c.cost(S).depth for c in cs),
+                  tuple(c.label for c in cs),
+                  depths=tuple(c.cost(S).depth if rd is None else rd[0] for c, rd in zip(cs, rds, strict=True)),
                   n_cts=tuple(c.out_layout.n_ct for c in cs) if params.boot is not None else (),
-                  bootable=bootable, boot_pres=pres, boot_post=post)
+                  bootable=bootable, boot_pres=pres, boot_post=post,
+                  resets=tuple(-1 if rd is None else rd[1] for rd in rds) if any(rds) else ())
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -295,9 +339,51 @@ def _pinned_layouts(graph: Graph, options: PlanOptions, S: int) -> dict[str, Any
     return pinned
 
 
+@dataclass(frozen=True)
+class _CinsContext:
+    """What the CinS layer candidates need: the families offered, the bootstrapping
+    parameters and the graph's ranges (each layer scales its bootstraps)."""
+
+    families: tuple[str, ...]
+    params: Params
+    ranges: RangeReport
+    decompose: bool = True
+
+
+def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candidate]:
+    """The NeuJeans conv layers of a conv2d node (planner.cins_flow.layer_candidate), one
+    per family and form (direct, decomposed); none when the layer cannot be bootstrapped
+    (its operand's range unknown, or its bound needs a scale above 2^BOOT_SCALE_WARN_BITS)
+    or no CinS layout fits the ring."""
+    from planner.cins_flow import layer_candidate
+    from planner.kernels.problem import KernelError
+    from planner.layout import LayoutError
+
+    boot = ctx.params.boot
+    bound = operand_bound(graph, node, ctx.ranges)
+    if boot is None or bound is None or not ctx.families:
+        return []
+    scale = boot_scale(bound, boot.max_abs)
+    if scale.bit_length() - 1 > BOOT_SCALE_WARN_BITS:
+        # the conv's interval bound would scale away most of the bootstrap's ~25 bits
+        # (a separately placed bootstrap scales by the node's promised range instead)
+        return []
+    out: list[Candidate] = []
+    for fam in ctx.families:
+        make = KERNEL_FAMILIES.create(fam).cins
+        if make is None:
+            continue
+        try:
+            out.extend(layer_candidate(c, scale) for c in make(graph, node, ctx.params.slots)
+                       if ctx.decompose or not c.params.get("decomposed"))
+        except (KernelError, LayoutError):
+            continue
+    return out
+
+
 def _node_candidates(
     graph: Graph, node: Node, cands: Mapping[str, list[Candidate]], pinned: Mapping[str, Any],
-    options: PlanOptions, S: int,
+    options: PlanOptions, S: int, cins_ctx: _CinsContext | None = None,
 ) -> list[Candidate]:
     """One node's candidates, for every layout its encrypted operands may arrive in (the
     candidates of their producers, or the input layouts)."""
@@ -318,10 +404,15 @@ def _node_candidates(
         is_input = graph.producer(t) is None and t not in pinned
         linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
         out: list[Candidate] = []
+        cins = _cins_candidates(graph, node, cins_ctx) if cins_ctx is not None and node.op == "conv2d" else []
         seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
-        for base in seen_bases:
-            out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
-        return out
+        try:
+            for base in seen_bases:
+                out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
+        except PlanError:
+            if not cins:  # no slot kernel fits: the CinS layers may
+                raise
+        return out + cins
     if node.op in ("add", "sub", "mul", "poly"):
         return elementwise_candidates(graph, node, bases)
     if node.op == "matmul":
@@ -582,7 +673,7 @@ def lower_solution(
                 ],
                 "out_layout": cand.out_layout.notation(),
                 "conversions": conversions,
-                **({"bootstraps": sum(1 for i in b.instrs[start:end] if i["op"] == "bootstrap")}
+                **({"bootstraps": sum(1 for i in b.instrs[start:end] if ir.is_bootstrap(ir.decode(i)))}
                    if params.boot is not None else {}),
             }
         )
@@ -624,7 +715,7 @@ def lower_solution(
         "outputs": {t: list(graph.shape(t)) for t in graph.outputs},
         "nodes": nodes_json,
         "plaintexts": {
-            name: {"source": p.source, "table": p.table} for name, p in b.plaintexts.items()
+            name: p.to_json() for name, p in b.plaintexts.items()
         },
         "program": program,
     }
@@ -793,7 +884,8 @@ def min_depth(model: ChoiceModel) -> int:
             for e in inc.get(g.name, []):
                 arr = [best[e.src][a] + e.depth(a, o) for a in range(len(best[e.src])) if e.costs[a][o] is not None]
                 d = max(d, min(arr, default=big))
-            row.append(d + g.depth(o))
+            reset = g.reset(o)
+            row.append(d + g.depth(o) if reset is None else reset)  # (its levels before the reset ignored)
         best[g.name] = row
     return max((min(r) for r in best.values()), default=0)
 

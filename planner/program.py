@@ -29,6 +29,13 @@ class Plaintext:
     name: str
     source: str  # weight tensor name or "const"
     table: str
+    l: int | None = None  # noqa: E741  (a cins(l) plaintext: table of length 2 * slots)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "table": self.table}
+        if self.l is not None:
+            out["l"] = self.l
+        return out
 
 
 class LazyTables(Mapping[str, np.ndarray]):
@@ -118,22 +125,22 @@ class ProgramBuilder:
         self.tables[name] = TableSpec(name, gen)
         return name
 
-    def plaintext(self, source: str, table: str, gen: TableGen) -> str:
+    def plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         offset = self.weight_blocks.get(source)
         if offset is not None:
             key = (source, table, offset)
             if key in self._block_cache:
                 return self._block_cache[key]
-            name = self._plaintext(source, f"{table}@{offset}", _offset_table(gen, offset))
+            name = self._plaintext(source, f"{table}@{offset}", _offset_table(gen, offset), l)
             self._block_cache[key] = name
             return name
-        return self._plaintext(source, table, gen)
+        return self._plaintext(source, table, gen, l)
 
-    def _plaintext(self, source: str, table: str, gen: TableGen) -> str:
+    def _plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)
         name = f"p{self._np}"
         self._np += 1
-        self.plaintexts[name] = Plaintext(name, source, table)
+        self.plaintexts[name] = Plaintext(name, source, table, l)
         return name
 
     def const_plaintext(self, key: tuple[Any, ...], table: str, coef: Callable[[], np.ndarray]) -> str:
@@ -154,11 +161,22 @@ class ProgramBuilder:
         """Instructions are kept in their JSON form (what the plan's program holds)."""
         self.instrs.append(ins.to_json())
 
-    def input(self, tensor: str, table: str, gen: TableGen) -> str:
+    def input(self, tensor: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)
         dst = self._reg(0)
-        self._emit(ir.Input(dst, tensor, table))
+        self._emit(ir.Input(dst, tensor, table, l))
         return dst
+
+    def to_cins(self, re: str, im: str | None, l: int, levels: int) -> str:  # noqa: E741
+        ins = ir.ToCins("", re, im, l, levels)
+        dst = self._reg(ins.depth(self.depth))
+        self._emit(ir.ToCins(dst, re, im, l, levels))
+        return dst
+
+    def bootstrap_cins(self, src: str, l: int, fused: bool | None = None) -> tuple[str, str]:  # noqa: E741
+        re, im = self._reg(0), self._reg(0)
+        self._emit(ir.BootstrapCins((re, im), src, l, fused))
+        return re, im
 
     def output(self, src: str, tensor: str, table: str, gen: TableGen) -> None:
         self.table(table, gen)

@@ -51,6 +51,7 @@ __all__ = [
     "boot_scale",
     "check_values",
     "graph_ranges",
+    "operand_bound",
 ]
 
 Interval = tuple[float, float]
@@ -195,3 +196,16 @@ def check_values(
                 "give the tensor a `range` in the graph that holds its values and plan again",
                 tensor=name,
             )
+
+
+def operand_bound(graph: Graph, node: Node, report: RangeReport) -> float | None:
+    """The bound of a node's result from its operands' intervals alone (no promise of the
+    node itself); for ``conv2d`` it also bounds every partial sum of its products (each is
+    a sum over a subset of the same ``fan_in`` terms), which a CinS conv leaves in the
+    padding cells it bootstraps.  None when an operand's interval is unknown."""
+    ops = [report.ranges.get(t) for t in node.inputs]
+    if any(o is None for o in ops):
+        return None
+    iv = _node_range(graph, node, [o for o in ops if o is not None])
+    b = _abs(iv)
+    return b if math.isfinite(b) else None

@@ -207,7 +207,7 @@ def memory_series(
     # other offsets' keys
     boot = params.boot
     block = boot.block_bytes if boot is not None else 0
-    boots = boot is not None and any(isinstance(ins, ir.Bootstrap) for ins in program)
+    boots = boot is not None and any(ir.is_bootstrap(ins) for ins in program)
     if boots and boot is not None:
         all_keys = {k for k in all_keys if k not in boot.key_offsets}
     block_resident = False

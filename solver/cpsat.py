@@ -55,39 +55,7 @@ class CpSatSolver:
             for b in range(len(xd)):
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
             edge_pairs.append(pairs)
-        # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
-        # conversion and kernel depths of the chosen options are linear sums); readers see
-        # R[g] = D[g], or boot_post when g is bootstrapped (b[g]); a bootstrapped value also
-        # needs its scaling level before the bootstrap: D[g] + boot_pre * b[g] <= max_depth
-        bvar: dict[str, cp_model.IntVar] = {}
-        if model.max_depth is not None:
-            L = model.max_depth
-            D = {g.name: m.new_int_var(0, L, f"D[{g.name}]") for g in model.groups}
-            R: dict[str, cp_model.IntVar] = dict(D)
-            for g in model.bootable():
-                bvar[g.name] = m.new_bool_var(f"b[{g.name}]")
-                m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
-                R[g.name] = m.new_int_var(0, L, f"R[{g.name}]")
-                m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
-                if g.boot_post:
-                    m.add(R[g.name] >= g.boot_post * bvar[g.name])
-                # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
-                # levels of the scaling or mask before the bootstrap
-                zs = []
-                for o, v in enumerate(x[g.name]):
-                    z = m.new_bool_var(f"z[{g.name}][{o}]")
-                    m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
-                    obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
-                    zs.append(z)
-                if any(g.boot_pre(o) for o in range(len(zs))):
-                    m.add(D[g.name] + sum(g.boot_pre(o) * z for o, z in enumerate(zs)) <= L)
-            for g in model.groups:
-                if g.depths:
-                    m.add(D[g.name] >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
-            for ei, e in enumerate(model.edges):
-                kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
-                cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
-                m.add(D[e.dst] >= R[e.src] + cd + kd)
+        bvar = _depth(m, model, x, edge_pairs, obj) if model.max_depth is not None else {}
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
@@ -114,6 +82,58 @@ class CpSatSolver:
         else:
             choice, objective, bound, boots = (), None, None, ()
         return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots)
+
+
+
+def _depth(
+    m: cp_model.CpModel, model: ChoiceModel, x: dict[str, list[cp_model.IntVar]],
+    edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]], obj: list[tuple[int, cp_model.IntVar]],
+) -> dict[str, cp_model.IntVar]:
+    """Step 4 of the model: depth constraints, bootstrap decisions and their costs (added
+    to ``obj``); returns b[g]."""
+    assert model.max_depth is not None
+    bvar: dict[str, cp_model.IntVar] = {}
+    # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
+    # conversion and kernel depths of the chosen options are linear sums); readers see
+    # R[g] = D[g], or boot_post when g is bootstrapped (b[g]); a bootstrapped value also
+    # needs its scaling level before the bootstrap: D[g] + boot_pre * b[g] <= max_depth
+    L = model.max_depth
+    D = {g.name: m.new_int_var(0, L, f"D[{g.name}]") for g in model.groups}
+    R: dict[str, cp_model.IntVar] = dict(D)
+    for g in model.bootable():
+        bvar[g.name] = m.new_bool_var(f"b[{g.name}]")
+        m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
+        R[g.name] = m.new_int_var(0, L, f"R[{g.name}]")
+        m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
+        if g.boot_post:
+            m.add(R[g.name] >= g.boot_post * bvar[g.name])
+        # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
+        # levels of the scaling or mask before the bootstrap
+        zs = []
+        for o, v in enumerate(x[g.name]):
+            z = m.new_bool_var(f"z[{g.name}][{o}]")
+            m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
+            obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
+            zs.append(z)
+        if any(g.boot_pre(o) for o in range(len(zs))):
+            m.add(D[g.name] + sum(g.boot_pre(o) * z for o, z in enumerate(zs)) <= L)
+    # options that bootstrap inside themselves: their levels before the reset
+    # (P[g], within max_depth) and the fixed depth of their result
+    P: dict[str, cp_model.IntVar] = dict(D)
+    for g in model.groups:
+        pre = D[g.name]
+        if g.has_resets:
+            pre = P[g.name] = m.new_int_var(0, L, f"P[{g.name}]")
+            resets = [(g.reset(o), v) for o, v in enumerate(x[g.name])]
+            m.add(D[g.name] >= pre - L * sum(v for r, v in resets if r is not None))
+            m.add(D[g.name] >= sum(r * v for r, v in resets if r))
+        if g.depths:
+            m.add(pre >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
+    for ei, e in enumerate(model.edges):
+        kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
+        cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
+        m.add(P[e.dst] >= R[e.src] + cd + kd)
+    return bvar
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):

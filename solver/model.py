@@ -20,6 +20,13 @@ the bootstrap uses, 0 or 1); a bootstrapped value needs ``D[g] + boot_pre <= max
 (the scaling or mask before it, per option).  A bootstrap costs ``boot_weight`` per ciphertext of the chosen
 option (``n_cts``).  Linearised the same way in CP-SAT and z3.
 
+Options that bootstrap inside themselves (``resets``: a NeuJeans CinS conv layer ends in
+``bootstrap_cins``, docs/cins.md) read their operands like any option, with their own
+levels (``depths``) consumed before the reset: ``P[g] = max(R[src] + conversion) + depth
+<= max_depth``; their result leaves at the fixed depth ``resets[o]`` (the levels after
+the internal bootstrap), whatever the operands' depth.  Their bootstraps are part of the
+option's cost.
+
 Built in named steps by the back ends: variables, choice constraints, edge (layout)
 constraints, depth (and bootstraps), objective.
 """
@@ -46,6 +53,9 @@ class Group:
     boot_pres: tuple[int, ...] = ()  # per option (empty: 0): e.g. a mask of a dirty layout
     boot_post: int = 0
     boot_hint: bool = False
+    # per option (empty: none): -1, or the depth of the result of an option that
+    # bootstraps inside itself (its ``depths`` entry: the levels it uses before that)
+    resets: tuple[int, ...] = ()
 
     def depth(self, o: int) -> int:
         return self.depths[o] if self.depths else 0
@@ -55,6 +65,15 @@ class Group:
 
     def boot_pre(self, o: int) -> int:
         return self.boot_pres[o] if self.boot_pres else 0
+
+    def reset(self, o: int) -> int | None:
+        """The result depth of option ``o`` when it bootstraps inside itself, else None."""
+        r = self.resets[o] if self.resets else -1
+        return None if r < 0 else r
+
+    @property
+    def has_resets(self) -> bool:
+        return any(r >= 0 for r in self.resets)
 
     def keep(self, opts: list[int], hint: int | None = None) -> Group:
         """The group restricted to options ``opts`` (in that order)."""
@@ -66,6 +85,7 @@ class Group:
             tuple(self.n_cts[o] for o in opts) if self.n_cts else (),
             self.bootable, tuple(self.boot_pres[o] for o in opts) if self.boot_pres else (),
             self.boot_post, self.boot_hint,
+            tuple(self.resets[o] for o in opts) if self.resets else (),
         )
 
 
@@ -108,16 +128,25 @@ class ChoiceModel:
     def depths_of(self, choice: Mapping[str, int], boots: Collection[str] = ()) -> dict[str, int]:
         """Output depth of every group under a full choice (groups are topological), the
         groups in ``boots`` bootstrapped (their readers see ``boot_post``)."""
+        return self.walk_depths(choice, boots)[0]
+
+    def walk_depths(
+        self, choice: Mapping[str, int], boots: Collection[str] = ()
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """(output depth, depth before an option's own reset) of every group."""
         inc = self.incoming()
         d: dict[str, int] = {}
+        pre: dict[str, int] = {}
         r: dict[str, int] = {}
         for g in self.groups:
             o = choice[g.name]
-            d[g.name] = max(
+            pre[g.name] = max(
                 [r[e.src] + e.depth(choice[e.src], o) for e in inc.get(g.name, []) if e.src in r], default=0
             ) + g.depth(o)
+            reset = g.reset(o)
+            d[g.name] = pre[g.name] if reset is None else reset
             r[g.name] = g.boot_post if g.name in boots else d[g.name]
-        return d
+        return d, pre
 
     def evaluate_boots(self, choice: Mapping[str, int], boots: Collection[str]) -> int | None:
         """Objective of a choice with the groups ``boots`` bootstrapped (None: infeasible)."""
@@ -131,8 +160,8 @@ class ChoiceModel:
                 return None
             total += c
         if self.max_depth is not None:
-            d = self.depths_of(choice, boots)
-            if max(d.values(), default=0) > self.max_depth:
+            d, pre = self.walk_depths(choice, boots)
+            if max([*d.values(), *pre.values()], default=0) > self.max_depth:
                 return None
             if any(d[b] + self.group(b).boot_pre(choice[b]) > self.max_depth for b in boots):
                 return None
@@ -158,7 +187,8 @@ class ChoiceModel:
             edges = [e for e in inc.get(g.name, []) if e.src in r]
             # a value that may be bootstrapped later keeps room for the levels before its
             # bootstrap (its scaling or mask)
-            limit = L - (g.boot_pre(o) if g.bootable and self.bootstraps else 0)
+            reset = g.reset(o)
+            limit = L - (g.boot_pre(o) if g.bootable and self.bootstraps and reset is None else 0)
             while True:
                 need = max([r[e.src] + e.depth(choice[e.src], o) for e in edges], default=0) + g.depth(o)
                 if need <= limit:
@@ -170,8 +200,9 @@ class ChoiceModel:
                 e = max(cands, key=lambda e: (r[e.src] + e.depth(choice[e.src], o), e.src))
                 boots.add(e.src)
                 r[e.src] = self.group(e.src).boot_post
-            d[g.name] = need
-            r[g.name] = need
+            if reset is not None and reset + (g.boot_pre(o) if g.bootable and self.bootstraps else 0) > L:
+                return None
+            d[g.name] = r[g.name] = need if reset is None else reset
         return frozenset(boots)
 
     @cached_property
@@ -237,6 +268,8 @@ class ChoiceModel:
                         d = d_boot
                     else:
                         ok = False
+                if g.reset(o) is not None:
+                    d = g.reset(o) or 0
                 if ok and (best is None or (total, o) < best[:2]):
                     best = (total, o, d, fixed)
             if best is None:
@@ -280,7 +313,7 @@ class ChoiceModel:
             # same outgoing rows and, for bootstrapping, the same ciphertext count: the two
             # options look alike to every reader and to the bootstrap decision of g; the
             # depth rule below then treats bootstraps like depth (no deeper option dominates)
-            sig = {o: (g.n_ct(o), g.boot_pre(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
+            sig = {o: (g.n_ct(o), g.boot_pre(o), g.reset(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
                    for o in keep[g.name]}
             kept: list[int] = []
             for c2 in sorted(keep[g.name], key=lambda o: (g.costs[o], o)):

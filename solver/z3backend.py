@@ -92,10 +92,17 @@ def _depth(
     L = model.max_depth
     D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
     R: dict[str, z3.ArithRef] = dict(D)
+    P: dict[str, z3.ArithRef] = dict(D)
     for g in model.groups:
         opt.add(D[g.name] >= 0, D[g.name] <= L)
+        if g.has_resets:  # bootstraps inside the option (see solver.model)
+            P[g.name] = z3.Int(f"P[{g.name}]")
+            opt.add(P[g.name] >= 0, P[g.name] <= L)
+            for o, v in enumerate(x[g.name]):
+                r = g.reset(o)
+                opt.add(z3.Implies(v, D[g.name] >= (P[g.name] if r is None else r)))
         if g.depths:
-            opt.add(D[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
+            opt.add(P[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
     for g in model.bootable():
         bg = b[g.name] = z3.Bool(f"b[{g.name}]")
         R[g.name] = z3.Int(f"R[{g.name}]")
@@ -116,5 +123,5 @@ def _depth(
         kd = [z3.If(v, dst.depth(bb), 0) for bb, v in enumerate(x[e.dst]) if dst.depth(bb)]
         cd = [z3.If(z3.And(va, vb), e.depth(a, bb), 0)
               for a, va in enumerate(x[e.src]) for bb, vb in enumerate(x[e.dst]) if e.depth(a, bb)]
-        opt.add(D[e.dst] >= R[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
+        opt.add(P[e.dst] >= R[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
     return b

@@ -195,7 +195,8 @@ def test_key_schedule_with_the_block_and_cap_refusal() -> None:
     broken = dict(new)
     broken["program"] = [i for i in prog if not (i["op"] == "load_key" and i.get("block") == "boot")
                          and not (i["op"] == "drop_key" and i.get("block") == "boot")]
-    broken["program"].insert(0, {"op": "load_key", "k": 1})
+    loaded = {i["k"] for i in prog if i["op"] == "load_key" and "k" in i}
+    broken["program"].insert(0, {"op": "load_key", "k": min(set(range(1, 512)) - loaded)})
     with pytest.raises(SimulationError, match="key block 'boot' is not resident|no key"):
         simulate(broken, res.tables, vals)
 

@@ -32,6 +32,8 @@ EXAMPLES: list[dict[str, object]] = [
     {"op": "poly", "dst": "c13", "src": "c9", "coeffs": [0.0, 1.0], "basis": "chebyshev", "domain": [-1.0, 1.0]},
     {"op": "rescale", "dst": "c11", "src": "c10"},
     {"op": "bootstrap", "dst": "c12", "src": "c11"},
+    {"op": "to_cins", "dst": "c14", "re": "c12", "im": "c11", "l": 8, "levels": 2},
+    {"op": "bootstrap_cins", "dsts": ["c15", "c16"], "src": "c14", "l": 8},
     {"op": "load_key", "k": 5},
     {"op": "drop_key", "k": 5},
     {"op": "load_key", "block": "boot"},
@@ -40,11 +42,13 @@ EXAMPLES: list[dict[str, object]] = [
 
 SPEC_OPS = {"input", "rot", "rot_hoisted", "add", "sub", "pmul", "padd", "psub", "cmul", "poly", "rescale",
             "bootstrap", "load_key", "drop_key", "output"}
+# CinS instructions (docs/cins.md, the same form as SPEC section 4)
+CINS_OPS = {"to_cins", "bootstrap_cins"}
 
 
 def test_every_spec_op_has_one_class() -> None:
-    assert set(ir.OPS) == SPEC_OPS
-    assert {d["op"] for d in EXAMPLES} == SPEC_OPS
+    assert set(ir.OPS) == SPEC_OPS | CINS_OPS
+    assert {d["op"] for d in EXAMPLES} == SPEC_OPS | CINS_OPS
     assert len(set(ir.OPS.values())) == len(ir.OPS)
 
 
@@ -78,8 +82,10 @@ def test_semantics() -> None:
     d = register_depths(prog)
     # pmul +1, cmul +1, a degree-3 poly +2, bootstrap resets
     assert (d["c5"], d["c6"], d["c8"], d["c9"], d["c10"], d["c11"], d["c12"]) == (0, 1, 1, 2, 4, 4, 0)
-    assert span_counts(EXAMPLES) == {"rotations": 3, "pmul": 1, "cmul": 1, "add": 4, "rescale": 1, "poly": 2,
+    # to_cins at l=8 in 2 factors: stages {1, 2} (offsets -3..3: 2 + 2 BSGS rotations) and {4} (2)
+    assert span_counts(EXAMPLES) == {"rotations": 3 + 6, "pmul": 1, "cmul": 1, "add": 4, "rescale": 1, "poly": 2,
                                      "key_loads": 2}
+    assert (d["c14"], d["c15"], d["c16"]) == (4 + 2, 0, 0)
     assert ir.rot_keys_of(prog) == {32, 1, 2}
     assert ir.has_key_schedule(prog) and not ir.has_key_schedule(prog[:3])
 

@@ -5,10 +5,12 @@ Plans are stored and written as JSON dicts; code that needs to know what an inst
 does decodes it here (:func:`decode`) instead of looking at its ``"op"``."""
 
 from planner.ir.instructions import (
+    BOOTSTRAP_OPS,
     MAX_POLY_COEFF_ABS,
     OPS,
     Add,
     Bootstrap,
+    BootstrapCins,
     CMul,
     DropKey,
     Input,
@@ -24,11 +26,13 @@ from planner.ir.instructions import (
     Rot,
     RotHoisted,
     Sub,
+    ToCins,
     UnknownOpError,
     decode,
     decode_program,
     has_key_schedule,
     instruction,
+    is_bootstrap,
     op_name,
     rot_keys_of,
     to_json_program,
@@ -37,8 +41,8 @@ from planner.ir.instructions import (
 from planner.ir.plan import MAX_PROGRAM_LENGTH, PLAN_SCHEMA, Plan, validate_plan
 
 __all__ = [
-    "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "CMul", "DropKey",
-    "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
-    "RotHoisted", "Sub", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
-    "op_name", "rot_keys_of", "to_json_program", "try_decode", "validate_plan",
+    "BOOTSTRAP_OPS", "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "BootstrapCins",
+    "CMul", "DropKey", "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
+    "RotHoisted", "Sub", "ToCins", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
+    "is_bootstrap", "op_name", "rot_keys_of", "to_json_program", "try_decode", "validate_plan",
 ]

@@ -54,6 +54,56 @@ def _check_offset(bad: Bad, field: str, k: object, slots: int | None) -> None:
         raise bad(field, f"rotation offset {k} outside 1..{slots - 1}")
 
 
+def _check_slice(bad: Bad, field: str, l: object, slots: int | None) -> None:  # noqa: E741
+    """A CinS slice half-length: a power of two dividing ``slots`` (docs/cins.md)."""
+    if not _is_int(l) or l < 1 or l & (l - 1):  # type: ignore[operator]
+        raise bad(field, f"l must be a positive power of two, got {json.dumps(l)}")
+    if slots is not None and (slots % l or l > slots):  # type: ignore[operator]
+        raise bad(field, f"l={l} must divide the {slots} slots")
+
+
+def _bsgs_rotations(offsets: set[int]) -> int:
+    """Fewest rotations of a baby-step giant-step evaluation of a linear map with these
+    diagonal offsets (``d = beta + gamma``, ``beta = d mod n1``, n1 a power of two)."""
+    if not offsets:
+        return 0
+    span = max(abs(d) for d in offsets)
+    best = None
+    for e in range(span.bit_length() + 2):
+        n1 = 1 << e
+        betas = {d % n1 for d in offsets} - {0}
+        gammas = {d - d % n1 for d in offsets} - {0}
+        n = len(betas) + len(gammas)
+        best = n if best is None else min(best, n)
+    assert best is not None
+    return best
+
+
+def to_cins_stages(l: int, levels: int) -> list[list[int]]:  # noqa: E741
+    """Butterfly distances of S_(l<-1) (log2 l stages) merged into ``levels`` factors
+    (Lattigo's ceil rule: factor i takes ceil(remaining / (levels - i)) stages)."""
+    dists = [1 << j for j in range(l.bit_length() - 1)]
+    levels = min(levels, len(dists))
+    out: list[list[int]] = []
+    for i in range(levels):
+        take = -(-len(dists) // (levels - i))
+        out.append(dists[:take])
+        dists = dists[take:]
+    return out
+
+
+def to_cins_rotations(l: int, levels: int) -> int:  # noqa: E741
+    """Rotations of ``to_cins``'s lowering: per merged factor, the BSGS rotations of its
+    diagonals ``{sum s_i h_i : s_i in {-1, 0, 1}}`` (block-diagonal, so no wrap)."""
+    total = 0
+    for group in to_cins_stages(l, levels):
+        offs = {0}
+        for h in group:
+            offs = {d + s * h for d in offs for s in (-1, 0, 1)}
+        total += _bsgs_rotations(offs)
+    return total
+
+
 def _freeze(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
@@ -176,6 +226,12 @@ class Input(Instr):
     dst: str
     tensor: str
     table: str
+    l: int | None = None  # noqa: E741  (a cins(l) register: table of length 2 * slots, docs/cins.md)
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        if "l" in d:
+            _check_slice(bad, "l", d["l"], slots)
 
     def depth(self, d: Mapping[str, int]) -> int:
         return 0
@@ -422,6 +478,79 @@ class Bootstrap(Instr):
         return 0
 
 
+@instruction
+@dataclass(frozen=True, slots=True)
+class ToCins(Instr):
+    """Two slot registers (the Re/Im pair in CoeffsToSlots order) -> one cins(l) register
+    (docs/cins.md): on Lattigo ``S_(l<-1) (re + i * im)``, a linear transform of
+    ``levels`` merged butterfly factors; its rotations are counted here."""
+
+    op: ClassVar[str] = "to_cins"
+    counter: ClassVar[str | None] = "rotations"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "re")
+    read_fields: ClassVar[tuple[str, ...]] = ("re", "im")
+    dst: str
+    re: str
+    im: str | None  # None: the Im half is zero (no element of the layout lies there)
+    l: int  # noqa: E741
+    levels: int
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.re,) if self.im is None else (self.re, self.im)
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        if d.get("im") is not None and not isinstance(d.get("im"), str):
+            raise bad("im", "to_cins needs a string 'im' (or null when the Im half is zero)")
+        _check_slice(bad, "l", d.get("l"), slots)
+        lv = d.get("levels")
+        if not _is_int(lv) or lv < 0:  # type: ignore[operator]
+            raise bad("levels", f"levels is a non-negative integer, got {json.dumps(lv)}")
+
+    def used_levels(self) -> int:
+        return len(to_cins_stages(int(self.l), int(self.levels)))
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return max(d[r] for r in self.reads()) + self.used_levels()
+
+    def count(self) -> int:
+        return to_cins_rotations(int(self.l), int(self.levels))
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class BootstrapCins(Instr):
+    """A cins(l) register's ring polynomial bootstrapped into two slot registers
+    ``dsts = [re, im]`` in CoeffsToSlots order (docs/cins.md); depth reset.  ``fused``:
+    the producer already applied SlotsToCoeffs' l-granular part S_(N/2<-l) (NeuJeans
+    Sec. 4); otherwise the bootstrap applies it first."""
+
+    op: ClassVar[str] = "bootstrap_cins"
+    counter: ClassVar[str | None] = "bootstraps"
+    string_fields: ClassVar[tuple[str, ...]] = ("src",)
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dsts: tuple[str, ...]
+    src: str
+    l: int  # noqa: E741
+    fused: bool | None = None
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        dsts = d.get("dsts")
+        if not isinstance(dsts, list) or len(dsts) != 2 or not all(isinstance(r, str) for r in dsts):
+            raise bad("dsts", "bootstrap_cins writes two registers [re, im]")
+        _check_slice(bad, "l", d.get("l"), slots)
+        if "fused" in d and not isinstance(d["fused"], bool):
+            raise bad("fused", "fused is true or false")
+
+    def write_fields(self) -> Iterator[tuple[str, str]]:
+        for j, r in enumerate(self.dsts):
+            yield f"dsts[{j}]", r
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return 0
+
+
 # ---------------------------------------------------------------------- key residency
 
 
@@ -488,6 +617,14 @@ def to_json_program(program: Sequence[Instr]) -> list[dict[str, Any]]:
 def op_name(d: Mapping[str, Any] | Instr) -> str:
     """The op of an instruction (dict or object), for display."""
     return d.op if isinstance(d, Instr) else str(d.get("op"))
+
+
+# Instructions that bootstrap (each needs the key block "boot" resident).
+BOOTSTRAP_OPS: tuple[type[Instr], ...] = (Bootstrap, BootstrapCins)
+
+
+def is_bootstrap(ins: Instr) -> bool:
+    return isinstance(ins, BOOTSTRAP_OPS)
 
 
 def has_key_schedule(program: Sequence[Instr]) -> bool:

@@ -70,6 +70,10 @@ def _check_header(plan: Mapping[str, Any], where: str) -> int:
     for name, pt in plan["plaintexts"].items():
         if not isinstance(pt, dict) or not isinstance(pt.get("source"), str) or not isinstance(pt.get("table"), str):
             raise _bad(where, f"plaintexts.{name}", "must be {\"source\": string, \"table\": string}")
+        if "l" in pt:
+            lv = pt["l"]
+            if not _is_int(lv) or lv < 1 or lv & (lv - 1) or params.slots % lv:
+                raise _bad(where, f"plaintexts.{name}.l", "a cins plaintext's l is a power of two dividing the slots")
     return params.slots
 
 
@@ -91,6 +95,8 @@ def _check_program(plan: Mapping[str, Any], where: str, slots: int) -> list[Inst
                 raise _bad(where, f"{at}.pt", f"unknown plaintext {pt!r}")
         for key in ins.read_fields:
             reg = getattr(ins, key)
+            if reg is None and key not in ins.string_fields:
+                continue  # an optional operand left out
             if reg not in written:
                 raise _bad(where, f"{at}.{key}", f"register {reg!r} is read before it is written")
         for key, reg in ins.write_fields():

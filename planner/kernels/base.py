@@ -38,6 +38,8 @@ class CostVector:
     # what the Lattigo executor fuses (planner.fusion), priced by a time table; not part of
     # the counts (kernels' analytic costs leave it empty: priced unfused)
     fused: FusedCounts = field(default=FusedCounts(), compare=False)
+    # bootstraps inside the kernel (a NeuJeans CinS layer ends in bootstrap_cins)
+    bootstraps: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class CostVector:
             "plaintexts": self.plaintexts,
             "ciphertexts_out": self.ciphertexts_out,
             "slot_utilization": round(self.slot_utilization, 6),
+            **({"bootstraps": self.bootstraps} if self.bootstraps else {}),
         }
 
 
@@ -74,6 +77,7 @@ def sequential(first: CostVector, then: CostVector) -> CostVector:
         ciphertexts_out=then.ciphertexts_out or first.ciphertexts_out,
         slot_utilization=first.slot_utilization,
         fused=first.fused + then.fused,
+        bootstraps=first.bootstraps + then.bootstraps,
     )
 
 
@@ -108,6 +112,7 @@ def count_program(
         ciphertexts_out=n_out,
         slot_utilization=util,
         fused=fused_counts(instrs, slots) if slots else FusedCounts(),
+        bootstraps=counts["bootstraps"],
     )
 
 
@@ -125,7 +130,13 @@ class Candidate:
     # plus the keys its largest hoisted rotation needs at once); set when a cap is planned
     min_cap_bytes: int | None = None
     analytic: Callable[[], CostVector] | None = field(default=None, repr=False)
+    # the kernel object a wrapper may lower again (a CinS conv: planner.cins_flow)
+    source: Any = field(default=None, repr=False)
+    # the candidate bootstraps inside itself (a NeuJeans CinS layer): its result's depth
+    # does not depend on its operands' (solver.model Group.resets)
+    resets: bool = False
     _cost: CostVector | None = field(default=None, repr=False)
+    _reset_depths: tuple[int, int] | None = field(default=None, repr=False)
 
     def cost(self, slots: int) -> CostVector:
         """Exact cost vector: analytic when the kernel provides one (tests check it equals
@@ -152,6 +163,19 @@ class Candidate:
             self._cost = counted
         assert self._cost is not None
         return self._cost
+
+    def reset_depths(self, slots: int) -> tuple[int, int] | None:
+        """For a candidate that bootstraps inside itself: (levels it uses on its operands
+        before its bootstraps, depth of its result), from a scratch lowering with the
+        operands at depth 0; None for any other candidate."""
+        if not self.resets:
+            return None
+        if self._reset_depths is None:
+            b, outs = self.dry_program(slots)
+            pre = max((b.depth[r] for raw in b.instrs if ir.is_bootstrap(ins := ir.decode(raw)) for r in ins.reads()),
+                      default=0)
+            self._reset_depths = (pre, max((b.depth[r] for r in outs), default=0))
+        return self._reset_depths
 
     @property
     def label(self) -> str:
