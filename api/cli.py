@@ -29,7 +29,7 @@ _fail = fail
 @app.command()
 def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
-    params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
+    params: Annotated[str, typer.Option("--params", help="preset n12..n16, n14boot, n16boot, auto (the smallest secure preset that fits without bootstrapping, else n16boot) or a JSON file")] = "n16",
     memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
     solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
@@ -52,13 +52,13 @@ def plan(
 
     from api.progress import shown, wanted
     from planner.graph import load_graph
-    from planner.params import load_params
-    from planner.pipeline import plan_graph
+    from planner.params import AUTO, load_params
+    from planner.pipeline import auto_params, plan_graph
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
         g = load_graph(graph)
-        p = load_params(params)
+        p = load_params(params) if params != AUTO else None
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
         SOLVER_BACKENDS.check(solver)
@@ -74,6 +74,8 @@ def plan(
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
+            if p is None:  # --params auto: the smallest secure preset that fits, else n16boot
+                p = auto_params(g, opts)
             res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit,
                              wall_started=started)
             if explain:
@@ -114,6 +116,15 @@ def plan(
         f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
         f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
     )
+    if "bootstraps" in summary:
+        bt = summary.get("bootstrapping", {})
+        ff = bt.get("first_fit", {})
+        out.print(
+            f"bootstraps {summary['bootstraps']} ({len(bt.get('values', []))} values; first fit on the same layouts: "
+            f"{ff.get('bootstraps')})  scaled: {', '.join(f'{k} 1/{v}' for k, v in bt.get('scales', {}).items()) or 'none'}"
+        )
+        for w in bt.get("warnings", []):
+            out.print(f"warning: {escape(w)}")
     out.print(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
@@ -162,6 +173,21 @@ def run(
             f"rotations {rep.rotations}  key loads {rep.key_loads}  "
             f"peak resident keys {rep.peak_resident_key_bytes / 2**20:.1f} MiB  time {rep.seconds:.3f}s"
         )
+        if rep.bootstraps.get("count"):
+            b = rep.bootstraps
+            each = f"  {b['mean_seconds']:.2f}s each" if "mean_seconds" in b else ""
+            out.print(f"bootstraps {b['count']}{each}")
+        mem = rep.memory
+        if mem.get("modelled_peak_bytes") and (mem.get("peak_rss_bytes") or mem.get("peak_tracked_bytes")):
+            parts = [f"modelled peak {mem['modelled_peak_bytes'] / 2**20:.1f} MiB"]
+            if mem.get("peak_tracked_bytes"):
+                parts.append(f"tracked {mem['peak_tracked_bytes'] / 2**20:.1f} MiB (x{mem['tracked_over_model']:.3f})")
+            if mem.get("peak_rss_bytes"):
+                parts.append(
+                    f"peak RSS {mem['peak_rss_bytes'] / 2**20:.1f} MiB (x{mem['rss_over_model']:.3f}; "
+                    f"{mem.get('rss_start_bytes', 0) / 2**20:.1f} MiB at start)"
+                )
+            out.print("memory: " + "  ".join(parts))
         if rep.stats:
             out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
     if not rep.ok:

@@ -36,9 +36,14 @@ def calibrate(
         Path | None, typer.Option("--out", "-o", help="cost table to write [default: data/costs/<P>-lattigo.json]")
     ] = None,
     hoist_batch: Annotated[int, typer.Option("--hoist-batch", help="offsets of the hoisted-rotation batch")] = 8,
+    bootstrap_repeat: Annotated[
+        int | None,
+        typer.Option("--bootstrap-repeat", help="bootstrapping presets: timed bootstraps [default: min(repeat, 3)]"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the written table as JSON")] = False,
 ) -> None:
-    """Measure CKKS operation times with Lattigo here and write a planner cost table (ms)."""
+    """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
+    A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
     from backends.calibrate import calibrate as run_calibration
     from backends.lattigo_backend import LattigoError
     from planner.costs import load_costs
@@ -53,7 +58,7 @@ def calibrate(
             raise SlotplanError(f"--repeat must be in 1..1000, got {repeat}")
         if output is not None and output.suffix.lower() != ".json":
             raise SlotplanError(f"--out {str(output)!r}: a cost table file must end in .json")
-        table, path = run_calibration(p, repeat, output, hoist_batch)
+        table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
@@ -74,6 +79,7 @@ def calibrate(
         "rescale": "Rescale",
         "poly": "degree-3 polynomial",
         "depth": "not a time",
+        "bootstrap": "Bootstrap of one ciphertext (level 0 in)",
     }
     for k, v in w.items():
         t.add_row(k, f"{v:.4f}", notes.get(k, ""))
@@ -93,6 +99,14 @@ def calibrate(
         "once (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in once.items())
         + f"; Galois key {m['galois_key_bytes'] / 2**20:.1f} MiB"
     )
+    if "bootstrap" in m:
+        b = m["bootstrap"]
+        out.print(
+            f"bootstrap ({b['literal']}): {b['median_ms'] / 1000:.2f} s (~{b['rotations_per_bootstrap']} rotations), "
+            f"level {b['input_level']} -> {b['output_level']}, max abs error {max(b['max_abs_error']):.2e}; "
+            f"keys {b['evaluation_key_bytes'] / 2**20:.0f} MiB in {b['keygen_ms'] / 1000:.1f} s, "
+            f"DFT matrices {b['matrix_bytes'] / 2**20:.0f} MiB in {b['matrix_encoding_ms'] / 1000:.1f} s"
+        )
     mc = m["machine"]
     out.print(f"machine: {mc['cpu_model']} x{mc['cpu_count']}, {mc['go_version']}, {mc['date']}")
     out.print(f"wrote {path}  (use with PlanOptions(costs={path.stem!r}) if it is in data/costs/)")

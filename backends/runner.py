@@ -14,6 +14,7 @@ from planner.errors import SlotplanError
 from planner.graph import Graph, parse_graph
 from planner.params import Params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
+from planner.ranges import check_values
 from planner.reference import random_values, reference
 from solver.registry import Registry
 
@@ -36,6 +37,8 @@ class RunReport:
     peak_resident_key_bytes: int
     seconds: float
     stats: dict[str, Any]
+    bootstraps: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,8 @@ class RunReport:
             "key_loads": self.key_loads,
             "peak_resident_key_bytes": self.peak_resident_key_bytes,
             "seconds": round(self.seconds, 6),
+            "bootstraps": self.bootstraps,
+            "memory": self.memory,
             "stats": self.stats,
         }
 
@@ -102,8 +107,9 @@ def _run_sim(
 ) -> Execution:
     key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
     res = simulate(plan, tables, values, key_levels=key_levels)
-    if plan.get("keys"):
-        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])  # keys at their own levels
+    if plan.get("keys") or params.boot is not None:
+        # keys at their own levels; a bootstrapping plan's block 'boot' (its own size)
+        peak_keys = int(plan["summary"]["peak_bytes"]["keys"])
     else:
         peak_keys = res.peak_resident_keys * params.rotation_key_bytes()
     # what the client would see beyond the answer: non-zero slots of the output ciphertexts
@@ -131,6 +137,50 @@ def _run_lattigo(
     )
 
 
+def bootstrap_report(counts: Mapping[str, int], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Bootstraps of a run: how many, and (measured by the back end) seconds each."""
+    secs = [float(x) for x in stats.get("bootstrap_seconds") or []]
+    out: dict[str, Any] = {"count": int(counts.get("bootstrap", len(secs)))}
+    if secs:
+        out |= {
+            "seconds": [round(x, 3) for x in secs],
+            "mean_seconds": round(sum(secs) / len(secs), 3),
+            "input_levels": list(stats.get("bootstrap_input_levels") or []),
+        }
+    return out
+
+
+def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_bytes: int) -> dict[str, Any]:
+    """Modelled peak (the plan's summary) beside what the back end measured: resident key
+    bytes, the tracked peak (live ciphertexts + keys + DFT matrices, Lattigo only), and the
+    process's peak RSS with its value at the start of the run (Lattigo only)."""
+    peak = plan.get("summary", {}).get("peak_bytes", {})
+    out: dict[str, Any] = {
+        "modelled_peak_bytes": peak.get("total"),
+        "modelled_key_bytes": peak.get("keys"),
+        "peak_resident_key_bytes": int(peak_key_bytes),
+    }
+    for key in ("peak_tracked_bytes", "peak_rss_bytes", "rss_start_bytes", "boot_key_bytes", "boot_matrix_bytes"):
+        if stats.get(key):
+            out[key] = int(stats[key])
+    model = out.get("modelled_peak_bytes")
+    if model and out.get("peak_rss_bytes"):
+        out["rss_over_model"] = round(out["peak_rss_bytes"] / model, 4)
+        out["rss_growth_over_model"] = round((out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / model, 4)
+    if model and out.get("peak_tracked_bytes"):
+        out["tracked_over_model"] = round(out["peak_tracked_bytes"] / model, 4)
+    return out
+
+
+def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray]) -> None:
+    """A bootstrapping plan scaled its bootstrap inputs for the ranges it assumed (inputs,
+    weights, nodes' promised ranges): refuse values outside them, naming the tensor (the
+    bootstrap would return garbage on Lattigo)."""
+    assumed = plan.get("summary", {}).get("bootstrapping", {}).get("assumed_ranges")
+    if assumed:
+        check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items()}, ref)
+
+
 def run_plan(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray] | None,
@@ -148,6 +198,7 @@ def run_plan(
         tables = regenerate_tables(plan)
     values = random_values(graph, seed, init)
     ref = reference(graph, values)
+    check_assumed_ranges(plan, ref)
     execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
     ex = execute(plan, tables, values, graph, params)
@@ -168,4 +219,7 @@ def run_plan(
         max_abs = max(max_abs, err)
         max_rel = max(max_rel, err / scale if scale > 0 else err)
     ok = bool(np.isfinite(max_rel) and max_rel <= tol)
-    return RunReport(backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats)
+    return RunReport(
+        backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats,
+        bootstrap_report(counts, stats), memory_report(plan, stats, peak_keys),
+    )

@@ -107,6 +107,13 @@ class _Machine:
         self.rotations = 0
         self.depth = register_depths([i for i in program if i is not None]) if key_levels else {}
         self.max_level = len(plan["params"]["log_q"]) - 1
+        boot = plan["params"].get("boot")
+        # bootstrapping presets: the block "boot" (its Galois keys serve plan rotations of
+        # the same offsets while resident) and the largest |value| a bootstrap accepts
+        self.boot_offsets: frozenset[int] = frozenset(int(k) for k in boot["key_offsets"]) if boot else frozenset()
+        self.boot_max_abs: float | None = float(boot["max_abs"]) if boot else None
+        self.boot_resident = False
+        self.bootstraps = 0
         self.out_vals: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
         self.leaked: dict[str, int] = {}
@@ -146,9 +153,10 @@ class _Machine:
         S = self.S
         if not 1 <= k < S:
             raise SimulationError(f"instruction {i} ({op}): offset {k} outside 1..{S - 1}")
-        if self.schedule and k not in self.resident:
+        by_block = self.boot_resident and k in self.boot_offsets
+        if self.schedule and k not in self.resident and not by_block:
             raise SimulationError(f"instruction {i} ({op}): no key for k={k} resident")
-        if self.key_levels and k in self.key_levels:
+        if self.key_levels and k in self.key_levels and not by_block:
             ct_level = self.max_level - self.depth.get(src, 0)
             if self.key_levels[k] < ct_level:
                 raise SimulationError(
@@ -229,13 +237,38 @@ class _Machine:
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         self.put(ins.dst, self.get(ins.src, i).copy(), i, self.dom.get(ins.src))
 
-    def _rotation_key(self, ins: ir.KeyOp, i: int) -> int:
-        if ins.k is None:  # the bootstrapping key block: no bootstrap here either
-            raise SimulationError(f"instruction {i}: key block {ins.block!r} is not supported by the simulator")
-        return int(ins.k)
+    def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
+        if self.boot_max_abs is None:
+            raise SimulationError(f"instruction {i} (bootstrap): the plan's params carry no 'boot' object")
+        if self.schedule and not self.boot_resident:
+            raise SimulationError(f"instruction {i} (bootstrap): the key block 'boot' is not resident")
+        x = self.get(ins.src, i)
+        if x.size:
+            s = int(np.argmax(np.abs(x)))
+            if not abs(x[s]) <= self.boot_max_abs:
+                raise SimulationError(
+                    f"instruction {i} (bootstrap {ins.dst} <- {ins.src}): |value| {abs(float(x[s])):.6g} at slot "
+                    f"{s} exceeds boot.max_abs {self.boot_max_abs:g} (Lattigo would return garbage)"
+                )
+        self.put(ins.dst, x.copy(), i)
+        self.bootstraps += 1
+
+    def _block(self, ins: ir.KeyOp, i: int, load: bool) -> None:
+        if ins.block != "boot" or self.boot_max_abs is None:
+            raise SimulationError(f"instruction {i}: key block {ins.block!r} needs params with a 'boot' object")
+        if load == self.boot_resident:
+            raise SimulationError(
+                f"instruction {i}: key block 'boot' {'loaded while already resident' if load else 'dropped but not resident'}"
+            )
+        self.boot_resident = load
+        if load:
+            self.loads += 1
 
     def exec_load_key(self, ins: ir.LoadKey, i: int) -> None:
-        k = self._rotation_key(ins, i)
+        if ins.k is None:
+            self._block(ins, i, True)
+            return
+        k = int(ins.k)
         if k in self.resident:
             raise SimulationError(f"instruction {i}: key {k} loaded while already resident")
         self.resident.add(k)
@@ -243,7 +276,10 @@ class _Machine:
         self.peak_keys = max(self.peak_keys, len(self.resident))
 
     def exec_drop_key(self, ins: ir.DropKey, i: int) -> None:
-        k = self._rotation_key(ins, i)
+        if ins.k is None:
+            self._block(ins, i, False)
+            return
+        k = int(ins.k)
         if k not in self.resident:
             raise SimulationError(f"instruction {i}: key {k} dropped but not resident")
         self.resident.discard(k)
@@ -282,6 +318,7 @@ _EXEC: dict[type[ir.Instr], Callable[[_Machine, Any, int], None]] = {
     ir.Rescale: _Machine.exec_rescale,
     ir.ToCins: _Machine.exec_to_cins,
     ir.BootstrapCins: _Machine.exec_bootstrap_cins,
+    ir.Bootstrap: _Machine.exec_bootstrap,
     ir.LoadKey: _Machine.exec_load_key,
     ir.DropKey: _Machine.exec_drop_key,
     ir.Output: _Machine.exec_output,

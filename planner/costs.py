@@ -22,6 +22,11 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 COSTS_DIR = DATA_DIR / "costs"
 # Costs are scaled to integers for the solvers; 1000 keeps 0.001-unit weights exact.
 OBJECTIVE_SCALE = 1000
+# Measured with Lattigo v6.1.1 (shared notes, lattigo-bootstrapping.md): one bootstrap of
+# N16QP1546H192H32 took 28.5 s, one rotation at level 9 on its evaluator 0.089 s, so a
+# bootstrap costs about 319 rotations (183 at log N 14).  The weight of a table without a
+# measured ``bootstrap`` weight.
+BOOTSTRAP_ROTATIONS = 319.0
 
 
 class Weights(BaseModel):
@@ -34,6 +39,12 @@ class Weights(BaseModel):
     rescale: float = Field(ge=0)
     poly: float = Field(ge=0)
     depth: float = Field(ge=0)
+    # one bootstrap of one ciphertext (bootstrapping presets); tables without it price a
+    # bootstrap at BOOTSTRAP_ROTATIONS rotations
+    bootstrap: float | None = Field(default=None, ge=0)
+
+    def bootstrap_weight(self) -> float:
+        return self.bootstrap if self.bootstrap is not None else BOOTSTRAP_ROTATIONS * self.rotation
 
 
 class CostTable(BaseModel):
@@ -63,6 +74,10 @@ class CostTable(BaseModel):
 
     def iscore(self, c: CostVector) -> int:
         return int(round(self.score(c) * OBJECTIVE_SCALE))
+
+    def boot_iscore(self) -> int:
+        """Objective units of bootstrapping one ciphertext."""
+        return int(round(self.weights.bootstrap_weight() * OBJECTIVE_SCALE))
 
 
 class CostTableError(SlotplanError):

@@ -169,6 +169,7 @@ class TensorLiteral(BaseModel):
 
     shape: list[StrictInt]
     role: Literal["input", "weight"]
+    range: list[StrictFloat] | None = None
 
 
 class NodeLiteral(BaseModel):
@@ -186,6 +187,7 @@ class NodeLiteral(BaseModel):
     axis: StrictInt | None = None
     perm: list[StrictInt] | None = None
     shape: list[StrictInt] | None = None
+    range: list[StrictFloat] | None = None
 
 
 class GraphFile(BaseModel):
@@ -201,8 +203,8 @@ class GraphFile(BaseModel):
 
 
 _TOP_FIELDS = ("schema", "name", "tensors", "nodes", "outputs")
-_TENSOR_FIELDS = ("shape", "role")
-_NODE_FIELDS = ("id", "op", "inputs", *ATTRIBUTES)
+_TENSOR_FIELDS = ("shape", "role", "range")
+_NODE_FIELDS = ("id", "op", "inputs", *ATTRIBUTES, "range")
 
 
 # --------------------------------------------------------------------------------------
@@ -218,6 +220,9 @@ class TensorInfo:
     shape: tuple[int, ...]
     role: Role
     encrypted: bool
+    # [lo, hi]: the values the user promises (or an importer measured) for this tensor;
+    # planning uses it to keep bootstrap inputs within ``boot.max_abs`` (None: unknown)
+    range: tuple[float, float] | None = None
 
     @property
     def size(self) -> int:
@@ -359,14 +364,24 @@ class Graph:
         return {
             "schema": SCHEMA,
             "name": self.name,
-            "tensors": {
-                t.name: {"shape": list(t.shape), "role": t.role}
-                for t in self.tensors.values()
-                if t.role != "node"
-            },
-            "nodes": [n.to_json() for n in self.nodes],
+            "tensors": {t.name: _tensor_json(t) for t in self.tensors.values() if t.role != "node"},
+            "nodes": [_node_json(n, self.tensors[n.id]) for n in self.nodes],
             "outputs": list(self.outputs),
         }
+
+
+def _node_json(n: Node, t: TensorInfo) -> dict[str, object]:
+    out = n.to_json()
+    if t.range is not None:  # a node result's promised (or measured) range
+        out["range"] = [float(t.range[0]), float(t.range[1])]
+    return out
+
+
+def _tensor_json(t: TensorInfo) -> dict[str, object]:
+    out: dict[str, object] = {"shape": list(t.shape), "role": t.role}
+    if t.range is not None:  # only when given: graphs without ranges keep their hash
+        out["range"] = [float(t.range[0]), float(t.range[1])]
+    return out
 
 
 def canonical_json(obj: object) -> bytes:
@@ -577,6 +592,21 @@ def _check_size(shape: tuple[int, ...], *, node: str | None, tensor: str | None,
         )
 
 
+def _check_range(name: str, value: Sequence[float] | None, node: bool = False) -> tuple[float, float] | None:
+    """A tensor's (or node result's) ``range`` [lo, hi]: two finite numbers with lo <= hi."""
+    if value is None:
+        return None
+    where: dict[str, str] = {"node": name} if node else {"tensor": name}
+    if len(value) != 2:
+        raise GraphError(f"range must be [lo, hi] (two numbers), got {len(value)} numbers", field="range", **where)
+    lo, hi = float(value[0]), float(value[1])
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise GraphError(f"range bounds must be finite, got [{lo}, {hi}]", field="range", **where)
+    if lo > hi:
+        raise GraphError(f"range must have lo <= hi, got [{lo}, {hi}]", field="range", **where)
+    return (lo, hi)
+
+
 class _Builder:
     def __init__(self, literal: GraphFile) -> None:
         self.lit = literal
@@ -611,7 +641,9 @@ class _Builder:
                     )
             shape = tuple(t.shape)
             _check_size(shape, node=None, tensor=name, field_name="shape")
-            self.tensors[name] = TensorInfo(name, shape, t.role, encrypted=t.role == "input")
+            self.tensors[name] = TensorInfo(
+                name, shape, t.role, encrypted=t.role == "input", range=_check_range(name, t.range)
+            )
 
     # -- per-node checks that do not need shapes ------------------------------------------
     def _node_headers(self) -> None:
@@ -718,7 +750,7 @@ class _Builder:
         node, shape = infer(n, operands)
         _check_size(shape, node=n.id, tensor=None, field_name="inputs")
         encrypted = any(t.encrypted for t in operands)
-        self.tensors[n.id] = TensorInfo(n.id, shape, "node", encrypted)
+        self.tensors[n.id] = TensorInfo(n.id, shape, "node", encrypted, range=_check_range(n.id, n.range, node=True))
         return node
 
     # -- outputs and warnings ----------------------------------------------------------------

@@ -735,7 +735,25 @@ STRATEGIES = KEY_STRATEGIES.names()
 # --------------------------------------------------------------------------------------
 
 
-def _emit(program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], drop_at_end: bool) -> list[dict[str, Any]]:
+def _boot_spans(
+    prog: Sequence[Mapping[str, Any]], params: Params, keeps_all: bool
+) -> list[tuple[int, int] | None]:
+    """Where the key block ``boot`` may be resident, in order of preference: the whole
+    program, then from the first to the last bootstrap (not for a keep-all strategy);
+    [None] when the program does not bootstrap."""
+    if params.boot is None:
+        return [None]
+    at = [i for i, ins in enumerate(prog) if isinstance(ir.decode(ins), ir.Bootstrap)]
+    if not at:
+        return [None]
+    whole = (0, len(prog) - 1)
+    return [whole] if keeps_all or whole == (at[0], at[-1]) else [whole, (at[0], at[-1])]
+
+
+def _emit(
+    program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], drop_at_end: bool,
+    block: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
     n = len(program)
     loads: dict[int, list[int]] = {}
     drops: dict[int, list[int]] = {}
@@ -746,24 +764,36 @@ def _emit(program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], d
     out: list[dict[str, Any]] = []
     for i, ins in enumerate(program):
         out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(i - 1, [])))
+        if block is not None and block[1] == i - 1 and (block[1] < n - 1 or drop_at_end):
+            out.append(ir.DropKey(block="boot").to_json())
+        if block is not None and block[0] == i:
+            out.append(ir.LoadKey(block="boot").to_json())
         out.extend(ir.LoadKey(k).to_json() for k in sorted(loads.get(i, [])))
         out.append(dict(ins))
     out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(n - 1, [])))
+    if block is not None and block[1] == n - 1 and drop_at_end:
+        out.append(ir.DropKey(block="boot").to_json())
     return out
 
 
 def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping[int, int], cap: int | None) -> dict[str, int]:
     resident: set[int] = set()
+    block = False
+    offsets = frozenset(params.boot.key_offsets) if params.boot is not None else frozenset()
     for i, raw in enumerate(program):
         ins = ir.decode(raw)
-        if isinstance(ins, ir.LoadKey) and ins.k is not None:
+        if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
+            block = isinstance(ins, ir.LoadKey)
+        elif isinstance(ins, ir.LoadKey) and ins.k is not None:
             if ins.k in resident:
                 raise KeyScheduleError(f"internal: key {ins.k} loaded twice (instruction {i})")
             resident.add(ins.k)
         elif isinstance(ins, ir.DropKey) and ins.k is not None:
             resident.discard(ins.k)
         else:
-            missing = [k for k in ins.rot_keys() if k not in resident]
+            if isinstance(ins, ir.Bootstrap) and not block:
+                raise KeyScheduleError(f"internal: instruction {i} bootstraps with the key block 'boot' not resident")
+            missing = [k for k in ins.rot_keys() if k not in resident and not (block and k in offsets)]
             if missing:
                 raise KeyScheduleError(f"internal: instruction {i} rotates by {missing} with no key resident")
     peak = key_memory_profile(program, params, sizes)
@@ -808,12 +838,39 @@ def schedule_keys(
             prog, chains = rewrite_rotations(prog, paths)
             chosen = sorted(bset)
     depth = register_depths(prog)
+    # a bootstrapping program: the block 'boot' resident for the whole program (its keys
+    # then serve every rotation of their offsets) when the cap allows, else from the first
+    # to the last bootstrap
+    spans = _boot_spans(prog, params, strat.keeps_all)
+    errors: list[KeyCapError] = []
+    for block in spans:
+        try:
+            return _schedule_with_block(
+                prog, params, cap_bytes, strategy, strat, depth, block, chosen, chains, basis_name,
+                rotations_before, keys_before, max_keys, key_levels, merge_window, prefetch, time_limit_s,
+                cross_check,
+            )
+        except KeyCapError as e:
+            errors.append(e)
+    raise min(errors, key=lambda e: e.min_cap)
+
+
+def _schedule_with_block(
+    prog: list[dict[str, Any]], params: Params, cap_bytes: int | None, strategy: str, strat: KeyStrategy,
+    depth: Mapping[str, int], block: tuple[int, int] | None, chosen: list[int] | None,
+    chains: dict[int, list[int]], basis_name: str | None, rotations_before: int, keys_before: int,
+    max_keys: int | None, key_levels: bool, merge_window: int, prefetch: int, time_limit_s: float,
+    cross_check: bool,
+) -> KeySchedule:
     L = params.max_level
     uses: dict[int, list[int]] = {}
     need: list[list[int]] = []
     level: dict[int, int] = {}
     for i, ins in enumerate(prog):
         ks = sorted(set(_rot_keys(ins)))
+        if block is not None and block[0] <= i <= block[1] and params.boot is not None:
+            # the block's own Galois keys serve these offsets while it is resident
+            ks = [k for k in ks if k not in params.boot.key_offsets]
         need.append(ks)
         for k in ks:
             uses.setdefault(k, []).append(i)
@@ -821,6 +878,10 @@ def schedule_keys(
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
+    block_bytes = params.boot.block_bytes if params.boot is not None and block is not None else 0
+    if block is not None:
+        for i in range(block[0], block[1] + 1):
+            base[i] += block_bytes
     ctx = _Ctx(len(prog), uses, need, size, base, cap_bytes)
     # smallest cap each strategy can meet, and where it binds
     if strat.keeps_all:
@@ -831,14 +892,19 @@ def schedule_keys(
             f"keeping all {len(size)} keys ({all_keys} bytes) resident, instruction {i_max} "
             f"({ir.op_name(prog[i_max]) if prog else '-'}) peaks at {min_cap} bytes"
         )
+        if block_bytes:
+            where += f" (with the bootstrapping key block and DFT matrices, {block_bytes} bytes)"
     else:
         needs = [base[i] + sum(size[k] for k in need[i]) for i in range(len(prog))]
         i_max = max(range(len(prog)), key=lambda i: needs[i]) if prog else 0
         min_cap = needs[i_max] if prog else 0
+        in_block = block is not None and block[0] <= i_max <= block[1]
+        held = (base[i_max] if prog else 0) - (block_bytes if in_block else 0)
         where = (
             f"instruction {i_max} ({ir.op_name(prog[i_max]) if prog else '-'}) alone needs {min_cap} bytes "
-            f"(ciphertexts and plaintexts {base[i_max] if prog else 0}, its keys "
-            f"{min_cap - (base[i_max] if prog else 0)})"
+            f"(ciphertexts and plaintexts {held}, "
+            + (f"the bootstrapping key block and DFT matrices {block_bytes}, " if in_block else "")
+            + f"its keys {min_cap - (base[i_max] if prog else 0)})"
         )
     if cap_bytes is not None and cap_bytes < min_cap:
         raise KeyCapError(cap_bytes, min_cap, strategy, where)
@@ -847,7 +913,7 @@ def schedule_keys(
         rewritten=strat.pow2_basis or max_keys is not None,
     )
     intervals, solver_info = strat.intervals(ctx, knobs)
-    new = _emit(prog, intervals, drop_at_end=not strat.keeps_all)
+    new = _emit(prog, intervals, drop_at_end=not strat.keeps_all, block=block)
     peak = _verify(new, params, size, cap_bytes)
     loads_per: dict[int, int] = {}
     for k, _, _ in intervals:

@@ -40,17 +40,21 @@ slotplan models what Lattigo reports, i.e. the word form.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from planner.errors import ParamsError
 
 __all__ = [
+    "AUTO",
+    "Boot",
+    "BootLiteral",
     "KEY_OVERHEAD_BYTES",
     "LOG_N_RANGE",
     "PRESETS",
@@ -82,6 +86,25 @@ PRIME_BITS_RANGE = range(20, 62)  # 20..61: Lattigo generates NTT primes of at m
 MAX_PRIMES = 128  # an absurd chain is a mistake, not a parameter set
 
 
+class BootLiteral(BaseModel):
+    """JSON form of a preset's ``boot`` object (SPEC section 3). ``log_q``/``log_p`` are the
+    bootstrapping chain (residual primes first), on which every key of a bootstrapping plan
+    lives; ``log_qp`` is derived (optional; must agree when given)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    literal: StrictStr
+    levels_after: StrictInt
+    max_abs: StrictFloat
+    key_offsets: list[StrictInt]
+    conjugation: StrictBool
+    key_bytes: StrictInt
+    matrix_bytes: StrictInt
+    log_q: list[StrictInt]
+    log_p: list[StrictInt]
+    log_qp: StrictInt | None = None
+
+
 class ParamsLiteral(BaseModel):
     """JSON form of a parameter set. Derived fields (``n``, ``slots``, ``max_level``,
     ``log_qp``, ``secure``) are optional; when present they must agree with the rest, so
@@ -100,6 +123,75 @@ class ParamsLiteral(BaseModel):
     max_level: StrictInt | None = None
     log_qp: StrictInt | None = None
     secure: StrictBool | None = None
+    boot: BootLiteral | None = None
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a bootstrapping preset adds (SPEC section 3): Lattigo's bootstrapping parameter
+    literal, the levels left for computation after a bootstrap, the largest |value| a
+    bootstrap accepts, the slot rotation offsets of the bootstrapping Galois keys (plus the
+    conjugation key), the bytes of all bootstrapping evaluation keys (Galois, relinearisation,
+    encapsulation; Lattigo's ``EvaluationKeys.BinarySize``) and of the DFT matrices, and the
+    bootstrapping chain ``log_q``/``log_p`` (residual Q primes first, then SlotsToCoeffs,
+    EvalMod and CoeffsToSlots primes; its own P primes)."""
+
+    literal: str
+    levels_after: int
+    max_abs: float
+    key_offsets: tuple[int, ...]
+    conjugation: bool
+    key_bytes: int
+    matrix_bytes: int
+    log_q: tuple[int, ...]
+    log_p: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for key in ("key_offsets", "log_q", "log_p"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+
+    @property
+    def log_qp(self) -> int:
+        return sum(self.log_q) + sum(self.log_p)
+
+    @property
+    def block_bytes(self) -> int:
+        """The resident block ``boot``: every bootstrapping key and the DFT matrices."""
+        return self.key_bytes + self.matrix_bytes
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "literal": self.literal,
+            "levels_after": self.levels_after,
+            "max_abs": self.max_abs,
+            "key_offsets": list(self.key_offsets),
+            "conjugation": self.conjugation,
+            "key_bytes": self.key_bytes,
+            "matrix_bytes": self.matrix_bytes,
+            "log_q": list(self.log_q),
+            "log_p": list(self.log_p),
+            "log_qp": self.log_qp,
+        }
+
+    @classmethod
+    def from_literal(cls, lit: BootLiteral) -> Boot:
+        boot = cls(
+            literal=lit.literal,
+            levels_after=lit.levels_after,
+            max_abs=float(lit.max_abs),
+            key_offsets=tuple(lit.key_offsets),
+            conjugation=lit.conjugation,
+            key_bytes=lit.key_bytes,
+            matrix_bytes=lit.matrix_bytes,
+            log_q=tuple(lit.log_q),
+            log_p=tuple(lit.log_p),
+        )
+        if lit.log_qp is not None and lit.log_qp != boot.log_qp:
+            raise ParamsError(
+                f"given log_qp = {lit.log_qp} disagrees with the bootstrapping chain, which gives {boot.log_qp}",
+                field="boot.log_qp",
+            )
+        return boot
 
 
 @dataclass(frozen=True)
@@ -113,6 +205,7 @@ class Params:
     log_scale: int
     name: str = "custom"
     note: str | None = None
+    boot: Boot | None = None
 
     def __post_init__(self) -> None:
         for key in ("log_q", "log_p"):
@@ -151,7 +244,19 @@ class Params:
     def secure(self) -> bool:
         """128-bit secure (log_qp within the standard's bound for this N)."""
         limit = self.security_limit
-        return limit is not None and self.log_qp <= limit
+        return limit is not None and self.log_qp <= limit and (self.boot is None or self.boot.log_qp <= limit)
+
+    @property
+    def key_max_level(self) -> int:
+        """Top level of the chain the evaluation keys live on: the bootstrapping chain's
+        when the params bootstrap (every key of a bootstrapping plan is generated on the
+        bootstrapping parameters), else ``max_level``."""
+        return len(self.boot.log_q) - 1 if self.boot is not None else self.max_level
+
+    @property
+    def key_p_primes(self) -> int:
+        """Number of key-switching (P) primes of the chain the keys live on."""
+        return len(self.boot.log_p) if self.boot is not None else len(self.log_p)
 
     # -- memory model ------------------------------------------------------------------------
     def _level(self, level: int | None) -> int:
@@ -163,11 +268,19 @@ class Params:
             )
         return level
 
+    def _key_level(self, level: int | None) -> int:
+        top = self.key_max_level
+        if level is None:
+            return top
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= top:
+            raise ParamsError(f"key level must be an integer in 0..{top}, got {level!r}", field="level")
+        return level
+
     def dnum(self, level: int | None = None) -> int:
-        """Gadget length (number of RNS digits) of a key generated at ``level``:
-        ``ceil((level+1) / #P)``."""
-        lv = self._level(level)
-        return -(-(lv + 1) // len(self.log_p))
+        """Gadget length (number of RNS digits) of a key generated at ``level`` (default:
+        the top of the key chain): ``ceil((level+1) / #P)``."""
+        lv = self._key_level(level)
+        return -(-(lv + 1) // self.key_p_primes)
 
     def ciphertext_bytes(self, level: int | None = None) -> int:
         """Bytes of one ciphertext (degree 1) at ``level`` (default: max level)."""
@@ -178,10 +291,12 @@ class Params:
         return (self._level(level) + 1) * self.n * WORD_BYTES
 
     def rotation_key_bytes(self, level: int | None = None) -> int:
-        """Bytes of one Galois (rotation) key generated at ``level`` (default: max level);
-        such a key serves ciphertexts at levels <= ``level``."""
-        lv = self._level(level)
-        return self.dnum(lv) * 2 * (lv + 1 + len(self.log_p)) * self.n * WORD_BYTES + KEY_OVERHEAD_BYTES
+        """Bytes of one Galois (rotation) key generated at ``level`` (default: the top of
+        the key chain: ``max_level``, or the bootstrapping chain's top level 24 for a
+        bootstrapping preset); such a key serves ciphertexts at levels <= ``level``. For a
+        bootstrapping preset the key lives on the bootstrapping chain (its own P primes)."""
+        lv = self._key_level(level)
+        return self.dnum(lv) * 2 * (lv + 1 + self.key_p_primes) * self.n * WORD_BYTES + KEY_OVERHEAD_BYTES
 
     def relin_key_bytes(self, level: int | None = None) -> int:
         """Bytes of the relinearisation key generated at ``level`` (same shape as a Galois key)."""
@@ -201,6 +316,7 @@ class Params:
             "log_qp": self.log_qp,
             "secure": self.secure,
             "note": self.note,
+            **({"boot": self.boot.to_json()} if self.boot is not None else {}),
         }
 
     @classmethod
@@ -219,6 +335,7 @@ class Params:
             log_scale=lit.log_scale,
             name="custom" if lit.name is None else lit.name,
             note=lit.note,
+            boot=None if lit.boot is None else Boot.from_literal(lit.boot),
         )
         derived: dict[str, int | bool] = {
             "n": params.n,
@@ -291,6 +408,39 @@ def _validate(p: Params) -> None:
             f"got {p.log_scale}",
             field="log_scale",
         )
+    if p.boot is not None:
+        _validate_boot(p, p.boot)
+
+
+def _validate_boot(p: Params, b: Boot) -> None:
+    if not isinstance(b, Boot):
+        raise ParamsError(f"boot must be a bootstrapping object, got {type(b).__name__}", field="boot")
+    if not b.literal.strip():
+        raise ParamsError("must be a non-empty string (Lattigo's bootstrapping parameter name)", field="boot.literal")
+    if b.levels_after != p.max_level:
+        raise ParamsError(
+            f"levels_after = {b.levels_after} must equal the residual chain's max_level {p.max_level} "
+            "(a bootstrap returns a ciphertext at the top residual level)",
+            field="boot.levels_after",
+        )
+    if not (math.isfinite(b.max_abs) and b.max_abs > 0):
+        raise ParamsError(f"max_abs must be a positive finite number, got {b.max_abs}", field="boot.max_abs")
+    offs = b.key_offsets
+    if list(offs) != sorted(set(offs)) or any(not 1 <= k < p.slots for k in offs):
+        raise ParamsError(
+            f"key_offsets must be sorted distinct rotation offsets in 1..{p.slots - 1}", field="boot.key_offsets"
+        )
+    for key in ("key_bytes", "matrix_bytes"):
+        if getattr(b, key) <= 0:
+            raise ParamsError(f"must be a positive number of bytes, got {getattr(b, key)}", field=f"boot.{key}")
+    for key, chain in (("log_q", b.log_q), ("log_p", b.log_p)):
+        if not chain or len(chain) > MAX_PRIMES or any(bits not in PRIME_BITS_RANGE for bits in chain):
+            raise ParamsError(f"must be a list of 1..{MAX_PRIMES} prime sizes of 20..61 bits", field=f"boot.{key}")
+    if tuple(b.log_q[: len(p.log_q)]) != tuple(p.log_q) or len(b.log_q) <= len(p.log_q):
+        raise ParamsError(
+            "the bootstrapping chain must start with the residual primes log_q and add the bootstrap's own",
+            field="boot.log_q",
+        )
 
 
 def _params_error_from_pydantic(exc: ValidationError) -> ParamsError:
@@ -321,6 +471,57 @@ def _params_error_from_pydantic(exc: ValidationError) -> ParamsError:
 # Presets
 # --------------------------------------------------------------------------------------
 
+# Bootstrapping presets (SPEC section 3): Lattigo v6.1.1's N16QP1546H192H32
+# (circuits/ckks/bootstrapping/default_parameters.go). Residual chain LogQ [60, 40 x 9],
+# LogP [61 x 5], scale 2^40, H = 192; the bootstrapping chain adds SlotsToCoeffs [39 x 3],
+# EvalMod [60 x 8] and CoeffsToSlots [56 x 4] Q primes (25 Q + 5 P, LogQP 1546).
+_BOOT_LOG_Q = (60, *[40] * 9, *[39] * 3, *[60] * 8, *[56] * 4)
+_BOOT_LOG_P = (61,) * 5
+# Slot rotation offsets of the bootstrapping Galois keys (the conjugation key besides).
+# Data, obtained once from Lattigo v6.1.1 by a Go program that called
+# bootstrapping.NewParametersFromLiteral(residual, ParametersLiteral{LogN: &logN}) and
+# Parameters.GaloisElements(BootstrappingParameters) (= trace keys 1 << i for
+# LogSlots <= i < LogN-1, CoeffsToSlots and SlotsToCoeffs keys, conjugation), mapping each
+# Galois element back to its offset with SolveDiscreteLogGaloisElement: 47 rotations + the
+# conjugation = 48 Galois keys at LogN 16 (C2S alone 32, S2C alone 38), 34 + 1 = 35 at LogN 14.
+_BOOT_OFFSETS_N16 = (
+    1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 64, 96, 128, 160, 192, 224, 256, 384, 512, 768, 1024, 1536,
+    2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480, 24576, 28672, 30720, 31232, 31744, 32000,
+    32256, 32512, 32640, 32672, 32704, 32736, 32744, 32752, 32760, 32764,
+)
+_BOOT_OFFSETS_N14 = (
+    1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
+    5120, 6144, 7168, 7680, 7936, 8000, 8064, 8128, 8160, 8176, 8180, 8184, 8188,
+)
+# Largest |value| a bootstrap accepts (EvalMod approximates x mod 1 for small |m|/ratio;
+# out-of-range values fail silently). Measured at log N 14 (backends/lattigo TestBootstrapRange,
+# vectors uniform in [-A, A]): max abs error 2.1e-8 at A=1, 1.2e-7 at 2, 1.0e-6 at 4 (21.9 bits
+# relative to A, 19.9 absolute), 7.9e-6 at 8 (20.0 / 17.0), 5.6e-5 at 16; 4 keeps ~20 bits.
+BOOT_MAX_ABS = 4.0
+
+
+def _boot_preset(log_n: int, name: str, note: str, offsets: tuple[int, ...], key_bytes: int, matrix_bytes: int) -> Params:
+    return Params(
+        log_n,
+        (60, *[40] * 9),
+        (61,) * 5,
+        40,
+        name=name,
+        note=note,
+        boot=Boot(
+            literal="N16QP1546H192H32",
+            levels_after=9,
+            max_abs=BOOT_MAX_ABS,
+            key_offsets=offsets,
+            conjugation=True,
+            key_bytes=key_bytes,
+            matrix_bytes=matrix_bytes,
+            log_q=_BOOT_LOG_Q,
+            log_p=_BOOT_LOG_P,
+        ),
+    )
+
+
 PRESETS: Mapping[str, Params] = MappingProxyType(
     {
         # log QP = 170 + 50 = 220 > 109: NOT secure; for fast tests only.
@@ -349,12 +550,37 @@ PRESETS: Mapping[str, Params] = MappingProxyType(
             name="n16",
             note="128-bit secure (log QP 1719 <= 1761); MetaKernel's setting: scale 2^56, q0 ~ 2^60",
         ),
+        # measured (Lattigo v6.1.1, shared notes): EvaluationKeys.BinarySize 7,866,551,213 B
+        # (48 Galois keys + relin + 2 encapsulation keys), DFT matrices 2,953,887,680 B
+        "n16boot": _boot_preset(
+            16,
+            "n16boot",
+            "128-bit secure bootstrapping set (Lattigo N16QP1546H192H32, bootstrapping chain log QP 1546 <= 1761); "
+            "9 levels after a bootstrap",
+            _BOOT_OFFSETS_N16,
+            7_866_551_213,
+            2_953_887_680,
+        ),
+        # the same chain at log N 14 (measured: keys 1,455,522,709 B, matrices 461,666,240 B)
+        "n14boot": _boot_preset(
+            14,
+            "n14boot",
+            "test size: Lattigo N16QP1546H192H32's chain at log N 14 (log QP 1546 exceeds the 128-bit bound "
+            "438 for N = 2^14); insecure; 9 levels after a bootstrap",
+            _BOOT_OFFSETS_N14,
+            1_455_522_709,
+            461_666_240,
+        ),
     }
 )
 
+# ``--params auto``: the smallest secure preset whose levels fit the graph, else n16boot.
+AUTO = "auto"
+SECURE_PRESETS_BY_SIZE = ("n13", "n14", "n15", "n16")
+
 
 def preset(name: str) -> Params:
-    """The preset called ``name`` (``n12`` .. ``n16``)."""
+    """The preset called ``name`` (``n12`` .. ``n16``, ``n14boot``, ``n16boot``)."""
     try:
         return PRESETS[name]
     except KeyError:

@@ -39,6 +39,7 @@ from planner.kernels.base import Candidate
 from planner.layout import ChannelLayout
 from planner.params import Params
 from planner.program import LazyTables, ProgramBuilder
+from planner.ranges import RangeReport, boot_scale, graph_ranges
 from planner.rotom import parse_layout
 from planner.summary import span_counts, summarize
 from solver import SOLVER_BACKENDS, create, progress
@@ -130,6 +131,12 @@ class PlanProblem:
     operand_source: dict[tuple[str, str], str] = field(default_factory=dict)
     # issue 17 (explanations): every node's candidates before dominated options were pruned
     all_candidates: dict[str, list[Candidate]] = field(default_factory=dict)
+    # bootstrapping presets: every tensor's interval, the scale s of each bootstrappable
+    # value (1: within boot.max_abs), and the values that cannot be bootstrapped because
+    # their range is unknown (-> the declared input without a range they depend on)
+    ranges: RangeReport | None = None
+    boot_scales: dict[str, int] = field(default_factory=dict)
+    boot_unknown: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -181,12 +188,18 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
+    ranges = graph_ranges(graph) if params.boot is not None else None
+    boot_scales: dict[str, int] = {}
+    boot_unknown: dict[str, str] = {}
     for node in graph.nodes:
         cs = cands[node.id]
+        bootable, pres, post = _boot_options(graph, node, cs, params, ranges, boot_scales, boot_unknown)
         groups.append(
             Group(node.id, tuple(costs.iscore(c.cost(S)) + p
                                  for c, p in zip(cs, penalty.get(node.id) or [0] * len(cs), strict=True)),
-                  tuple(c.label for c in cs), depths=tuple(c.cost(S).depth for c in cs))
+                  tuple(c.label for c in cs), depths=tuple(c.cost(S).depth for c in cs),
+                  n_cts=tuple(c.out_layout.n_ct for c in cs) if params.boot is not None else (),
+                  bootable=bootable, boot_pres=pres, boot_post=post)
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -207,15 +220,36 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         progress.advance("conversions", node.id)
     progress.end("conversions")
     all_candidates = {k: list(v) for k, v in cands.items()}  # issue 17: runner-ups may be pruned ones
-    model, keep = ChoiceModel(tuple(groups), tuple(edges), params.max_level).prune_dominated()
+    boot_weight = costs.boot_iscore() if params.boot is not None else None
+    model, keep = ChoiceModel(tuple(groups), tuple(edges), params.max_level, boot_weight).prune_dominated()
     for node in graph.nodes:
         cands[node.id] = [cands[node.id][o] for o in keep[node.id]]
-    hint = model.greedy()
+    hint, lazy = model.greedy_boots() if model.bootstraps else (model.greedy(), frozenset())
     model = ChoiceModel(
-        tuple(replace(g, hint=hint.get(g.name, 0)) for g in model.groups), model.edges, model.max_depth
+        tuple(replace(g, hint=hint.get(g.name, 0), boot_hint=g.name in (lazy or ())) for g in model.groups),
+        model.edges, model.max_depth, model.boot_weight,
     )
     return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source,
-                       all_candidates)
+                       all_candidates, ranges, boot_scales, boot_unknown)
+
+
+def _boot_options(
+    graph: Graph, node: Node, cs: Sequence[Candidate], params: Params, ranges: RangeReport | None,
+    scales: dict[str, int], unknown: dict[str, str],
+) -> tuple[bool, tuple[int, ...], int]:
+    """Whether a node's result may be bootstrapped, and the levels around a bootstrap: per
+    candidate one level before it when its layout is dirty (a mask zeroes the free slots,
+    whose partial sums no range bounds) or the value must be scaled down by ``1/s``; one
+    after it when scaled (times ``s``)."""
+    if params.boot is None or ranges is None or not graph.encrypted(node.id) or not graph.consumers(node.id):
+        return False, (), 0
+    bound = ranges.bound(node.id)
+    if bound is None:
+        unknown[node.id] = ranges.unknown_source.get(node.id, node.id)
+        return False, (), 0
+    s = boot_scale(bound, params.boot.max_abs)
+    scales[node.id] = s
+    return True, tuple(int(s > 1 or not c.out_layout.clean) for c in cs), int(s > 1)
 
 
 def _pinned_layouts(graph: Graph, options: PlanOptions, S: int) -> dict[str, Any]:
@@ -410,6 +444,8 @@ def solve_problem(problem: PlanProblem) -> Solution:
         raise progress.DeadlineExceeded("solve", "no plan found in the time left", progress.limit_seconds() or 0.0)
     if sol.status is Status.INFEASIBLE:
         m = problem.model
+        if m.bootstraps and problem.boot_unknown:
+            _refuse_unknown_ranges(problem, limit)
         if m.max_depth is not None:
             relaxed = create(problem.options.solver).solve(replace(m, max_depth=None), limit)
             if relaxed.status is not Status.INFEASIBLE:
@@ -419,6 +455,25 @@ def solve_problem(problem: PlanProblem) -> Solution:
                 )
         raise PlanError("no consistent assignment of layouts exists for this graph")
     return sol
+
+
+def _refuse_unknown_ranges(problem: PlanProblem, limit: float) -> None:
+    """The plan needs a bootstrap of a value whose range is unknown: name the tensor."""
+    m = problem.model
+    relaxed = replace(m, groups=tuple(replace(g, bootable=True) if g.name in problem.boot_unknown else g
+                                      for g in m.groups))
+    sol = create(problem.options.solver).solve(relaxed, limit)
+    if sol.status in (Status.OPTIMAL, Status.FEASIBLE):
+        need = [b for b in sol.boots if b in problem.boot_unknown] or sorted(problem.boot_unknown)
+        src = problem.boot_unknown[need[0]]
+        why = (f"input {src!r} has no `range` [lo, hi] in the graph" if src in problem.graph.tensors
+               and problem.graph.producer(src) is None else f"the interval of {src!r} is unbounded")
+        raise PlanError(
+            f"the graph is deeper than the {m.max_depth} levels of params {problem.params.name}, so the value of "
+            f"{need[0]!r} must be bootstrapped, but its range is unknown ({why}); bootstrapping accepts "
+            f"only |values| <= {problem.params.boot.max_abs if problem.params.boot else 0:g}",
+            need[0],
+        )
 
 
 class PlanTimeout(PlanError):
@@ -440,6 +495,7 @@ def lower_solution(
     S = params.slots
     b = ProgramBuilder(S)
     choice = dict(sol.choice)
+    boots = frozenset(sol.boots)
     regs: dict[str, list[str]] = {}
     layout_of: dict[str, ChannelLayout] = {}
     claims = claims if claims is not None else []
@@ -466,9 +522,12 @@ def lower_solution(
                 conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
                 claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t])))
         outs = cand.lower(b, op_regs)
+        out_layout = cand.out_layout
+        if node.id in boots:
+            outs, out_layout = _lower_bootstrap(b, outs, out_layout, problem.boot_scales[node.id], node.id)
         regs[node.id] = outs
-        layout_of[node.id] = cand.out_layout
-        claims.append(LayoutClaim(f"node {node.id}", node.id, cand.out_layout, tuple(outs)))
+        layout_of[node.id] = out_layout
+        claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs)))
         end = len(b.instrs)
         cv = cand.cost(S)
         nodes_json.append(
@@ -487,6 +546,8 @@ def lower_solution(
                 ],
                 "out_layout": cand.out_layout.notation(),
                 "conversions": conversions,
+                **({"bootstraps": sum(1 for i in b.instrs[start:end] if i["op"] == "bootstrap")}
+                   if params.boot is not None else {}),
             }
         )
         progress.advance("lowering", node.id)
@@ -516,6 +577,8 @@ def lower_solution(
         "seconds": 0.0,
     }
     summary["plan_seconds"] = 0.0
+    if params.boot is not None:
+        summary["bootstrapping"] = _boot_report(problem, sol)
     plan = {
         "schema": PLAN_SCHEMA,
         "graph": {"name": graph.name, "sha256": graph.sha256, "spec": graph.to_json()},
@@ -530,6 +593,74 @@ def lower_solution(
         "program": program,
     }
     return plan, LazyTables(b.tables)
+
+
+# Bits of precision of one bootstrap on Lattigo (N16QP1546H192H32 and its log N 14 form:
+# max error 3.3e-8 / 2.7e-8 for |x| <= 1, about 25 bits), and the scale (in bits) above
+# which a plan warns that the scaling eats most of them.
+BOOT_PRECISION_BITS = 25
+BOOT_SCALE_WARN_BITS = 12
+
+
+def _lower_bootstrap(
+    b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str
+) -> tuple[list[str], ChannelLayout]:
+    """Bootstrap every ciphertext of a node's result: before it one pmul by ``1/s`` on the
+    layout's slots and 0 on its free slots (when scaled, or when the layout is dirty: the
+    free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled)."""
+    slots = b.slots
+    masked = not lay.clean
+    out: list[str] = []
+    for q, r in enumerate(regs):
+        if s > 1 or masked:
+            pt = b.const_plaintext(
+                ("boot-in", node_id, q), f"pt/boot/{node_id}/{q}",
+                lambda q=q: np.where(lay.index_map(q) >= 0, 1.0 / s, 0.0),  # type: ignore[misc]
+            )
+            r = b.rescale(b.pmul(r, pt))
+        r = b.bootstrap(r)
+        if s > 1:
+            up = b.const_plaintext(("boot-up", s), f"pt/boot/scale/{s}", lambda: np.full(slots, float(s)))
+            r = b.rescale(b.pmul(r, up))
+        out.append(r)
+    return out, lay.with_clean(True) if masked else lay
+
+
+def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
+    """What a bootstrapping plan assumes and how its placement compares with first fit."""
+    m = problem.model
+    choice = dict(sol.choice)
+    lazy = m.lazy_boots(choice)
+    greedy, greedy_lazy = m.greedy_boots()
+    ranges = problem.ranges
+
+    def n_boot(groups: frozenset[str] | None, ch: Mapping[str, int]) -> int | None:
+        return None if groups is None else sum(m.group(g).n_ct(ch[g]) for g in groups)
+
+    scales = {v: problem.boot_scales[v] for v in sorted(sol.boots) if problem.boot_scales.get(v, 1) > 1}
+    # Lattigo's bootstrap keeps about 25 bits (shared notes: max error 3.3e-8 at |x| <= 1):
+    # a value scaled down by 2^k keeps about 25 - k bits relative to its bound
+    warnings = [
+        f"the bootstrap of {v!r} scales by 2^{s.bit_length() - 1} (worst-case bound {ranges.bound(v) if ranges else 0:.3g}): "
+        f"about {max(0, BOOT_PRECISION_BITS - (s.bit_length() - 1))} of Lattigo's ~{BOOT_PRECISION_BITS} bits survive; "
+        "give the graph's nodes measured `range`s for a tighter bound"
+        for v, s in scales.items() if s.bit_length() - 1 > BOOT_SCALE_WARN_BITS
+    ]
+    return {
+        "values": sorted(sol.boots),
+        "scales": scales,
+        **({"warnings": warnings} if warnings else {}),
+        "bounds": {v: ranges.bound(v) for v in sorted(sol.boots)} if ranges is not None else {},
+        "assumed_ranges": {t: list(iv) for t, iv in sorted(ranges.assumed.items())} if ranges is not None else {},
+        "max_abs": problem.params.boot.max_abs if problem.params.boot is not None else None,
+        # first fit (bootstrap an operand only when its reader would not fit, as late as
+        # possible) on the same layouts, and on the greedy layouts
+        "first_fit": {"values": None if lazy is None else len(lazy), "bootstraps": n_boot(lazy, choice)},
+        "first_fit_greedy_layouts": {
+            "values": None if greedy_lazy is None else len(greedy_lazy),
+            "bootstraps": n_boot(greedy_lazy, greedy),
+        },
+    }
 
 
 def _map_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
@@ -585,6 +716,49 @@ def plan_graph(
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
         plan["summary"]["plan_seconds"] = round(seconds, 6)
     return PlanResult(plan, tables, sol, problem, seconds, claims)
+
+
+def auto_params(graph: Graph, options: PlanOptions | None = None) -> Params:
+    """``--params auto``: the smallest secure preset whose levels fit the graph without
+    bootstrapping (n13, n14, n15, n16 in this order), else ``n16boot``.  A preset is skipped
+    at once when even the shallowest option of some node is too deep (a lower bound from
+    the choice model), else the solver decides whether an assignment fits."""
+    from planner.params import PRESETS, SECURE_PRESETS_BY_SIZE
+
+    options = options or PlanOptions()
+    for name in SECURE_PRESETS_BY_SIZE:
+        params = PRESETS[name]
+        try:
+            with progress.stage(f"auto: {name}"):
+                problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
+                if min_depth(problem.model) > params.max_level:
+                    continue
+                solve_problem(problem)
+        except PlanTimeout:
+            raise
+        except SlotplanError:
+            continue  # does not fit this preset (depth, slots): try the next one
+        return params
+    return PRESETS["n16boot"]
+
+
+def min_depth(model: ChoiceModel) -> int:
+    """A lower bound on the depth of every assignment without bootstraps: per option the
+    shallowest way its operands can arrive (ignoring that readers of one value share its
+    option)."""
+    inc = model.incoming()
+    best: dict[str, list[int]] = {}
+    big = 1 << 30
+    for g in model.groups:
+        row = []
+        for o in range(len(g.costs)):
+            d = 0
+            for e in inc.get(g.name, []):
+                arr = [best[e.src][a] + e.depth(a, o) for a in range(len(best[e.src])) if e.costs[a][o] is not None]
+                d = max(d, min(arr, default=big))
+            row.append(d + g.depth(o))
+        best[g.name] = row
+    return max((min(r) for r in best.values()), default=0)
 
 
 def plan_table_names(plan: Mapping[str, Any]) -> list[str]:

@@ -232,6 +232,12 @@ class ProgramBuilder:
         self._emit(ir.Rescale(dst, src))
         return dst
 
+    def bootstrap(self, src: str) -> str:
+        """Value unchanged, depth reset to 0 (bootstrapping presets)."""
+        dst = self._reg(0)
+        self._emit(ir.Bootstrap(dst, src))
+        return dst
+
     def accumulate(self, acc: str | None, term: str) -> str:
         """acc + term, or term when acc is None: summing as terms are produced keeps
         only one partial sum live (the peak-memory friendly order)."""

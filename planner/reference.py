@@ -133,7 +133,9 @@ def random_values(graph: Graph, seed: int, init: str = "uniform") -> dict[str, A
     ``init="fan-in"`` divides each weight by sqrt(fan-in) of the linear op that consumes it
     (the contracted size: k of a matvec/matmul, C/groups*K1*K2 of a conv2d), the way
     networks are initialised: activations then stay O(1) through deep graphs, which CKKS
-    needs (a value must stay below q0 / scale at the last level)."""
+    needs (a value must stay below q0 / scale at the last level).
+
+    A tensor that declares a ``range`` [lo, hi] gets values uniform in it instead."""
     if init not in ("uniform", "fan-in"):
         raise ValueError(f"init must be 'uniform' or 'fan-in', got {init!r}")
     rng = np.random.default_rng(seed)
@@ -141,6 +143,7 @@ def random_values(graph: Graph, seed: int, init: str = "uniform") -> dict[str, A
         name: rng.uniform(-1.0, 1.0, size=graph.shape(name))
         for name in sorted((*graph.inputs, *graph.weights))
     }
+    rng_ranged = dict(out)
     if init == "fan-in":
         for name in graph.weights:
             fan = 1
@@ -153,4 +156,10 @@ def random_values(graph: Graph, seed: int, init: str = "uniform") -> dict[str, A
                 elif node.op == "conv2d" and node.inputs[1] == name:
                     fan = max(fan, sh[1] * sh[2] * sh[3])
             out[name] = out[name] / np.sqrt(fan)
+    for name in (*graph.inputs, *graph.weights):
+        rng_ = graph.tensor(name).range
+        if rng_ is not None:  # a declared range: uniform within it (the user's promise)
+            lo, hi = rng_
+            raw = rng_ranged[name]
+            out[name] = lo + (hi - lo) * (raw + 1.0) / 2.0
     return out

@@ -6,7 +6,10 @@ Counts follow shared/SPEC.md section 4: a ``rot_hoisted`` with ``len(ks)`` offse
 ciphertexts (SSA liveness, each at its level), plaintexts (resident from first to last
 use, encoded at the level of the ciphertext they meet) and rotation keys (resident
 between load and drop; all resident for the whole program when the plan has no key
-schedule, the keep-all model of ANT-ACE/Orion).
+schedule, the keep-all model of ANT-ACE/Orion).  A bootstrapping plan adds the block
+``boot`` (bootstrapping keys and DFT matrices, ``params.boot``): resident throughout
+without a schedule, else between its ``load_key``/``drop_key``; plan rotations whose
+offset the block holds need no key of their own.
 """
 
 from __future__ import annotations
@@ -143,6 +146,8 @@ def summarize(
         "plaintexts": n_plaintexts,
         "instructions": len(program),
         "peak_bytes": mem,
+        # bootstrapping presets only (plans of the other presets keep their bytes)
+        **({"bootstraps": counts.get("bootstraps", 0)} if params.boot is not None else {}),
     }
 
 
@@ -197,6 +202,15 @@ def memory_series(
         return key_bytes.get(k, top_key) if key_bytes is not None else top_key
 
     all_keys = ir.rot_keys_of(program)
+    # bootstrapping: the block "boot" (bootstrapping keys + DFT matrices); its Galois keys
+    # serve plan rotations of the same offsets, so keep-all holds the block and only the
+    # other offsets' keys
+    boot = params.boot
+    block = boot.block_bytes if boot is not None else 0
+    boots = boot is not None and any(isinstance(ins, ir.Bootstrap) for ins in program)
+    if boots and boot is not None:
+        all_keys = {k for k in all_keys if k not in boot.key_offsets}
+    block_resident = False
     pt_start: dict[int, list[str]] = {}
     pt_end: dict[int, list[str]] = {}
     for p, i in pt_first.items():
@@ -208,13 +222,16 @@ def memory_series(
     out = {name: np.zeros(n, dtype=np.int64) for name in ("keys", "plaintexts", "ciphertexts")}
     live_ct = 0
     live_pt = 0
-    keys = 0 if has_schedule else sum(kb(k) for k in all_keys)
+    keys = 0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0)
     resident: set[int] = set()
     live: set[str] = set()
     for i, ins in enumerate(program):
-        if isinstance(ins, ir.LoadKey) and ins.k is not None:
-            resident.add(int(ins.k))
-            keys = sum(kb(k) for k in resident)
+        if isinstance(ins, ir.LoadKey):
+            if ins.k is not None:
+                resident.add(int(ins.k))
+            else:
+                block_resident = True
+            keys = sum(kb(k) for k in resident) + (block if block_resident else 0)
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
         for r in ins.writes():
@@ -228,9 +245,12 @@ def memory_series(
                 live_ct -= params.ciphertext_bytes(level(r))
         for p in pt_end.get(i, []):
             live_pt -= params.plaintext_bytes(pt_level[p])
-        if isinstance(ins, ir.DropKey) and ins.k is not None:
-            resident.discard(int(ins.k))
-            keys = sum(kb(k) for k in resident)
+        if isinstance(ins, ir.DropKey):
+            if ins.k is not None:
+                resident.discard(int(ins.k))
+            else:
+                block_resident = False
+            keys = sum(kb(k) for k in resident) + (block if block_resident else 0)
     return out
 
 

@@ -56,16 +56,38 @@ class CpSatSolver:
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
             edge_pairs.append(pairs)
         # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
-        # conversion and kernel depths of the chosen options are linear sums)
+        # conversion and kernel depths of the chosen options are linear sums); readers see
+        # R[g] = D[g], or boot_post when g is bootstrapped (b[g]); a bootstrapped value also
+        # needs its scaling level before the bootstrap: D[g] + boot_pre * b[g] <= max_depth
+        bvar: dict[str, cp_model.IntVar] = {}
         if model.max_depth is not None:
-            D = {g.name: m.new_int_var(0, model.max_depth, f"D[{g.name}]") for g in model.groups}
+            L = model.max_depth
+            D = {g.name: m.new_int_var(0, L, f"D[{g.name}]") for g in model.groups}
+            R: dict[str, cp_model.IntVar] = dict(D)
+            for g in model.bootable():
+                bvar[g.name] = m.new_bool_var(f"b[{g.name}]")
+                m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
+                R[g.name] = m.new_int_var(0, L, f"R[{g.name}]")
+                m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
+                if g.boot_post:
+                    m.add(R[g.name] >= g.boot_post * bvar[g.name])
+                # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
+                # levels of the scaling or mask before the bootstrap
+                zs = []
+                for o, v in enumerate(x[g.name]):
+                    z = m.new_bool_var(f"z[{g.name}][{o}]")
+                    m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
+                    obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
+                    zs.append(z)
+                if any(g.boot_pre(o) for o in range(len(zs))):
+                    m.add(D[g.name] + sum(g.boot_pre(o) * z for o, z in enumerate(zs)) <= L)
             for g in model.groups:
                 if g.depths:
                     m.add(D[g.name] >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
             for ei, e in enumerate(model.edges):
-                kd = sum(model.group(e.dst).depth(b) * v for b, v in enumerate(x[e.dst]))
-                cd = sum(e.depth(a, b) * y for (a, b), y in edge_pairs[ei].items())
-                m.add(D[e.dst] >= D[e.src] + cd + kd)
+                kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
+                cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
+                m.add(D[e.dst] >= R[e.src] + cd + kd)
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
@@ -88,9 +110,10 @@ class CpSatSolver:
             )
             objective: int | None = int(round(s.objective_value))
             bound: int | None = int(round(s.best_objective_bound))
+            boots = tuple(name for name, v in bvar.items() if s.value(v))
         else:
-            choice, objective, bound = (), None, None
-        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name)
+            choice, objective, bound, boots = (), None, None, ()
+        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots)
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):

@@ -11,12 +11,22 @@ consumes), each edge pair the depth of its conversion, and with ``max_depth`` se
 group's output depth ``D[g] >= D[src] + conversion + kernel`` must stay within the levels
 of the parameters (a plan that does not fit is infeasible, not an error after solving).
 
+Bootstrapping (``boot_weight`` set): every *bootable* group (an encrypted node result that
+some node reads) has a decision ``b[g]`` = "bootstrap all ciphertexts of g before its
+consumers read it" (per value, not per edge: a value read twice is bootstrapped once).
+Depth then counts the levels used since the last bootstrap: consumers read g at
+``R[g] = D[g]`` when not bootstrapped, else at ``boot_post`` (the levels the scaling after
+the bootstrap uses, 0 or 1); a bootstrapped value needs ``D[g] + boot_pre <= max_depth``
+(the scaling or mask before it, per option).  A bootstrap costs ``boot_weight`` per ciphertext of the chosen
+option (``n_cts``).  Linearised the same way in CP-SAT and z3.
+
 Built in named steps by the back ends: variables, choice constraints, edge (layout)
-constraints, depth, objective.
+constraints, depth (and bootstraps), objective.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -29,9 +39,34 @@ class Group:
     labels: tuple[str, ...]
     hint: int = 0  # index of a good option (greedy), given to the solver as a hint
     depths: tuple[int, ...] = ()  # levels each option consumes (empty: none)
+    # bootstrapping: ciphertexts of each option's result (empty: 1 each), whether the
+    # group may be bootstrapped, the levels of the range scaling before/after a bootstrap
+    n_cts: tuple[int, ...] = ()
+    bootable: bool = False
+    boot_pres: tuple[int, ...] = ()  # per option (empty: 0): e.g. a mask of a dirty layout
+    boot_post: int = 0
+    boot_hint: bool = False
 
     def depth(self, o: int) -> int:
         return self.depths[o] if self.depths else 0
+
+    def n_ct(self, o: int) -> int:
+        return self.n_cts[o] if self.n_cts else 1
+
+    def boot_pre(self, o: int) -> int:
+        return self.boot_pres[o] if self.boot_pres else 0
+
+    def keep(self, opts: list[int], hint: int | None = None) -> Group:
+        """The group restricted to options ``opts`` (in that order)."""
+        h = self.hint if hint is None else hint
+        return Group(
+            self.name, tuple(self.costs[o] for o in opts), tuple(self.labels[o] for o in opts),
+            opts.index(h) if h in opts else 0,
+            tuple(self.depths[o] for o in opts) if self.depths else (),
+            tuple(self.n_cts[o] for o in opts) if self.n_cts else (),
+            self.bootable, tuple(self.boot_pres[o] for o in opts) if self.boot_pres else (),
+            self.boot_post, self.boot_hint,
+        )
 
 
 @dataclass(frozen=True)
@@ -54,6 +89,15 @@ class ChoiceModel:
     groups: tuple[Group, ...]
     edges: tuple[Edge, ...]
     max_depth: int | None = None
+    # cost of bootstrapping one ciphertext (None: the parameters cannot bootstrap)
+    boot_weight: int | None = None
+
+    @property
+    def bootstraps(self) -> bool:
+        return self.boot_weight is not None and self.max_depth is not None
+
+    def bootable(self) -> list[Group]:
+        return [g for g in self.groups if g.bootable] if self.bootstraps else []
 
     def incoming(self) -> dict[str, list[Edge]]:
         out: dict[str, list[Edge]] = {}
@@ -61,16 +105,74 @@ class ChoiceModel:
             out.setdefault(e.dst, []).append(e)
         return out
 
-    def depths_of(self, choice: dict[str, int]) -> dict[str, int]:
-        """Output depth of every group under a full choice (groups are topological)."""
+    def depths_of(self, choice: Mapping[str, int], boots: Collection[str] = ()) -> dict[str, int]:
+        """Output depth of every group under a full choice (groups are topological), the
+        groups in ``boots`` bootstrapped (their readers see ``boot_post``)."""
         inc = self.incoming()
         d: dict[str, int] = {}
+        r: dict[str, int] = {}
         for g in self.groups:
             o = choice[g.name]
             d[g.name] = max(
-                [d[e.src] + e.depth(choice[e.src], o) for e in inc.get(g.name, []) if e.src in d], default=0
+                [r[e.src] + e.depth(choice[e.src], o) for e in inc.get(g.name, []) if e.src in r], default=0
             ) + g.depth(o)
+            r[g.name] = g.boot_post if g.name in boots else d[g.name]
         return d
+
+    def evaluate_boots(self, choice: Mapping[str, int], boots: Collection[str]) -> int | None:
+        """Objective of a choice with the groups ``boots`` bootstrapped (None: infeasible)."""
+        boots = frozenset(boots)
+        if boots and not self.bootstraps or any(not self.group(b).bootable for b in boots):
+            return None
+        total = sum(g.costs[choice[g.name]] for g in self.groups)
+        for e in self.edges:
+            c = e.costs[choice[e.src]][choice[e.dst]]
+            if c is None:
+                return None
+            total += c
+        if self.max_depth is not None:
+            d = self.depths_of(choice, boots)
+            if max(d.values(), default=0) > self.max_depth:
+                return None
+            if any(d[b] + self.group(b).boot_pre(choice[b]) > self.max_depth for b in boots):
+                return None
+        for b in boots:
+            g = self.group(b)
+            total += (self.boot_weight or 0) * g.n_ct(choice[b])
+        return total
+
+    def lazy_boots(self, choice: Mapping[str, int]) -> frozenset[str] | None:
+        """The first-fit placement (what a compiler without a placement model does): walk
+        the groups in order and bootstrap an operand only when the reader would exceed
+        ``max_depth`` without it (less the levels its own bootstrap would need first),
+        deepest operand first (as late as possible).  None when even that does not fit."""
+        if self.max_depth is None:
+            return frozenset()
+        L = self.max_depth
+        inc = self.incoming()
+        d: dict[str, int] = {}
+        r: dict[str, int] = {}
+        boots: set[str] = set()
+        for g in self.groups:
+            o = choice[g.name]
+            edges = [e for e in inc.get(g.name, []) if e.src in r]
+            # a value that may be bootstrapped later keeps room for the levels before its
+            # bootstrap (its scaling or mask)
+            limit = L - (g.boot_pre(o) if g.bootable and self.bootstraps else 0)
+            while True:
+                need = max([r[e.src] + e.depth(choice[e.src], o) for e in edges], default=0) + g.depth(o)
+                if need <= limit:
+                    break
+                cands = [e for e in edges if e.src not in boots and self.group(e.src).bootable and self.bootstraps
+                         and d[e.src] + self.group(e.src).boot_pre(choice[e.src]) <= L]
+                if not cands:
+                    return None
+                e = max(cands, key=lambda e: (r[e.src] + e.depth(choice[e.src], o), e.src))
+                boots.add(e.src)
+                r[e.src] = self.group(e.src).boot_post
+            d[g.name] = need
+            r[g.name] = need
+        return frozenset(boots)
 
     @cached_property
     def _by_name(self) -> dict[str, Group]:
@@ -81,16 +183,9 @@ class ChoiceModel:
         for a group per edge)."""
         return self._by_name[name]
 
-    def evaluate(self, choice: dict[str, int]) -> int | None:
-        total = sum(g.costs[choice[g.name]] for g in self.groups)
-        for e in self.edges:
-            c = e.costs[choice[e.src]][choice[e.dst]]
-            if c is None:
-                return None
-            total += c
-        if self.max_depth is not None and max(self.depths_of(choice).values(), default=0) > self.max_depth:
-            return None
-        return total
+    def evaluate(self, choice: Mapping[str, int]) -> int | None:
+        """Objective of a choice without bootstraps (None: infeasible)."""
+        return self.evaluate_boots(choice, ())
 
     def greedy(self) -> dict[str, int]:
         """Per-group cheapest option in topological (group) order, paying incoming edges:
@@ -108,6 +203,7 @@ class ChoiceModel:
             for o, c in enumerate(g.costs):
                 total = c
                 d = 0
+                d_boot = 0
                 ok = True
                 fixed: dict[str, int] = {}
                 for e in incoming.get(g.name, []):
@@ -131,9 +227,16 @@ class ChoiceModel:
                         break
                     total += ec
                     d = max(d, depth.get(e.src, 0) + e.depth(a, o))
+                    d_boot = max(d_boot, (self.group(e.src).boot_post if self._can_boot(e.src) else depth.get(e.src, 0))
+                                 + e.depth(a, o))
                 d += g.depth(o)
+                d_boot += g.depth(o)
                 if self.max_depth is not None and d > self.max_depth:
-                    ok = False
+                    # with bootstrapping, the operands may be bootstrapped (first fit)
+                    if self.bootstraps and d_boot <= self.max_depth:
+                        d = d_boot
+                    else:
+                        ok = False
                 if ok and (best is None or (total, o) < best[:2]):
                     best = (total, o, d, fixed)
             if best is None:
@@ -145,6 +248,15 @@ class ChoiceModel:
         for name in deferred:
             choice.setdefault(name, 0)
         return {g.name: choice[g.name] for g in self.groups}
+
+    def _can_boot(self, name: str) -> bool:
+        return self.bootstraps and self.group(name).bootable
+
+    def greedy_boots(self) -> tuple[dict[str, int], frozenset[str] | None]:
+        """The greedy choice with first-fit bootstraps (:meth:`lazy_boots`): the baseline
+        a compiler without a placement model reaches."""
+        choice = self.greedy()
+        return choice, self.lazy_boots(choice)
 
 
     def outgoing(self) -> dict[str, list[Edge]]:
@@ -165,19 +277,17 @@ class ChoiceModel:
         for g in self.groups:
             if g.name not in inc:
                 continue
-            sig = {o: tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, []))
+            # same outgoing rows and, for bootstrapping, the same ciphertext count: the two
+            # options look alike to every reader and to the bootstrap decision of g; the
+            # depth rule below then treats bootstraps like depth (no deeper option dominates)
+            sig = {o: (g.n_ct(o), g.boot_pre(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
                    for o in keep[g.name]}
             kept: list[int] = []
             for c2 in sorted(keep[g.name], key=lambda o: (g.costs[o], o)):
                 if not any(sig[c1] == sig[c2] and self._dominates(g, c1, c2, inc[g.name], keep) for c1 in kept):
                     kept.append(c2)
             keep[g.name] = sorted(kept)
-        groups = tuple(
-            Group(g.name, tuple(g.costs[o] for o in keep[g.name]), tuple(g.labels[o] for o in keep[g.name]),
-                  keep[g.name].index(g.hint) if g.hint in keep[g.name] else 0,
-                  tuple(g.depths[o] for o in keep[g.name]) if g.depths else ())
-            for g in self.groups
-        )
+        groups = tuple(g.keep(keep[g.name]) for g in self.groups)
         edges = tuple(
             Edge(e.src, e.dst, e.operand,
                  tuple(tuple(e.costs[a][b] for b in keep[e.dst]) for a in keep[e.src]),
@@ -185,7 +295,7 @@ class ChoiceModel:
                  e.adapts)
             for e in self.edges
         )
-        return ChoiceModel(groups, edges, self.max_depth), keep
+        return ChoiceModel(groups, edges, self.max_depth, self.boot_weight), keep
 
     @staticmethod
     def _dominates(g: Group, c1: int, c2: int, incoming: list[Edge], keep: dict[str, list[int]]) -> bool:
@@ -225,6 +335,7 @@ class Solution:
     bound: int | None
     seconds: float
     solver: str
+    boots: tuple[str, ...] = ()  # bootstrapped groups (model order)
 
     def option(self, group: str) -> int:
         return dict(self.choice)[group]

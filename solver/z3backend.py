@@ -48,19 +48,9 @@ class Z3Solver:
                     elif ec:
                         terms.append(z3.If(z3.And(va, vb), ec, 0))
                         soft.append((z3.Or(z3.Not(va), z3.Not(vb)), ec))
-        # step 4: multiplicative depth (the same linear constraints as CP-SAT)
-        if model.max_depth is not None:
-            D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
-            for g in model.groups:
-                opt.add(D[g.name] >= 0, D[g.name] <= model.max_depth)
-                if g.depths:
-                    opt.add(D[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
-            for e in model.edges:
-                dst = model.group(e.dst)
-                kd = [z3.If(v, dst.depth(b), 0) for b, v in enumerate(x[e.dst]) if dst.depth(b)]
-                cd = [z3.If(z3.And(va, vb), e.depth(a, b), 0)
-                      for a, va in enumerate(x[e.src]) for b, vb in enumerate(x[e.dst]) if e.depth(a, b)]
-                opt.add(D[e.dst] >= D[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
+        # step 4: multiplicative depth (the same linear constraints as CP-SAT), with the
+        # bootstrap decisions b[g] and the reading depths R[g]
+        bvar = _depth(opt, model, x, terms, soft) if model.max_depth is not None else {}
         # step 5: objective
         total = z3.Sum(terms) if terms else z3.IntVal(0)
         h = None
@@ -88,4 +78,43 @@ class Z3Solver:
             bound = lower.as_long() if z3.is_int_value(lower) else None
         if status is Status.OPTIMAL:
             bound = objective
-        return Solution(choice, status, objective, bound, seconds, self.name)
+        boots = tuple(name for name, v in bvar.items() if z3.is_true(mdl.eval(v, True)))
+        return Solution(choice, status, objective, bound, seconds, self.name, boots)
+
+
+def _depth(
+    opt: z3.Optimize, model: ChoiceModel, x: dict[str, list[z3.BoolRef]], terms: list[z3.ArithRef],
+    soft: list[tuple[z3.BoolRef, int]],
+) -> dict[str, z3.BoolRef]:
+    """Depth constraints, bootstrap decisions and their costs; returns b[g]."""
+    assert model.max_depth is not None
+    b: dict[str, z3.BoolRef] = {}
+    L = model.max_depth
+    D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
+    R: dict[str, z3.ArithRef] = dict(D)
+    for g in model.groups:
+        opt.add(D[g.name] >= 0, D[g.name] <= L)
+        if g.depths:
+            opt.add(D[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
+    for g in model.bootable():
+        bg = b[g.name] = z3.Bool(f"b[{g.name}]")
+        R[g.name] = z3.Int(f"R[{g.name}]")
+        opt.add(R[g.name] >= 0, R[g.name] <= L)
+        opt.add(R[g.name] >= D[g.name] - L * z3.If(bg, 1, 0))
+        if g.boot_post:
+            opt.add(R[g.name] >= z3.If(bg, g.boot_post, 0))
+        pres = [z3.If(z3.And(v, bg), g.boot_pre(o), 0) for o, v in enumerate(x[g.name]) if g.boot_pre(o)]
+        if pres:
+            opt.add(D[g.name] + z3.Sum(pres) <= L)
+        for o, v in enumerate(x[g.name]):
+            c = (model.boot_weight or 0) * g.n_ct(o)
+            if c:
+                terms.append(z3.If(z3.And(v, bg), c, 0))
+                soft.append((z3.Or(z3.Not(v), z3.Not(bg)), c))
+    for e in model.edges:
+        dst = model.group(e.dst)
+        kd = [z3.If(v, dst.depth(bb), 0) for bb, v in enumerate(x[e.dst]) if dst.depth(bb)]
+        cd = [z3.If(z3.And(va, vb), e.depth(a, bb), 0)
+              for a, va in enumerate(x[e.src]) for bb, vb in enumerate(x[e.dst]) if e.depth(a, bb)]
+        opt.add(D[e.dst] >= R[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
+    return b

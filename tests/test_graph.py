@@ -688,7 +688,7 @@ def test_empty_nodes() -> None:
         (lambda d: d.update(name=""), None, "graph name must be a non-empty string"),
         (lambda d: d.update(nodes={}), "nodes", "must be a list"),
         (lambda d: d.update(tensors=[]), "tensors", "must be an object"),
-        (lambda d: d["tensors"]["x"].update(dtype="f32"), "dtype", "unknown field (allowed: shape, role)"),
+        (lambda d: d["tensors"]["x"].update(dtype="f32"), "dtype", "unknown field (allowed: shape, role, range)"),
     ],
 )
 def test_document_rules(mutate: Any, field: str | None, rule: str) -> None:

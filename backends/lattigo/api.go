@@ -14,6 +14,7 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -120,6 +121,9 @@ func recoverError(err *error) {
 type runOptions struct {
 	KeyDir   string `json:"key_dir"`
 	KeyLevel *int   `json:"key_level"`
+	// GCPercent sets Go's GOGC for the call (default: 10 for bootstrapping plans, so the
+	// heap stays near the live keys and matrices; unchanged otherwise).
+	GCPercent *int `json:"gc_percent"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -148,6 +152,28 @@ type stats struct {
 	SetupSeconds        float64            `json:"setup_seconds"`
 	EvalSeconds         float64            `json:"eval_seconds"`
 	TotalSeconds        float64            `json:"total_seconds"`
+
+	// Bootstrapping plans.
+	Boot              string    `json:"boot,omitempty"`
+	Bootstraps        int       `json:"bootstraps"`
+	BootstrapSeconds  []float64 `json:"bootstrap_seconds"`
+	BootstrapInLevels []int     `json:"bootstrap_input_levels"`
+	BootKeyBytes      int64     `json:"boot_key_bytes"`
+	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
+	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
+	BootBlockLoads    int       `json:"boot_block_loads"`
+	BootKeygenSeconds float64   `json:"boot_keygen_seconds"`
+	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
+	// block), relinearisation key and resident DFT matrices, sampled after every
+	// instruction (what the memory model counts).
+	PeakTrackedBytes int64 `json:"peak_tracked_bytes"`
+	// RSS of the process (Linux /proc/self/status): at the start of the call, and the peak
+	// during the call (VmHWM, reset at the start through /proc/self/clear_refs when
+	// allowed; peak_rss_reset says whether it was).
+	RSSStartBytes int64 `json:"rss_start_bytes"`
+	PeakRSSBytes  int64 `json:"peak_rss_bytes"`
+	PeakRSSReset  bool  `json:"peak_rss_reset"`
+	GCPercent     int   `json:"gc_percent"`
 }
 
 func (s *stats) addOp(op string, seconds float64) {
@@ -228,9 +254,25 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
 		return "", err
 	}
-	p, params, slots, err := loadPlan(planJSON)
+	rssStart, rssReset := resetPeakRSS()
+	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
+	}
+	params := setup.params
+	withBlock := false
+	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
+		withBlock = true
+	}
+	gcPercent := -2 // unchanged
+	if opt.GCPercent != nil {
+		gcPercent = *opt.GCPercent
+	} else if withBlock {
+		gcPercent = 10
+	}
+	if gcPercent != -2 {
+		old := debug.SetGCPercent(gcPercent)
+		defer debug.SetGCPercent(old)
 	}
 	io := &runIO{p: p}
 	for i, in := range p.Program {
@@ -250,10 +292,10 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	for i, n := range names {
 		ptValues[n] = ptVecs[i]
 	}
-	keyLevel := params.MaxLevel()
+	keyLevel := setup.top
 	if opt.KeyLevel != nil {
-		if *opt.KeyLevel < 0 || *opt.KeyLevel > params.MaxLevel() {
-			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", params.MaxLevel(), *opt.KeyLevel)
+		if *opt.KeyLevel < 0 || *opt.KeyLevel > setup.top {
+			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", setup.top, *opt.KeyLevel)
 		}
 		keyLevel = *opt.KeyLevel
 	}
@@ -266,9 +308,15 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	}
 
 	st := &stats{
-		LogN: params.LogN(), Slots: slots, MaxLevel: params.MaxLevel(),
+		LogN: params.LogN(), Slots: slots, MaxLevel: setup.top,
 		OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
 		KeyMode: "keep_all", KeyLevel: keyLevel,
+		RSSStartBytes: rssStart, PeakRSSReset: rssReset, GCPercent: debug.SetGCPercent(-1),
+		BootstrapSeconds: []float64{}, BootstrapInLevels: []int{},
+	}
+	debug.SetGCPercent(st.GCPercent)
+	if setup.boot != nil {
+		st.Boot = setup.boot.Literal
 	}
 	if p.hasKeySchedule() {
 		st.KeyMode = "scheduled"
@@ -276,10 +324,13 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 
 	// Client: secret key and evaluation keys into the key directory.
 	t := time.Now()
-	c := newClient(params)
+	c := newSetupClient(setup)
 	io.c = c
 	skSec := time.Since(t).Seconds()
 	offsets := p.rotationOffsets()
+	if withBlock {
+		offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+	}
 	levels, err := p.keyLevels()
 	if err != nil {
 		return "", err
@@ -292,9 +343,16 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, params.MaxLevel())
 		}
 	}
-	m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), keyLevel, levels)
+	// Without a key schedule the boot block stays resident and its relinearisation key
+	// serves the plan's multiplications.
+	relin := p.needsRelin() && (p.hasKeySchedule() || !withBlock)
+	m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, keyLevel, levels, withBlock)
 	if err != nil {
 		return "", err
+	}
+	releaseMemory() // the client's copies of the keys are written: return them to the OS
+	if m.Boot != nil {
+		st.BootKeygenSeconds = m.Boot.keygenSeconds
 	}
 	st.KeygenSeconds, st.KeyWriteSeconds = skSec+genSec, writeSec
 	st.RotationKeys = len(offsets)
@@ -309,7 +367,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err != nil {
 		return "", err
 	}
-	ex := newExecutor(params, keys, p, ptValues, io, st)
+	ex := newExecutor(setup, keys, p, ptValues, io, st)
 	st.SetupSeconds = time.Since(t).Seconds()
 
 	t = time.Now()
@@ -317,9 +375,11 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.EvalSeconds = time.Since(t).Seconds()
 	st.KeyLoads, st.KeyLoadSeconds = keys.loads, keys.loadSeconds
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
+	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	if err != nil {
 		return "", err
 	}
+	st.PeakRSSBytes = peakRSS()
 	st.TotalSeconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(runResult{Outputs: io.outputs, Stats: st})
 	if err != nil {
@@ -346,4 +406,54 @@ func decodeOptions(optionsJSON string, opt any, common *commonOptions) error {
 		panic("debug_panic requested")
 	}
 	return nil
+}
+
+// planKeyOffsets are the rotation offsets a bootstrapping plan needs keys of its own for:
+// every offset the boot block does not hold, and every offset the plan loads with
+// load_key (it may rotate by it while the block is dropped).
+func planKeyOffsets(p *plan, info bootKeys) []int {
+	block := map[int]bool{}
+	for _, k := range info.offsets {
+		block[k] = true
+	}
+	loaded := p.loadOffsets()
+	var out []int
+	for _, k := range p.rotationOffsets() {
+		if !block[k] || loaded[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// procStatus reads one "kB" field of /proc/self/status in bytes (0 when unavailable).
+func procStatus(field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return n * 1024
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// resetPeakRSS returns the current RSS and resets the process's peak RSS (VmHWM) when
+// the kernel allows it (writing 5 to /proc/self/clear_refs resets only that counter).
+func resetPeakRSS() (int64, bool) {
+	rss := procStatus("VmRSS")
+	err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	return rss, err == nil
+}
+
+// peakRSS is the process's peak RSS (VmHWM) in bytes.
+func peakRSS() int64 {
+	return procStatus("VmHWM")
 }

@@ -137,10 +137,14 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
 	}
 	defer withMemoryLimit(opt.MemoryLimitBytes)()
-	p, params, slots, err := loadPlan(planJSON)
+	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
 	}
+	if setup.btp != nil {
+		return "", fmt.Errorf("BenchPlan does not run bootstrapping plans (params.boot); use Run")
+	}
+	params := setup.params
 	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
 	if err != nil {
 		return "", err
@@ -224,7 +228,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		loads0, loadSec0 := keys.loads, keys.loadSeconds
 		ts := time.Now()
-		ex := newExecutor(params, keys, p, ptValues, io, st)
+		ex := newExecutor(setup, keys, p, ptValues, io, st)
 		st.SetupSeconds = time.Since(ts).Seconds()
 		if !ex.scheduled {
 			if err := keys.loadAll(); err != nil {

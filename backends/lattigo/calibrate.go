@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
@@ -51,6 +53,9 @@ type calibrateOptions struct {
 	Repeat     int   `json:"repeat"`
 	HoistBatch int   `json:"hoist_batch"`
 	Levels     []int `json:"levels"`
+	// Bootstrapping presets: how many timed bootstraps (default min(repeat, 3)), or none.
+	BootstrapRepeat int  `json:"bootstrap_repeat"`
+	NoBootstrap     bool `json:"no_bootstrap"`
 	commonOptions
 }
 
@@ -79,6 +84,21 @@ type calibration struct {
 	PerLevel       map[string]map[string]timing `json:"per_level"`
 	Once           map[string]timing            `json:"once"`
 	TotalSeconds   float64                      `json:"total_seconds"`
+	// Bootstrapping presets (once["bootstrap"] is the timing; see calibrateBootstrap).
+	Boot *bootCalibration `json:"boot,omitempty"`
+}
+
+type bootCalibration struct {
+	Literal            string    `json:"literal"`
+	KeygenSeconds      float64   `json:"keygen_seconds"`
+	MatrixSeconds      float64   `json:"matrix_seconds"`
+	EvaluationKeyBytes int       `json:"evaluation_key_bytes"`
+	MatrixBytes        int64     `json:"matrix_bytes"`
+	GaloisKeys         int       `json:"galois_keys"`
+	InputLevel         int       `json:"input_level"`
+	OutputLevel        int       `json:"output_level"`
+	MaxAbsError        []float64 `json:"max_abs_error"`
+	PeakRSSBytes       int64     `json:"peak_rss_bytes"`
 }
 
 func median(xs []float64) float64 {
@@ -129,11 +149,14 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	if err := json.Unmarshal([]byte(paramsJSON), &pp); err != nil {
 		return "", fmt.Errorf("params are not valid JSON: %w", err)
 	}
-	params, err := pp.ckksParameters()
+	setup, err := pp.setup()
 	if err != nil {
 		return "", err
 	}
-	slots, top := params.MaxSlots(), params.MaxLevel()
+	// A bootstrapping preset is timed on the bootstrapping parameters (where its plans run),
+	// at the residual levels.
+	params := setup.params
+	slots, top := params.MaxSlots(), setup.top
 	if opt.HoistBatch < 2 || opt.HoistBatch >= slots {
 		return "", fmt.Errorf("options: hoist_batch must be in 2..%d, got %d", slots-1, opt.HoistBatch)
 	}
@@ -162,7 +185,7 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		CtBytesTop:   ckks.NewCiphertext(params, 1, top).BinarySize(),
 		EncodingPrec: params.EncodingPrecision(),
 	}
-	c := newClient(params)
+	c := newSetupClient(setup)
 	rng := rand.New(rand.NewSource(1))
 	randVec := func() []float64 {
 		v := make([]float64, slots)
@@ -194,7 +217,7 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	cal.GaloisKeyBytes = gks[0].BinarySize()
 	var rlk *rlwe.RelinearizationKey
 	if cal.Once["keygen_relin"], err = measure(opt.Repeat, func() error {
-		rlk = c.kgen.GenRelinearizationKeyNew(c.sk)
+		rlk = c.kgen.GenRelinearizationKeyNew(c.sk, evkParams)
 		return nil
 	}); err != nil {
 		return "", err
@@ -349,10 +372,85 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		}
 		cal.PerLevel[key] = m
 	}
+	if setup.btp != nil && !opt.NoBootstrap {
+		// Free this part's keys and evaluator first: the bootstrapping block is large.
+		gks, rlk, eval = nil, nil, nil
+		releaseMemory()
+		if err = calibrateBootstrap(cal, c, opt, randVec); err != nil {
+			return "", err
+		}
+	}
 	cal.TotalSeconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(cal)
 	if err != nil {
 		return "", fmt.Errorf("cannot encode the result: %w", err)
 	}
 	return string(data), nil
+}
+
+// calibrateBootstrap times one bootstrap (Lattigo's Evaluator.Bootstrap of a ciphertext at
+// level 0 holding a random vector in [-1, 1]) after one untimed warm-up, and records the key
+// generation and DFT matrix encoding times, the block's sizes and each run's max abs error.
+func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randVec func() []float64) error {
+	n := opt.BootstrapRepeat
+	if n == 0 {
+		n = min(opt.Repeat, 3)
+	}
+	if n < 1 || n > 100 {
+		return fmt.Errorf("options: bootstrap_repeat must be in 1..100, got %d", n)
+	}
+	bc := &bootCalibration{Literal: c.boot.Literal}
+	t := time.Now()
+	evk, skN2, err := c.btp.GenEvaluationKeys(c.skN1)
+	if err != nil {
+		return fmt.Errorf("bootstrapping key generation: %w", err)
+	}
+	if !skN2.Equal(c.sk) {
+		return fmt.Errorf("bootstrapping key generation used another secret than the client's")
+	}
+	bc.KeygenSeconds = time.Since(t).Seconds()
+	bc.EvaluationKeyBytes = evk.BinarySize()
+	bc.GaloisKeys = len(evk.GaloisKeys)
+	t = time.Now()
+	ev, err := bootstrapping.NewEvaluator(*c.btp, evk)
+	if err != nil {
+		return fmt.Errorf("cannot build the bootstrapping evaluator: %w", err)
+	}
+	bc.MatrixSeconds = time.Since(t).Seconds()
+	bc.MatrixBytes = matrixBytes(ev)
+	vals := randVec()
+	pt := ckks.NewPlaintext(c.params, 0)
+	if err = c.ecd.Encode(vals, pt); err != nil {
+		return err
+	}
+	ct, err := c.enc.EncryptNew(pt)
+	if err != nil {
+		return err
+	}
+	var last *rlwe.Ciphertext
+	tm, err := measure(n, func() error {
+		out, _, err := bootstrapCt(ev, ct)
+		if err != nil {
+			return err
+		}
+		got, err := c.decrypt(out)
+		if err != nil {
+			return err
+		}
+		e := 0.0
+		for i := range got {
+			e = math.Max(e, math.Abs(got[i]-vals[i]))
+		}
+		bc.MaxAbsError = append(bc.MaxAbsError, e)
+		last = out
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	bc.InputLevel, bc.OutputLevel = ct.Level(), last.Level()
+	bc.PeakRSSBytes = peakRSS()
+	cal.Once["bootstrap"] = tm
+	cal.Boot = bc
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
@@ -39,9 +40,19 @@ import (
 //   - Multiplying at a level with nothing left to rescale is an error naming the register.
 //   - rot/rot_hoisted: the key must be resident and generated at a level >= the
 //     ciphertext's level (a lower-level key would give silently wrong results).
+//   - bootstrap (bootstrapping plans, boot.go): an operand carrying an unrescaled product
+//     is rescaled first; Lattigo's bootstrapper gets a copy at whatever level the operand
+//     is (its ScaleDown drops the unneeded primes and matches the scale; at level 0 the
+//     scale is the operand's own) and returns the value at the top residual level with
+//     the default scale. The key block "boot" must be resident (load_key block "boot";
+//     without a key schedule it is loaded up front with every other key).
 
 type executor struct {
 	params   ckks.Parameters
+	top      int // level of fresh ciphertexts
+	setup    *evalSetup
+	btpEval  *bootstrapping.Evaluator // resident with the boot block
+	matBytes int64
 	eval     *ckks.Evaluator
 	polyEval *polynomial.Evaluator
 	ecd      *ckks.Encoder
@@ -70,10 +81,13 @@ type clientIO interface {
 	output(n int, ct *rlwe.Ciphertext) error
 }
 
-func newExecutor(params ckks.Parameters, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats) *executor {
+func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats) *executor {
+	params := setup.params
 	eval := ckks.NewEvaluator(params, keys)
 	e := &executor{
 		params:    params,
+		top:       setup.top,
+		setup:     setup,
 		eval:      eval,
 		polyEval:  polynomial.NewEvaluator(params, eval),
 		ecd:       newEncoder(params),
@@ -102,6 +116,11 @@ func (e *executor) run() error {
 	if !e.scheduled {
 		if err := e.keys.loadAll(); err != nil {
 			return fmt.Errorf("keep-all key policy: %w", err)
+		}
+		if e.keys.hasBlock() {
+			if err := e.loadBlock(); err != nil {
+				return fmt.Errorf("keep-all key policy: %w", err)
+			}
 		}
 	}
 	for i, in := range e.plan.Program {
@@ -192,7 +211,7 @@ func (e *executor) operand(name string, rescaleFirst bool) (*rlwe.Ciphertext, er
 func (e *executor) checkMulLevel(name string, ct *rlwe.Ciphertext, levels int) error {
 	if need := levels * e.params.LevelsConsumedPerRescaling(); ct.Level() < need {
 		return fmt.Errorf("register %q is at level %d but this multiplication needs %d level(s): the plan uses more multiplicative depth than log_q provides (%d levels)",
-			name, ct.Level(), need, e.params.MaxLevel())
+			name, ct.Level(), need, e.top)
 	}
 	return nil
 }
@@ -378,8 +397,13 @@ func (e *executor) step(in instr) error {
 		if err = e.checkMulLevel(in.B, b, 1); err != nil {
 			return err
 		}
-		if e.keys.rlk == nil {
-			return fmt.Errorf("no relinearisation key")
+		rlk, err := e.keys.GetRelinearizationKey()
+		if err != nil {
+			return fmt.Errorf("no relinearisation key resident: %w", err)
+		}
+		if lv := min(a.Level(), b.Level()); rlk.LevelQ() < lv {
+			return fmt.Errorf("the relinearisation key was generated at level %d, below the operands' level %d (it would give wrong results)",
+				rlk.LevelQ(), lv)
 		}
 		out := e.newCt(min(a.Level(), b.Level()))
 		if err = e.eval.MulRelin(a, b, out); err != nil {
@@ -433,10 +457,33 @@ func (e *executor) step(in instr) error {
 		}
 		e.set(in.Dst, out)
 
+	case "bootstrap":
+		if e.btpEval == nil {
+			return fmt.Errorf("the key block \"boot\" is not resident (the key schedule must load_key block \"boot\" before a bootstrap)")
+		}
+		ct, err := e.operand(in.Src, true)
+		if err != nil {
+			return err
+		}
+		out, sec, err := bootstrapCt(e.btpEval, ct)
+		if err != nil {
+			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), ct.Scale.Log2(), err)
+		}
+		e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, sec)
+		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())
+		e.set(in.Dst, out)
+
 	case "load_key":
+		if in.Block != "" {
+			return e.loadBlock()
+		}
 		return e.keys.load(*in.K)
 
 	case "drop_key":
+		if in.Block != "" {
+			e.dropBlock()
+			return nil
+		}
 		e.keys.drop(*in.K)
 
 	default:
@@ -457,9 +504,60 @@ func (e *executor) afterStep(i int, in instr, seconds float64) {
 	if e.liveBytes > e.st.PeakCiphertextBytes {
 		e.st.PeakCiphertextBytes = e.liveBytes
 	}
+	e.notePeak()
 	for _, r := range append(in.uses(), in.defs()...) {
 		if e.lastUse[r] == i {
 			e.set(r, nil)
 		}
 	}
+}
+
+// notePeak tracks the largest sum of what the memory model counts: live ciphertexts,
+// resident keys (plan keys and the boot block), the relinearisation key and the resident
+// DFT matrices.
+func (e *executor) notePeak() {
+	total := e.liveBytes + e.keys.residentBytes + e.matBytes
+	if e.keys.rlk != nil {
+		total += int64(e.keys.rlk.BinarySize())
+	}
+	if total > e.st.PeakTrackedBytes {
+		e.st.PeakTrackedBytes = total
+	}
+}
+
+// loadBlock makes the bootstrapping block resident: the DFT matrices are encoded first
+// (under stand-in keys, boot.go), then the block's keys are read from the key directory
+// and the bootstrapping evaluator is wired to the executor's evaluator.
+func (e *executor) loadBlock() error {
+	if e.btpEval != nil {
+		return nil
+	}
+	if e.setup.btp == nil {
+		return fmt.Errorf("the plan's params carry no \"boot\" object")
+	}
+	t := time.Now()
+	ev, err := newBootEvaluator(*e.setup.btp, bootKeyInfo(*e.setup.btp).galEls)
+	if err != nil {
+		return err
+	}
+	releaseMemory() // the encoder's temporaries, before any key is read
+	e.st.BootMatrixSeconds += time.Since(t).Seconds()
+	e.matBytes = matrixBytes(ev)
+	e.st.BootMatrixBytes = e.matBytes
+	if err = e.keys.loadBlock(); err != nil {
+		return err
+	}
+	wireBootEvaluator(ev, e.eval, e.keys.block)
+	e.btpEval = ev
+	e.st.BootKeyBytes = e.keys.block.bytes
+	e.notePeak()
+	return nil
+}
+
+// dropBlock forgets the bootstrapping block (keys and matrices).
+func (e *executor) dropBlock() {
+	e.keys.dropBlock()
+	e.btpEval = nil
+	e.matBytes = 0
+	releaseMemory()
 }

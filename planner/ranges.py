@@ -1,0 +1,189 @@
+"""Value ranges through a graph (interval arithmetic) and the scaling around bootstraps.
+
+Bootstrapping only accepts values with ``|x| <= boot.max_abs`` (Lattigo's EvalMod
+approximates x mod 1 for small values: larger ones decrypt to garbage without any error).
+Before a bootstrap the plan multiplies a value by ``1/s`` and after it by ``s``, with ``s``
+the smallest power of two such that the value's bound divided by ``s`` is within
+``max_abs`` (a power of two keeps both multiplications exact in floating point).
+
+The bound of every tensor comes from interval arithmetic from the graph's ``range``
+fields (SPEC section 2):
+
+* an input's ``range`` is what the user promises (or an importer measured); an input
+  without one is *unknown*, and so is every value computed from it;
+* a weight's values are only known at run time: its ``range`` when given, else the plan
+  assumes ``DEFAULT_WEIGHT_RANGE``;
+* a node may carry a ``range`` too (what an importer measured on calibration data): a
+  promise intersected with the propagated interval (or taking its place when that is
+  unknown or unbounded).
+
+The plan records every range it assumed (``summary.bootstrapping.assumed_ranges``) and
+``run`` checks the inputs, the weights and the reference values of the nodes against them
+before trusting the result.
+
+Rules (each sound for every value in the operands' intervals): ``matvec``/``matmul``:
+``k * max|W| * max|x|`` for an inner dimension ``k``; ``conv2d``: ``(C/groups) * K1 * K2 *
+max|w| * max|x|``; ``add``/``sub``/``mul``: interval sum, difference and product;
+``poly``: the exact range of the polynomial over the interval (end points and real
+critical points); ``sum`` over an axis of length n: ``n`` times the interval;
+``transpose``/``reshape``: unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import SlotplanError, ValuesError
+from planner.graph import Graph, Node
+
+__all__ = [
+    "DEFAULT_WEIGHT_RANGE",
+    "Interval",
+    "RangeReport",
+    "boot_scale",
+    "check_values",
+    "graph_ranges",
+]
+
+Interval = tuple[float, float]
+# Assumed for a weight that declares no range (checked by ``run`` against the real weights).
+DEFAULT_WEIGHT_RANGE: Interval = (-1.0, 1.0)
+
+
+def _abs(iv: Interval) -> float:
+    return max(abs(iv[0]), abs(iv[1]))
+
+
+def _sym(b: float) -> Interval:
+    return (-b, b)
+
+
+def _poly_range(coeffs: tuple[float, ...], iv: Interval) -> Interval:
+    lo, hi = iv
+    p = np.polynomial.Polynomial(coeffs)
+    pts = [lo, hi]
+    if len(coeffs) > 2:
+        for r in np.asarray(p.deriv().roots(), dtype=np.complex128).tolist():
+            re, im = float(r.real), float(r.imag)
+            if abs(im) <= 1e-12 * max(1.0, abs(re)) and lo <= re <= hi:
+                pts.append(re)
+    vals = [float(p(x)) for x in pts]
+    # a relative margin covers the rounding of the critical points
+    span = max(abs(v) for v in vals)
+    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
+
+
+def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
+    op = node.op
+    if op in ("transpose", "reshape"):
+        return ops[0]
+    if op == "add":
+        return (ops[0][0] + ops[1][0], ops[0][1] + ops[1][1])
+    if op == "sub":
+        return (ops[0][0] - ops[1][1], ops[0][1] - ops[1][0])
+    if op == "mul":
+        ends = [a * b for a in ops[0] for b in ops[1]]
+        return (min(ends), max(ends))
+    if op == "poly":
+        assert node.coeffs is not None
+        return _poly_range(tuple(float(c) for c in node.coeffs), ops[0])
+    if op == "sum":
+        assert node.axis is not None
+        n = graph.shape(node.inputs[0])[node.axis]
+        return (n * ops[0][0], n * ops[0][1])
+    if op == "matvec":
+        k = graph.shape(node.inputs[0])[-1]
+        return _sym(k * _abs(ops[0]) * _abs(ops[1]))
+    if op == "matmul":
+        k = graph.shape(node.inputs[0])[-1]
+        return _sym(k * _abs(ops[0]) * _abs(ops[1]))
+    if op == "conv2d":
+        w = graph.shape(node.inputs[1])
+        fan_in = w[1] * w[2] * w[3]
+        return _sym(fan_in * _abs(ops[0]) * _abs(ops[1]))
+    raise SlotplanError(f"node {node.id!r}: no range rule for op {op!r}")
+
+
+@dataclass(frozen=True)
+class RangeReport:
+    """Every tensor's interval (None: unknown), the ranges assumed for declared tensors,
+    and for an unknown tensor the declared input it depends on that has no range."""
+
+    ranges: Mapping[str, Interval | None]
+    assumed: Mapping[str, Interval]
+    unknown_source: Mapping[str, str]
+
+    def bound(self, name: str) -> float | None:
+        iv = self.ranges.get(name)
+        return None if iv is None else _abs(iv)
+
+
+def graph_ranges(graph: Graph, weights: Mapping[str, Interval] | None = None) -> RangeReport:
+    """Interval of every tensor of ``graph``.  ``weights`` overrides the declared (or
+    assumed) range of weight tensors (``run`` passes the actual weights' ranges)."""
+    ranges: dict[str, Interval | None] = {}
+    assumed: dict[str, Interval] = {}
+    unknown: dict[str, str] = {}
+    for name in graph.inputs:
+        r = graph.tensor(name).range
+        ranges[name] = r
+        if r is None:
+            unknown[name] = name
+        else:
+            assumed[name] = r
+    for name in graph.weights:
+        r = weights[name] if weights is not None and name in weights else graph.tensor(name).range
+        r = r if r is not None else DEFAULT_WEIGHT_RANGE
+        ranges[name] = r
+        assumed[name] = r
+    for node in graph.nodes:
+        promised = graph.tensor(node.id).range
+        if promised is not None:
+            assumed[node.id] = promised
+        ops = [ranges[t] for t in node.inputs]
+        iv: Interval | None = None
+        if all(o is not None for o in ops):
+            iv = _node_range(graph, node, [o for o in ops if o is not None])
+            if not (math.isfinite(iv[0]) and math.isfinite(iv[1])):
+                iv = None
+        if promised is not None:
+            # the promise (checked at run time) and the sound bound both hold: intersect
+            if iv is not None and max(iv[0], promised[0]) <= min(iv[1], promised[1]):
+                iv = (max(iv[0], promised[0]), min(iv[1], promised[1]))
+            else:
+                iv = promised
+        ranges[node.id] = iv
+        if iv is None:
+            src = next((unknown[t] for t, o in zip(node.inputs, ops, strict=True) if o is None), node.id)
+            unknown[node.id] = src
+    return RangeReport(ranges, assumed, unknown)
+
+
+def boot_scale(bound: float, max_abs: float) -> int:
+    """The smallest power of two ``s`` with ``bound / s <= max_abs`` (1 when it fits)."""
+    if bound <= max_abs:
+        return 1
+    return 1 << max(0, math.ceil(math.log2(bound / max_abs)))
+
+
+def check_values(
+    assumed: Mapping[str, Interval], values: Mapping[str, np.ndarray], what: str = "the plan's bootstrap scaling"
+) -> None:
+    """Refuse inputs or weights outside the ranges a plan assumed (``run``, before executing)."""
+    for name, (lo, hi) in sorted(assumed.items()):
+        if name not in values:
+            continue
+        v = np.asarray(values[name], dtype=np.float64)
+        if v.size == 0:
+            continue
+        vmin, vmax = float(v.min()), float(v.max())
+        if vmin < lo or vmax > hi:
+            raise ValuesError(
+                f"values in [{vmin:.6g}, {vmax:.6g}], outside the range [{lo:g}, {hi:g}] {what} assumes; "
+                "give the tensor a `range` in the graph that holds its values and plan again",
+                tensor=name,
+            )
