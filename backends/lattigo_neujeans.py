@@ -41,6 +41,8 @@ class NeujeansLayer:
     to_cins_levels: int = 0
     stoc_levels: int = 1
     log_bsgs_ratio: int = 1
+    boot_log_gain: int | None = None
+    """None: the Go default (``DefaultBootLogGain``, 6)."""
 
 
 @dataclass
@@ -82,10 +84,13 @@ def run_neujeans_layers(params: Params, layers: Sequence[NeujeansLayer], key_dir
             if k.shape != (S // ly.l, 2 * S):
                 raise LattigoError(f"layers[{i}]: kernel of shape {k.shape}, want ({S // ly.l}, {2 * S})")
             chunks.append(np.ascontiguousarray(k).tobytes())
-        specs.append({
+        spec: dict[str, Any] = {
             "l": ly.l, "fused": ly.fused, "to_cins_levels": ly.to_cins_levels, "stoc_levels": ly.stoc_levels,
             "log_bsgs_ratio": ly.log_bsgs_ratio, "channels": C,
-        })
+        }
+        if ly.boot_log_gain is not None:
+            spec["boot_log_gain"] = ly.boot_log_gain
+        specs.append(spec)
     mod, go = _ext()
     opts = {"key_dir": key_dir} if key_dir else {}
     raw = json.loads(_call(

@@ -15,7 +15,8 @@ import (
 //
 //   - paramsJSON: a plan's "params" object with "boot" (e.g. the n14boot preset).
 //   - layersJSON: a list of layers, each {"l", "fused", "to_cins_levels", "stoc_levels",
-//     "log_bsgs_ratio" (neujeansSpec), "channels": C of the kernel (0: no convolution)}.
+//     "log_bsgs_ratio", "boot_log_gain" (neujeansSpec), "channels": C of the kernel (0: no
+//     convolution)}.
 //   - data: per layer, little-endian float64, concatenated: the input, then the kernel.
 //     Input: with to_cins_levels > 0 the Re/Im pair of a cins(l) value (re then im,
 //     2*slots values), encrypted by the client as two real ciphertexts; with
@@ -161,7 +162,7 @@ func neujeansLayers(paramsJSON, layersJSON string, data []byte, optionsJSON stri
 			return "", fmt.Errorf("layers[%d]: %w", i, err)
 		}
 		var st neujeansStats
-		re, im, err := env.run(ct, mats[i], ratios[i], &st)
+		re, im, err := env.run(ct, mats[i], ratios[i], ly.logGain(), &st)
 		if err != nil {
 			return "", fmt.Errorf("layers[%d]: %w", i, err)
 		}

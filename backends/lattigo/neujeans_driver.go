@@ -115,19 +115,20 @@ func newNeujeansEnv(setup *evalSetup, dir string, offsets []int) (*neujeansEnv, 
 // neujeansStats describes one layer run.
 type neujeansStats struct {
 	Steps            []ltStep `json:"steps"`
-	Rotations        int      `json:"rotations"`          // all matrices
-	ConvRotations    int      `json:"conv_rotations"`     // conv (fused or not) + StoC2
-	LevelIn          int      `json:"level_in"`           // of the input ciphertext(s)
-	LevelBeforeBoot  int      `json:"level_before_boot"`  // after the last matrix
-	ConvLevels       int      `json:"conv_levels"`        // levels of conv + StoC2
-	ToCinsLevels     int      `json:"to_cins_levels"`     // levels of S_(l<-1)
-	LevelOut         int      `json:"level_out"`          // of the Re/Im outputs
-	MatrixSeconds    float64  `json:"matrix_seconds"`     // building the diagonal maps (complex128)
-	EncodeSeconds    float64  `json:"encode_seconds"`     // encoding them
-	LinearSeconds    float64  `json:"linear_seconds"`     // evaluating them
-	BootstrapSeconds float64  `json:"bootstrap_seconds"`  // ScaleDown .. EvalMod
-	StocScaling      float64  `json:"stoc_scaling"`       // SlotsToCoeffs' Scaling applied before ScaleDown
-	PlaintextBytes   int64    `json:"plaintext_bytes"`    // encoded matrices of the layer
+	Rotations        int      `json:"rotations"`         // all matrices
+	ConvRotations    int      `json:"conv_rotations"`    // conv (fused or not) + StoC2
+	LevelIn          int      `json:"level_in"`          // of the input ciphertext(s)
+	LevelBeforeBoot  int      `json:"level_before_boot"` // after the last matrix
+	ConvLevels       int      `json:"conv_levels"`       // levels of conv + StoC2
+	ToCinsLevels     int      `json:"to_cins_levels"`    // levels of S_(l<-1)
+	LevelOut         int      `json:"level_out"`         // of the Re/Im outputs
+	MatrixSeconds    float64  `json:"matrix_seconds"`    // building the diagonal maps (complex128)
+	EncodeSeconds    float64  `json:"encode_seconds"`    // encoding them
+	LinearSeconds    float64  `json:"linear_seconds"`    // evaluating them
+	BootstrapSeconds float64  `json:"bootstrap_seconds"` // ScaleDown .. EvalMod
+	StocScaling      float64  `json:"stoc_scaling"`      // the factor applied before ScaleDown (SlotsToCoeffs' Scaling * 2^gain)
+	BootLogGain      int      `json:"boot_log_gain"`     // neujeansSpec.BootLogGain
+	PlaintextBytes   int64    `json:"plaintext_bytes"`   // encoded matrices of the layer
 }
 
 // encryptComplex encrypts complex slots at the top residual level.
@@ -141,7 +142,7 @@ func (c *client) encryptComplex(values []complex128) (*rlwe.Ciphertext, error) {
 
 // run evaluates a layer's matrices on ct (a CinS ciphertext when the matrices have no
 // S_(l<-1), else the complex z = re + i im) and bootstraps: the Re and Im ciphertexts.
-func (env *neujeansEnv) run(ct *rlwe.Ciphertext, mats *neujeansMatrices, logRatio int, st *neujeansStats) (re, im *rlwe.Ciphertext, err error) {
+func (env *neujeansEnv) run(ct *rlwe.Ciphertext, mats *neujeansMatrices, logRatio, logGain int, st *neujeansStats) (re, im *rlwe.Ciphertext, err error) {
 	st.LevelIn = ct.Level()
 	names, ms := mats.all()
 	nToCins := len(mats.toCins)
@@ -167,9 +168,11 @@ func (env *neujeansEnv) run(ct *rlwe.Ciphertext, mats *neujeansMatrices, logRati
 	ev := env.btpEval
 	// SlotsToCoeffs' scaling (scale / offset, bootstrapping.Evaluator.initialize): applied
 	// to the scale, i.e. the message is multiplied by it at no cost.
-	s, _ := ev.SlotsToCoeffsParameters.Scaling.Float64()
-	st.StocScaling = s
-	ct.Scale = ct.Scale.Div(rlwe.NewScale(new(big.Float).Set(ev.SlotsToCoeffsParameters.Scaling)))
+	// The gain 2^g (neujeansSpec.BootLogGain) is undone on the outputs' scales.
+	scaling := new(big.Float).Mul(ev.SlotsToCoeffsParameters.Scaling, new(big.Float).SetMantExp(big.NewFloat(1), logGain))
+	st.StocScaling, _ = scaling.Float64()
+	st.BootLogGain = logGain
+	ct.Scale = ct.Scale.Div(rlwe.NewScale(scaling))
 	t := time.Now()
 	if ct, _, err = ev.ScaleDown(ct); err != nil {
 		return nil, nil, fmt.Errorf("ScaleDown: %w", err)
@@ -186,6 +189,8 @@ func (env *neujeansEnv) run(ct *rlwe.Ciphertext, mats *neujeansMatrices, logRati
 	if im, err = ev.EvalMod(im); err != nil {
 		return nil, nil, fmt.Errorf("EvalMod: %w", err)
 	}
+	gain := rlwe.NewScale(new(big.Float).SetMantExp(big.NewFloat(1), logGain))
+	re.Scale, im.Scale = re.Scale.Mul(gain), im.Scale.Mul(gain)
 	st.BootstrapSeconds = time.Since(t).Seconds()
 	st.LevelOut = re.Level()
 	return re, im, nil

@@ -398,7 +398,7 @@ func TestNeujeansN14(t *testing.T) {
 			ctIn = mustCt(t)(env.c.encryptComplex(cinsSlots(mIn, l)))
 			wantM = mIn
 		}
-		re, im, err := env.run(ctIn, mats[i], ratio, &st)
+		re, im, err := env.run(ctIn, mats[i], ratio, cs.spec.logGain(), &st)
 		if err != nil {
 			t.Fatalf("%s: %v", cs.name, err)
 		}
