@@ -122,7 +122,6 @@ type neujeansStats struct {
 	ConvLevels       int      `json:"conv_levels"`       // levels of conv + StoC2
 	ToCinsLevels     int      `json:"to_cins_levels"`    // levels of S_(l<-1)
 	LevelOut         int      `json:"level_out"`         // of the Re/Im outputs
-	MatrixSeconds    float64  `json:"matrix_seconds"`    // building the diagonal maps (complex128)
 	EncodeSeconds    float64  `json:"encode_seconds"`    // encoding them
 	LinearSeconds    float64  `json:"linear_seconds"`    // evaluating them
 	BootstrapSeconds float64  `json:"bootstrap_seconds"` // ScaleDown .. EvalMod
