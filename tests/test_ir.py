@@ -136,17 +136,16 @@ def test_planned_program_round_trips_and_validates() -> None:
     assert ir.validate_plan(doc) is doc
 
 
-def test_simulator_executes_every_op_but_bootstrap() -> None:
-    # bootstrap is in the SPEC and the IR; the numpy simulator reports it as unknown (as
-    # before the IR), the Lattigo runner has no bootstrapping preset either
-    assert set(_EXEC) == set(ir.OPS.values()) - {ir.Bootstrap}
+def test_simulator_executes_every_op() -> None:
+    # bootstrap and the key block run in the simulator (with params that carry 'boot')
+    assert set(_EXEC) == set(ir.OPS.values())
 
 
 @pytest.mark.parametrize(
     ("middle", "message"),
     [
-        ({"op": "load_key", "block": "boot"}, "instruction 1: key block 'boot' is not supported by the simulator"),
-        ({"op": "bootstrap", "dst": "c1", "src": "c0"}, "instruction 1: unknown op 'bootstrap'"),
+        ({"op": "load_key", "block": "boot"}, "instruction 1: key block 'boot' needs params with a 'boot' object"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0"}, "instruction 1 (bootstrap): the plan's params carry no 'boot'"),
         ({"op": "frob"}, "instruction 1: unknown op 'frob'"),
     ],
 )
