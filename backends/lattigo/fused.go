@@ -303,6 +303,13 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 		return p, nil
 	}
 	vals, ok := e.ptValues[name]
+	if e.ptFile != nil { // large models pass their plaintexts through a file
+		var err error
+		if vals, err = e.ptFile.vector(name); err != nil {
+			return ringqp.Poly{}, err
+		}
+		ok = true
+	}
 	if !ok {
 		return ringqp.Poly{}, fmt.Errorf("no values for plaintext %q", name)
 	}
