@@ -449,19 +449,20 @@ def test_tight_cap_changes_the_kernel_choice() -> None:
 
     g = matvec_graph(1024, 1024)
     params = load_params("n13")
-    free = plan_graph(g, params, PlanOptions())
+    kernels = ("imra", "bsgs", "hs-diagonal", "fhelipe")  # the families this test is about
+    free = plan_graph(g, params, PlanOptions(kernels=kernels))
     assert free.plan["nodes"][0]["kernel"] == "imra"
     group = max(len(i["ks"]) for i in free.plan["program"] if i["op"] == "rot_hoisted")
     cap = 30 * 2**20  # below IMRA's largest hoisted group (31 keys at once): split, still IMRA
     assert cap < group * params.rotation_key_bytes()
-    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
+    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, kernels=kernels))
     node = split.plan["nodes"][0]
     assert node["kernel"] == "imra" and node["min_cap_bytes"] <= cap
     assert split.plan["summary"]["key_schedule"]["hoisted_splits"] > 0
     assert split.plan["summary"]["peak_bytes"]["total"] <= cap
     check_plan(split, g)
     cap = node["min_cap_bytes"] - 1  # below IMRA's own minimum: another kernel
-    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap))
+    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, kernels=kernels))
     node = tight.plan["nodes"][0]
     assert node["kernel"] != "imra" and node["min_cap_bytes"] <= cap and "min_cap_bytes" not in node["params"]
     assert tight.plan["summary"]["peak_bytes"]["total"] <= cap
