@@ -43,23 +43,28 @@ def plan(
     cins_decompose: Annotated[bool, typer.Option("--cins-decomposition/--no-cins-decomposition", help="strided CinS convs also in NeuJeans' decomposed form (Alg. 2, default) | only densify-first")] = True,
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
+    objective: Annotated[str | None, typer.Option("--objective", help="time (modelled seconds of the preset's calibrated table data/costs/<preset>-lattigo.json; the default where one exists) | rotations (the minimum-rotation plan)")] = None,
     record_timings: Annotated[bool, typer.Option("--record-timings", help="write solver/plan seconds into the plan (plans are otherwise byte-for-byte deterministic)")] = False,
     clean_outputs: Annotated[bool, typer.Option("--clean-outputs/--raw-outputs", help="outputs hold zeros outside their tensor (default; a mask where a kernel leaves partial sums of the weights) | leave what the kernel leaves (the client may see linear combinations of the weights)")] = True,
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound (the plan summary then says insecure: true)")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="add 'explain' to the plan: per node the runner-up kernel, its cost and why it lost; print it")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal (off with --json unless given)")] = False,
+    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="MODEL.onnx only: calibration samples .npz (see slotplan import)")] = None,
+    degree: Annotated[int | None, typer.Option("--degree", help="MODEL.onnx only: degree of the activation polynomials")] = None,
+    max_error: Annotated[float | None, typer.Option("--max-error", help="MODEL.onnx only: choose each activation's degree for this error")] = None,
+    weights_out: Annotated[Path | None, typer.Option("--weights-out", help="MODEL.onnx only: write the imported weights (.npz)")] = None,
+    graph_out: Annotated[Path | None, typer.Option("--graph-out", help="MODEL.onnx only: write the imported graph (JSON)")] = None,
 ) -> None:
-    """Plan one graph."""
+    """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
 
     from api.progress import shown, wanted
-    from planner.graph import load_graph
     from planner.params import AUTO, load_params
     from planner.pipeline import auto_params, plan_graph
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
-        g = load_graph(graph)
+        g = _graph_or_model(graph, calibrate, degree, max_error, weights_out, graph_out)
         p = load_params(params) if params != AUTO else None
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
@@ -75,6 +80,7 @@ def plan(
             allow_insecure=allow_insecure,
             cins=cins,
             cins_decompose=cins_decompose,
+            objective=objective,  # type: ignore[arg-type]
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):
@@ -139,6 +145,21 @@ def plan(
         out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
 
 
+def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
+                    weights_out: Path | None, graph_out: Path | None) -> Any:
+    """``plan``'s graph: a graph file, or an ONNX model imported (its report on stderr)."""
+    from api.commands_import import import_for_plan, is_onnx
+    from planner.graph import load_graph
+
+    if is_onnx(path):
+        return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err)
+    given = [n for n, v in (("--calibrate", calibrate), ("--degree", degree), ("--max-error", max_error),
+                            ("--weights-out", weights_out), ("--graph-out", graph_out)) if v is not None]
+    if given:
+        raise SlotplanError(f"{', '.join(given)}: only for an ONNX model (MODEL.onnx), not a graph file")
+    return load_graph(path)
+
+
 @app.command()
 def run(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")],
@@ -148,10 +169,17 @@ def run(
     init: Annotated[str, typer.Option("--init", help="weights: fan-in (divided by sqrt(fan-in), keeps CKKS values in range) | uniform [-1,1)")] = "fan-in",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="progress on stderr even when it is not a terminal")] = False,
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="the encrypted inputs: .npz with one array per graph input, named as the tensor (any shape with its number of elements)")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", help="the weights: .npz with one array per graph weight, named as the tensor")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="write the decrypted outputs (.npz, named and shaped as the graph's outputs)")] = None,
 ) -> None:
-    """Execute a plan on seeded random data and compare with the numpy reference."""
+    """Execute a plan on seeded random data (or the user's --inputs/--weights) and compare
+    with the numpy reference."""
     from api.progress import shown, step, wanted
+    from backends.lattigo_backend import LattigoError
     from backends.runner import run_plan
+    from planner.graph import parse_graph
+    from planner.io import user_values, write_arrays
 
     try:
         EXECUTION_BACKENDS.check(backend)
@@ -159,10 +187,21 @@ def run(
         tb = load_tables(tables, pl) if tables is not None else None
         if init not in ("fan-in", "uniform"):
             raise SlotplanError(f"unknown --init {init!r}; known: fan-in, uniform")
+        values = None
+        if inputs is not None or weights is not None:
+            if "spec" not in pl["graph"]:
+                raise SlotplanError("the plan does not embed its graph (graph.spec): cannot read tensors by name")
+            values = user_values(parse_graph(pl["graph"]["spec"]), inputs, weights)
+        if out_file is not None and (out_file.is_dir() or not (out_file.parent if str(out_file.parent) else Path(".")).is_dir()):
+            raise SlotplanError(f"cannot write --out {out_file}: not a file in an existing directory")
         with shown(wanted(progress, as_json)), step(f"run on {backend}"):
-            rep = run_plan(pl, tb, backend, seed, init)
+            rep = run_plan(pl, tb, backend, seed, init, values=values)
+        if out_file is not None:
+            write_arrays(out_file, rep.outputs)
     except SlotplanError as e:
         raise _fail(e) from None
+    except LattigoError as e:  # the backend failed on a valid plan: one line, exit 1
+        raise ExitError(f"lattigo: {e}", 1) from None
     if as_json:
         out.print_json(json.dumps(rep.to_json()))
     else:
@@ -177,8 +216,25 @@ def run(
             f"rotations {rep.rotations}  key loads {rep.key_loads}  "
             f"peak resident keys {rep.peak_resident_key_bytes / 2**20:.1f} MiB  time {rep.seconds:.3f}s"
         )
+        if rep.bootstraps.get("count"):
+            b = rep.bootstraps
+            each = f"  {b['mean_seconds']:.2f}s each" if "mean_seconds" in b else ""
+            out.print(f"bootstraps {b['count']}{each}")
+        mem = rep.memory
+        if mem.get("modelled_peak_bytes") and (mem.get("peak_rss_bytes") or mem.get("peak_tracked_bytes")):
+            parts = [f"modelled peak {mem['modelled_peak_bytes'] / 2**20:.1f} MiB"]
+            if mem.get("peak_tracked_bytes"):
+                parts.append(f"tracked {mem['peak_tracked_bytes'] / 2**20:.1f} MiB (x{mem['tracked_over_model']:.3f})")
+            if mem.get("peak_rss_bytes"):
+                parts.append(
+                    f"peak RSS {mem['peak_rss_bytes'] / 2**20:.1f} MiB (x{mem['rss_over_model']:.3f}; "
+                    f"{mem.get('rss_start_bytes', 0) / 2**20:.1f} MiB at start)"
+                )
+            out.print("memory: " + "  ".join(parts))
         if rep.stats:
             out.print(f"backend stats: {json.dumps(rep.stats, sort_keys=True)[:2000]}")
+        if out_file is not None:
+            out.print(escape(f"wrote {out_file}: {', '.join(rep.outputs)}"))
     if not rep.ok:
         raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
 
@@ -262,7 +318,7 @@ def _register_extensions() -> None:
     """Commands that live in their own modules (batch, diff, serve, show, calibrate, ...)."""
     import importlib
 
-    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo"):
+    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -36,9 +36,14 @@ def calibrate(
         Path | None, typer.Option("--out", "-o", help="cost table to write [default: data/costs/<P>-lattigo.json]")
     ] = None,
     hoist_batch: Annotated[int, typer.Option("--hoist-batch", help="offsets of the hoisted-rotation batch")] = 8,
+    bootstrap_repeat: Annotated[
+        int | None,
+        typer.Option("--bootstrap-repeat", help="bootstrapping presets: timed bootstraps [default: min(repeat, 3)]"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the written table as JSON")] = False,
 ) -> None:
-    """Measure CKKS operation times with Lattigo here and write a planner cost table (ms)."""
+    """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
+    A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
     from backends.calibrate import calibrate as run_calibration
     from backends.lattigo_backend import LattigoError
     from planner.costs import load_costs
@@ -53,7 +58,7 @@ def calibrate(
             raise SlotplanError(f"--repeat must be in 1..1000, got {repeat}")
         if output is not None and output.suffix.lower() != ".json":
             raise SlotplanError(f"--out {str(output)!r}: a cost table file must end in .json")
-        table, path = run_calibration(p, repeat, output, hoist_batch)
+        table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
@@ -74,6 +79,7 @@ def calibrate(
         "rescale": "Rescale",
         "poly": "degree-3 polynomial",
         "depth": "not a time",
+        "bootstrap": "Bootstrap of one ciphertext (level 0 in)",
     }
     for k, v in w.items():
         t.add_row(k, f"{v:.4f}", notes.get(k, ""))
@@ -93,6 +99,14 @@ def calibrate(
         "once (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in once.items())
         + f"; Galois key {m['galois_key_bytes'] / 2**20:.1f} MiB"
     )
+    if "bootstrap" in m:
+        b = m["bootstrap"]
+        out.print(
+            f"bootstrap ({b['literal']}): {b['median_ms'] / 1000:.2f} s (~{b['rotations_per_bootstrap']} rotations), "
+            f"level {b['input_level']} -> {b['output_level']}, max abs error {max(b['max_abs_error']):.2e}; "
+            f"keys {b['evaluation_key_bytes'] / 2**20:.0f} MiB in {b['keygen_ms'] / 1000:.1f} s, "
+            f"DFT matrices {b['matrix_bytes'] / 2**20:.0f} MiB in {b['matrix_encoding_ms'] / 1000:.1f} s"
+        )
     mc = m["machine"]
     out.print(f"machine: {mc['cpu_model']} x{mc['cpu_count']}, {mc['go_version']}, {mc['date']}")
     out.print(f"wrote {path}  (use with PlanOptions(costs={path.stem!r}) if it is in data/costs/)")
@@ -118,6 +132,10 @@ def _cells(r: Mapping[str, Any] | None, rot: str = "rotations") -> list[str]:
     return [_fmt_s(r["eval_seconds"]), str(r[rot]), str(r["keys"]), _fmt_err(r["max_rel_error"])]
 
 
+def _fmt_opt(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.3f}"
+
+
 def _ratio(x: Any) -> str:
     return "-" if x is None else f"{float(x):.2f}"
 
@@ -127,7 +145,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
     cols = [
         "workload", "ours kernel", "ours s", "rot", "keys", "err",
         "fhelipe s", "rot", "keys", "err",
-        "lintrans s (best r)", "rot b+g", "keys", "err",
+        "lintrans s (best)", "rot b+g(+f)", "keys", "err",
         "lintrans/ours", "fhelipe/ours",
     ]
     for c in cols:
@@ -138,13 +156,33 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
         lt = r.get("lintrans")
         lt_cells = _cells(lt)
         if lt and lt.get("status") == "ok":
-            lt_cells[0] += f" (r={lt['log_bsgs_ratio']})"  # the fastest LogBSGSRatio of the sweep
+            # the fastest variant of the sweep: embedding (square / hybrid) and LogBSGSRatio
+            lt_cells[0] += f" ({'h' if lt.get('embedding') == 'hybrid' else 'sq'} r={lt['log_bsgs_ratio']})"
             lt_cells[1] = f"{lt['baby_rotations']}+{lt['giant_rotations']}"
+            if lt.get("fold_rotations"):
+                lt_cells[1] += f"+{lt['fold_rotations']}"
         t.add_row(
             escape(r["workload"]), escape(kern), *_cells(ours), *_cells(r.get("fhelipe")), *lt_cells,
             _ratio(r.get("lintrans_over_ours")), _ratio(r.get("fhelipe_over_ours")),
         )
     out.print(t)
+    # wall vs CPU time (a loaded machine inflates wall time) and our modelled time
+    m = Table(title="ours vs lintrans in wall and process CPU seconds; ours modelled (calibrated table)")
+    for c in ("workload", "ours wall", "ours cpu", "lt wall", "lt cpu", "lt/ours wall", "lt/ours cpu",
+              "model", "model/wall", "model/cpu", "blocks", "load"):
+        m.add_column(c, justify="left" if c == "workload" else "right")
+    for r in rows:
+        ours, lt = r.get("ours") or {}, r.get("lintrans") or {}
+        ok, lok = ours.get("status") == "ok", lt.get("status") == "ok"
+        m.add_row(
+            escape(r["workload"]), _fmt_opt(ours.get("eval_seconds") if ok else None),
+            _fmt_opt(ours.get("cpu_seconds") if ok else None), _fmt_opt(lt.get("eval_seconds") if lok else None),
+            _fmt_opt(lt.get("cpu_seconds") if lok else None), _ratio(r.get("lintrans_over_ours")),
+            _ratio(r.get("lintrans_over_ours_cpu")), _fmt_opt(ours.get("modelled_seconds") if ok else None),
+            _ratio(ours.get("model_over_eval")), _ratio(ours.get("model_over_cpu")),
+            str(ours.get("fused_blocks", "-")), str(r.get("loadavg_1m_at_start", "-")),
+        )
+    out.print(m)
     for r in rows:
         for method in ("ours", "fhelipe", "lintrans"):
             mres = r.get(method)
@@ -197,7 +235,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
 
 def lattigo_bench(
     params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n14",
-    shapes: Annotated[str, typer.Option("--shapes", help="MVM shapes NxK, comma-separated ('' for none)")] = "512x512,2048x2048,1024x4096",
+    shapes: Annotated[str, typer.Option("--shapes", help="MVM shapes NxK, comma-separated ('' for none)")] = "512x512,1024x1024,2048x2048,1024x4096,4096x1024",
     convs: Annotated[str, typer.Option("--convs", help="data/workloads convolutions, comma-separated ('' for none)")] = "conv1,conv2,conv3,conv4",
     repeat: Annotated[int, typer.Option("--repeat", help="timed evaluations per method (median)")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="seed of W, x and the conv data")] = 0,

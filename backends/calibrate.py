@@ -20,7 +20,17 @@ rescale             ``Evaluator.Rescale`` of a product
 poly                a degree-3 polynomial with Lattigo's polynomial evaluator
 depth               0: a level is not a time (its cost is bigger parameters, chosen outside
                     the planner); the per-level tables show how much cheaper ops get lower
+bootstrap           bootstrapping presets only (params with ``boot``): Lattigo's
+                    ``Evaluator.Bootstrap`` of one ciphertext at level 0 (median of
+                    ``bootstrap_repeat`` runs, default min(repeat, 3), after one warm-up);
+                    written as the weight ``bootstrap`` when the planner's cost table has
+                    that weight, and always as ``measurements.bootstrap``
 =================== ==========================================================================
+
+A bootstrapping preset is timed on the bootstrapping parameters (where its plans run: the
+residual chain followed by the bootstrap's primes, with the bootstrap's own P primes) at
+the residual levels; ``measurements.bootstrap`` also keeps the key generation and DFT matrix
+encoding times, the block's bytes and each bootstrap's max abs error.
 
 ``measurements`` keeps every median (per level: rotate, rotate_hoisted_1/B, pmul, encode,
 add, cmul_relin, rescale, and encode_prec53 when log_scale > 53, where Lattigo's default
@@ -40,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.lattigo_backend import LattigoError, _call, _ext
-from planner.costs import COSTS_DIR, CostTable
+from planner.costs import COSTS_DIR, CostTable, Weights
 from planner.errors import SlotplanError
 from planner.params import Params
 
@@ -91,6 +101,7 @@ def measure(
     repeat: int = DEFAULT_REPEAT,
     hoist_batch: int = DEFAULT_HOIST_BATCH,
     levels: Sequence[int] | None = None,
+    bootstrap_repeat: int | None = None,
 ) -> dict[str, Any]:
     """Run the Go calibration and return its raw result (seconds)."""
     if repeat < 1:
@@ -100,6 +111,10 @@ def measure(
     opts: dict[str, Any] = {"repeat": int(repeat), "hoist_batch": int(hoist_batch)}
     if levels is not None:
         opts["levels"] = [int(x) for x in levels]
+    if bootstrap_repeat is not None:
+        if not 1 <= bootstrap_repeat <= 100:
+            raise SlotplanError(f"--bootstrap-repeat must be in 1..100, got {bootstrap_repeat}")
+        opts["bootstrap_repeat"] = int(bootstrap_repeat)
     mod, _ = _ext()
     raw: dict[str, Any] = json.loads(_call(mod.Calibrate, json.dumps(params.to_json()), json.dumps(opts)))
     return raw
@@ -136,6 +151,15 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "poly": _ms(float(once["poly3"]["median"])) if "poly3" in once else 0.0,
         "depth": 0.0,
     }
+    if "bootstrap" in once and "bootstrap" in Weights.model_fields:
+        weights["bootstrap"] = _ms(once["bootstrap"]["median"])
+    if "block_product" in t:  # the Lattigo executor's fused blocks (backends/lattigo/fused.go)
+        weights |= {
+            "block": _ms(med(top, "block_fixed")),
+            "block_baby": _ms(med(top, "block_baby")),
+            "block_giant": _ms(med(top, "block_giant")),
+            "block_product": _ms(med(top, "block_product")),
+        }
     per_level_ms = {
         lv: {op: _ms(v["median"]) for op, v in sorted(ops.items())}
         | {"hoisted_rotation_extra": _ms(extra(lv))}
@@ -160,6 +184,7 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
     measurements: dict[str, Any] = {
         "unit": "millisecond",
         "statistic": f"median of {raw['repeat']} timed runs after one warm-up",
+        "clock": raw.get("clock", "wall"),
         "repeat": raw["repeat"],
         "hoist_batch": b,
         "levels": raw["levels"],
@@ -180,6 +205,7 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "ciphertext_bytes_top": raw["ciphertext_bytes_top"],
         "samples_ms": samples_ms,
         "calibrate_seconds": round(float(raw.get("total_seconds", 0.0)), 3),
+        **({"bootstrap": _boot_measurements(raw)} if raw.get("boot") else {}),
         "machine": machine,
     }
     pname = params.name if params.name != "custom" else f"logn{params.log_n}"
@@ -198,6 +224,28 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
     }
     CostTable.model_validate(table)  # never write a table the planner would refuse
     return table
+
+
+def _boot_measurements(raw: Mapping[str, Any]) -> dict[str, Any]:
+    boot: Mapping[str, Any] = raw["boot"]
+    once = raw["once"]["bootstrap"]
+    return {
+        "literal": boot["literal"],
+        "median_ms": _ms(once["median"]),
+        "samples_ms": [_ms(x) for x in once["samples"]],
+        "input_level": boot["input_level"],
+        "output_level": boot["output_level"],
+        "max_abs_error": boot["max_abs_error"],
+        "keygen_ms": _ms(boot["keygen_seconds"]),
+        "matrix_encoding_ms": _ms(boot["matrix_seconds"]),
+        "evaluation_key_bytes": boot["evaluation_key_bytes"],
+        "matrix_bytes": boot["matrix_bytes"],
+        "galois_keys": boot["galois_keys"],
+        "rotations_per_bootstrap": (
+            round(float(once["median"]) / float(raw["per_level"][str(raw["max_level"])]["rotate"]["median"]), 1)
+        ),
+        "peak_rss_bytes": boot.get("peak_rss_bytes"),
+    }
 
 
 def default_path(params: Params) -> Path:
@@ -220,9 +268,10 @@ def calibrate(
     out: str | Path | None = None,
     hoist_batch: int = DEFAULT_HOIST_BATCH,
     levels: Sequence[int] | None = None,
+    bootstrap_repeat: int | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``)."""
-    raw = measure(params, repeat, hoist_batch, levels)
+    raw = measure(params, repeat, hoist_batch, levels, bootstrap_repeat)
     path = Path(out) if out is not None else default_path(params)
     name = path.stem if out is not None else None
     table = cost_table(params, raw, name)

@@ -6,6 +6,10 @@ encrypts and decrypts; the evaluation part never sees the secret key, loads rota
 from the directory following the plan's ``load_key``/``drop_key`` schedule (all up front
 when the plan has none) and executes every instruction of SPEC section 4.
 
+A plan whose params carry ``boot`` (``n14boot``, ``n16boot``) runs entirely on Lattigo's
+bootstrapping parameters; the client also generates the bootstrapping keys once into the key
+directory and the evaluation side loads them as the key block ``boot`` (docs/lattigo.md).
+
 This module does what needs tensors and tables, so Go never sees them: it packs one
 length-``slots`` vector per ``input`` instruction (program order) and per plaintext (sorted
 by name), and scatters the decrypted vector of each ``output`` instruction back into its
@@ -18,9 +22,11 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,9 +42,12 @@ __all__ = [
     "run_raw",
     "sizes",
     "version",
+    "write_plaintexts",
 ]
 
 _EXT = "slotlattigo.slotlattigo"
+# Above this many bytes of plaintext vectors, run_plan hands them to Go through a file.
+PLAINTEXT_INLINE_BYTES = 64 << 20
 _BUILD_HINT = "the Lattigo extension is not built: run `make lattigo` (backends/lattigo/build.sh)"
 
 
@@ -159,7 +168,14 @@ def pack_vectors(
             raise LattigoError(f"{what}: input tensor {tensor!r} was not given")
         idx, _ = _table(tables, str(ins.table), slots, what)
         vecs.append(_gather(inputs[tensor], idx, f"{what}, tensor {tensor!r}"))
-    pts = []
+    return _pack(vecs), _pack(list(_plaintext_vectors(plan, weights, tables)))
+
+
+def _plaintext_vectors(
+    plan: Mapping[str, Any], weights: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray]
+) -> Iterator[np.ndarray]:
+    """Each plaintext's value vector, in sorted name order (one at a time)."""
+    slots = _slots(plan)
     plaintexts = plan.get("plaintexts") or {}
     for name in sorted(plaintexts):
         spec = plaintexts[name]
@@ -169,12 +185,24 @@ def pack_vectors(
         if coef is None:
             coef = np.ones(slots)
         if source == "const":
-            pts.append(coef.copy())
+            yield np.array(coef, dtype=np.float64)
         elif source in weights:
-            pts.append(coef * _gather(weights[source], idx, f"{what}, weight {source!r}"))
+            yield coef * _gather(weights[source], idx, f"{what}, weight {source!r}")
         else:
             raise LattigoError(f"{what}: weight tensor {source!r} was not given")
-    return _pack(vecs), _pack(pts)
+
+
+def write_plaintexts(
+    plan: Mapping[str, Any], weights: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray], path: str | Path
+) -> int:
+    """Write the packed plaintext vectors ``Run`` reads with its ``plaintext_file`` option
+    (one vector in memory at a time); returns the number of vectors."""
+    n = 0
+    with open(path, "wb") as f:
+        for v in _plaintext_vectors(plan, weights, tables):
+            f.write(np.ascontiguousarray(v, dtype="<f8").tobytes())
+            n += 1
+    return n
 
 
 def _pack(vecs: list[np.ndarray]) -> bytes:
@@ -277,14 +305,24 @@ def run_plan(
     t0 = time.perf_counter()
     _ext()
     slots = _slots(plan)
-    packed_inputs, packed_pts = pack_vectors(plan, inputs, weights, tables)
     options: dict[str, Any] = {}
     if key_dir is not None:
         options["key_dir"] = str(key_dir)
     if key_level is not None:
         options["key_level"] = int(key_level)
-    pack_seconds = time.perf_counter() - t0
-    result = run_raw(json.dumps(plan, default=_json_default), packed_inputs, packed_pts, options)
+    n_pt = len(plan.get("plaintexts") or {})
+    with tempfile.TemporaryDirectory(prefix="slotplan-pt-") as tmp:
+        if n_pt * slots * 8 > PLAINTEXT_INLINE_BYTES:
+            # many plaintexts (a deep network): the Go side reads them one at a time from a
+            # file, so neither side holds them all
+            packed_inputs, _ = pack_vectors({**plan, "plaintexts": {}}, inputs, weights, tables)
+            packed_pts = b""
+            options["plaintext_file"] = str(Path(tmp) / "plaintexts.f64")
+            write_plaintexts(plan, weights, tables, options["plaintext_file"])
+        else:
+            packed_inputs, packed_pts = pack_vectors(plan, inputs, weights, tables)
+        pack_seconds = time.perf_counter() - t0
+        result = run_raw(json.dumps(plan, default=_json_default), packed_inputs, packed_pts, options)
     vectors = [
         OutputVector(
             tensor=o["tensor"],

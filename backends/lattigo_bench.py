@@ -7,9 +7,12 @@ each convolution workload (``data/workloads/<conv>.json``), at one parameter pre
 * **ours**: ``plan_graph`` with the default kernels and ``input_layout="free"``;
 * **fhelipe** (MVM only): ``plan_graph`` with ``kernels=("fhelipe",)``;
 * **lintrans** (MVM only): ``LintransMatvec`` (``backends/lattigo/lintrans.go``), i.e.
-  Lattigo's ``circuits/ckks/lintrans`` with BSGS and double hoisting
-  (``LogBabyStepGiantStepRatio`` 1 unless told otherwise) and only the keys
-  ``lintrans.GaloisElements`` lists.
+  Lattigo's ``circuits/ckks/lintrans`` with BSGS and double hoisting and only the keys
+  ``lintrans.GaloisElements`` lists, swept over ``LogBabyStepGiantStepRatio`` (0..3) and,
+  for a rectangular matrix, over two embeddings: the d x d square one and GAZELLE's
+  hybrid one (min(n, k) diagonals, then log2(max/min) rotate-and-adds for a wide matrix);
+  the fastest variant is the baseline (``row["lintrans"]``), the fastest square one is
+  kept as ``row["lintrans_square"]``.
 
 Plans run through the Go ``BenchPlan`` (same executor as ``Run``): keys are generated and
 the inputs encrypted before the clock starts, outputs are decrypted after it stops, and
@@ -68,7 +71,7 @@ __all__ = [
     "slow_ops",
 ]
 
-DEFAULT_SHAPES = "512x512,2048x2048,1024x4096"
+DEFAULT_SHAPES = "512x512,1024x1024,2048x2048,1024x4096,4096x1024"
 DEFAULT_CONVS = "conv1,conv2,conv3,conv4"
 METHODS = ("ours", "fhelipe", "lintrans")
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "data" / "workloads"
@@ -241,8 +244,17 @@ def run_plan_bench(
             raise LattigoError(f"output {t!r} is not fully written by the plan")
         a, r = _rel_error(outs[t], ref[t])
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+    model = modelled_seconds(plan, params)
     row.update(
         status="ok",
+        modelled_seconds=model,
+        model_over_eval=round(model / st["eval_seconds"], 3) if model and st["eval_seconds"] else None,
+        model_over_cpu=round(model / st["cpu_seconds"], 3) if model and st.get("cpu_seconds") else None,
+        cpu_seconds=st.get("cpu_seconds"),
+        cpu_seconds_runs=st.get("cpu_seconds_runs"),
+        prepare_seconds=st.get("prepare_seconds"),
+        fused_blocks=st.get("fused_blocks"),
+        workers=st.get("workers"),
         eval_seconds=st["eval_seconds"],
         eval_seconds_runs=st["eval_seconds_runs"],
         encode_seconds=st["encode_seconds"],
@@ -274,6 +286,26 @@ def run_plan_bench(
     return row
 
 
+def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
+    """The plan's time under its calibrated cost table (the one ``--objective time`` used;
+    the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
+    None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
+    executor fuses them (``planner.fusion``)."""
+    from planner.costs import COST_TABLES, load_costs
+    from planner.kernels.base import count_program
+
+    name = str((plan.get("options") or {}).get("costs") or "default")
+    table = load_costs(name)
+    if not table.is_time:
+        alt = f"{params.name}-lattigo"
+        if alt not in COST_TABLES:
+            return None
+        table = load_costs(alt)
+    cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
+    scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
+    return round(table.score(cv) * scale, 6)
+
+
 def lintrans_matvec(
     params: Params,
     W: np.ndarray,
@@ -283,6 +315,7 @@ def lintrans_matvec(
     dimension: int = 0,
     repeat: int = 1,
     level: int | None = None,
+    embedding: str = "square",
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """``W @ x`` with Lattigo's lintrans (Go ``LintransMatvec``): (y, stats)."""
     W = np.ascontiguousarray(W, dtype="<f8")
@@ -291,6 +324,7 @@ def lintrans_matvec(
         raise SlotplanError(f"lintrans: matrix {W.shape} and vector ({x.size},) do not match")
     opts: dict[str, Any] = {
         "dimension": int(dimension), "repeat": int(repeat), "memory_limit_bytes": memory_budget(0.85) or 0,
+        "embedding": embedding,
     }
     if log_bsgs_ratio is not None:
         opts["log_bsgs_ratio"] = int(log_bsgs_ratio)
@@ -313,10 +347,12 @@ def lintrans_matvec(
     return y, stats
 
 
-def _lintrans_estimate(params: Params, n: int, k: int) -> tuple[int, int]:
+def _lintrans_estimate(params: Params, n: int, k: int, embedding: str = "square") -> tuple[int, int]:
     """(diagonals, bytes of keys + encoded diagonals), an upper-bound estimate."""
     d = 1 << max(0, (max(n, k) - 1).bit_length())
     diags = min(d, n + k - 1)
+    if embedding == "hybrid" and n != k:
+        diags = 1 << max(0, (min(n, k) - 1).bit_length())
     poly_qp = (params.max_level + 1 + len(params.log_p)) * params.n * 8
     keys = math.ceil(1.5 * math.sqrt(2 * d)) + 2  # ratio 1: ~n1 + d/n1 with n1 ~ sqrt(d/2)
     return diags, diags * poly_qp + keys * params.rotation_key_bytes()
@@ -329,9 +365,10 @@ def run_lintrans(
     repeat: int = 1,
     budget: int | None = None,
     log_bsgs_ratio: int | None = None,
+    embedding: str = "square",
 ) -> dict[str, Any]:
     n, k = W.shape
-    diags, need = _lintrans_estimate(params, n, k)
+    diags, need = _lintrans_estimate(params, n, k, embedding)
     if max(n, k) > params.slots:
         return {"status": f"skipped: max(n, k) = {max(n, k)} > {params.slots} slots (one ciphertext)"}
     if budget is not None and need > budget:
@@ -339,13 +376,15 @@ def run_lintrans(
             "status": f"skipped: ~{diags} encoded diagonals + keys need ~{_size(need)} "
             f"> memory budget {_size(budget)}"
         }
-    y, st = lintrans_matvec(params, W, x, repeat=repeat, log_bsgs_ratio=log_bsgs_ratio)
+    y, st = lintrans_matvec(params, W, x, repeat=repeat, log_bsgs_ratio=log_bsgs_ratio, embedding=embedding)
     max_abs, max_rel = _rel_error(y, W @ x)
     st.pop("galois_elements", None)
     return {
         "status": "ok",
         "eval_seconds": st["eval_seconds"],
         "eval_seconds_runs": st["eval_seconds_runs"],
+        "cpu_seconds": st.get("cpu_seconds"),
+        "cpu_seconds_runs": st.get("cpu_seconds_runs"),
         "evaluate_seconds": st["evaluate_seconds"],
         "rescale_seconds": st["rescale_seconds"],
         "encode_seconds": st["encode_seconds"],
@@ -363,6 +402,9 @@ def run_lintrans(
         "replication": st["replication"],
         "n1": st["n1"],
         "log_bsgs_ratio": st["log_bsgs_ratio"],
+        "embedding": st["embedding"],
+        "fold_rotations": st["fold_rotations"],
+        "fold_seconds": st["fold_seconds"],
         "max_abs_error": max_abs,
         "max_rel_error": max_rel,
     }
@@ -373,21 +415,21 @@ def run_lintrans(
 LINTRANS_SWEEP: tuple[int, ...] = (0, 1, 2, 3)
 
 
-def best_variant(variants: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """The fastest successful variant (its ``log_bsgs_ratio`` says which), else the first
-    variant's failure."""
+def best_variant(variants: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any]:
+    """The fastest successful variant (its ``log_bsgs_ratio`` and ``embedding`` say
+    which), else the first variant's failure."""
     ok = [dict(v) for v in variants.values() if v.get("status") == "ok"]
     if not ok:
         return dict(next(iter(variants.values())))
-    return min(ok, key=lambda v: (float(v["eval_seconds"]), int(v["log_bsgs_ratio"])))
+    return min(ok, key=lambda v: (float(v["eval_seconds"]), int(v["log_bsgs_ratio"]), str(v.get("embedding"))))
 
 
-def _ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
+def _ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, key: str = "eval_seconds") -> float | None:
     if not a or not b or a.get("status") != "ok" or b.get("status") != "ok":
         return None
-    if not b["eval_seconds"]:
+    if not a.get(key) or not b.get(key):
         return None
-    return round(float(a["eval_seconds"]) / float(b["eval_seconds"]), 3)
+    return round(float(a[key]) / float(b[key]), 3)
 
 
 def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -450,15 +492,25 @@ def bench(
             fhelipe = PlanOptions(kernels=("fhelipe", "elementwise"), input_layout="free")
             row["fhelipe"] = _guard(partial(run_plan_bench, w.graph, params, fhelipe, values, repeat, budget))
         if w.kind == "mvm" and "lintrans" in methods:
+            assert w.shape is not None
+            # the square embedding always; GAZELLE's hybrid one where the matrix is not square
+            embeddings = ("square", "hybrid") if w.shape[0] != w.shape[1] else ("square",)
             variants = {
-                r: _guard(partial(run_lintrans, params, values["W"], values["x"], repeat, budget, r))
+                (e, r): _guard(partial(run_lintrans, params, values["W"], values["x"], repeat, budget, r, e))
+                for e in embeddings
                 for r in log_bsgs_ratios
             }
             row["lintrans_sweep"] = {
-                str(r): (v["eval_seconds"] if v.get("status") == "ok" else v.get("status")) for r, v in variants.items()
+                (f"{r}" if e == "square" else f"{e}/{r}"): (v["eval_seconds"] if v.get("status") == "ok" else v.get("status"))
+                for (e, r), v in variants.items()
             }
             row["lintrans"] = best_variant(variants)
+            if len(embeddings) > 1:
+                row["lintrans_square"] = best_variant({key: v for key, v in variants.items() if key[0] == "square"})
         row["lintrans_over_ours"] = _ratio(row.get("lintrans"), row.get("ours"))
+        row["lintrans_over_ours_cpu"] = _ratio(row.get("lintrans"), row.get("ours"), "cpu_seconds")
+        if "lintrans_square" in row:
+            row["lintrans_square_over_ours"] = _ratio(row.get("lintrans_square"), row.get("ours"))
         row["fhelipe_over_ours"] = _ratio(row.get("fhelipe"), row.get("ours"))
         if (row.get("ours") or {}).get("status") == "ok":
             row["ours_seconds_by_op"] = slow_ops(row)

@@ -1,4 +1,5 @@
-"""Execute a plan on seeded random data and compare with the numpy reference of its graph."""
+"""Execute a plan on seeded random data (or the user's tensors) and compare with the numpy
+reference of its graph."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class RunReport:
     peak_resident_key_bytes: int
     seconds: float
     stats: dict[str, Any]
+    bootstraps: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    # the decrypted outputs, named and shaped as the graph's outputs (not in to_json)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +55,8 @@ class RunReport:
             "key_loads": self.key_loads,
             "peak_resident_key_bytes": self.peak_resident_key_bytes,
             "seconds": round(self.seconds, 6),
+            "bootstraps": self.bootstraps,
+            "memory": self.memory,
             "stats": self.stats,
         }
 
@@ -133,6 +140,48 @@ def _run_lattigo(
     )
 
 
+def bootstrap_report(counts: Mapping[str, int], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Bootstraps of a run: how many, and (measured by the back end) seconds each."""
+    secs = [float(x) for x in stats.get("bootstrap_seconds") or []]
+    out: dict[str, Any] = {"count": int(counts.get("bootstrap", len(secs)))}
+    if secs:
+        out |= {
+            "seconds": [round(x, 3) for x in secs],
+            "mean_seconds": round(sum(secs) / len(secs), 3),
+            "input_levels": list(stats.get("bootstrap_input_levels") or []),
+        }
+    return out
+
+
+def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_bytes: int) -> dict[str, Any]:
+    """Modelled peak (the plan's summary) beside what the back end measured: resident key
+    bytes, the tracked peak (live ciphertexts + keys + DFT matrices, Lattigo only), and the
+    process's peak RSS with its value at the start of the run (Lattigo only)."""
+    peak = plan.get("summary", {}).get("peak_bytes", {})
+    out: dict[str, Any] = {
+        "modelled_peak_bytes": peak.get("total"),
+        "modelled_key_bytes": peak.get("keys"),
+        "peak_resident_key_bytes": int(peak_key_bytes),
+    }
+    for key in ("peak_tracked_bytes", "peak_rss_bytes", "rss_start_bytes", "boot_key_bytes", "boot_matrix_bytes"):
+        if stats.get(key):
+            out[key] = int(stats[key])
+    at_run = _model_at_run_key_levels(plan, stats)
+    if at_run is not None:
+        # the same memory model with the rotation keys at the level the back end generated
+        # them (a bootstrapping plan's own keys at the top residual level, not at the top
+        # of the bootstrapping chain)
+        out["modelled_peak_bytes_summary"] = out["modelled_peak_bytes"]
+        out["modelled_peak_bytes"] = at_run
+    model = out.get("modelled_peak_bytes")
+    if model and out.get("peak_rss_bytes"):
+        out["rss_over_model"] = round(out["peak_rss_bytes"] / model, 4)
+        out["rss_growth_over_model"] = round((out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / model, 4)
+    if model and out.get("peak_tracked_bytes"):
+        out["tracked_over_model"] = round(out["peak_tracked_bytes"] / model, 4)
+    return out
+
+
 def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray]) -> None:
     """A bootstrapping plan scaled its bootstrap inputs for the ranges it assumed (inputs,
     weights, nodes' promised ranges): refuse values outside them, naming the tensor (the
@@ -142,13 +191,36 @@ def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray])
         check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items()}, ref)
 
 
+def _model_at_run_key_levels(plan: Mapping[str, Any], stats: Mapping[str, Any]) -> int | None:
+    """The modelled peak with keep-all rotation keys of the size the back end reports
+    (``galois_key_bytes``), when that differs from the summary's (a bootstrapping preset
+    models its keys at the bootstrapping chain's top level; Lattigo generates the plan's
+    own keys at the top residual level). None when not applicable."""
+    params_json = plan.get("params") or {}
+    gk = stats.get("galois_key_bytes")
+    if not params_json.get("boot") or plan.get("keys") or not gk:
+        return None
+    from planner import ir
+    from planner.summary import memory_series
+
+    params = Params.from_json(params_json)
+    if int(gk) == params.rotation_key_bytes():
+        return None
+    program = ir.decode_program(plan["program"])
+    series = memory_series(program, params, key_bytes={k: int(gk) for k in ir.rot_keys_of(program)})
+    return int(max(series["keys"] + series["plaintexts"] + series["ciphertexts"], default=0))
+
+
 def run_plan(
     plan: Mapping[str, Any],
     tables: Mapping[str, np.ndarray] | None,
     backend: str = "sim",
     seed: int = 0,
     init: str = "fan-in",
+    values: Mapping[str, np.ndarray] | None = None,
 ) -> RunReport:
+    """Run ``plan`` on ``backend`` with ``values`` (every input and weight, by tensor name)
+    or, when None, seeded random ones; compare the outputs with the graph's reference."""
     if "spec" not in plan["graph"]:
         raise SlotplanError("the plan does not embed its graph (graph.spec): cannot compute the reference")
     graph = parse_graph(plan["graph"]["spec"])
@@ -157,7 +229,8 @@ def run_plan(
     params = Params.from_json(plan["params"])
     if tables is None:
         tables = regenerate_tables(plan)
-    values = random_values(graph, seed, init)
+    if values is None:
+        values = random_values(graph, seed, init)
     ref = reference(graph, values)
     check_assumed_ranges(plan, ref)
     execute = EXECUTION_BACKENDS.get(backend)
@@ -169,8 +242,9 @@ def run_plan(
     seconds = time.perf_counter() - t0
     max_abs = 0.0
     max_rel = 0.0
+    decrypted = {t: np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t)) for t in graph.outputs}
     for t in graph.outputs:
-        got = np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t))
+        got = decrypted[t]
         want = ref[t]
         if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
             max_abs = max_rel = float("inf")  # NaN/inf must fail, not vanish in max()
@@ -180,4 +254,7 @@ def run_plan(
         max_abs = max(max_abs, err)
         max_rel = max(max_rel, err / scale if scale > 0 else err)
     ok = bool(np.isfinite(max_rel) and max_rel <= tol)
-    return RunReport(backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats)
+    return RunReport(
+        backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats,
+        bootstrap_report(counts, stats), memory_report(plan, stats, peak_keys), decrypted,
+    )

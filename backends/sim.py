@@ -249,10 +249,7 @@ class _Machine:
     def exec_poly(self, ins: ir.Poly, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
-        acc = np.zeros(self.S)
-        for c in reversed(ins.coeffs):
-            acc = acc * x + float(c)
-        self.put(ins.dst, acc, i)
+        self.put(ins.dst, np.asarray(ins.evaluate(x), dtype=np.float64).reshape(self.S), i)
 
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         self.put(ins.dst, self.get(ins.src, i).copy(), i, self.dom.get(ins.src))

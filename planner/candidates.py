@@ -14,7 +14,16 @@ from planner.kernels.base import Candidate
 from planner.kernels.ctct import jkls_candidates
 from planner.kernels.diagonal import DiagonalKernel
 from planner.kernels.fhelipe import FhelipeMatvec
+from planner.kernels.hybrid import hybrid_candidates
 from planner.kernels.imra import ImraKernel
+from planner.kernels.model_ops import (
+    batched_matmul_candidate,
+    concat_candidate,
+    concat_packed_candidate,
+    matrix_subgraph,
+    slice_candidate,
+    slice_compact_candidate,
+)
 from planner.kernels.problem import (
     ChannelProblem,
     KernelError,
@@ -25,7 +34,15 @@ from planner.kernels.problem import (
 )
 from planner.kernels.segmented import segment_rows_layout, segmented_candidates
 from planner.kernels.tensor_ops import matmul_ct_ct_candidate, shape_view_candidates, sum_candidate
-from planner.layout import ChannelLayout, LayoutError, clean_result, natural_layout, view_layout
+from planner.layout import (
+    ChannelLayout,
+    LayoutError,
+    MappedLayout,
+    all_maps,
+    clean_result,
+    natural_layout,
+    view_layout,
+)
 from planner.program import ProgramBuilder, poly_depth
 from solver.registry import Registry
 
@@ -157,16 +174,21 @@ def _fhelipe_candidates(prob: ChannelProblem, node: Node, free_input: bool, out:
         out.append(FhelipeMatvec(prob).candidate(node.id))
 
 
+def _hybrid_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    if prob.op == "matvec":
+        out.extend(hybrid_candidates(prob, node.id, free_input))
+
+
 _family("imra", "linear", _imra_candidates)
 _family("bsgs", "linear", _diagonal_candidates("bsgs"))
 _family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
 _family("fhelipe", "linear", _fhelipe_candidates)
-# CinS kernels (docs/cins.md): candidates with exact cost vectors, not yet offered by
-# default (their layouts leave the coefficient domain only through bootstrap_cins, which
-# needs the bootstrapping model of the pipeline; issue 13 step 4)
+# CinS kernels (docs/cins.md): candidates with exact cost vectors, offered as whole
+# layers (planner/cins_flow.layer_candidate) at bootstrapping presets
 _family("cins-bsgs", "cins", cins=_cins_family("bsgs", False))
 _family("cins-hs", "cins", cins=_cins_family("hs", False))
 _family("cins-dw", "cins", cins=_cins_family("bsgs", True))
+_family("hybrid", "linear", _hybrid_candidates)
 _family("elementwise", "elementwise")
 _family("ct-ct-diagonal", "ct-ct")
 _family("ct-ct-jkls", "ct-ct")
@@ -209,6 +231,8 @@ def problem_candidates(
 def matmul_candidates(
     graph: Graph, node: Node, bases: dict[str, list[Any]], allowed: Sequence[str], free: set[str]
 ) -> list[Candidate]:
+    if len(graph.shape(node.id)) > 2:
+        return batched_matmul_candidates(graph, node, next(iter(bases.values()))[0].slots, allowed, free)
     A, B = node.inputs
     (m, k), (_, n) = graph.shape(A), graph.shape(B)
     S = next(iter(bases.values()))[0].slots
@@ -244,6 +268,29 @@ def matmul_candidates(
     return out
 
 
+def batched_matmul_candidates(
+    graph: Graph, node: Node, S: int, allowed: Sequence[str], free: set[str]
+) -> list[Candidate]:
+    """A matmul over a batch: every candidate of one entry's (m, k) x (k, n) matmul,
+    unrolled over the entries (planner/kernels/model_ops.py)."""
+    sub = matrix_subgraph(graph, node)
+    A, B = node.inputs
+    sub_bases: dict[str, list[Any]] = {}
+    for t in dict.fromkeys((A, B)):
+        if sub.encrypted(t):
+            sub_bases[t] = [input_layout(sub, t, S)]
+    # a client-packed operand is free only when every entry reads a block of its own
+    sub_free = {t for t in free if len(graph.shape(t)) > 2}
+    inner = matmul_candidates(sub, sub.node(node.id), sub_bases, allowed, sub_free)
+    out: list[Candidate] = []
+    for c in inner:
+        try:
+            out.append(batched_matmul_candidate(graph, node, c, S))
+        except (KernelError, LayoutError) as e:  # pragma: no cover - the 2-D layouts stack
+            raise PlanError(str(e), node.id) from e
+    return out
+
+
 def view_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
     x = node.inputs[0]
     if node.op in ("transpose", "reshape"):
@@ -263,6 +310,44 @@ def view_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> li
             out.append(sum_candidate(graph, node, lay))
         except (KernelError, LayoutError) as e:
             raise PlanError(str(e), node.id) from e
+    return out
+
+
+def slice_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
+    """A view of each producer layout (dirty outside the slice), and the slice made
+    directly in its natural layout (clean; the edge moves the sliced elements)."""
+    x = node.inputs[0]
+    out: list[Candidate] = []
+    try:
+        for lay in dict.fromkeys(bases[x]):
+            out.append(slice_candidate(graph, node, lay))
+        S = bases[x][0].slots
+        nat = input_layout(graph, node.id, S)
+        if all(c.out_layout.with_clean(True) != nat.with_clean(True) for c in out):
+            out.append(slice_compact_candidate(graph, node, nat))
+    except (KernelError, LayoutError) as e:
+        raise PlanError(str(e), node.id) from e
+    return out
+
+
+def concat_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
+    """Views over the operands' ciphertexts (the operands' i-th layout options together),
+    and the concatenation packed into its natural layout (masked parts added up)."""
+    enc = [t for t in dict.fromkeys(node.inputs) if graph.encrypted(t)]
+    if not enc:
+        raise PlanError("concat of plaintext tensors: fold it before planning", node.id)
+    S = bases[enc[0]][0].slots
+    out: list[Candidate] = []
+    try:
+        weight_lays = {t: input_layout(graph, t, S) for t in node.inputs if not graph.encrypted(t)}
+        widest = max(len(list(dict.fromkeys(bases[t]))) for t in enc)
+        for i in range(widest):
+            lays = {t: list(dict.fromkeys(bases[t]))[min(i, len(dict.fromkeys(bases[t])) - 1)] for t in enc}
+            out.append(concat_candidate(graph, node, lays, weight_lays))
+        if not any(list(node.inputs).count(t) > 1 for t in enc):
+            out.append(concat_packed_candidate(graph, node, input_layout(graph, node.id, S)))
+    except (KernelError, LayoutError) as e:
+        raise PlanError(str(e), node.id) from e
     return out
 
 
@@ -314,49 +399,170 @@ def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
     return gen
 
 
-def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[ChannelLayout]]) -> list[Candidate]:
-    """add/sub/mul/poly in the layout of one encrypted operand (the other converts)."""
+def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
+    """add/sub/mul/poly in the layout of one encrypted operand of the result's shape (the
+    other converts); an operand that broadcasts (numpy rules) is read in the result's
+    placement with each slot holding the operand element it stretches to: a weight's table
+    repeats it, an encrypted operand converts to that replicated layout on its edge (a
+    priced replicate/permute conversion, free when the client packs it so)."""
     enc = [t for t in node.inputs if graph.encrypted(t)]
     if not enc:
         raise PlanError(f"{node.op} has no encrypted operand: fold plaintext-only nodes before planning", node.id)
     out: list[Candidate] = []
-    seen: set[ChannelLayout] = set()
+    seen: set[Any] = set()
     shape = graph.shape(node.id)
-    for t in dict.fromkeys(enc):
-        for lay in bases[t]:
-            if getattr(lay, "reps", 1) != 1:
-                continue
-            lay_out = replace(lay, shape=shape)
-            if lay_out in seen:
-                continue
-            seen.add(lay_out)
-            out.append(_elementwise(graph, node, lay, enc))
+    full = [t for t in dict.fromkeys(enc) if graph.shape(t) == shape]
+    lays: list[Any] = [lay for t in full for lay in bases[t]]
+    if not lays:  # every encrypted operand broadcasts: the result's natural layout
+        lays = [input_layout(graph, node.id, next(iter(bases.values()))[0].slots)]
+    for lay in lays:
+        if getattr(lay, "reps", 1) != 1:
+            continue
+        lay_out = replace(lay, shape=shape)
+        if lay_out in seen:
+            continue
+        seen.add(lay_out)
+        out.append(_elementwise(graph, node, lay_out, enc))
+    if not out:  # every producer layout carries periodic copies: work in the natural one
+        out.append(_elementwise(graph, node, input_layout(graph, node.id, lays[0].slots), enc))
     return out
 
 
-def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -> Candidate:
+def broadcast_index(src: tuple[int, ...], dst: tuple[int, ...]) -> np.ndarray:
+    """For every flat element of a ``dst``-shaped result, the flat element of the
+    ``src``-shaped operand numpy broadcasting reads."""
+    return np.ascontiguousarray(
+        np.broadcast_to(np.arange(int(np.prod(src)), dtype=np.int64).reshape(src), dst).ravel()
+    )
+
+
+def broadcast_layout(lay: Any, src: tuple[int, ...]) -> Any:
+    """``lay`` (a layout of the result) read as a layout of the broadcast operand: each
+    slot of the result holds the operand element it stretches to (copies where it
+    stretches)."""
+    if tuple(src) == tuple(lay.shape):
+        return lay
+    bidx = broadcast_index(tuple(src), tuple(lay.shape))
+    maps = all_maps(lay)
+    mapped = np.where(maps >= 0, bidx[np.maximum(maps, 0)], -1)
+    return MappedLayout.of(tuple(src), mapped, lay.clean, "bcast")
+
+
+def _operand_table(lay: Any, src: tuple[int, ...], q: int):  # noqa: ANN202
+    def gen() -> tuple[np.ndarray, None]:
+        idx = lay.index_map(q)
+        if tuple(src) == tuple(lay.shape):
+            return idx.copy(), None
+        bidx = broadcast_index(tuple(src), tuple(lay.shape))
+        return np.where(idx >= 0, bidx[np.maximum(idx, 0)], -1).astype(np.int64), None
+
+    return gen
+
+
+def chebyshev_map(domain: tuple[float, float]) -> tuple[float, float]:
+    """(s, c) with s * x + c = (2x - a - b)/(b - a), the variable of a Chebyshev series
+    over [a, b]."""
+    a, b = domain
+    return 2.0 / (b - a), -(a + b) / (b - a)
+
+
+# A Chebyshev series over [a, b] != [-1, 1] is evaluated in the monomial basis of x (one
+# level less: no change of variable) only when that is numerically harmless: at most this
+# degree, a condition number max sum|b_i x^i| / max|p(x)| over [a, b] of at most
+# MONOMIAL_MAX_CONDITION (loses at most 4 bits), and powers |x|^d of at most
+# MONOMIAL_MAX_POWER (CKKS values must stay far below q0 / scale).
+MONOMIAL_MAX_DEGREE = 7
+MONOMIAL_MAX_CONDITION = 16.0
+MONOMIAL_MAX_POWER = 2.0**8
+
+
+def chebyshev_as_monomial(node: Node) -> tuple[float, ...] | None:
+    """The monomial coefficients (in x) of a Chebyshev node over a domain other than
+    [-1, 1] when evaluating them loses nothing that matters (rules above), else None."""
+    if node.basis != "chebyshev" or node.domain is None or tuple(node.domain) == (-1.0, 1.0):
+        return None
+    coeffs = node.coeffs or (0.0,)
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    if not 1 <= deg <= MONOMIAL_MAX_DEGREE:
+        return None
+    a, b = node.domain
+    if max(abs(a), abs(b)) ** deg > MONOMIAL_MAX_POWER:
+        return None
+    mono = np.polynomial.Chebyshev(np.asarray(coeffs[: deg + 1]), domain=[a, b]).convert(
+        kind=np.polynomial.Polynomial).coef
+    if mono.size and (not np.all(np.isfinite(mono)) or float(np.max(np.abs(mono))) > 2.0**20):
+        return None
+    x = np.linspace(a, b, 1025)
+    powers = np.abs(x)[:, None] ** np.arange(mono.size)[None, :]
+    worst = float(np.max(powers @ np.abs(mono)))
+    peak = float(np.max(np.abs(np.polynomial.polynomial.polyval(x, mono))))
+    if worst > MONOMIAL_MAX_CONDITION * max(peak, 1e-300):
+        return None
+    return tuple(float(v) for v in mono)
+
+
+def poly_const_term(node: Node) -> float:
+    """What a poly node leaves in a slot that held 0 (exactly as the lowered program
+    computes it): p(0) in the monomial basis, the unit-domain series at the mapped 0 for
+    Chebyshev."""
+    coeffs = node.coeffs or (0.0,)
+    if node.basis != "chebyshev":
+        return float(coeffs[0])
+    mono = chebyshev_as_monomial(node)
+    if mono is not None:
+        return mono[0]
+    assert node.domain is not None
+    s, c = chebyshev_map(node.domain)
+    t = 0.0 * s + c if tuple(node.domain) != (-1.0, 1.0) else 0.0
+    return float(np.polynomial.chebyshev.chebval(t, np.asarray(coeffs, dtype=np.float64)))
+
+
+def lower_poly(b: ProgramBuilder, node: Node, r: str) -> str:
+    """A poly node on one ciphertext: a monomial poly, or a Chebyshev series as the change
+    of variable (a pmul by s and a padd of c, over all slots; none for [-1, 1]) followed by
+    a Chebyshev poly over [-1, 1] (the instruction whose depth is ceil(log2(d + 1)))."""
+    coeffs = tuple(node.coeffs or (0.0,))
+    if node.basis != "chebyshev":
+        return lower_monomial(b, r, coeffs, b.slots)
+    mono = chebyshev_as_monomial(node)
+    if mono is not None:
+        return lower_monomial(b, r, tuple(mono), b.slots)
+    assert node.domain is not None
+    if tuple(node.domain) != (-1.0, 1.0) and poly_depth(coeffs) > 0:
+        s, c = chebyshev_map(node.domain)
+        S = b.slots
+        ps = b.const_plaintext(("cheb-scale", s, S), f"pt/const/scale{s!r}", lambda: np.full(S, s))
+        pc = b.const_plaintext(("cheb-shift", c, S), f"pt/const/shift{c!r}", lambda: np.full(S, c))
+        r = b.padd(b.rescale(b.pmul(r, ps)), pc)
+    return b.poly(r, coeffs, poly_depth(coeffs), basis="chebyshev", domain=(-1.0, 1.0))
+
+
+def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidate:
     op = node.op
     a = node.inputs[0]
     b_ = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = graph.shape(node.id)
     # the slot-hygiene rule lives in planner.layout.clean_result; operands share lay's
-    # placement and a plaintext operand is clean (its table is 0 outside the tensor)
-    const_term = (node.coeffs or (0.0,))[0] if op == "poly" else 0.0
+    # placement (a broadcast operand reads it through its copies) and a plaintext operand
+    # is clean (its table is 0 outside the tensor)
+    const_term = poly_const_term(node) if op == "poly" else 0.0
     n_pt = len(node.inputs) - len(enc)
     if clean_result(op, [False] * len(enc) + [True] * n_pt, const_term):
         clean = True  # clean whatever the operands hold (a product with a weight)
-        in_layouts = {t: lay.with_clean(False) for t in enc}
+        in_clean = False
     else:
         clean = clean_result(op, [lay.clean] * len(enc) + [True] * n_pt, const_term)
         # a clean claim needs clean operands; otherwise the operands may be dirty
-        in_layouts = {t: lay.with_clean(clean) for t in enc}
-    out_layout = replace(lay, shape=graph.shape(node.id), clean=clean)
+        in_clean = clean
+    in_layouts = {t: broadcast_layout(lay.with_clean(in_clean), graph.shape(t)) for t in enc}
+    out_layout = replace(lay, shape=shape, clean=clean)
+    bcast = sorted(t for t in dict.fromkeys(node.inputs) if graph.shape(t) != shape)
 
     def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
         outs = []
         for q in range(lay.n_ct):
             if op == "poly":
-                coeffs = node.coeffs or (0.0,)
-                outs.append(b.poly(regs[a][q], coeffs, poly_depth(coeffs)))
+                outs.append(lower_poly(b, node, regs[a][q]))
                 continue
             assert b_ is not None
             ea, eb = graph.encrypted(a), graph.encrypted(b_)
@@ -370,7 +576,7 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
                     outs.append(b.rescale(b.cmul(ra, rb)))
                 continue
             ct, w = (a, b_) if ea else (b_, a)
-            pt = b.plaintext(w, f"pt/{node.id}/{q}", _pt_table_gen(lay, q))
+            pt = b.plaintext(w, f"pt/{node.id}/{q}", _operand_table(lay, graph.shape(w), q))
             r = regs[ct][q]
             if op == "add":
                 outs.append(b.padd(r, pt))
@@ -383,10 +589,33 @@ def _elementwise(graph: Graph, node: Node, lay: ChannelLayout, enc: list[str]) -
                 outs.append(b.padd(b.rescale(b.pmul(r, neg)), pt))
         return outs
 
+    params: dict[str, Any] = {"op": op}
+    if bcast:
+        params["broadcast"] = bcast
+    if op == "poly" and node.basis == "chebyshev":
+        params["basis"] = "chebyshev"
+        if chebyshev_as_monomial(node) is not None:
+            params["evaluated"] = "monomial"
     return Candidate(
-        node=node.id, kernel="elementwise", params={"op": op}, in_layouts=in_layouts,
+        node=node.id, kernel="elementwise", params=params, in_layouts=in_layouts,
         out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
     )
+
+
+def lower_monomial(b: ProgramBuilder, r: str, coeffs: tuple[float, ...], slots: int) -> str:
+    """An element-wise polynomial at its fewest levels: ``x^2 + c0`` (Orion's and CryptoNets'
+    square activation) is ``cmul(x, x)`` (one level, where a ``poly`` of degree 2 takes
+    ceil(log2 3) = 2), plus a constant ``padd`` when c0 != 0; every other polynomial is one
+    ``poly`` instruction (ceil(log2(d + 1)) levels)."""
+    deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
+    if deg == 2 and coeffs[1] == 0.0 and coeffs[2] == 1.0:
+        sq = b.rescale(b.cmul(r, r))
+        c0 = float(coeffs[0])
+        if c0 == 0.0:
+            return sq
+        pt = b.const_plaintext(("const", slots, c0), f"pt/const/{c0!r}", lambda: np.full(slots, c0))
+        return b.padd(sq, pt)
+    return b.poly(r, coeffs, poly_depth(coeffs))
 
 
 def input_layout(graph: Graph, tensor: str, slots: int) -> Any:

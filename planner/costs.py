@@ -46,6 +46,17 @@ class Weights(BaseModel):
     def bootstrap_weight(self) -> float:
         return self.bootstrap if self.bootstrap is not None else BOOTSTRAP_ROTATIONS * self.rotation
 
+    # the Lattigo executor's fused blocks (planner/fusion.py); tables without them price
+    # every instruction as written
+    block: float | None = Field(default=None, ge=0)
+    block_baby: float | None = Field(default=None, ge=0)
+    block_giant: float | None = Field(default=None, ge=0)
+    block_product: float | None = Field(default=None, ge=0)
+
+    @property
+    def fused(self) -> bool:
+        return None not in (self.block, self.block_baby, self.block_giant, self.block_product)
+
 
 class CostTable(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,21 +68,36 @@ class CostTable(BaseModel):
     params: dict[str, object] | None = None
     measurements: dict[str, object] | None = None
 
+    @property
+    def is_time(self) -> bool:
+        """A calibrated table (a time unit), what ``--objective time`` uses."""
+        return self.unit in ("millisecond", "second", "microsecond")
+
     def score(self, c: CostVector) -> float:
         w = self.weights
+        f = c.fused
+        if not w.fused:
+            f = type(f)()
         # a hoisted group pays one full rotation, its other offsets the hoisted price
-        extra_hoisted = c.hoisted_rotations - c.hoisted_groups
-        return (
-            w.rotation * (c.rotations - extra_hoisted)
+        extra_hoisted = (c.hoisted_rotations - f.hoisted_rotations) - (c.hoisted_groups - f.hoisted_groups)
+        rotations = c.rotations - f.rot - f.hoisted_rotations
+        base = (
+            w.rotation * (rotations - extra_hoisted)
             + w.hoisted_rotation * extra_hoisted
-            + w.pmul * c.pmul
+            + w.pmul * (c.pmul - f.pmul)
             + w.cmul * c.cmul
-            + w.add * c.add
-            + w.rescale * c.rescale
+            + w.add * (c.add - f.add)
+            + w.rescale * (c.rescale - f.rescale + f.block_rescales)
             + w.poly * c.poly
             + w.depth * c.depth
             + (w.bootstrap_weight() * c.bootstraps if c.bootstraps else 0.0)
         )
+        if f.blocks:
+            assert w.block is not None and w.block_baby is not None
+            assert w.block_giant is not None and w.block_product is not None
+            base += (w.block * f.blocks + w.block_baby * f.babies + w.block_giant * f.giants
+                     + w.block_product * f.products)
+        return base
 
     def iscore(self, c: CostVector) -> int:
         return int(round(self.score(c) * OBJECTIVE_SCALE))

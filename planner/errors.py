@@ -117,3 +117,31 @@ class ValuesError(SlotplanError, ValueError):
 
 class PlanFileError(SlotplanError):
     """An invalid plan or tables file (the message names the field and the rule)."""
+
+
+class ModelError(SlotplanError):
+    """An ONNX model that cannot be imported (``slotplan import``): unreadable or malformed,
+    an unsupported op or attribute, a shape that cannot be resolved, bad calibration data.
+
+    Attributes:
+        node: the ONNX node at fault (its name, or its op and first output when unnamed).
+        op: its op type.
+        rule: what is wrong, in words.
+        hint: what to do instead, or ``None``.
+    """
+
+    def __init__(self, rule: str, *, node: str | None = None, op: str | None = None, hint: str | None = None):
+        self.node = node
+        self.op = op
+        self.rule = rule
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = ""
+        if self.node is not None:
+            where = f"onnx node {self.node!r}" + (f" ({self.op})" if self.op else "") + ": "
+        return where + self.rule + (f"; hint: {self.hint}" if self.hint else "")
+
+    def __reduce__(self) -> tuple[type[ModelError], tuple[str], dict[str, str | None]]:
+        return (type(self), (self.rule,), {"node": self.node, "op": self.op, "hint": self.hint})

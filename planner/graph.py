@@ -16,7 +16,15 @@ Decisions where SPEC is silent (tested in ``tests/test_graph.py``):
 
 * ``sum`` over the only axis of a rank-1 tensor gives shape ``(1,)`` (rank-0 tensors do not
   exist in slotplan: every tensor has rank 1..MAX_RANK).
-* ``sum`` needs ``axis`` (negative allowed, normalised to ``0..rank-1``); ``transpose``
+* ``sum`` needs ``axis`` (negative allowed, normalised to ``0..rank-1``); ``keepdims`` false
+  is the default and is omitted from the canonical form (as ``basis: "monomial"`` of
+  ``poly``), so graphs written before these fields keep their hash.
+* ``slice`` bounds follow Python's: negative ``start``/``stop`` count from the end, bounds
+  past the axis are clamped, and the canonical form holds ``0 <= start < stop <= dim``; an
+  empty slice is refused.  ``concat`` takes 1..MAX_CONCAT_INPUTS operands.
+* ``add``/``sub``/``mul`` broadcast as numpy (both operands may stretch); ``matmul`` takes
+  operands of rank 2..4 whose batch dimensions broadcast as ``np.matmul``'s.
+* ``transpose``
   defaults ``perm`` to the reversed axes; ``reshape`` allows one ``-1`` which is resolved,
   so the validated/canonical form never contains ``-1``.
 * ``outputs`` must name node results (not declared inputs/weights), be non-empty and
@@ -38,13 +46,23 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 from pydantic_core import ErrorDetails
 
 from planner.errors import GraphError
 
 __all__ = [
     "ARITY",
+    "MAX_CONCAT_INPUTS",
     "MAX_ELEMENTS",
     "MAX_GRAPH_FILE_BYTES",
     "MAX_NODES",
@@ -61,7 +79,9 @@ __all__ = [
     "Role",
     "TensorInfo",
     "TensorLiteral",
+    "broadcast_shapes",
     "load_graph",
+    "matmul_batch",
     "parse_graph",
 ]
 
@@ -89,7 +109,9 @@ MAX_POLY_COEFF_ABS = 2.0**20
 # Names of graphs, tensors and nodes.
 MAX_NAME_LENGTH = 256
 
-OpName = Literal["matvec", "matmul", "conv2d", "add", "sub", "mul", "poly", "sum", "transpose", "reshape"]
+OpName = Literal[
+    "matvec", "matmul", "conv2d", "add", "sub", "mul", "poly", "sum", "transpose", "reshape", "slice", "concat"
+]
 Role = Literal["input", "weight", "node"]
 
 OPS: tuple[OpName, ...] = (
@@ -103,6 +125,8 @@ OPS: tuple[OpName, ...] = (
     "sum",
     "transpose",
     "reshape",
+    "slice",
+    "concat",
 )
 
 ARITY: Mapping[str, int] = MappingProxyType(
@@ -117,6 +141,8 @@ ARITY: Mapping[str, int] = MappingProxyType(
         "sum": 1,
         "transpose": 1,
         "reshape": 1,
+        "slice": 1,
+        "concat": -1,  # variadic: one or more operands
     }
 )
 
@@ -133,19 +159,27 @@ _OPERANDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "sum": ("x",),
         "transpose": ("x",),
         "reshape": ("x",),
+        "slice": ("x",),
+        "concat": ("x1", "x2", "..."),
     }
 )
 
-ATTRIBUTES: tuple[str, ...] = ("stride", "padding", "groups", "coeffs", "axis", "perm", "shape")
+ATTRIBUTES: tuple[str, ...] = (
+    "stride", "padding", "groups", "coeffs", "basis", "domain", "axis", "keepdims", "start", "stop", "perm", "shape"
+)
+# Largest number of operands of a concat (a model concatenates heads or branches, not more).
+MAX_CONCAT_INPUTS = 1024
 
 # Attributes each op accepts, and those it requires.
 _ALLOWED_ATTRS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "conv2d": frozenset({"stride", "padding", "groups"}),
-        "poly": frozenset({"coeffs"}),
-        "sum": frozenset({"axis"}),
+        "poly": frozenset({"coeffs", "basis", "domain"}),
+        "sum": frozenset({"axis", "keepdims"}),
         "transpose": frozenset({"perm"}),
         "reshape": frozenset({"shape"}),
+        "slice": frozenset({"axis", "start", "stop"}),
+        "concat": frozenset({"axis"}),
     }
 )
 _REQUIRED_ATTRS: Mapping[str, frozenset[str]] = MappingProxyType(
@@ -153,6 +187,8 @@ _REQUIRED_ATTRS: Mapping[str, frozenset[str]] = MappingProxyType(
         "poly": frozenset({"coeffs"}),
         "sum": frozenset({"axis"}),
         "reshape": frozenset({"shape"}),
+        "slice": frozenset({"axis", "start", "stop"}),
+        "concat": frozenset({"axis"}),
     }
 )
 
@@ -184,7 +220,12 @@ class NodeLiteral(BaseModel):
     padding: list[StrictInt] | None = None
     groups: StrictInt | None = None
     coeffs: list[StrictFloat] | None = None
+    basis: Literal["monomial", "chebyshev"] | None = None
+    domain: list[StrictFloat] | None = None
     axis: StrictInt | None = None
+    keepdims: StrictBool | None = None
+    start: StrictInt | None = None
+    stop: StrictInt | None = None
     perm: list[StrictInt] | None = None
     shape: list[StrictInt] | None = None
     range: list[StrictFloat] | None = None
@@ -247,14 +288,21 @@ class Node:
     padding: tuple[int, int] | None = None
     groups: int | None = None
     coeffs: tuple[float, ...] | None = None
+    # poly: "chebyshev" with its domain (a, b); None is the monomial basis (the canonical
+    # form omits the default, so graphs written before these fields keep their hash)
+    basis: Literal["chebyshev"] | None = None
+    domain: tuple[float, float] | None = None
     axis: int | None = None
+    keepdims: bool | None = None  # sum: True only (False is the default, omitted)
+    start: int | None = None  # slice: 0 <= start < stop <= dim (normalised)
+    stop: int | None = None
     perm: tuple[int, ...] | None = None
     shape: tuple[int, ...] | None = None
 
     @property
-    def attrs(self) -> dict[str, int | list[int] | list[float]]:
+    def attrs(self) -> dict[str, int | bool | str | list[int] | list[float]]:
         """The op's attributes (JSON form, defaults filled)."""
-        out: dict[str, int | list[int] | list[float]] = {}
+        out: dict[str, int | bool | str | list[int] | list[float]] = {}
         if self.stride is not None:
             out["stride"] = list(self.stride)
         if self.padding is not None:
@@ -263,8 +311,18 @@ class Node:
             out["groups"] = self.groups
         if self.coeffs is not None:
             out["coeffs"] = [float(c) for c in self.coeffs]
+        if self.basis is not None:
+            out["basis"] = self.basis
+        if self.domain is not None:
+            out["domain"] = [float(v) for v in self.domain]
         if self.axis is not None:
             out["axis"] = self.axis
+        if self.keepdims:
+            out["keepdims"] = True
+        if self.start is not None:
+            out["start"] = self.start
+        if self.stop is not None:
+            out["stop"] = self.stop
         if self.perm is not None:
             out["perm"] = list(self.perm)
         if self.shape is not None:
@@ -683,7 +741,14 @@ class _Builder:
                 if getattr(n, attr) is None:
                     raise GraphError(f"op {n.op} requires attribute {attr!r}", node=n.id, field=attr)
             arity = ARITY[n.op]
-            if len(n.inputs) != arity:
+            if arity < 0:
+                if not 1 <= len(n.inputs) <= MAX_CONCAT_INPUTS:
+                    raise GraphError(
+                        f"{n.op} expects 1..{MAX_CONCAT_INPUTS} inputs, got {len(n.inputs)} (operands: x1, x2, ...)",
+                        node=n.id,
+                        field="inputs",
+                    )
+            elif len(n.inputs) != arity:
                 operands = ", ".join(_OPERANDS[n.op])
                 raise GraphError(
                     f"{n.op} expects {arity} input{'s' if arity > 1 else ''}, got {len(n.inputs)} "
@@ -819,18 +884,50 @@ def _infer_matvec(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[in
     return Node(n.id, "matvec", tuple(n.inputs)), (w.shape[0],)
 
 
+def broadcast_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """numpy broadcasting of two shapes (trailing dimensions aligned, a dimension of 1
+    stretches), or None when they do not broadcast."""
+    out: list[int] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return tuple(reversed(out))
+
+
+def matmul_batch(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The broadcast batch shape of ``np.matmul`` on operands of rank >= 2 (``()`` for two
+    matrices), or None when the batch dimensions do not broadcast."""
+    return broadcast_shapes(a_shape[:-2], b_shape[:-2])
+
+
 def _infer_matmul(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
     a, b = ops
-    _need_rank("matmul", n, a, "A", 2, "(m,k)", 0)
-    _need_rank("matmul", n, b, "B", 2, "(k,n)", 1)
-    if a.shape[1] != b.shape[0]:
+    for j, (t, role, pattern) in enumerate(((a, "A", "(..., m, k)"), (b, "B", "(..., k, n)"))):
+        if not 2 <= t.rank <= 4:
+            raise GraphError(
+                f"matmul expects {role} of rank 2..4 {pattern}, got {t.name!r} with shape {_fmt_shape(t.shape)}",
+                node=n.id,
+                field=f"inputs[{j}]",
+            )
+    if a.shape[-1] != b.shape[-2]:
         raise GraphError(
-            f"shape mismatch: matmul needs A (m,k) and B (k,n), got A {a.name!r} {_fmt_shape(a.shape)} "
-            f"and B {b.name!r} {_fmt_shape(b.shape)}",
+            f"shape mismatch: matmul needs A (..., m, k) and B (..., k, n), got A {a.name!r} "
+            f"{_fmt_shape(a.shape)} and B {b.name!r} {_fmt_shape(b.shape)}",
             node=n.id,
             field="inputs",
         )
-    return Node(n.id, "matmul", tuple(n.inputs)), (a.shape[0], b.shape[1])
+    batch = matmul_batch(a.shape, b.shape)
+    if batch is None:
+        raise GraphError(
+            f"shape mismatch: the batch dimensions of A {a.name!r} {_fmt_shape(a.shape)} and B {b.name!r} "
+            f"{_fmt_shape(b.shape)} do not broadcast (equal, or 1, as np.matmul)",
+            node=n.id,
+            field="inputs",
+        )
+    return Node(n.id, "matmul", tuple(n.inputs)), (*batch, a.shape[-2], b.shape[-1])
 
 
 def _pair(n: NodeLiteral, attr: str, value: list[int] | None, default: int, minimum: int) -> tuple[int, int]:
@@ -901,14 +998,15 @@ def _infer_conv2d(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[in
 
 def _infer_elementwise(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
     a, b = ops
-    if a.shape != b.shape:
+    shape = broadcast_shapes(a.shape, b.shape)
+    if shape is None:
         raise GraphError(
-            f"shape mismatch: {n.op} needs equal shapes (no broadcasting), got {a.name!r} "
+            f"shape mismatch: {n.op} broadcasts as numpy (trailing dimensions equal or 1), got {a.name!r} "
             f"{_fmt_shape(a.shape)} and {b.name!r} {_fmt_shape(b.shape)}",
             node=n.id,
             field="inputs",
         )
-    return Node(n.id, cast(OpName, n.op), tuple(n.inputs)), a.shape
+    return Node(n.id, cast(OpName, n.op), tuple(n.inputs)), shape
 
 
 def _infer_poly(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
@@ -927,13 +1025,28 @@ def _infer_poly(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int,
         if abs(c) > MAX_POLY_COEFF_ABS:
             raise GraphError(f"coefficients must satisfy |c| <= 2**20 = {MAX_POLY_COEFF_ABS:g}, got {c:g}",
                              node=n.id, field=f"coeffs[{i}]")
-    node = Node(n.id, "poly", tuple(n.inputs), coeffs=tuple(float(c) for c in coeffs))
+    basis = n.basis or "monomial"
+    domain: tuple[float, float] | None = None
+    if basis == "chebyshev":
+        if n.domain is None:
+            raise GraphError("basis 'chebyshev' requires domain [a, b]", node=n.id, field="domain")
+        if len(n.domain) != 2:
+            raise GraphError(f"domain must be [a, b], got {n.domain}", node=n.id, field="domain")
+        lo, hi = float(n.domain[0]), float(n.domain[1])
+        if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
+            raise GraphError(f"domain [a, b] needs finite a < b, got [{lo:g}, {hi:g}]", node=n.id, field="domain")
+        if max(abs(lo), abs(hi)) > MAX_POLY_COEFF_ABS:
+            raise GraphError(f"domain bounds must satisfy |v| <= 2**20, got [{lo:g}, {hi:g}]",
+                             node=n.id, field="domain")
+        domain = (lo, hi)
+    elif n.domain is not None:
+        raise GraphError("domain is only meaningful with basis 'chebyshev'", node=n.id, field="domain")
+    node = Node(n.id, "poly", tuple(n.inputs), coeffs=tuple(float(c) for c in coeffs),
+                basis="chebyshev" if basis == "chebyshev" else None, domain=domain)
     return node, ops[0].shape
 
 
-def _infer_sum(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
-    (x,) = ops
-    axis = cast(int, n.axis)
+def _norm_axis(n: NodeLiteral, x: TensorInfo, axis: int) -> int:
     r = x.rank
     if not -r <= axis < r:
         raise GraphError(
@@ -942,9 +1055,52 @@ def _infer_sum(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, 
             node=n.id,
             field="axis",
         )
-    axis %= r
-    shape = x.shape[:axis] + x.shape[axis + 1 :]
-    return Node(n.id, "sum", tuple(n.inputs), axis=axis), shape or (1,)
+    return axis % r
+
+
+def _infer_sum(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
+    (x,) = ops
+    axis = _norm_axis(n, x, cast(int, n.axis))
+    keep = bool(n.keepdims)
+    shape = x.shape[:axis] + ((1,) if keep else ()) + x.shape[axis + 1 :]
+    return Node(n.id, "sum", tuple(n.inputs), axis=axis, keepdims=True if keep else None), shape or (1,)
+
+
+def _infer_slice(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
+    (x,) = ops
+    axis = _norm_axis(n, x, cast(int, n.axis))
+    dim = x.shape[axis]
+    # Python's slice bounds: negative counts from the end, out-of-range clamps
+    start, stop, _ = slice(cast(int, n.start), cast(int, n.stop)).indices(dim)
+    if stop <= start:
+        raise GraphError(
+            f"empty slice: [{n.start}:{n.stop}] of axis {axis} (length {dim}) of {x.name!r} "
+            f"{_fmt_shape(x.shape)} selects nothing",
+            node=n.id,
+            field="stop",
+        )
+    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1 :]
+    return Node(n.id, "slice", tuple(n.inputs), axis=axis, start=start, stop=stop), shape
+
+
+def _infer_concat(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
+    first = ops[0]
+    axis = _norm_axis(n, first, cast(int, n.axis))
+    total = 0
+    for j, t in enumerate(ops):
+        same = t.rank == first.rank and all(
+            d == e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=False)) if i != axis
+        )
+        if not same:
+            raise GraphError(
+                f"shape mismatch: concat along axis {axis} needs equal ranks and equal dims off the axis, got "
+                f"{first.name!r} {_fmt_shape(first.shape)} and {t.name!r} {_fmt_shape(t.shape)}",
+                node=n.id,
+                field=f"inputs[{j}]",
+            )
+        total += t.shape[axis]
+    shape = first.shape[:axis] + (total,) + first.shape[axis + 1 :]
+    return Node(n.id, "concat", tuple(n.inputs), axis=axis), shape
 
 
 def _infer_transpose(n: NodeLiteral, ops: list[TensorInfo]) -> tuple[Node, tuple[int, ...]]:
@@ -1011,6 +1167,8 @@ _INFER: Mapping[str, Callable[[NodeLiteral, list[TensorInfo]], tuple[Node, tuple
             "sum": _infer_sum,
             "transpose": _infer_transpose,
             "reshape": _infer_reshape,
+            "slice": _infer_slice,
+            "concat": _infer_concat,
         }
     )
 )

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from planner.errors import PlanFileError, SlotplanError
+from planner.errors import PlanFileError, SlotplanError, ValuesError
+from planner.graph import Graph
 from planner.ir.plan import MAX_PROGRAM_LENGTH, validate_plan
 from planner.program import LazyTables
 
@@ -279,3 +280,105 @@ def load_model_file(path: str | Path, model: type[M], what: str) -> tuple[M, Pat
         raise SlotplanError(f"{what} {p} not found") from e
     except (ValueError, json.JSONDecodeError) as e:
         raise SlotplanError(f"{what} {p}: {' '.join(str(e).split())}") from e
+
+
+# --------------------------------------------------------------------------------------
+# The user's tensors (run --inputs X.npz --weights W.npz --out Y.npz)
+# --------------------------------------------------------------------------------------
+
+
+def read_arrays(path: str | Path, what: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file (no pickles; each header checked before its data)."""
+    p = Path(path)
+    out: dict[str, np.ndarray] = {}
+    try:
+        if p.is_dir():
+            raise ValuesError(f"{what} file {p} is a directory")
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ValuesError(f"{what} file {p}: member {info.filename!r} is not a .npy array")
+                key = info.filename[:-4]
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+                    if dtype.kind not in "biuf":
+                        raise ValuesError(f"{what} file {p}: values must be real numbers, got dtype {dtype}",
+                                          tensor=key)
+                    if n * dtype.itemsize > max(info.file_size, 1) or n > 2**28:
+                        raise ValuesError(f"{what} file {p}: its header claims {n} elements, more than the file "
+                                          "holds or the limit 2**28", tensor=key)
+                    fh.seek(0)
+                    out[key] = np.lib.format.read_array(fh, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValuesError(f"{what} file {p} not found") from None
+    except ValuesError:
+        raise
+    except (ValueError, zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ValuesError(f"{what} file {p}: not a valid npz file ({' '.join(str(e).split())[:200]})") from None
+    return out
+
+
+def user_values(graph: Graph, inputs: str | Path | None, weights: str | Path | None) -> dict[str, np.ndarray]:
+    """The graph's encrypted inputs from ``inputs`` and its weights from ``weights``, each
+    array named as its tensor and of any shape with the tensor's number of elements (a
+    leading batch dimension of 1, a flattened image), reshaped to the declared shape.  A
+    missing, extra, mis-sized or non-finite array is refused naming the tensor."""
+    out: dict[str, np.ndarray] = {}
+    for role, path, names, flag in (
+        ("input", inputs, graph.inputs, "--inputs"), ("weight", weights, graph.weights, "--weights"),
+    ):
+        if path is None:
+            if names:
+                raise ValuesError(
+                    f"the graph has {role}s ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): "
+                    f"give them with {flag} FILE.npz", tensor=names[0])
+            continue
+        arrays = read_arrays(path, flag[2:])
+        for key in arrays:
+            if key not in names:
+                if key in graph.tensors:
+                    kind = graph.tensor(key).role
+                    where = "it is computed by a node" if kind == "node" else (
+                        f"it is a{'n' if kind == 'input' else ''} {kind}: put it in "
+                        f"{'--inputs' if kind == 'input' else '--weights'}")
+                    raise ValuesError(f"array in {path} is not a graph {role} ({where})", tensor=key)
+                raise ValuesError(f"array in {path} names no tensor of the graph (its {role}s: "
+                                  f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''})", tensor=key)
+        for name in names:
+            if name not in arrays:
+                raise ValuesError(f"no array named {name!r} in {path} (one per graph {role})", tensor=name)
+            arr = np.asarray(arrays[name])
+            shape = graph.shape(name)
+            if arr.size != int(np.prod(shape)):
+                raise ValuesError(
+                    f"array in {path} has shape {tuple(arr.shape)} ({arr.size} elements); the graph declares "
+                    f"{tuple(shape)} ({int(np.prod(shape))} elements)", tensor=name)
+            val = arr.astype(np.float64).reshape(shape)
+            if not np.all(np.isfinite(val)):
+                raise ValuesError(f"array in {path} holds NaN or infinite values", tensor=name)
+            out[name] = val
+    return out
+
+
+def write_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """An ``.npz`` of float64 arrays, written atomically."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ValuesError(f"cannot write {p}: it is a directory")
+    if not parent.is_dir():
+        raise ValuesError(f"cannot write {p}: directory {parent} does not exist")
+
+    def write(fh: Any) -> None:  # np.savez's keywords would clash with names like "file"
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
+            for k, v in arrays.items():
+                with zf.open(f"{k}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.ascontiguousarray(v, dtype=np.float64),
+                                              allow_pickle=False)
+
+    _atomic_write(p, write)

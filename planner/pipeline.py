@@ -24,15 +24,17 @@ from planner.candidates import (
     KERNELS,
     LINEAR_KERNELS,
     PlanError,
+    concat_candidates,
     elementwise_candidates,
     input_layout,
     linear_candidates,
     matmul_candidates,
+    slice_candidates,
     view_candidates,
     with_clean_output,
 )
 from planner.convert import plan_conversion
-from planner.costs import OBJECTIVE_SCALE, CostTable, load_costs
+from planner.costs import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
 from planner.graph import Graph, Node
 from planner.ir import PLAN_SCHEMA
@@ -73,6 +75,11 @@ class PlanOptionsLiteral(BaseModel):
     input_layout: Literal["free", "row-major"] = "free"
     input_layouts: dict[str, str] | None = None
     costs: str = "default"
+    # what the solver minimises: "time" (modelled seconds of the calibrated table
+    # data/costs/<preset>-lattigo.json) or "rotations" (the default table, rotations first);
+    # unset: time where the preset has a calibrated table, else rotations. An explicit
+    # non-default --costs table wins.
+    objective: Literal["time", "rotations"] | None = None
     # graph outputs hold zeros outside their tensor (a mask where the kernel leaves
     # partial sums): what the client decrypts is the output and nothing of the weights
     clean_outputs: bool = True
@@ -98,6 +105,7 @@ class PlanOptions:
     allow_insecure: bool = False
     cins: bool = True
     cins_decompose: bool = True
+    objective: str | None = None
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -114,7 +122,7 @@ class PlanOptions:
             kernels=kernels, input_layout=lit.input_layout,
             input_layouts=tuple(sorted((lit.input_layouts or {}).items())), costs=lit.costs,
             clean_outputs=lit.clean_outputs,
-            allow_insecure=lit.allow_insecure,
+            allow_insecure=lit.allow_insecure, objective=lit.objective,
             cins=lit.cins,
             cins_decompose=lit.cins_decompose,
         )
@@ -136,6 +144,8 @@ class PlanOptions:
             out["cins"] = False
         if not self.cins_decompose:
             out["cins_decompose"] = False
+        if self.objective is not None:
+            out["objective"] = self.objective
         return out
 
     def cins_kernels(self, params: Params) -> tuple[str, ...]:
@@ -152,6 +162,25 @@ class PlanOptions:
         if self.cins and params.boot is not None and self.kernels == KERNELS:
             return DEFAULT_CINS_KERNELS
         return ()
+
+
+def resolve_objective(options: PlanOptions, params: Params) -> PlanOptions:
+    """The options with the objective made explicit: ``costs`` the table the solver uses,
+    ``objective`` "time" (a calibrated table, modelled milliseconds) or "rotations"."""
+    if options.costs != "default":
+        return replace(options, objective="time" if load_costs(options.costs).is_time else "rotations")
+    if options.objective == "rotations":
+        return options
+    name = f"{params.name}-lattigo"
+    if name in COST_TABLES and load_costs(name).is_time:
+        return replace(options, costs=name, objective="time")
+    if options.objective == "time":
+        raise PlanError(
+            f"--objective time needs a calibrated cost table for params {params.name!r} "
+            f"(data/costs/{name}.json): run `slotplan calibrate --params {params.name}`, "
+            "or plan with --objective rotations"
+        )
+    return replace(options, objective="rotations")
 
 
 @dataclass
@@ -206,6 +235,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     """Candidates of every node, layout options of every encrypted input, conversion
     costs between them: the choice model the solver picks from."""
     S = params.slots
+    options = resolve_objective(options, params)
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)
@@ -390,6 +420,10 @@ def _node_candidates(
             raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
         free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
         return matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+    if node.op in ("slice", "concat"):
+        if not enc:
+            raise PlanError(f"{node.op} of plaintext tensors: fold it before planning", node.id)
+        return slice_candidates(graph, node, bases) if node.op == "slice" else concat_candidates(graph, node, bases)
     if node.op in ("transpose", "reshape", "sum"):
         if not enc:
             raise PlanError(f"{node.op} of a plaintext tensor: fold it before planning", node.id)

@@ -102,6 +102,11 @@ class ProgramBuilder:
     _n: int = 0
     _np: int = 0
     _const_cache: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    # weight name -> flat offset: a kernel lowered for one block of a larger weight (an
+    # entry of a batched matmul) reads that block; its plaintexts' tables are offset and
+    # named per block, and a block read again (a weight without batch) reuses them
+    weight_blocks: dict[str, int] = field(default_factory=dict)
+    _block_cache: dict[tuple[str, str, int], str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- registers
     def _reg(self, d: int) -> str:
@@ -121,6 +126,17 @@ class ProgramBuilder:
         return name
 
     def plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
+        offset = self.weight_blocks.get(source)
+        if offset is not None:
+            key = (source, table, offset)
+            if key in self._block_cache:
+                return self._block_cache[key]
+            name = self._plaintext(source, f"{table}@{offset}", _offset_table(gen, offset), l)
+            self._block_cache[key] = name
+            return name
+        return self._plaintext(source, table, gen, l)
+
+    def _plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)
         name = f"p{self._np}"
         self._np += 1
@@ -222,9 +238,12 @@ class ProgramBuilder:
         self._emit(ir.PSub(dst, src, pt))
         return dst
 
-    def poly(self, src: str, coeffs: Iterable[float], depth_cost: int) -> str:
+    def poly(
+        self, src: str, coeffs: Iterable[float], depth_cost: int, basis: str | None = None,
+        domain: tuple[float, float] | None = None,
+    ) -> str:
         dst = self._reg(self.depth[src] + depth_cost)
-        self._emit(ir.Poly(dst, src, tuple(float(c) for c in coeffs)))
+        self._emit(ir.Poly(dst, src, tuple(float(c) for c in coeffs), basis, domain))
         return dst
 
     def rescale(self, src: str) -> str:
@@ -261,6 +280,14 @@ class ProgramBuilder:
                 nxt.append(level[-1])
             level = nxt
         return level[0]
+
+
+def _offset_table(gen: TableGen, offset: int) -> TableGen:
+    def shifted() -> tuple[np.ndarray, np.ndarray | None]:
+        idx, coef = gen()
+        return np.where(idx >= 0, idx + offset, -1).astype(np.int64), coef
+
+    return shifted
 
 
 def poly_depth(coeffs: Iterable[float]) -> int:

@@ -25,8 +25,11 @@ Rules (each sound for every value in the operands' intervals): ``matvec``/``matm
 ``k * max|W| * max|x|`` for an inner dimension ``k``; ``conv2d``: ``(C/groups) * K1 * K2 *
 max|w| * max|x|``; ``add``/``sub``/``mul``: interval sum, difference and product;
 ``poly``: the exact range of the polynomial over the interval (end points and real
-critical points); ``sum`` over an axis of length n: ``n`` times the interval;
-``transpose``/``reshape``: unchanged.
+critical points; a Chebyshev series in its own basis over its domain); ``sum`` over an
+axis of length n: ``n`` times the interval (with or without ``keepdims``);
+``transpose``/``reshape``/``slice``: unchanged; ``concat``: the hull of the operands'
+intervals (a batched ``matmul`` and the broadcasting element-wise ops follow the rules
+above: broadcasting repeats values, it does not change their range).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 
 from planner.errors import SlotplanError, ValuesError
 from planner.graph import Graph, Node
+from planner.reference import poly_node_range
 
 __all__ = [
     "DEFAULT_WEIGHT_RANGE",
@@ -80,8 +84,10 @@ def _poly_range(coeffs: tuple[float, ...], iv: Interval) -> Interval:
 
 def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
     op = node.op
-    if op in ("transpose", "reshape"):
+    if op in ("transpose", "reshape", "slice"):
         return ops[0]
+    if op == "concat":
+        return (min(o[0] for o in ops), max(o[1] for o in ops))
     if op == "add":
         return (ops[0][0] + ops[1][0], ops[0][1] + ops[1][1])
     if op == "sub":
@@ -91,6 +97,8 @@ def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
         return (min(ends), max(ends))
     if op == "poly":
         assert node.coeffs is not None
+        if node.basis == "chebyshev":  # the series in its own basis (not as monomial coefficients)
+            return poly_node_range(node, ops[0][0], ops[0][1])
         return _poly_range(tuple(float(c) for c in node.coeffs), ops[0])
     if op == "sum":
         assert node.axis is not None

@@ -1,13 +1,16 @@
 """The numpy reference: float64 evaluation of a graph, the definition of every op's meaning
 (SPEC section 2) and the oracle plans are checked against.
 
-* ``matvec`` ``W @ x``; ``matmul`` ``A @ B``;
+* ``matvec`` ``W @ x``; ``matmul`` ``np.matmul(A, B)`` (batched over leading dimensions);
 * ``conv2d``: cross-correlation exactly as ``torch.nn.functional.conv2d`` for one image
   (zero padding, stride, groups): ``y[o, i, j] = sum_{c, a, b} w[o, c, a, b] *
   xpad[g*C/groups + c, i*s1 + a, j*s2 + b]`` with ``g = o // (Co/groups)``;
-* ``add`` / ``sub`` / ``mul`` element-wise; ``poly`` ``c0 + c1 x + ...`` (Horner);
-* ``sum`` over ``axis`` (a rank-1 input gives shape ``(1,)``); ``transpose`` with ``perm``;
-  ``reshape`` row-major.
+* ``add`` / ``sub`` / ``mul`` element-wise with numpy broadcasting; ``poly``
+  ``c0 + c1 x + ...`` (Horner), or in the Chebyshev basis over ``domain`` [a, b]
+  ``sum_i c_i T_i((2x - a - b) / (b - a))`` (``numpy.polynomial.chebyshev.chebval``);
+* ``sum`` over ``axis`` (a rank-1 input gives shape ``(1,)``; ``keepdims`` as ``np.sum``);
+  ``transpose`` with ``perm``; ``reshape`` row-major; ``slice`` ``x[..., start:stop, ...]``;
+  ``concat`` ``np.concatenate``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import numpy.typing as npt
 from planner.errors import ValuesError
 from planner.graph import Graph, Node
 
-__all__ = ["Array", "conv2d", "evaluate_node", "poly", "random_values", "reference"]
+__all__ = [
+    "Array", "chebyshev", "conv2d", "evaluate_node", "poly", "poly_node", "poly_node_range", "random_values",
+    "reference",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -56,7 +62,7 @@ def evaluate_node(node: Node, args: Sequence[Array]) -> Array:
     if op == "matvec":
         return np.asarray(args[0] @ args[1], dtype=np.float64)
     if op == "matmul":
-        return np.asarray(args[0] @ args[1], dtype=np.float64)
+        return np.asarray(np.matmul(args[0], args[1]), dtype=np.float64)
     if op == "conv2d":
         assert node.stride is not None and node.padding is not None and node.groups is not None
         return conv2d(args[0], args[1], stride=node.stride, padding=node.padding, groups=node.groups)
@@ -67,11 +73,18 @@ def evaluate_node(node: Node, args: Sequence[Array]) -> Array:
     if op == "mul":
         return args[0] * args[1]
     if op == "poly":
-        assert node.coeffs is not None
-        return poly(args[0], node.coeffs)
+        return poly_node(node, args[0])
     if op == "sum":
         assert node.axis is not None
-        return np.asarray(np.sum(args[0], axis=node.axis), dtype=np.float64)
+        return np.asarray(np.sum(args[0], axis=node.axis, keepdims=bool(node.keepdims)), dtype=np.float64)
+    if op == "slice":
+        assert node.axis is not None and node.start is not None and node.stop is not None
+        index = [slice(None)] * args[0].ndim
+        index[node.axis] = slice(node.start, node.stop)
+        return np.ascontiguousarray(args[0][tuple(index)])
+    if op == "concat":
+        assert node.axis is not None
+        return np.concatenate(list(args), axis=node.axis)
     if op == "transpose":
         assert node.perm is not None
         return np.ascontiguousarray(np.transpose(args[0], node.perm))
@@ -79,6 +92,44 @@ def evaluate_node(node: Node, args: Sequence[Array]) -> Array:
         assert node.shape is not None
         return np.reshape(args[0], node.shape).copy()
     raise AssertionError(f"unhandled op {op!r}")  # unreachable: ops are validated
+
+
+def poly_node(node: Node, x: Array) -> Array:
+    """A ``poly`` node's polynomial on ``x`` (its basis and domain)."""
+    assert node.coeffs is not None
+    if node.basis == "chebyshev":
+        assert node.domain is not None
+        return chebyshev(x, node.coeffs, node.domain)
+    return poly(x, node.coeffs)
+
+
+def poly_node_range(node: Node, lo: float, hi: float) -> tuple[float, float]:
+    """The exact range of a ``poly`` node (either basis) over ``[lo, hi]``: its values at the
+    ends and at the real critical points inside (found in the node's own basis, so a
+    high-degree Chebyshev series keeps its precision), widened by a relative 1e-9."""
+    assert node.coeffs is not None
+    series: np.polynomial.Chebyshev | np.polynomial.Polynomial
+    if node.basis == "chebyshev":
+        assert node.domain is not None
+        series = np.polynomial.Chebyshev(np.asarray(node.coeffs, dtype=np.float64), domain=list(node.domain))
+    else:
+        series = np.polynomial.Polynomial(np.asarray(node.coeffs, dtype=np.float64))
+    pts = [float(lo), float(hi)]
+    if len(node.coeffs) > 2 and hi > lo:
+        for r in np.asarray(series.deriv().roots(), dtype=np.complex128).tolist():
+            re, im = float(r.real), float(r.imag)
+            if abs(im) <= 1e-9 * max(1.0, abs(re)) and lo <= re <= hi:
+                pts.append(re)
+    vals = [float(series(x)) for x in pts]
+    span = max(abs(v) for v in vals)
+    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
+
+
+def chebyshev(x: npt.ArrayLike, coeffs: Sequence[float], domain: Sequence[float]) -> Array:
+    """``sum_i c_i T_i((2x - a - b) / (b - a))`` element-wise (Clenshaw's recurrence)."""
+    a, b = float(domain[0]), float(domain[1])
+    t = (2.0 * np.asarray(x, dtype=np.float64) - a - b) / (b - a)
+    return np.asarray(np.polynomial.chebyshev.chebval(t, np.asarray(coeffs, dtype=np.float64)), dtype=np.float64)
 
 
 def poly(x: Array, coeffs: Sequence[float]) -> Array:
@@ -152,7 +203,7 @@ def random_values(graph: Graph, seed: int, init: str = "uniform") -> dict[str, A
                 if node.op in ("matvec",) and node.inputs[0] == name:
                     fan = max(fan, sh[1])
                 elif node.op == "matmul":
-                    fan = max(fan, sh[1] if node.inputs[0] == name else sh[0])
+                    fan = max(fan, sh[-1] if node.inputs[0] == name else sh[-2])
                 elif node.op == "conv2d" and node.inputs[1] == name:
                     fan = max(fan, sh[1] * sh[2] * sh[3])
             out[name] = out[name] / np.sqrt(fan)

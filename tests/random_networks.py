@@ -1,7 +1,11 @@
 """A generator of random small networks: the shapes ordinary encrypted inference graphs
 have (matvec, conv2d with strides, padding and groups, squares, polynomials, residual
 add/sub, reshapes between images and vectors, element-wise products and sums with weights),
-in chains of up to ``MAX_LEVELS`` multiplicative levels.
+and the ops of whole models (biases and per-channel values broadcast onto images, sums with
+keepdims broadcast back (mean-centring, normalising), slices, concatenations with branches
+and weights, matmuls over a batch with weights and between ciphertexts (attention-shaped),
+Chebyshev polynomials over random domains), in chains of up to ``MAX_LEVELS``
+multiplicative levels.
 
 Deterministic: ``random_network(seed)`` always returns the same graph.  The property test
 (tests/test_random_networks.py) plans every graph and checks it against numpy.
@@ -59,12 +63,69 @@ class _Builder:
         coeffs[-1] = coeffs[-1] or 0.5
         return coeffs, math.ceil(math.log2(deg + 1))
 
+    def chebyshev(self, cur: str, shape: tuple[int, ...], d: int, budget: int) -> str | None:
+        """A Chebyshev series over a random domain (one level more than its degree's for
+        the change of variable, none over [-1, 1])."""
+        deg = int(self.rng.integers(1, 6))
+        unit = self.rng.random() < 0.25
+        lo = -1.0 if unit else round(float(self.rng.uniform(-3, 0.5)), 2)
+        hi = 1.0 if unit else round(lo + float(self.rng.uniform(0.5, 5)), 2)
+        pd = math.ceil(math.log2(deg + 1)) + (0 if unit else 1)
+        if pd > budget:
+            return None
+        coeffs = [round(float(c), 3) for c in self.rng.uniform(-1, 1, deg + 1)]
+        coeffs[-1] = coeffs[-1] or 0.5
+        return self.node("poly", [cur], shape, d + pd, coeffs=coeffs, basis="chebyshev", domain=[lo, hi])
+
+    def slice(self, cur: str, shape: tuple[int, ...], d: int) -> str | None:
+        axes = [a for a, n in enumerate(shape) if n >= 2]
+        if not axes:
+            return None
+        axis = axes[int(self.rng.integers(len(axes)))]
+        start = int(self.rng.integers(shape[axis] - 1))
+        stop = int(self.rng.integers(start + 1, shape[axis] + 1))
+        out = shape[:axis] + (stop - start,) + shape[axis + 1:]
+        return self.node("slice", [cur], out, d, axis=axis, start=start, stop=stop)
+
+    def mean_centre(self, cur: str, shape: tuple[int, ...], d: int, budget: int) -> str | None:
+        """s = sum(cur, axis, keepdims); cur - s (add/sub) or cur * s (a ct-ct broadcast)."""
+        axis = int(self.rng.integers(len(shape)))
+        kept = shape[:axis] + (1,) + shape[axis + 1:]
+        s = self.node("sum", [cur], kept, d, axis=axis, keepdims=True)
+        if budget >= 1 and self.rng.random() < 0.4:
+            return self.node("mul", [cur, s], shape, d + 1)
+        return self.node(self.pick(["sub", "add"]), [cur, s] if self.rng.random() < 0.7 else [s, cur], shape, d)
+
 
 def _vector_step(b: _Builder, cur: str, budget: int) -> str | None:
     (k,) = b.shapes[cur]
     d = b.depth[cur]
-    ops = ["matvec", "square", "poly", "mul_w", "add_w", "residual", "to_image", "mul_ct"]
+    ops = ["matvec", "square", "poly", "mul_w", "add_w", "residual", "to_image", "mul_ct",
+           "cheb", "slice", "concat", "mean", "scalar_w"]
     op = b.pick(ops)
+    if op == "cheb":
+        return b.chebyshev(cur, (k,), d, budget)
+    if op == "slice":
+        return b.slice(cur, (k,), d)
+    if op == "mean":
+        return b.mean_centre(cur, (k,), d, budget)
+    if op == "scalar_w":  # a weight of shape (1,) broadcast
+        return b.node(b.pick(["add", "mul"]) if budget >= 1 else "add", [cur, b.weight((1,))], (k,), d + 1)
+    if op == "concat":
+        kind = b.pick(["weight", "poly", "matvec"])
+        if kind == "matvec" and budget >= 1:
+            n = int(b.rng.integers(2, 20))
+            other, od = b.node("matvec", [b.weight((n, k)), cur], (n,), d + 1), d + 1
+        elif kind == "poly":
+            coeffs, pd = b.poly_coeffs()
+            if pd > budget:
+                return None
+            n, other, od = k, b.node("poly", [cur], (k,), d + pd, coeffs=coeffs), d + pd
+        else:
+            n = int(b.rng.integers(1, 8))
+            other, od = b.weight((n,)), d
+        ins = [cur, other] if b.rng.random() < 0.5 else [other, cur]
+        return b.node("concat", ins, (k + n,), max(d, od), axis=0)
     if op == "matvec" and budget >= 1:
         n = int(b.rng.integers(520, 600)) if b.rng.random() < 0.1 else int(b.rng.integers(2, 48))
         return b.node("matvec", [b.weight((n, k)), cur], (n,), d + 1)
@@ -97,7 +158,32 @@ def _vector_step(b: _Builder, cur: str, budget: int) -> str | None:
 def _image_step(b: _Builder, cur: str, budget: int) -> str | None:
     c, h, w = b.shapes[cur]
     d = b.depth[cur]
-    op = b.pick(["conv", "conv", "depthwise", "square", "poly", "residual", "mul_w", "flatten"])
+    op = b.pick(["conv", "conv", "depthwise", "square", "poly", "residual", "mul_w", "flatten",
+                 "chan_w", "row_w", "cheb", "slice", "concat", "mean", "heads", "attention"])
+    if op == "chan_w":  # a per-channel bias or scale
+        if budget >= 1 and b.rng.random() < 0.5:
+            return b.node("mul", [b.weight((c, 1, 1)), cur], (c, h, w), d + 1)
+        return b.node("add", [cur, b.weight((c, 1, 1))], (c, h, w), d)
+    if op == "row_w":  # a bias along the last axis
+        return b.node(b.pick(["add", "sub"]), [cur, b.weight((w,))], (c, h, w), d)
+    if op == "cheb":
+        return b.chebyshev(cur, (c, h, w), d, budget)
+    if op == "slice":
+        return b.slice(cur, (c, h, w), d)
+    if op == "mean":
+        return b.mean_centre(cur, (c, h, w), d, budget)
+    if op == "concat" and budget >= 1:  # channels of a conv branch next to the input's
+        co = int(b.rng.integers(1, 4))
+        branch = b.node("conv2d", [cur, b.weight((co, c, 3, 3))], (co, h, w), d + 1, stride=[1, 1], padding=[1, 1])
+        ins = [cur, branch] if b.rng.random() < 0.5 else [branch, cur]
+        return b.node("concat", ins, (c + co, h, w), d + 1, axis=0)
+    if op == "heads" and budget >= 1:  # per-channel matrices: (c, h, w) x (c, w, n)
+        n = int(b.rng.integers(2, 7))
+        wt = b.weight((c, w, n) if b.rng.random() < 0.7 else (w, n))
+        return b.node("matmul", [cur, wt], (c, h, n), d + 1)
+    if op == "attention" and budget >= 1:  # x @ x^T per channel, between ciphertexts
+        t = b.node("transpose", [cur], (c, w, h), d, perm=[0, 2, 1])
+        return b.node("matmul", [cur, t], (c, h, h), d + 1)
     if op in ("conv", "depthwise") and budget >= 1:
         k1 = int(b.rng.integers(1, 4))
         k2 = int(b.rng.integers(1, 4))
@@ -174,6 +260,8 @@ def describe(graph: dict[str, Any]) -> str:
         op = n["op"]
         if op == "mul" and n["inputs"][0] == n["inputs"][1]:
             op = "square"
+        elif op == "poly" and n.get("basis") == "chebyshev":
+            op = "chebyshev"
         elif op == "conv2d":
             op = f"conv{'-dw' if n.get('groups', 1) > 1 else ''}/s{n['stride'][0]}p{n['padding'][0]}{n['padding'][1]}"
         ops.append(op)

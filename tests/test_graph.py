@@ -156,8 +156,10 @@ def test_shapes_of_every_op() -> None:
             {"id": "tr", "op": "transpose", "inputs": ["cv"]},
             {"id": "tp", "op": "transpose", "inputs": ["cv"], "perm": [1, 0, 2]},
             {"id": "rs", "op": "reshape", "inputs": ["cv"], "shape": [-1, 6]},
+            {"id": "sl", "op": "slice", "inputs": ["cv"], "axis": 1, "start": 1, "stop": -1},
+            {"id": "cc", "op": "concat", "inputs": ["sl", "cv"], "axis": -2},
         ],
-        outputs=["mv", "s1", "tr", "tp", "rs"],
+        outputs=["mv", "s1", "tr", "tp", "rs", "cc"],
     )
     g = parse_graph(d)
     # conv: Ho = (9 + 2 - 3)//2 + 1 = 5, Wo = (7 + 0 - 2)//1 + 1 = 6
@@ -174,11 +176,15 @@ def test_shapes_of_every_op() -> None:
         "tr": (6, 5, 6),
         "tp": (5, 6, 6),
         "rs": (30, 6),
+        "sl": (6, 3, 6),
+        "cc": (6, 8, 6),
     }
     assert {k: g.shape(k) for k in expected} == expected
     assert g.node("s0").axis == 1  # negative axis normalised
     assert g.node("tr").perm == (2, 1, 0)  # default perm: reverse
     assert g.node("rs").shape == (30, 6)  # -1 resolved
+    assert (g.node("sl").start, g.node("sl").stop) == (1, 4)  # negative stop normalised
+    assert g.node("cc").axis == 1
     assert g.node("pl").coeffs == (1.0, 0.5, -2.0)
     assert g.node("cv").stride == (2, 1) and g.node("cv").groups == 2
     assert g.node("mv").stride is None and g.node("mm").groups is None
@@ -386,9 +392,9 @@ CASES: list[tuple[str, dict[str, Any], str | None, str | None, str]] = [
         one("add", {"a": [2, 3], "b": [3, 2]}, ["a", "b"]),
         "n1",
         "inputs",
-        "shape mismatch: add needs equal shapes (no broadcasting), got 'a' (2, 3) and 'b' (3, 2)",
+        "shape mismatch: add broadcasts as numpy (trailing dimensions equal or 1), got 'a' (2, 3) and 'b' (3, 2)",
     ),
-    ("mul mismatch", one("mul", {"a": [3], "b": [1]}, ["a", "b"]), "n1", "inputs", "shape mismatch: mul"),
+    ("mul mismatch", one("mul", {"a": [3], "b": [2]}, ["a", "b"]), "n1", "inputs", "shape mismatch: mul"),
     (
         "conv groups divide C",
         one("conv2d", {"x": [4, 5, 5], "w": [6, 1, 3, 3]}, ["x", "w"], groups=3),

@@ -137,6 +137,7 @@ def test_planned_program_round_trips_and_validates() -> None:
 
 
 def test_simulator_executes_every_op() -> None:
+    # bootstrap and the key block run in the simulator (with params that carry 'boot')
     assert set(_EXEC) == set(ir.OPS.values())
 
 

@@ -64,6 +64,10 @@ def simulate(
         elif op in ("pmul", "padd", "psub"):
             x, p = regs[ins["src"]], _pt_value(plan, ins["pt"], weights, tables)
             regs[ins["dst"]] = x * p if op == "pmul" else x + p if op == "padd" else x - p
+        elif op == "poly" and ins.get("basis") == "chebyshev":
+            a, b = ins["domain"]
+            t = (2 * regs[ins["src"]] - a - b) / (b - a)
+            regs[ins["dst"]] = np.polynomial.chebyshev.chebval(t, ins["coeffs"]) + 0 * t
         elif op == "poly":
             x = regs[ins["src"]]
             regs[ins["dst"]] = sum(c * x**i for i, c in enumerate(ins["coeffs"])) + 0 * x
@@ -276,6 +280,31 @@ def test_cmul_and_poly(rng: np.random.Generator) -> None:
     assert levels == {"c3": 2, "c4": 0, "c5": 1, "c7": 0, "c8": 3, "c9": 2, "c10": 0, "c12": 2}
     assert res.stats["relin_key_bytes"] > 0
     assert res.stats["op_counts"]["poly"] == 4 and res.stats["op_counts"]["cmul"] == 3
+
+
+def test_chebyshev_poly(rng: np.random.Generator) -> None:
+    """Chebyshev series through Lattigo's evaluator in the Chebyshev basis: over [-1, 1]
+    ceil(log2(d + 1)) levels; over another domain one more (the change of variable)."""
+    tables = base_tables(rng)
+    inputs = {"x": rng.uniform(-1, 1, 2000), "z": rng.uniform(-3, 2, 2000)}
+    cheb7 = [0.1, 0.9, -0.3, 0.2, 0.05, -0.1, 0.03, 0.02]
+    program = [
+        {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+        {"op": "input", "dst": "c1", "tensor": "z", "table": "in/z"},
+        {"op": "poly", "dst": "c2", "src": "c0", "coeffs": cheb7, "basis": "chebyshev", "domain": [-1.0, 1.0]},
+        {"op": "poly", "dst": "c3", "src": "c1", "coeffs": [0.5, -1.0, 0.25, 0.125], "basis": "chebyshev",
+         "domain": [-3.0, 2.0]},
+        {"op": "poly", "dst": "c4", "src": "c1", "coeffs": [0.75], "basis": "chebyshev", "domain": [-3.0, 2.0]},
+    ]
+    program += outputs_all(["c2", "c3", "c4"])
+    res = check(make_plan(program), inputs, {}, tables)
+    levels = {v.tensor: v.level for v in res.vectors}
+    assert levels == {"c2": 0, "c3": 0, "c4": 3}
+    # a domain that needs more levels than there are is refused, naming the register
+    deep = [*program[:2], {"op": "poly", "dst": "c5", "src": "c1", "coeffs": cheb7, "basis": "chebyshev",
+                           "domain": [-3.0, 2.0]}, *outputs_all(["c5"])]
+    with pytest.raises(LattigoError, match="c1"):
+        run_plan(make_plan(deep), inputs, {}, tables)
 
 
 def test_key_schedule(rng: np.random.Generator, tmp_path: Any) -> None:
@@ -492,3 +521,26 @@ def test_capped_schedule_keys_by_level_measured_within_model() -> None:
     measured = rep.stats["peak_key_bytes"]
     assert abs(measured - model) <= 0.05 * model, (measured, model)
     assert measured <= cap and plan["summary"]["peak_bytes"]["total"] <= cap
+
+
+def test_plaintexts_through_a_file(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above PLAINTEXT_INLINE_BYTES the plaintext vectors go to Go through a file, read one
+    at a time: same results as packed in memory."""
+    import backends.lattigo_backend as lb
+
+    tables = base_tables(rng)
+    program = [
+        {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+        {"op": "pmul", "dst": "c1", "src": "c0", "pt": "p0"},
+        {"op": "padd", "dst": "c2", "src": "c1", "pt": "p1"},
+        {"op": "output", "src": "c2", "tensor": "y", "table": "out/all"},
+    ]
+    plan = make_plan(program, {"p0": {"source": "w", "table": "pt/w"}, "p1": {"source": "const", "table": "pt/c"}})
+    tables = dict(tables) | {"pt/w.idx": np.arange(2048), "pt/c.idx": np.full(2048, -1), "pt/c.coef": rng.normal(size=2048)}
+    inputs, weights = {"x": rng.uniform(-1, 1, 2000)}, {"w": rng.uniform(-1, 1, 4096)}
+    inline = run_plan(plan, inputs, weights, tables)
+    monkeypatch.setattr(lb, "PLAINTEXT_INLINE_BYTES", 0)
+    filed = run_plan(plan, inputs, weights, tables)
+    np.testing.assert_allclose(filed.outputs["y"], inline.outputs["y"], atol=1e-6)
+    want = simulate(plan, inputs, weights, tables)["y"]
+    np.testing.assert_allclose(filed.outputs["y"].ravel()[: want.size], want.ravel(), atol=1e-5)

@@ -95,17 +95,20 @@ def _nominal_depth(spec: dict) -> int:  # type: ignore[type-arg]
     depth: dict[str, int] = dict.fromkeys(g.inputs, 0)
     for n in g.nodes:
         d = max((depth.get(i, 0) for i in n.inputs), default=0)
-        if n.op in ("matvec", "conv2d", "mul"):
+        if n.op in ("matvec", "conv2d", "mul", "matmul"):
             d += 1
         elif n.op == "poly":
             d += (len(n.coeffs or ()) - 1).bit_length()
+            d += 1 if n.basis == "chebyshev" and n.domain != (-1.0, 1.0) else 0
         depth[n.id] = d
     return max(depth.values())
 
 
 def test_generator_covers_the_shapes() -> None:
     """The default sweep holds every op the issue names, strides, padding, groups,
-    residuals, reshapes both ways, tensors larger than a ciphertext and chains 6 levels deep."""
+    residuals, reshapes both ways, tensors larger than a ciphertext and chains 6 levels deep,
+    and the ops of whole models (broadcasts of weights and ciphertexts, keepdims sums,
+    slices, concatenations with weights, matmuls over a batch, Chebyshev series)."""
     seen: Counter[str] = Counter()
     max_depth = 0
     for seed in range(SEED0, SEED0 + N_GRAPHS):
@@ -116,10 +119,22 @@ def test_generator_covers_the_shapes() -> None:
         seen.update("padded" for n in nodes if any(n.get("padding", [0, 0])))
         seen.update("residual" for n in nodes if n["op"] in ("add", "sub") and not set(n["inputs"]) & set(spec["tensors"]))
         seen[f"input{len(spec['tensors']['x']['shape'])}d"] += 1
+        g = parse_graph(spec)
+        for n in g.nodes:
+            if n.op in ("add", "sub", "mul") and len({g.shape(t) for t in n.inputs}) > 1:
+                seen["broadcast-ct" if all(g.encrypted(t) for t in n.inputs) else "broadcast-pt"] += 1
+            if n.op == "matmul" and len(g.shape(n.id)) == 3:
+                seen["matmul3d-ct" if all(g.encrypted(t) for t in n.inputs) else "matmul3d-pt"] += 1
+            if n.op == "sum" and n.keepdims:
+                seen["keepdims"] += 1
+            if n.op == "concat" and not all(g.encrypted(t) for t in n.inputs):
+                seen["concat-weight"] += 1
         if int(np.prod(spec["tensors"]["x"]["shape"])) > 2 ** (log_n - 1):
             seen["multi-ct"] += 1
         max_depth = max(max_depth, _nominal_depth(spec))
     for what in ("matvec", "conv", "conv-dw", "square", "poly", "mul", "add", "sub", "reshape",
-                 "stride2", "padded", "residual", "input1d", "input3d", "multi-ct"):
+                 "stride2", "padded", "residual", "input1d", "input3d", "multi-ct",
+                 "chebyshev", "slice", "concat", "concat-weight", "broadcast-pt", "broadcast-ct", "keepdims",
+                 "matmul3d-pt", "matmul3d-ct", "transpose"):
         assert seen[what] > 0, f"the generator never made {what}: {dict(seen)}"
     assert max_depth == 6

@@ -44,6 +44,10 @@ def execute(plan: dict, tables: dict, values: dict) -> dict:
             v = pt_vec(plan["plaintexts"][ins["pt"]])
             x = R[ins["src"]]
             R[ins["dst"]] = {"pmul": x * v, "padd": x + v, "psub": x - v}[op]
+        elif op == "poly" and ins.get("basis") == "chebyshev":
+            a, b = ins["domain"]
+            t = (2 * R[ins["src"]] - a - b) / (b - a)
+            R[ins["dst"]] = np.polynomial.chebyshev.chebval(t, ins["coeffs"])
         elif op == "poly":
             x = R[ins["src"]]
             R[ins["dst"]] = sum(c * x**i for i, c in enumerate(ins["coeffs"]))

@@ -14,6 +14,7 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,8 +44,10 @@ func Version() (v string) {
 //     length-slots value vector, concatenated the same way.
 //   - optionsJSON: "" or an object with optional fields
 //     "key_dir" (where the client writes the evaluation keys; default: a temporary
-//     directory removed afterwards) and "key_level" (level of the generated rotation keys;
-//     default: the top level).
+//     directory removed afterwards), "key_level" (level of the generated rotation keys;
+//     default: the top level), "plaintext_file" (the plaintext vectors in a file instead
+//     of the plaintexts argument, read one at a time) and "gc_percent" (Go's GOGC during
+//     the call; default 10 for bootstrapping plans).
 //
 // The client side generates a secret key, only the plan's rotation keys (and the
 // relinearisation key when the plan multiplies ciphertexts) into the key directory, and
@@ -120,6 +123,13 @@ func recoverError(err *error) {
 type runOptions struct {
 	KeyDir   string `json:"key_dir"`
 	KeyLevel *int   `json:"key_level"`
+	// GCPercent sets Go's GOGC for the call (default: 10 for bootstrapping plans, so the
+	// heap stays near the live keys and matrices; unchanged otherwise).
+	GCPercent *int `json:"gc_percent"`
+	// PlaintextFile: the plaintext vectors in a file (packed as for the plaintexts
+	// argument, which is then empty), read one vector at a time when it is encoded: a plan
+	// with many plaintexts then never holds them all in memory.
+	PlaintextFile string `json:"plaintext_file"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -142,12 +152,37 @@ type stats struct {
 	RelinKeyBytes       int                `json:"relin_key_bytes"`
 	PeakCiphertextBytes int64              `json:"peak_ciphertext_bytes"`
 	SkippedRescales     int                `json:"skipped_rescales"`
+	FusedBlocks         int                `json:"fused_blocks"`
+	FusedProducts       int                `json:"fused_products"`
+	Workers             int                `json:"workers"`
 	MaxScaleFix         float64            `json:"max_scale_fix"`
 	KeygenSeconds       float64            `json:"keygen_seconds"`
 	KeyWriteSeconds     float64            `json:"key_write_seconds"`
 	SetupSeconds        float64            `json:"setup_seconds"`
 	EvalSeconds         float64            `json:"eval_seconds"`
 	TotalSeconds        float64            `json:"total_seconds"`
+
+	// Bootstrapping plans.
+	Boot              string    `json:"boot,omitempty"`
+	Bootstraps        int       `json:"bootstraps"`
+	BootstrapSeconds  []float64 `json:"bootstrap_seconds"`
+	BootstrapInLevels []int     `json:"bootstrap_input_levels"`
+	BootKeyBytes      int64     `json:"boot_key_bytes"`
+	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
+	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
+	BootBlockLoads    int       `json:"boot_block_loads"`
+	BootKeygenSeconds float64   `json:"boot_keygen_seconds"`
+	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
+	// block), relinearisation key and resident DFT matrices, sampled after every
+	// instruction (what the memory model counts).
+	PeakTrackedBytes int64 `json:"peak_tracked_bytes"`
+	// RSS of the process (Linux /proc/self/status): at the start of the call, and the peak
+	// during the call (VmHWM, reset at the start through /proc/self/clear_refs when
+	// allowed; peak_rss_reset says whether it was).
+	RSSStartBytes int64 `json:"rss_start_bytes"`
+	PeakRSSBytes  int64 `json:"peak_rss_bytes"`
+	PeakRSSReset  bool  `json:"peak_rss_reset"`
+	GCPercent     int   `json:"gc_percent"`
 }
 
 func (s *stats) addOp(op string, seconds float64) {
@@ -228,9 +263,25 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
 		return "", err
 	}
-	p, params, slots, err := loadPlan(planJSON)
+	rssStart, rssReset := resetPeakRSS()
+	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
+	}
+	params := setup.params
+	withBlock := false
+	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
+		withBlock = true
+	}
+	gcPercent := -2 // unchanged
+	if opt.GCPercent != nil {
+		gcPercent = *opt.GCPercent
+	} else if withBlock {
+		gcPercent = 10
+	}
+	if gcPercent != -2 {
+		old := debug.SetGCPercent(gcPercent)
+		defer debug.SetGCPercent(old)
 	}
 	io := &runIO{p: p}
 	for i, in := range p.Program {
@@ -242,18 +293,29 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", err
 	}
 	names := p.plaintextNames()
-	ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
-	if err != nil {
-		return "", err
-	}
 	ptValues := map[string][]float64{}
-	for i, n := range names {
-		ptValues[n] = ptVecs[i]
+	var ptFile *plaintextFile
+	if opt.PlaintextFile != "" {
+		if len(plaintexts) != 0 {
+			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
+		}
+		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, slots); err != nil {
+			return "", err
+		}
+		defer ptFile.close()
+	} else {
+		ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+		if err != nil {
+			return "", err
+		}
+		for i, n := range names {
+			ptValues[n] = ptVecs[i]
+		}
 	}
-	keyLevel := params.MaxLevel()
+	keyLevel := setup.top
 	if opt.KeyLevel != nil {
-		if *opt.KeyLevel < 0 || *opt.KeyLevel > params.MaxLevel() {
-			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", params.MaxLevel(), *opt.KeyLevel)
+		if *opt.KeyLevel < 0 || *opt.KeyLevel > setup.top {
+			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", setup.top, *opt.KeyLevel)
 		}
 		keyLevel = *opt.KeyLevel
 	}
@@ -266,9 +328,15 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	}
 
 	st := &stats{
-		LogN: params.LogN(), Slots: slots, MaxLevel: params.MaxLevel(),
+		LogN: params.LogN(), Slots: slots, MaxLevel: setup.top,
 		OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
 		KeyMode: "keep_all", KeyLevel: keyLevel,
+		RSSStartBytes: rssStart, PeakRSSReset: rssReset, GCPercent: debug.SetGCPercent(-1),
+		BootstrapSeconds: []float64{}, BootstrapInLevels: []int{},
+	}
+	debug.SetGCPercent(st.GCPercent)
+	if setup.boot != nil {
+		st.Boot = setup.boot.Literal
 	}
 	if p.hasKeySchedule() {
 		st.KeyMode = "scheduled"
@@ -276,10 +344,13 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 
 	// Client: secret key and evaluation keys into the key directory.
 	t := time.Now()
-	c := newClient(params)
+	c := newSetupClient(setup)
 	io.c = c
 	skSec := time.Since(t).Seconds()
 	offsets := p.rotationOffsets()
+	if withBlock {
+		offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+	}
 	levels, err := p.keyLevels()
 	if err != nil {
 		return "", err
@@ -292,9 +363,16 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, params.MaxLevel())
 		}
 	}
-	m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), keyLevel, levels)
+	// Without a key schedule the boot block stays resident and its relinearisation key
+	// serves the plan's multiplications.
+	relin := p.needsRelin() && (p.hasKeySchedule() || !withBlock)
+	m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, keyLevel, levels, withBlock)
 	if err != nil {
 		return "", err
+	}
+	releaseMemory() // the client's copies of the keys are written: return them to the OS
+	if m.Boot != nil {
+		st.BootKeygenSeconds = m.Boot.keygenSeconds
 	}
 	st.KeygenSeconds, st.KeyWriteSeconds = skSec+genSec, writeSec
 	st.RotationKeys = len(offsets)
@@ -309,7 +387,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err != nil {
 		return "", err
 	}
-	ex := newExecutor(params, keys, p, ptValues, io, st)
+	ex := newExecutor(setup, keys, p, ptValues, io, st)
+	ex.ptFile = ptFile
 	st.SetupSeconds = time.Since(t).Seconds()
 
 	t = time.Now()
@@ -317,9 +396,11 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.EvalSeconds = time.Since(t).Seconds()
 	st.KeyLoads, st.KeyLoadSeconds = keys.loads, keys.loadSeconds
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
+	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	if err != nil {
 		return "", err
 	}
+	st.PeakRSSBytes = peakRSS()
 	st.TotalSeconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(runResult{Outputs: io.outputs, Stats: st})
 	if err != nil {
@@ -346,4 +427,109 @@ func decodeOptions(optionsJSON string, opt any, common *commonOptions) error {
 		panic("debug_panic requested")
 	}
 	return nil
+}
+
+// planKeyOffsets are the rotation offsets a bootstrapping plan needs keys of its own for:
+// every offset the boot block does not hold, and every offset the plan loads with
+// load_key (it may rotate by it while the block is dropped).
+func planKeyOffsets(p *plan, info bootKeys) []int {
+	block := map[int]bool{}
+	for _, k := range info.offsets {
+		block[k] = true
+	}
+	loaded := p.loadOffsets()
+	var out []int
+	for _, k := range p.rotationOffsets() {
+		if !block[k] || loaded[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// procStatus reads one "kB" field of /proc/self/status in bytes (0 when unavailable).
+func procStatus(field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return n * 1024
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// resetPeakRSS returns the current RSS and resets the process's peak RSS (VmHWM) when
+// the kernel allows it (writing 5 to /proc/self/clear_refs resets only that counter).
+func resetPeakRSS() (int64, bool) {
+	rss := procStatus("VmRSS")
+	err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	return rss, err == nil
+}
+
+// peakRSS is the process's peak RSS (VmHWM) in bytes.
+func peakRSS() int64 {
+	return procStatus("VmHWM")
+}
+
+// plaintextFile serves plaintext vectors from a file packed like Run's plaintexts argument
+// (sorted plaintext names, length-slots little-endian float64 each), one read per use.
+type plaintextFile struct {
+	f     *os.File
+	index map[string]int
+	slots int
+	buf   []byte
+	path  string
+}
+
+func openPlaintextFile(path string, names []string, slots int) (*plaintextFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("plaintext_file: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("plaintext_file: %w", err)
+	}
+	if want := int64(len(names)) * int64(slots) * 8; fi.Size() != want {
+		f.Close()
+		return nil, fmt.Errorf("plaintext_file %s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
+			path, len(names), slots, want, fi.Size())
+	}
+	pf := &plaintextFile{f: f, index: map[string]int{}, slots: slots, buf: make([]byte, 8*slots), path: path}
+	for i, n := range names {
+		pf.index[n] = i
+	}
+	return pf, nil
+}
+
+// vector reads the named plaintext's values (a fresh slice).
+func (pf *plaintextFile) vector(name string) ([]float64, error) {
+	i, ok := pf.index[name]
+	if !ok {
+		return nil, fmt.Errorf("plaintext %q is not in the plan", name)
+	}
+	if _, err := pf.f.ReadAt(pf.buf, int64(i)*int64(len(pf.buf))); err != nil {
+		return nil, fmt.Errorf("plaintext_file %s: %w", pf.path, err)
+	}
+	v := make([]float64, pf.slots)
+	for s := range v {
+		v[s] = math.Float64frombits(binary.LittleEndian.Uint64(pf.buf[8*s:]))
+		if math.IsNaN(v[s]) || math.IsInf(v[s], 0) {
+			return nil, fmt.Errorf("plaintext %q slot %d is %v", name, s, v[s])
+		}
+	}
+	return v, nil
+}
+
+func (pf *plaintextFile) close() {
+	pf.f.Close()
 }

@@ -19,11 +19,15 @@ import (
 //     load_key/drop_key schedule, else written to a temporary key directory as Run does);
 //   - the inputs are encrypted before the clock starts and the outputs decrypted after it
 //     stops (the "input" and "output" instructions only hand ciphertexts over);
-//   - plaintext encoding, which the executor does inside pmul/padd/psub, is timed apart and
-//     subtracted (stats.encode_seconds), so op_seconds["pmul"] is the multiplication alone;
+//   - plaintexts are encoded once per model and cached (ptCache): an untimed preparation
+//     run encodes them (stats.encode_seconds, the model preparation; prepare_seconds the
+//     whole run), the timed runs reuse them; encoding that still happens inside a timed
+//     run is timed apart and subtracted;
 //   - the program runs `repeat` times (option, default 1) on fresh copies of the input
 //     ciphertexts; stats.eval_seconds is the median, stats.eval_seconds_runs every run,
 //     op_seconds/op_counts belong to the median run;
+//   - options workers (goroutines of a fused block, default GOMAXPROCS), no_fuse (execute
+//     instruction by instruction) and no_prepare;
 //   - option memory_limit_bytes (> 0) sets Go's soft memory limit for the call.
 //
 // Extra stats: encrypt_seconds, decrypt_seconds, encode_seconds, repeat, key_store
@@ -36,6 +40,12 @@ func BenchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 
 type benchPlanOptions struct {
 	Repeat int `json:"repeat"`
+	// Workers: goroutines of a fused block (0: GOMAXPROCS); NoFuse: run every instruction
+	// as written (no fused blocks); NoPrepare: no untimed preparation run (plaintexts are
+	// then encoded during the first timed run, timed apart).
+	Workers   int  `json:"workers"`
+	NoFuse    bool `json:"no_fuse"`
+	NoPrepare bool `json:"no_prepare"`
 	// MemoryLimitBytes (> 0) is the Go soft memory limit during the call
 	// (debug.SetMemoryLimit): the garbage collector works harder instead of letting the
 	// heap grow to twice the live keys.
@@ -48,6 +58,10 @@ type benchPlanStats struct {
 	*stats
 	EvalSecondsRuns []float64 `json:"eval_seconds_runs"`
 	EncodeSeconds   float64   `json:"encode_seconds"`
+	PrepareSeconds  float64   `json:"prepare_seconds"`
+	CPUSeconds      float64   `json:"cpu_seconds"`
+	CPUSecondsRuns  []float64 `json:"cpu_seconds_runs"`
+	CachedPtBytes   int64     `json:"cached_plaintext_bytes"`
 	EncryptSeconds  float64   `json:"encrypt_seconds"`
 	DecryptSeconds  float64   `json:"decrypt_seconds"`
 	Repeat          int       `json:"repeat"`
@@ -137,10 +151,14 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
 	}
 	defer withMemoryLimit(opt.MemoryLimitBytes)()
-	p, params, slots, err := loadPlan(planJSON)
+	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
 	}
+	if setup.btp != nil {
+		return "", fmt.Errorf("BenchPlan does not run bootstrapping plans (params.boot); use Run")
+	}
+	params := setup.params
 	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
 	if err != nil {
 		return "", err
@@ -199,10 +217,17 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st      *stats
 		eval    float64
 		encode  float64
+		cpu     float64
 		outputs []*rlwe.Ciphertext
 	}
 	runs := make([]runRecord, 0, opt.Repeat)
-	for r := 0; r < opt.Repeat; r++ {
+	cache := newPtCache(0)
+	exOpt := executorOptions{NoFuse: opt.NoFuse, Workers: opt.Workers, Cache: cache}
+	first := 0
+	if !opt.NoPrepare {
+		first = -1 // run -1: model preparation (plaintexts encoded into the cache), untimed
+	}
+	for r := first; r < opt.Repeat; r++ {
 		io := &benchIO{}
 		for _, ct := range cts {
 			io.inputs = append(io.inputs, ct.CopyNew())
@@ -224,21 +249,27 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		loads0, loadSec0 := keys.loads, keys.loadSeconds
 		ts := time.Now()
-		ex := newExecutor(params, keys, p, ptValues, io, st)
+		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
 		st.SetupSeconds = time.Since(ts).Seconds()
 		if !ex.scheduled {
 			if err := keys.loadAll(); err != nil {
 				return "", fmt.Errorf("keep-all key policy: %w", err)
 			}
 		}
+		cpu0 := cpuSeconds()
 		eval, encode, err := ex.runTimed()
+		cpu := cpuSeconds() - cpu0
 		if err != nil {
 			return "", err
 		}
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
 		st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
-		runs = append(runs, runRecord{st: st, eval: eval, encode: encode, outputs: io.outputs})
+		if r >= 0 {
+			runs = append(runs, runRecord{st: st, eval: eval, encode: encode, cpu: cpu, outputs: io.outputs})
+		} else {
+			bs.PrepareSeconds = eval + encode
+		}
 		if p.hasKeySchedule() {
 			// Drop whatever the schedule left resident so the next run reloads as planned.
 			for _, mk := range keys.manifest.Rotations {
@@ -250,11 +281,14 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	for i := range order {
 		order[i] = i
 		bs.EvalSecondsRuns = append(bs.EvalSecondsRuns, runs[i].eval)
+		bs.CPUSecondsRuns = append(bs.CPUSecondsRuns, runs[i].cpu)
 	}
 	sort.Slice(order, func(a, b int) bool { return runs[order[a]].eval < runs[order[b]].eval })
 	med := runs[order[(len(order)-1)/2]]
 	bs.stats = med.st
-	bs.EncodeSeconds = med.encode
+	bs.EncodeSeconds = cache.seconds
+	bs.CPUSeconds = med.cpu
+	bs.CachedPtBytes = cache.bytes
 
 	// Decrypt the median run's outputs (after the clock).
 	t = time.Now()
@@ -286,66 +320,18 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 }
 
 // runTimed is executor.run with plaintext encoding timed apart: it returns the evaluation
-// seconds (wall time of the program minus encoding) and the encoding seconds. pmul, padd
-// and psub follow executor.step exactly; every other instruction goes through step.
+// seconds (wall time of the program minus encoding) and the encoding seconds.
 func (e *executor) runTimed() (evalSec, encodeSec float64, err error) {
 	start := time.Now()
 	for i, in := range e.plan.Program {
 		t := time.Now()
-		e.rescaleSec = 0
-		enc := 0.0
-		switch in.Op {
-		case "pmul", "padd", "psub":
-			enc, err = e.stepPlaintextOp(in)
-		default:
-			err = e.step(in)
-		}
+		e.rescaleSec, e.encodeSec = 0, 0
+		op, err := e.exec(i, in)
 		if err != nil {
 			return 0, 0, fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
 		}
-		encodeSec += enc
-		e.afterStep(i, in, time.Since(t).Seconds()-e.rescaleSec-enc)
+		encodeSec += e.encodeSec
+		e.afterStep(i, in, op, time.Since(t).Seconds()-e.rescaleSec-e.encodeSec)
 	}
 	return time.Since(start).Seconds() - encodeSec, encodeSec, nil
-}
-
-// stepPlaintextOp is executor.step for pmul/padd/psub, returning the encoding time.
-func (e *executor) stepPlaintextOp(in instr) (float64, error) {
-	var ct *rlwe.Ciphertext
-	var err error
-	var scale rlwe.Scale
-	if in.Op == "pmul" {
-		if ct, err = e.operand(in.Src, true); err != nil {
-			return 0, err
-		}
-		if err = e.checkMulLevel(in.Src, ct, 1); err != nil {
-			return 0, err
-		}
-		scale = e.rescaleFactor(ct.Level())
-	} else {
-		if ct, err = e.operand(in.Src, false); err != nil {
-			return 0, err
-		}
-		scale = ct.Scale
-	}
-	t := time.Now()
-	pt, err := e.plaintext(in.Pt, ct.Level(), scale)
-	enc := time.Since(t).Seconds()
-	if err != nil {
-		return enc, err
-	}
-	out := e.newCt(ct.Level())
-	switch in.Op {
-	case "pmul":
-		err = e.eval.Mul(ct, pt, out)
-	case "padd":
-		err = e.eval.Add(ct, pt, out)
-	default:
-		err = e.eval.Sub(ct, pt, out)
-	}
-	if err != nil {
-		return enc, err
-	}
-	e.set(in.Dst, out)
-	return enc, nil
 }

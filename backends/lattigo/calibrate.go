@@ -4,15 +4,20 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"syscall"
 	"time"
+	"unsafe"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils/bignum"
 )
@@ -22,7 +27,9 @@ import (
 //
 // optionsJSON: "" or {"repeat": R (default 5), "hoist_batch": B (default 8),
 // "levels": [...] (default: top, middle = top/2, 0)}. Every timing is taken R times after
-// one untimed warm-up; the result reports each sample and the median, in seconds.
+// one untimed warm-up; the result reports each sample and the median, in seconds of the
+// calibrating thread's CPU time (option "clock": "wall" for elapsed time): on a shared
+// machine elapsed time also counts the time other processes hold the cores.
 //
 // Per level (key switching keys are generated at the top level and serve every level):
 //
@@ -36,6 +43,12 @@ import (
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
 //	rescale           eval.Rescale of a pmul result (levels >= 1)
+//	block_fixed       a fused block's fixed part (fused.go): decompose c1, P*c0 and P*c1,
+//	                  the two final ModDowns
+//	block_baby        one lazy hoisted baby rotation (AutomorphismHoistedLazy, in QP)
+//	block_product     one plaintext product accumulated lazily in QP (both polynomials)
+//	block_giant       one giant step: ModDown of c1, key switch, add, automorphisms in QP
+//	                  (all single-threaded: the serial cost of the executor's primitives)
 //
 // Once: poly3 (polynomial.Evaluator on a degree-3 monomial polynomial at the top level),
 // encrypt, decrypt, keygen_galois (one Galois key, top level), keygen_relin,
@@ -51,6 +64,11 @@ type calibrateOptions struct {
 	Repeat     int   `json:"repeat"`
 	HoistBatch int   `json:"hoist_batch"`
 	Levels     []int `json:"levels"`
+	// Bootstrapping presets: how many timed bootstraps (default min(repeat, 3)), or none.
+	BootstrapRepeat int  `json:"bootstrap_repeat"`
+	NoBootstrap     bool `json:"no_bootstrap"`
+	// Clock: "cpu" (default: the thread's CPU time) or "wall"
+	Clock string `json:"clock"`
 	commonOptions
 }
 
@@ -76,9 +94,25 @@ type calibration struct {
 	RelinKeyBytes  int                          `json:"relin_key_bytes"`
 	CtBytesTop     int                          `json:"ciphertext_bytes_top"`
 	EncodingPrec   uint                         `json:"encoding_precision_bits"`
+	Clock          string                       `json:"clock"`
 	PerLevel       map[string]map[string]timing `json:"per_level"`
 	Once           map[string]timing            `json:"once"`
 	TotalSeconds   float64                      `json:"total_seconds"`
+	// Bootstrapping presets (once["bootstrap"] is the timing; see calibrateBootstrap).
+	Boot *bootCalibration `json:"boot,omitempty"`
+}
+
+type bootCalibration struct {
+	Literal            string    `json:"literal"`
+	KeygenSeconds      float64   `json:"keygen_seconds"`
+	MatrixSeconds      float64   `json:"matrix_seconds"`
+	EvaluationKeyBytes int       `json:"evaluation_key_bytes"`
+	MatrixBytes        int64     `json:"matrix_bytes"`
+	GaloisKeys         int       `json:"galois_keys"`
+	InputLevel         int       `json:"input_level"`
+	OutputLevel        int       `json:"output_level"`
+	MaxAbsError        []float64 `json:"max_abs_error"`
+	PeakRSSBytes       int64     `json:"peak_rss_bytes"`
 }
 
 func median(xs []float64) float64 {
@@ -93,18 +127,41 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// measure runs fn once untimed, then `repeat` times timed.
+// threadCPUSeconds is the calling OS thread's CPU time (clock_gettime
+// CLOCK_THREAD_CPUTIME_ID: nanosecond resolution, unlike getrusage's scheduler ticks).
+func threadCPUSeconds() float64 { return clockSeconds(3) }
+
+// clockSeconds reads clock_gettime(clock) (2: process CPU time, 3: thread CPU time).
+func clockSeconds(clock uintptr) float64 {
+	var ts syscall.Timespec
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clock, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		return 0
+	}
+	return float64(ts.Sec) + float64(ts.Nsec)/1e9
+}
+
+// measureClock: "cpu" (default) times the calibrating thread's CPU time, which a shared,
+// loaded machine does not inflate; "wall" times elapsed time.
+var measureClock = "cpu"
+
+// measure runs fn once untimed, then `repeat` times timed (see measureClock).
 func measure(repeat int, fn func() error) (timing, error) {
 	if err := fn(); err != nil {
 		return timing{}, err
 	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var tm timing
 	for i := 0; i < repeat; i++ {
-		t := time.Now()
+		t, c := time.Now(), threadCPUSeconds()
 		if err := fn(); err != nil {
 			return timing{}, err
 		}
-		tm.Samples = append(tm.Samples, time.Since(t).Seconds())
+		if measureClock == "wall" {
+			tm.Samples = append(tm.Samples, time.Since(t).Seconds())
+		} else {
+			tm.Samples = append(tm.Samples, threadCPUSeconds()-c)
+		}
 	}
 	tm.Median = median(tm.Samples)
 	return tm, nil
@@ -122,6 +179,14 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	if opt.HoistBatch == 0 {
 		opt.HoistBatch = 8
 	}
+	switch opt.Clock {
+	case "", "cpu":
+		measureClock = "cpu"
+	case "wall":
+		measureClock = "wall"
+	default:
+		return "", fmt.Errorf("options: clock must be \"cpu\" or \"wall\", got %q", opt.Clock)
+	}
 	if opt.Repeat < 1 || opt.Repeat > 1000 {
 		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
 	}
@@ -129,11 +194,14 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	if err := json.Unmarshal([]byte(paramsJSON), &pp); err != nil {
 		return "", fmt.Errorf("params are not valid JSON: %w", err)
 	}
-	params, err := pp.ckksParameters()
+	setup, err := pp.setup()
 	if err != nil {
 		return "", err
 	}
-	slots, top := params.MaxSlots(), params.MaxLevel()
+	// A bootstrapping preset is timed on the bootstrapping parameters (where its plans run),
+	// at the residual levels.
+	params := setup.params
+	slots, top := params.MaxSlots(), setup.top
 	if opt.HoistBatch < 2 || opt.HoistBatch >= slots {
 		return "", fmt.Errorf("options: hoist_batch must be in 2..%d, got %d", slots-1, opt.HoistBatch)
 	}
@@ -160,9 +228,9 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		PerLevel: map[string]map[string]timing{}, Once: map[string]timing{},
 		CtBytesTop:   ckks.NewCiphertext(params, 1, top).BinarySize(),
-		EncodingPrec: params.EncodingPrecision(),
+		EncodingPrec: params.EncodingPrecision(), Clock: measureClock,
 	}
-	c := newClient(params)
+	c := newSetupClient(setup)
 	rng := rand.New(rand.NewSource(1))
 	randVec := func() []float64 {
 		v := make([]float64, slots)
@@ -194,7 +262,7 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	cal.GaloisKeyBytes = gks[0].BinarySize()
 	var rlk *rlwe.RelinearizationKey
 	if cal.Once["keygen_relin"], err = measure(opt.Repeat, func() error {
-		rlk = c.kgen.GenRelinearizationKeyNew(c.sk)
+		rlk = c.kgen.GenRelinearizationKeyNew(c.sk, evkParams)
 		return nil
 	}); err != nil {
 		return "", err
@@ -347,7 +415,18 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 				return "", fmt.Errorf("rescale at level %d: %w", l, err)
 			}
 		}
+		if err = calibrateBlock(params, eval, a, opt.Repeat, m); err != nil {
+			return "", fmt.Errorf("fused block at level %d: %w", l, err)
+		}
 		cal.PerLevel[key] = m
+	}
+	if setup.btp != nil && !opt.NoBootstrap {
+		// Free this part's keys and evaluator first: the bootstrapping block is large.
+		gks, rlk, eval = nil, nil, nil
+		releaseMemory()
+		if err = calibrateBootstrap(cal, c, opt, randVec); err != nil {
+			return "", err
+		}
 	}
 	cal.TotalSeconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(cal)
@@ -355,4 +434,161 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		return "", fmt.Errorf("cannot encode the result: %w", err)
 	}
 	return string(data), nil
+}
+
+// calibrateBootstrap times one bootstrap (Lattigo's Evaluator.Bootstrap of a ciphertext at
+// level 0 holding a random vector in [-1, 1]) after one untimed warm-up, and records the key
+// generation and DFT matrix encoding times, the block's sizes and each run's max abs error.
+func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randVec func() []float64) error {
+	n := opt.BootstrapRepeat
+	if n == 0 {
+		n = min(opt.Repeat, 3)
+	}
+	if n < 1 || n > 100 {
+		return fmt.Errorf("options: bootstrap_repeat must be in 1..100, got %d", n)
+	}
+	bc := &bootCalibration{Literal: c.boot.Literal}
+	t := time.Now()
+	evk, skN2, err := c.btp.GenEvaluationKeys(c.skN1)
+	if err != nil {
+		return fmt.Errorf("bootstrapping key generation: %w", err)
+	}
+	if !skN2.Equal(c.sk) {
+		return fmt.Errorf("bootstrapping key generation used another secret than the client's")
+	}
+	bc.KeygenSeconds = time.Since(t).Seconds()
+	bc.EvaluationKeyBytes = evk.BinarySize()
+	bc.GaloisKeys = len(evk.GaloisKeys)
+	t = time.Now()
+	ev, err := bootstrapping.NewEvaluator(*c.btp, evk)
+	if err != nil {
+		return fmt.Errorf("cannot build the bootstrapping evaluator: %w", err)
+	}
+	bc.MatrixSeconds = time.Since(t).Seconds()
+	bc.MatrixBytes = matrixBytes(ev)
+	vals := randVec()
+	pt := ckks.NewPlaintext(c.params, 0)
+	if err = c.ecd.Encode(vals, pt); err != nil {
+		return err
+	}
+	ct, err := c.enc.EncryptNew(pt)
+	if err != nil {
+		return err
+	}
+	var last *rlwe.Ciphertext
+	tm, err := measure(n, func() error {
+		out, _, err := bootstrapCt(ev, ct)
+		if err != nil {
+			return err
+		}
+		got, err := c.decrypt(out)
+		if err != nil {
+			return err
+		}
+		e := 0.0
+		for i := range got {
+			e = math.Max(e, math.Abs(got[i]-vals[i]))
+		}
+		bc.MaxAbsError = append(bc.MaxAbsError, e)
+		last = out
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	bc.InputLevel, bc.OutputLevel = ct.Level(), last.Level()
+	bc.PeakRSSBytes = peakRSS()
+	cal.Once["bootstrap"] = tm
+	cal.Boot = bc
+	return nil
+}
+
+// calibrateBlock times the primitives of a fused block (fused.go) at ct's level, one
+// goroutine, with the same Lattigo calls the executor makes.
+func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphertext, repeat int, m map[string]timing) error {
+	levelQ, levelP := ct.Level(), params.MaxLevelP()
+	ringQP := params.RingQP().AtLevel(levelQ, levelP)
+	ringQ := ringQP.RingQ
+	rqp := params.RingQP()
+	decomp := make([]ringqp.Poly, params.BaseRNSDecompositionVectorSize(params.MaxLevel(), levelP))
+	for i := range decomp {
+		decomp[i] = rqp.NewPoly()
+	}
+	pc0, pc1 := ringQ.NewPoly(), ringQ.NewPoly()
+	acc0, acc1 := rqp.NewPoly(), rqp.NewPoly()
+	out := ckks.NewCiphertext(params, 1, levelQ)
+	pBig := params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
+	var err error
+	if m["block_fixed"], err = measure(repeat, func() error {
+		eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, decomp)
+		ringQ.MulScalarBigint(ct.Value[0], pBig, pc0)
+		ringQ.MulScalarBigint(ct.Value[1], pBig, pc1)
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc0.Q, acc0.P, out.Value[0])
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc1.Q, acc1.P, out.Value[1])
+		return nil
+	}); err != nil {
+		return err
+	}
+	baby := rlwe.NewElementExtended(params, 1, levelQ, levelP)
+	galEl := params.GaloisElement(1)
+	if m["block_baby"], err = measure(repeat, func() error {
+		return eval.AutomorphismHoistedLazy(levelQ, ct, decomp, galEl, baby)
+	}); err != nil {
+		return err
+	}
+	// distinct plaintexts (as in a block: each product streams its own from memory)
+	const batch = 64
+	pts := make([]ringqp.Poly, batch)
+	for j := range pts {
+		pts[j] = ringQP.NewPoly()
+		for i := range pts[j].Q.Coeffs {
+			copy(pts[j].Q.Coeffs[i], baby.Value[j%2].Q.Coeffs[i])
+		}
+	}
+	tm, err := measure(repeat, func() error {
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[0], acc0)
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[1], acc1)
+		for j := 1; j < batch; j++ {
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[0], acc0)
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[1], acc1)
+			if j%2 == 1 {
+				ringQ.Reduce(acc0.Q, acc0.Q)
+				ringQ.Reduce(acc1.Q, acc1.Q)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range tm.Samples {
+		tm.Samples[i] /= batch
+	}
+	tm.Median /= batch
+	m["block_product"] = tm
+	cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
+	cQP.IsNTT = true
+	tmp0, tmp1 := rqp.NewPoly(), rqp.NewPoly()
+	tmp0.CopyLvl(levelQ, levelP, baby.Value[0])
+	evk, err := eval.CheckAndGetGaloisKey(galEl)
+	if err != nil {
+		return err
+	}
+	idx := eval.AutomorphismIndex(galEl)
+	m["block_giant"], err = measure(repeat, func() error {
+		tmp1.CopyLvl(levelQ, levelP, baby.Value[1])
+		eval.ModDownQPtoQNTT(levelQ, levelP, tmp1.Q, tmp1.P, tmp1.Q)
+		if err := eval.GadgetProductLazy(levelQ, tmp1.Q, &evk.GadgetCiphertext, cQP); err != nil {
+			return err
+		}
+		ringQP.Add(cQP.Value[0], tmp0, cQP.Value[0])
+		ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[0], idx, acc0)
+		ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[1], idx, acc1)
+		ringQP.RingQ.Reduce(acc0.Q, acc0.Q)
+		ringQP.RingQ.Reduce(acc1.Q, acc1.Q)
+		ringQP.RingP.Reduce(acc0.P, acc0.P)
+		ringQP.RingP.Reduce(acc1.P, acc1.P)
+		return nil
+	})
+	return err
 }

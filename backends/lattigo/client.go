@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
@@ -26,6 +27,7 @@ type manifestKey struct {
 	Bytes         int    `json:"bytes"`
 	LevelQ        int    `json:"level_q"`
 	LevelP        int    `json:"level_p"`
+	Conjugation   bool   `json:"conjugation,omitempty"`
 }
 
 // keyManifest describes a key directory; Q and P identify the parameters the keys belong to.
@@ -36,28 +38,58 @@ type keyManifest struct {
 	Relin     string        `json:"relin,omitempty"`
 	RelinSize int           `json:"relin_bytes,omitempty"`
 	Rotations []manifestKey `json:"rotations"`
+	Boot      *bootManifest `json:"boot,omitempty"`
+}
+
+// bootManifest describes the bootstrapping key block of a key directory: the keys of
+// bootstrapping.Parameters.GenEvaluationKeys, one file per key.
+type bootManifest struct {
+	Literal            string        `json:"literal"`
+	Galois             []manifestKey `json:"galois"`
+	Relin              string        `json:"relin"`
+	DenseToSparse      string        `json:"dense_to_sparse"`
+	SparseToDense      string        `json:"sparse_to_dense"`
+	Bytes              int64         `json:"bytes"`
+	EvaluationKeysSize int           `json:"evaluation_keys_binary_size"`
+	keygenSeconds      float64
 }
 
 type client struct {
 	params ckks.Parameters
+	top    int // level inputs are encrypted at
 	sk     *rlwe.SecretKey
 	kgen   *rlwe.KeyGenerator
 	ecd    *ckks.Encoder
 	enc    *rlwe.Encryptor
 	dec    *rlwe.Decryptor
+
+	// bootstrapping plans: the parameters and the residual secret the bootstrapping keys
+	// are generated from (sk is the same key extended to the bootstrapping chain).
+	btp  *bootstrapping.Parameters
+	skN1 *rlwe.SecretKey
+	boot *bootParams
 }
 
 func newClient(params ckks.Parameters) *client {
-	kgen := rlwe.NewKeyGenerator(params)
-	sk := kgen.GenSecretKeyNew()
-	return &client{
-		params: params,
-		sk:     sk,
-		kgen:   kgen,
-		ecd:    newEncoder(params),
-		enc:    rlwe.NewEncryptor(params, sk),
-		dec:    rlwe.NewDecryptor(params, sk),
+	return newSetupClient(&evalSetup{params: params, top: params.MaxLevel()})
+}
+
+// newSetupClient is the client of a plan's setup: for a bootstrapping plan the secret is
+// generated on the residual parameters and extended to the bootstrapping chain, on which
+// everything (keys, encryption, decryption) then happens.
+func newSetupClient(s *evalSetup) *client {
+	params := s.params
+	c := &client{params: params, top: s.top, kgen: rlwe.NewKeyGenerator(params), btp: s.btp, boot: s.boot}
+	if s.btp != nil {
+		c.skN1 = rlwe.NewKeyGenerator(s.btp.ResidualParameters).GenSecretKeyNew()
+		c.sk = extendSecret(*s.btp, c.skN1)
+	} else {
+		c.sk = c.kgen.GenSecretKeyNew()
 	}
+	c.ecd = newEncoder(params)
+	c.enc = rlwe.NewEncryptor(params, c.sk)
+	c.dec = rlwe.NewDecryptor(params, c.sk)
+	return c
 }
 
 // writeKeys generates one Galois key per rotation offset (at levels[k] when given, else at
@@ -65,6 +97,12 @@ func newClient(params ckks.Parameters) *client {
 // as it exists so at most one key is held in client memory. It returns the manifest plus
 // generation and write times.
 func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int, levels map[int]int) (m keyManifest, genSec, writeSec float64, err error) {
+	return c.writeKeySet(dir, offsets, relin, keyLevelQ, levels, false)
+}
+
+// writeKeySet is writeKeys, plus the bootstrapping key block when boot is set (see
+// writeBootKeys).
+func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ int, levels map[int]int, boot bool) (m keyManifest, genSec, writeSec float64, err error) {
 	if err = os.MkdirAll(dir, 0o755); err != nil {
 		return m, 0, 0, fmt.Errorf("cannot create key directory %s: %w", dir, err)
 	}
@@ -111,12 +149,24 @@ func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int,
 	}
 	if relin {
 		t := time.Now()
-		rlk := c.kgen.GenRelinearizationKeyNew(c.sk)
+		lq := c.top
+		rlk := c.kgen.GenRelinearizationKeyNew(c.sk, rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &levelP})
 		genSec += time.Since(t).Seconds()
 		if err = write("relin.key", rlk); err != nil {
 			return m, genSec, writeSec, err
 		}
 		m.Relin, m.RelinSize = "relin.key", rlk.BinarySize()
+	}
+	if boot {
+		var g float64
+		m.Boot, g, err = c.writeBootKeys(write)
+		genSec += g
+		if m.Boot != nil {
+			m.Boot.keygenSeconds = g
+		}
+		if err != nil {
+			return m, genSec, writeSec, err
+		}
 	}
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err == nil {
@@ -128,9 +178,61 @@ func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int,
 	return m, genSec, writeSec, nil
 }
 
+// writeBootKeys generates the bootstrapping keys once (GenEvaluationKeys, from the
+// residual secret) and writes them with write, one file per key: boot_gal_<element>.key
+// for each Galois key, boot_relin.key and the two encapsulation keys. The generated keys
+// are dropped before returning (the evaluation side reads them from the directory).
+// It returns the generation time (write times are counted by write).
+func (c *client) writeBootKeys(write func(string, io.WriterTo) error) (bm *bootManifest, genSec float64, err error) {
+	t := time.Now()
+	evk, skN2, err := c.btp.GenEvaluationKeys(c.skN1)
+	if err != nil {
+		return nil, 0, fmt.Errorf("bootstrapping key generation: %w", err)
+	}
+	genSec = time.Since(t).Seconds()
+	if !skN2.Equal(c.sk) {
+		return nil, genSec, fmt.Errorf("bootstrapping key generation used another secret than the client's")
+	}
+	info := bootKeyInfo(*c.btp)
+	conj := c.params.GaloisElementForComplexConjugation()
+	bm = &bootManifest{Literal: c.boot.Literal, EvaluationKeysSize: evk.BinarySize()}
+	for _, g := range info.galEls {
+		gk, err := evk.GetGaloisKey(g)
+		if err != nil {
+			return nil, genSec, fmt.Errorf("bootstrapping keys: %w", err)
+		}
+		name := fmt.Sprintf("boot_gal_%d.key", g)
+		if err = write(name, gk); err != nil {
+			return nil, genSec, err
+		}
+		bm.Galois = append(bm.Galois, manifestKey{K: info.byGalEl[g], GaloisElement: g, File: name,
+			Bytes: gk.BinarySize(), LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: g == conj})
+		bm.Bytes += int64(gk.BinarySize())
+	}
+	if len(evk.GaloisKeys) != len(info.galEls) {
+		return nil, genSec, fmt.Errorf("bootstrapping keys: %d Galois keys generated, %d expected", len(evk.GaloisKeys), len(info.galEls))
+	}
+	for _, f := range []struct {
+		name string
+		dst  *string
+		obj  interface {
+			io.WriterTo
+			BinarySize() int
+		}
+	}{{"boot_relin.key", &bm.Relin, evk.RelinearizationKey}, {"boot_dense_to_sparse.key", &bm.DenseToSparse, evk.EvkDenseToSparse},
+		{"boot_sparse_to_dense.key", &bm.SparseToDense, evk.EvkSparseToDense}} {
+		if err = write(f.name, f.obj); err != nil {
+			return nil, genSec, err
+		}
+		*f.dst = f.name
+		bm.Bytes += int64(f.obj.BinarySize())
+	}
+	return bm, genSec, nil
+}
+
 // encrypt encodes a length-slots vector at the top level and the default scale.
 func (c *client) encrypt(values []float64) (*rlwe.Ciphertext, error) {
-	pt := ckks.NewPlaintext(c.params, c.params.MaxLevel())
+	pt := ckks.NewPlaintext(c.params, c.top)
 	if err := c.ecd.Encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode input: %w", err)
 	}

@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
 	"time"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils/bignum"
 )
@@ -32,22 +35,35 @@ import (
 //   - rescale: a real Rescale when the operand carries an unrescaled product; otherwise the
 //     value is passed through unchanged (counted as skipped_rescales), because dividing a
 //     ciphertext at the default scale by q would destroy its precision.
-//   - poly: Lattigo's polynomial evaluator (monomial basis, Paterson-Stockmeyer); it uses
-//     ceil(log2(degree+1)) levels (none for a constant). Its target scale is the default
+//   - poly: Lattigo's polynomial evaluator (monomial basis, or Chebyshev basis for
+//     basis "chebyshev"; baby-step giant-step); it uses ceil(log2(degree+1)) levels (none for
+//     a constant), and one more for a Chebyshev domain other than [-1, 1] (the change of
+//     variable (2x - a - b)/(b - a) is a constant multiplication and a rescale). Its target scale is the default
 //     scale when the input's is within 2^-10 of it (this removes cmul drift), else the
 //     input's scale.
 //   - Multiplying at a level with nothing left to rescale is an error naming the register.
 //   - rot/rot_hoisted: the key must be resident and generated at a level >= the
 //     ciphertext's level (a lower-level key would give silently wrong results).
+//   - bootstrap (bootstrapping plans, boot.go): an operand carrying an unrescaled product
+//     is rescaled first; Lattigo's bootstrapper gets a copy at whatever level the operand
+//     is (its ScaleDown drops the unneeded primes and matches the scale; at level 0 the
+//     scale is the operand's own) and returns the value at the top residual level with
+//     the default scale. The key block "boot" must be resident (load_key block "boot";
+//     without a key schedule it is loaded up front with every other key).
 
 type executor struct {
 	params   ckks.Parameters
+	top      int // level of fresh ciphertexts
+	setup    *evalSetup
+	btpEval  *bootstrapping.Evaluator // resident with the boot block
+	matBytes int64
 	eval     *ckks.Evaluator
 	polyEval *polynomial.Evaluator
 	ecd      *ckks.Encoder
 	keys     *keyStore
 	plan     *plan
 	ptValues map[string][]float64
+	ptFile   *plaintextFile // when set, plaintext vectors are read from it instead
 	io       clientIO
 
 	scheduled bool
@@ -59,9 +75,30 @@ type executor struct {
 	st        *stats
 
 	rescaleSec float64 // auto-rescale time inside the current instruction
+	encodeSec  float64 // plaintext encoding time inside the current instruction
+	cur        int     // index of the instruction being executed
 	nInput     int
 	nOutput    int
+
+	// fused linear blocks (fused.go) and the plaintext cache
+	cache        *ptCache
+	fusion       *fusionPlan
+	babies       map[string]*babyCache
+	workers      []*fusedWorker
+	nWorkers     int
+	decomp       []ringqp.Poly
+	fusedEvalSec float64
 }
+
+// executorOptions: fuse linear blocks (default on), workers for fused blocks (0: GOMAXPROCS),
+// a shared plaintext cache (nil: a fresh one per executor).
+type executorOptions struct {
+	NoFuse  bool
+	Workers int
+	Cache   *ptCache
+}
+
+func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // clientIO is how the evaluation side reaches the client: it asks for the n-th input
 // ciphertext and hands over the n-th output ciphertext.
@@ -70,10 +107,17 @@ type clientIO interface {
 	output(n int, ct *rlwe.Ciphertext) error
 }
 
-func newExecutor(params ckks.Parameters, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats) *executor {
+func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats, opts ...executorOptions) *executor {
+	params := setup.params
+	var opt executorOptions
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
 	eval := ckks.NewEvaluator(params, keys)
 	e := &executor{
 		params:    params,
+		top:       setup.top,
+		setup:     setup,
 		eval:      eval,
 		polyEval:  polynomial.NewEvaluator(params, eval),
 		ecd:       newEncoder(params),
@@ -86,16 +130,59 @@ func newExecutor(params ckks.Parameters, keys *keyStore, p *plan, ptValues map[s
 		refs:      map[*rlwe.Ciphertext]int{},
 		lastUse:   map[string]int{},
 		st:        st,
+		cache:     opt.Cache,
+		babies:    map[string]*babyCache{},
+		nWorkers:  opt.Workers,
+	}
+	if e.cache == nil {
+		e.cache = newPtCache(0)
+	}
+	if e.nWorkers <= 0 {
+		e.nWorkers = runtime.GOMAXPROCS(0)
+	}
+	st.Workers = e.nWorkers
+	if !opt.NoFuse && !e.scheduled {
+		e.fusion = analyseFusion(p, params.MaxSlots())
 	}
 	for i, in := range p.Program {
-		for _, r := range in.defs() {
-			e.lastUse[r] = i
-		}
-		for _, r := range in.uses() {
+		for _, r := range e.regsAt(i, in) {
 			e.lastUse[r] = i
 		}
 	}
 	return e
+}
+
+// regsAt lists the registers instruction i reads or writes as executed (a fused block
+// reads its base and writes its root; skipped instructions touch nothing).
+func (e *executor) regsAt(i int, in instr) []string {
+	if e.fusion != nil {
+		if f := e.fusion.roots[i]; f != nil {
+			return []string{f.base, e.fusion.rootDst[i]}
+		}
+		if e.fusion.skip[i] {
+			return nil
+		}
+	}
+	return append(in.uses(), in.defs()...)
+}
+
+// exec runs instruction i: a fused block, nothing (absorbed into one), or the instruction.
+func (e *executor) exec(i int, in instr) (string, error) {
+	if e.fusion != nil {
+		if f := e.fusion.roots[i]; f != nil {
+			out, err := e.evalFused(f)
+			if err != nil {
+				return "", err
+			}
+			e.set(e.fusion.rootDst[i], out)
+			return "bsgs_block", nil
+		}
+		if e.fusion.skip[i] {
+			return "", nil
+		}
+	}
+	e.cur = i
+	return in.Op, e.step(in)
 }
 
 func (e *executor) run() error {
@@ -103,14 +190,20 @@ func (e *executor) run() error {
 		if err := e.keys.loadAll(); err != nil {
 			return fmt.Errorf("keep-all key policy: %w", err)
 		}
+		if e.keys.hasBlock() {
+			if err := e.loadBlock(); err != nil {
+				return fmt.Errorf("keep-all key policy: %w", err)
+			}
+		}
 	}
 	for i, in := range e.plan.Program {
 		t := time.Now()
-		e.rescaleSec = 0
-		if err := e.step(in); err != nil {
+		e.rescaleSec, e.encodeSec = 0, 0
+		op, err := e.exec(i, in)
+		if err != nil {
 			return fmt.Errorf("instruction %d (%s): %w", i, in.Op, err)
 		}
-		e.afterStep(i, in, time.Since(t).Seconds()-e.rescaleSec)
+		e.afterStep(i, in, op, time.Since(t).Seconds()-e.rescaleSec)
 	}
 	return nil
 }
@@ -192,9 +285,26 @@ func (e *executor) operand(name string, rescaleFirst bool) (*rlwe.Ciphertext, er
 func (e *executor) checkMulLevel(name string, ct *rlwe.Ciphertext, levels int) error {
 	if need := levels * e.params.LevelsConsumedPerRescaling(); ct.Level() < need {
 		return fmt.Errorf("register %q is at level %d but this multiplication needs %d level(s): the plan uses more multiplicative depth than log_q provides (%d levels)",
-			name, ct.Level(), need, e.params.MaxLevel())
+			name, ct.Level(), need, e.top)
 	}
 	return nil
+}
+
+// chebyshevVariable maps x to (2x - a - b)/(b - a), the variable of a Chebyshev series over
+// [a, b] (Lattigo's evaluator expects it done): a constant multiplication and a rescale.
+func (e *executor) chebyshevVariable(ct *rlwe.Ciphertext, poly bignum.Polynomial) (*rlwe.Ciphertext, error) {
+	scalar, constant := poly.ChangeOfBasis()
+	out, err := e.eval.MulNew(ct, scalar)
+	if err != nil {
+		return nil, err
+	}
+	if err = e.eval.Add(out, constant, out); err != nil {
+		return nil, err
+	}
+	if err = e.eval.Rescale(out, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // binaryOperands prepares add/sub operands so that their scales agree (policy above).
@@ -227,13 +337,46 @@ func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Cipher
 	return a, b, nil
 }
 
+// plaintext returns plaintext name encoded at (level, scale), from the cache when it was
+// encoded before (by this evaluation or an earlier one of the same model).
 func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Plaintext, error) {
+	key := ptKey{name, level, scale.Log2()}
+	c := e.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pt, ok := c.q[key]; ok {
+		return pt, nil
+	}
+	t := nowSeconds()
 	pt := ckks.NewPlaintext(e.params, level)
 	pt.Scale = scale
-	if err := e.ecd.Encode(e.ptValues[name], pt); err != nil {
+	values := e.ptValues[name]
+	if e.ptFile != nil {
+		var err error
+		if values, err = e.ptFile.vector(name); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.ecd.Encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
+	d := nowSeconds() - t
+	c.seconds += d
+	e.encodeSec += d
+	if c.keep(int64(pt.BinarySize())) {
+		c.q[key] = pt
+	}
 	return pt, nil
+}
+
+// inPlace: the register's ciphertext may be overwritten by instruction i (its last use,
+// held by no other register).
+func (e *executor) inPlace(name string, i int) *rlwe.Ciphertext {
+	ct := e.regs[name]
+	if ct == nil || e.lastUse[name] != i || e.refs[ct] != 1 {
+		return nil
+	}
+	return ct
 }
 
 // rotationKey checks that the key for offset k can rotate ct.
@@ -314,7 +457,11 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		out := e.newCt(min(a.Level(), b.Level()))
+		// in place into a when this is a's last use (no allocation)
+		out := e.inPlace(in.A, e.cur)
+		if out != a || in.A == in.B || a.Level() != b.Level() || out.BinarySize() != a.BinarySize() {
+			out = e.newCt(min(a.Level(), b.Level()))
+		}
 		if in.Op == "add" {
 			err = e.eval.Add(a, b, out)
 		} else {
@@ -357,7 +504,10 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		out := e.newCt(ct.Level())
+		out := e.inPlace(in.Src, e.cur)
+		if out != ct {
+			out = e.newCt(ct.Level())
+		}
 		if err = e.eval.Mul(ct, pt, out); err != nil {
 			return err
 		}
@@ -378,8 +528,13 @@ func (e *executor) step(in instr) error {
 		if err = e.checkMulLevel(in.B, b, 1); err != nil {
 			return err
 		}
-		if e.keys.rlk == nil {
-			return fmt.Errorf("no relinearisation key")
+		rlk, err := e.keys.GetRelinearizationKey()
+		if err != nil {
+			return fmt.Errorf("no relinearisation key resident: %w", err)
+		}
+		if lv := min(a.Level(), b.Level()); rlk.LevelQ() < lv {
+			return fmt.Errorf("the relinearisation key was generated at level %d, below the operands' level %d (it would give wrong results)",
+				rlk.LevelQ(), lv)
 		}
 		out := e.newCt(min(a.Level(), b.Level()))
 		if err = e.eval.MulRelin(a, b, out); err != nil {
@@ -400,7 +555,12 @@ func (e *executor) step(in instr) error {
 				err = e.eval.Add(out, in.Coeffs[0], out)
 			}
 		} else {
-			if err = e.checkMulLevel(in.Src, ct, bits.Len(uint(d))); err != nil {
+			cheb := in.Basis == "chebyshev"
+			levels := bits.Len(uint(d))
+			if cheb && !in.unitDomain() {
+				levels++ // the change of variable multiplies by a constant
+			}
+			if err = e.checkMulLevel(in.Src, ct, levels); err != nil {
 				return err
 			}
 			// Target the default scale when the input is close to it: this also removes
@@ -409,7 +569,17 @@ func (e *executor) step(in instr) error {
 			if math.Abs(ct.Scale.Div(e.params.DefaultScale()).Float64()-1) < 1.0/1024 {
 				target = e.params.DefaultScale()
 			}
-			poly := bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
+			var poly bignum.Polynomial
+			if cheb {
+				poly = bignum.NewPolynomial(bignum.Chebyshev, in.Coeffs[:d+1], [2]float64{in.Domain[0], in.Domain[1]})
+				if !in.unitDomain() {
+					if ct, err = e.chebyshevVariable(ct, poly); err != nil {
+						return err
+					}
+				}
+			} else {
+				poly = bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
+			}
 			out, err = e.polyEval.Evaluate(ct, poly, target)
 		}
 		if err != nil {
@@ -433,10 +603,33 @@ func (e *executor) step(in instr) error {
 		}
 		e.set(in.Dst, out)
 
+	case "bootstrap":
+		if e.btpEval == nil {
+			return fmt.Errorf("the key block \"boot\" is not resident (the key schedule must load_key block \"boot\" before a bootstrap)")
+		}
+		ct, err := e.operand(in.Src, true)
+		if err != nil {
+			return err
+		}
+		out, sec, err := bootstrapCt(e.btpEval, ct)
+		if err != nil {
+			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), ct.Scale.Log2(), err)
+		}
+		e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, sec)
+		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())
+		e.set(in.Dst, out)
+
 	case "load_key":
+		if in.Block != "" {
+			return e.loadBlock()
+		}
 		return e.keys.load(*in.K)
 
 	case "drop_key":
+		if in.Block != "" {
+			e.dropBlock()
+			return nil
+		}
 		e.keys.drop(*in.K)
 
 	default:
@@ -447,19 +640,72 @@ func (e *executor) step(in instr) error {
 
 // afterStep records an executed instruction's time and rotations, tracks the peak of live
 // ciphertext bytes, and frees the registers the instruction used for the last time.
-func (e *executor) afterStep(i int, in instr, seconds float64) {
-	e.st.addOp(in.Op, seconds)
-	if in.Op == "rot_hoisted" {
+func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
+	if op != "" {
+		e.st.addOp(op, seconds)
+	}
+	if op == "rot_hoisted" {
 		e.st.Rotations += len(in.Ks)
-	} else if in.Op == "rot" {
+	} else if op == "rot" {
 		e.st.Rotations++
 	}
 	if e.liveBytes > e.st.PeakCiphertextBytes {
 		e.st.PeakCiphertextBytes = e.liveBytes
 	}
-	for _, r := range append(in.uses(), in.defs()...) {
+	e.notePeak()
+	for _, r := range e.regsAt(i, in) {
 		if e.lastUse[r] == i {
 			e.set(r, nil)
 		}
 	}
+}
+
+// notePeak tracks the largest sum of what the memory model counts: live ciphertexts,
+// resident keys (plan keys and the boot block), the relinearisation key and the resident
+// DFT matrices.
+func (e *executor) notePeak() {
+	total := e.liveBytes + e.keys.residentBytes + e.matBytes
+	if e.keys.rlk != nil {
+		total += int64(e.keys.rlk.BinarySize())
+	}
+	if total > e.st.PeakTrackedBytes {
+		e.st.PeakTrackedBytes = total
+	}
+}
+
+// loadBlock makes the bootstrapping block resident: the DFT matrices are encoded first
+// (under stand-in keys, boot.go), then the block's keys are read from the key directory
+// and the bootstrapping evaluator is wired to the executor's evaluator.
+func (e *executor) loadBlock() error {
+	if e.btpEval != nil {
+		return nil
+	}
+	if e.setup.btp == nil {
+		return fmt.Errorf("the plan's params carry no \"boot\" object")
+	}
+	t := time.Now()
+	ev, err := newBootEvaluator(*e.setup.btp, bootKeyInfo(*e.setup.btp).galEls)
+	if err != nil {
+		return err
+	}
+	releaseMemory() // the encoder's temporaries, before any key is read
+	e.st.BootMatrixSeconds += time.Since(t).Seconds()
+	e.matBytes = matrixBytes(ev)
+	e.st.BootMatrixBytes = e.matBytes
+	if err = e.keys.loadBlock(); err != nil {
+		return err
+	}
+	wireBootEvaluator(ev, e.eval, e.keys.block)
+	e.btpEval = ev
+	e.st.BootKeyBytes = e.keys.block.bytes
+	e.notePeak()
+	return nil
+}
+
+// dropBlock forgets the bootstrapping block (keys and matrices).
+func (e *executor) dropBlock() {
+	e.keys.dropBlock()
+	e.btpEval = nil
+	e.matBytes = 0
+	releaseMemory()
 }

@@ -34,6 +34,12 @@ type keyStore struct {
 	resident map[uint64]*rlwe.GaloisKey
 	rlk      *rlwe.RelinearizationKey
 
+	// The bootstrapping key block (bootstrapping plans): what the directory holds, and
+	// the resident block (nil when dropped).
+	bootByGalEl map[uint64]manifestKey
+	block       *bootBlock
+	blockLoads  int
+
 	residentBytes int64
 	peakBytes     int64
 	peakCount     int
@@ -56,8 +62,9 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 	}
 	s := &keyStore{
 		dir: dir, params: params, manifest: m,
-		byGalEl:  map[uint64]manifestKey{},
-		resident: map[uint64]*rlwe.GaloisKey{},
+		byGalEl:     map[uint64]manifestKey{},
+		resident:    map[uint64]*rlwe.GaloisKey{},
+		bootByGalEl: map[uint64]manifestKey{},
 	}
 	for _, mk := range m.Rotations {
 		if mk.GaloisElement != params.GaloisElement(mk.K) {
@@ -65,6 +72,22 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 		}
 		s.byGalEl[mk.GaloisElement] = mk
 		s.galEls = append(s.galEls, mk.GaloisElement)
+	}
+	if m.Boot != nil {
+		conj := params.GaloisElementForComplexConjugation()
+		for _, mk := range m.Boot.Galois {
+			want := conj
+			if !mk.Conjugation {
+				want = params.GaloisElement(mk.K)
+			}
+			if mk.GaloisElement != want {
+				return nil, fmt.Errorf("key directory %s: boot key %s claims k=%d but Galois element %d", dir, mk.File, mk.K, mk.GaloisElement)
+			}
+			s.bootByGalEl[mk.GaloisElement] = mk
+			if _, dup := s.byGalEl[mk.GaloisElement]; !dup {
+				s.galEls = append(s.galEls, mk.GaloisElement)
+			}
+		}
 	}
 	sort.Slice(s.galEls, func(i, j int) bool { return s.galEls[i] < s.galEls[j] })
 	if m.Relin != "" {
@@ -97,9 +120,116 @@ func (s *keyStore) has(k int) bool {
 	return ok
 }
 
-// residentKey returns the resident key for offset k, or nil.
+// residentKey returns the resident key for offset k (the plan's own key, else the
+// resident boot block's), or nil.
 func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
-	return s.resident[s.params.GaloisElement(k)]
+	galEl := s.params.GaloisElement(k)
+	if gk, ok := s.resident[galEl]; ok {
+		return gk
+	}
+	if s.block != nil {
+		return s.block.gks[galEl]
+	}
+	return nil
+}
+
+// residentCount is the number of resident Galois keys (plan keys and the block's).
+func (s *keyStore) residentCount() int {
+	n := len(s.resident)
+	if s.block != nil {
+		n += len(s.block.gks)
+	}
+	return n
+}
+
+func (s *keyStore) notePeak() {
+	if s.residentBytes > s.peakBytes {
+		s.peakBytes = s.residentBytes
+	}
+	if n := s.residentCount(); n > s.peakCount {
+		s.peakCount = n
+	}
+}
+
+// bootBlock is the resident bootstrapping key block.
+type bootBlock struct {
+	gks           map[uint64]*rlwe.GaloisKey
+	rlk           *rlwe.RelinearizationKey
+	denseToSparse *rlwe.EvaluationKey
+	sparseToDense *rlwe.EvaluationKey
+	bytes         int64
+}
+
+func (b *bootBlock) galoisKeys() []*rlwe.GaloisKey {
+	out := make([]*rlwe.GaloisKey, 0, len(b.gks))
+	for _, gk := range b.gks {
+		out = append(out, gk)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GaloisElement < out[j].GaloisElement })
+	return out
+}
+
+// hasBlock reports whether the directory holds a bootstrapping key block.
+func (s *keyStore) hasBlock() bool {
+	return s.manifest.Boot != nil
+}
+
+// blockHas reports whether the directory's boot block holds the key for offset k.
+func (s *keyStore) blockHas(k int) bool {
+	_, ok := s.bootByGalEl[s.params.GaloisElement(k)]
+	return ok
+}
+
+// loadBlock reads the bootstrapping key block (a no-op when it is resident).
+func (s *keyStore) loadBlock() error {
+	if s.block != nil {
+		return nil
+	}
+	bm := s.manifest.Boot
+	if bm == nil {
+		return fmt.Errorf("key directory %s has no bootstrapping key block", s.dir)
+	}
+	t := time.Now()
+	b := &bootBlock{gks: map[uint64]*rlwe.GaloisKey{}}
+	for _, mk := range bm.Galois {
+		gk := new(rlwe.GaloisKey)
+		if err := s.readInto(mk.File, gk); err != nil {
+			return err
+		}
+		if gk.GaloisElement != mk.GaloisElement {
+			return fmt.Errorf("key file %s holds Galois element %d, expected %d", mk.File, gk.GaloisElement, mk.GaloisElement)
+		}
+		b.gks[gk.GaloisElement] = gk
+		b.bytes += int64(gk.BinarySize())
+	}
+	b.rlk = new(rlwe.RelinearizationKey)
+	b.denseToSparse, b.sparseToDense = new(rlwe.EvaluationKey), new(rlwe.EvaluationKey)
+	for _, f := range []struct {
+		name string
+		obj  interface {
+			io.ReaderFrom
+			BinarySize() int
+		}
+	}{{bm.Relin, b.rlk}, {bm.DenseToSparse, b.denseToSparse}, {bm.SparseToDense, b.sparseToDense}} {
+		if err := s.readInto(f.name, f.obj); err != nil {
+			return err
+		}
+		b.bytes += int64(f.obj.BinarySize())
+	}
+	s.block = b
+	s.blockLoads++
+	s.loadSeconds += time.Since(t).Seconds()
+	s.residentBytes += b.bytes
+	s.notePeak()
+	return nil
+}
+
+// dropBlock forgets the bootstrapping key block (a no-op when it is not resident).
+func (s *keyStore) dropBlock() {
+	if s.block != nil {
+		s.residentBytes -= s.block.bytes
+		s.block = nil
+	}
 }
 
 // load makes the key for offset k resident (a no-op when it already is).
@@ -124,12 +254,7 @@ func (s *keyStore) load(k int) error {
 	s.loads++
 	s.resident[galEl] = gk
 	s.residentBytes += int64(gk.BinarySize())
-	if s.residentBytes > s.peakBytes {
-		s.peakBytes = s.residentBytes
-	}
-	if len(s.resident) > s.peakCount {
-		s.peakCount = len(s.resident)
-	}
+	s.notePeak()
 	return nil
 }
 
@@ -142,7 +267,8 @@ func (s *keyStore) drop(k int) {
 	}
 }
 
-// loadAll makes every key of the directory resident (the keep-all policy).
+// loadAll makes every rotation key of the directory resident (the keep-all policy; the
+// boot block is loaded by the executor, which builds its evaluator around it).
 func (s *keyStore) loadAll() error {
 	for _, mk := range s.manifest.Rotations {
 		if err := s.load(mk.K); err != nil {
@@ -157,8 +283,16 @@ func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
 	if gk, ok := s.resident[galEl]; ok {
 		return gk, nil
 	}
+	if s.block != nil {
+		if gk, ok := s.block.gks[galEl]; ok {
+			return gk, nil
+		}
+	}
 	if mk, ok := s.byGalEl[galEl]; ok {
 		return nil, fmt.Errorf("rotation key k=%d is not resident", mk.K)
+	}
+	if mk, ok := s.bootByGalEl[galEl]; ok {
+		return nil, fmt.Errorf("the key block \"boot\" (holding k=%d) is not resident", mk.K)
 	}
 	return nil, fmt.Errorf("no rotation key for Galois element %d", galEl)
 }
@@ -168,8 +302,14 @@ func (s *keyStore) GetGaloisKeysList() []uint64 {
 	return slices.Clone(s.galEls)
 }
 
-// GetRelinearizationKey implements rlwe.EvaluationKeySet.
+// GetRelinearizationKey implements rlwe.EvaluationKeySet: the resident boot block's key
+// (generated at the top of the bootstrapping chain: the bootstrap's own multiplications
+// need it there, and a lower-level key would give silently wrong results), else the plan's
+// own key.
 func (s *keyStore) GetRelinearizationKey() (*rlwe.RelinearizationKey, error) {
+	if s.block != nil {
+		return s.block.rlk, nil
+	}
 	if s.rlk == nil {
 		return nil, fmt.Errorf("no relinearisation key in %s", s.dir)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 	"time"
 
@@ -68,6 +69,9 @@ type lintransOptions struct {
 	Dimension    int  `json:"dimension"`
 	Level        *int `json:"level"`
 	Repeat       int  `json:"repeat"`
+	// Embedding: "square" (default: W in the corner of a d x d matrix) or "hybrid"
+	// (GAZELLE's hybrid diagonals for a rectangular W, see hybridEmbedding).
+	Embedding string `json:"embedding"`
 	commonOptions
 	// MemoryLimitBytes: see benchPlanOptions.
 	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
@@ -75,6 +79,9 @@ type lintransOptions struct {
 
 type lintransStats struct {
 	Slots           int       `json:"slots"`
+	Embedding       string    `json:"embedding"`
+	FoldRotations   int       `json:"fold_rotations"`
+	FoldSeconds     float64   `json:"fold_seconds"`
 	N               int       `json:"n"`
 	K               int       `json:"k"`
 	Dimension       int       `json:"dimension"`
@@ -99,6 +106,8 @@ type lintransStats struct {
 	RescaleSeconds  float64   `json:"rescale_seconds"`
 	EvalSeconds     float64   `json:"eval_seconds"`
 	EvalSecondsRuns []float64 `json:"eval_seconds_runs"`
+	CPUSeconds      float64   `json:"cpu_seconds"`
+	CPUSecondsRuns  []float64 `json:"cpu_seconds_runs"`
 	TotalSeconds    float64   `json:"total_seconds"`
 }
 
@@ -166,6 +175,13 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	if level < 1 || level > params.MaxLevel() {
 		return "", fmt.Errorf("options: level must be in 1..%d (one level is consumed), got %d", params.MaxLevel(), level)
 	}
+	embedding := opt.Embedding
+	if embedding == "" {
+		embedding = "square"
+	}
+	if embedding != "square" && embedding != "hybrid" {
+		return "", fmt.Errorf("options: embedding must be \"square\" or \"hybrid\", got %q", embedding)
+	}
 	d := 1 << bits.Len(uint(max(n, k)-1))
 	if opt.Dimension != 0 {
 		d = opt.Dimension
@@ -175,33 +191,21 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	}
 	logd := bits.Len(uint(d)) - 1
 	dims := ring.Dimensions{Rows: 0, Cols: logd}
-
-	// Diagonals of the d x d embedding of W: diag_i[r] = W[r, (r+i) mod d] (r < n, < k).
-	diags := lintrans.Diagonals[float64]{}
-	for i := 0; i < d; i++ {
-		var diag []float64
-		for r := 0; r < n; r++ {
-			c := (r + i) & (d - 1)
-			if c >= k {
-				continue
-			}
-			if v := W[r*k+c]; v != 0 {
-				if diag == nil {
-					diag = make([]float64, d)
-				}
-				diag[r] = v
-			}
-		}
-		if diag != nil {
-			diags[i] = diag
-		}
+	var diags lintrans.Diagonals[float64]
+	var xs []float64
+	var folds []int
+	if embedding == "hybrid" {
+		diags, xs, folds = hybridEmbedding(W, x, n, k, d)
+	} else {
+		diags, xs = squareEmbedding(W, n, k, d), make([]float64, d)
+		copy(xs, x)
 	}
 	if len(diags) == 0 {
 		return "", fmt.Errorf("the matrix is all zeros: lintrans has no diagonal to evaluate")
 	}
 	st := &lintransStats{
 		Slots: slots, N: n, K: k, Dimension: d, Replication: slots / d, Level: level,
-		LogBSGSRatio: ratio, Diagonals: len(diags),
+		LogBSGSRatio: ratio, Diagonals: len(diags), Embedding: embedding, FoldRotations: len(folds),
 	}
 
 	ltParams := lintrans.Parameters{
@@ -227,6 +231,11 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 
 	// Keys: exactly the Galois elements lintrans lists (never recomputed here).
 	galEls := lintrans.GaloisElements(params, ltParams)
+	for _, f := range folds {
+		if g := params.GaloisElement(f); !slices.Contains(galEls, g) {
+			galEls = append(galEls, g)
+		}
+	}
 	sort.Slice(galEls, func(i, j int) bool { return galEls[i] < galEls[j] })
 	st.GaloisElements = galEls
 	st.GaloisKeys = len(galEls)
@@ -262,7 +271,7 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 			}
 		}
 	}
-	st.Rotations = st.BabyRotations + st.GiantRotations
+	st.Rotations = st.BabyRotations + st.GiantRotations + len(folds)
 
 	// Client: encrypt x at the chosen level (sparse packing when d < slots).
 	enc := rlwe.NewEncryptor(params, sk)
@@ -270,8 +279,6 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	t = time.Now()
 	pt := ckks.NewPlaintext(params, level)
 	pt.LogDimensions = dims
-	xs := make([]float64, d)
-	copy(xs, x)
 	if err = ecd.Encode(xs, pt); err != nil {
 		return "", fmt.Errorf("cannot encode the vector: %w", err)
 	}
@@ -283,13 +290,14 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 
 	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(nil, gks...))
 	ltEval := lintrans.NewEvaluator(eval)
-	type run struct{ evaluate, rescale float64 }
+	type run struct{ evaluate, rescale, fold, cpu float64 }
 	runs := make([]run, 0, opt.Repeat)
 	var res *rlwe.Ciphertext
 	for r := 0; r < opt.Repeat; r++ {
 		out := ckks.NewCiphertext(params, 1, level)
 		resc := ckks.NewCiphertext(params, 1, level-1)
 		t = time.Now()
+		cpu0 := cpuSeconds()
 		if err = ltEval.Evaluate(ct, lt, out); err != nil {
 			return "", fmt.Errorf("lintrans Evaluate: %w", err)
 		}
@@ -298,13 +306,28 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 		if err = eval.Rescale(out, resc); err != nil {
 			return "", fmt.Errorf("rescale: %w", err)
 		}
-		runs = append(runs, run{ev, time.Since(t).Seconds()})
-		st.EvalSecondsRuns = append(st.EvalSecondsRuns, ev+runs[r].rescale)
+		rs := time.Since(t).Seconds()
+		// hybrid: log2(d/m) rotate-and-adds sum the partial rows (after the rescale)
+		t = time.Now()
+		for _, f := range folds {
+			rot, err := eval.RotateNew(resc, f)
+			if err != nil {
+				return "", fmt.Errorf("fold rotation %d: %w", f, err)
+			}
+			if err = eval.Add(resc, rot, resc); err != nil {
+				return "", err
+			}
+		}
+		runs = append(runs, run{ev, rs, time.Since(t).Seconds(), cpuSeconds() - cpu0})
+		st.CPUSecondsRuns = append(st.CPUSecondsRuns, runs[r].cpu)
+		st.EvalSecondsRuns = append(st.EvalSecondsRuns, ev+rs+runs[r].fold)
 		res = resc
 	}
-	sort.Slice(runs, func(a, b int) bool { return runs[a].evaluate+runs[a].rescale < runs[b].evaluate+runs[b].rescale })
+	total := func(r run) float64 { return r.evaluate + r.rescale + r.fold }
+	sort.Slice(runs, func(a, b int) bool { return total(runs[a]) < total(runs[b]) })
 	m := runs[(len(runs)-1)/2]
-	st.EvaluateSeconds, st.RescaleSeconds, st.EvalSeconds = m.evaluate, m.rescale, m.evaluate+m.rescale
+	st.EvaluateSeconds, st.RescaleSeconds, st.FoldSeconds, st.EvalSeconds = m.evaluate, m.rescale, m.fold, total(m)
+	st.CPUSeconds = m.cpu
 
 	t = time.Now()
 	ys := make([]float64, d)
@@ -321,4 +344,101 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 		return "", fmt.Errorf("cannot encode the result: %w", err)
 	}
 	return string(data), nil
+}
+
+// squareEmbedding: the diagonals of the d x d embedding of W (n x k, row-major),
+// diag_i[r] = W[r, (r+i) mod d] for r < n and (r+i) mod d < k.
+func squareEmbedding(W []float64, n, k, d int) lintrans.Diagonals[float64] {
+	diags := lintrans.Diagonals[float64]{}
+	for i := 0; i < d; i++ {
+		var diag []float64
+		for r := 0; r < n; r++ {
+			c := (r + i) & (d - 1)
+			if c >= k {
+				continue
+			}
+			if v := W[r*k+c]; v != 0 {
+				if diag == nil {
+					diag = make([]float64, d)
+				}
+				diag[r] = v
+			}
+		}
+		if diag != nil {
+			diags[i] = diag
+		}
+	}
+	return diags
+}
+
+// hybridEmbedding is GAZELLE's hybrid diagonal method (Juvekar et al. 2018) for a
+// rectangular W (n x k) in a period of d = 2^ceil(log2 max(n, k)) slots; it returns the
+// diagonals, the input vector (length d) and the rotate-and-add offsets after lintrans.
+//
+//   - wide (n < k): m = 2^ceil(log2 n) diagonals of length d,
+//     diag_i[s] = W[s mod m, (s+i) mod d]; the input is x; slot s (row s mod m) then holds
+//     the part of its row over columns s..s+m-1, and log2(d/m) rotate-and-adds (offsets
+//     d/2, d/4, ..., m) sum the d/m parts into slots 0..n-1;
+//   - tall (n > k): m = 2^ceil(log2 k) diagonals, diag_i[s] = W[s, (s+i) mod m]; the input
+//     is x repeated with period m (x[s mod m]), so no rotate-and-add is needed;
+//   - square (n = k): the square embedding.
+func hybridEmbedding(W, x []float64, n, k, d int) (lintrans.Diagonals[float64], []float64, []int) {
+	xs := make([]float64, d)
+	if n == k {
+		copy(xs, x)
+		return squareEmbedding(W, n, k, d), xs, nil
+	}
+	diags := lintrans.Diagonals[float64]{}
+	var folds []int
+	if n < k {
+		m := 1 << bits.Len(uint(n-1))
+		copy(xs, x)
+		for i := 0; i < m; i++ {
+			var diag []float64
+			for s := 0; s < d; s++ {
+				r, c := s&(m-1), (s+i)&(d-1)
+				if r >= n || c >= k {
+					continue
+				}
+				if v := W[r*k+c]; v != 0 {
+					if diag == nil {
+						diag = make([]float64, d)
+					}
+					diag[s] = v
+				}
+			}
+			if diag != nil {
+				diags[i] = diag
+			}
+		}
+		for f := d / 2; f >= m; f /= 2 {
+			folds = append(folds, f)
+		}
+		return diags, xs, folds
+	}
+	m := 1 << bits.Len(uint(k-1))
+	for s := range xs {
+		if c := s & (m - 1); c < k {
+			xs[s] = x[c]
+		}
+	}
+	for i := 0; i < m; i++ {
+		var diag []float64
+		for s := 0; s < n; s++ {
+			c := (s + i) & (m - 1)
+			if c >= k {
+				continue
+			}
+			if v := W[s*k+c]; v != 0 {
+				if diag == nil {
+					diag = make([]float64, d)
+				}
+				diag[s] = v
+			}
+		}
+		if diag != nil {
+			diags[i] = diag
+		}
+	}
+	return diags, xs, nil
 }

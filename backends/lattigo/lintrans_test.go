@@ -13,7 +13,12 @@ import (
 
 func TestLintransMatvecSmall(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
-	for _, tc := range []struct{ n, k, dim, ratio int }{{5, 12, 0, 1}, {12, 5, 0, 1}, {16, 16, 2048, 1}, {7, 9, 0, -1}, {30, 20, 0, 0}} {
+	for _, tc := range []struct {
+		n, k, dim, ratio int
+		emb              string
+	}{{5, 12, 0, 1, ""}, {12, 5, 0, 1, ""}, {16, 16, 2048, 1, ""}, {7, 9, 0, -1, ""}, {30, 20, 0, 0, ""},
+		{5, 12, 0, 1, "hybrid"}, {12, 5, 0, 2, "hybrid"}, {3, 40, 0, 1, "hybrid"}, {40, 3, 0, -1, "hybrid"},
+		{16, 64, 256, 1, "hybrid"}, {64, 16, 0, 0, "hybrid"}, {9, 9, 0, 1, "hybrid"}} {
 		W := make([]float64, tc.n*tc.k)
 		for i := range W {
 			W[i] = 2*rng.Float64() - 1
@@ -22,7 +27,7 @@ func TestLintransMatvecSmall(t *testing.T) {
 		for i := range x {
 			x[i] = 2*rng.Float64() - 1
 		}
-		opts, _ := json.Marshal(map[string]int{"dimension": tc.dim, "log_bsgs_ratio": tc.ratio})
+		opts, _ := json.Marshal(map[string]any{"dimension": tc.dim, "log_bsgs_ratio": tc.ratio, "embedding": tc.emb})
 		res, err := LintransMatvec(testParams, packVecs(W), tc.n, tc.k, packVecs(x), string(opts))
 		if err != nil {
 			t.Fatal(err)

@@ -19,6 +19,8 @@ type planParams struct {
 	LogP     []int `json:"log_p"`
 	LogScale int   `json:"log_scale"`
 	Slots    int   `json:"slots"`
+	// Boot: the bootstrapping preset's object (boot.go); absent for plain presets.
+	Boot *bootParams `json:"boot"`
 }
 
 type plaintextSpec struct {
@@ -38,8 +40,11 @@ type instr struct {
 	Ks     []int     `json:"ks"`
 	Pt     string    `json:"pt"`
 	Coeffs []float64 `json:"coeffs"`
+	Basis  string    `json:"basis"`
+	Domain []float64 `json:"domain"`
 	Tensor string    `json:"tensor"`
 	Table  string    `json:"table"`
+	Block  string    `json:"block"`
 }
 
 type plan struct {
@@ -82,7 +87,7 @@ func (in instr) opName() string {
 // uses lists the registers an instruction reads.
 func (in instr) uses() []string {
 	switch in.Op {
-	case "rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "output":
+	case "rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "output":
 		return []string{in.Src}
 	case "add", "sub", "cmul":
 		return []string{in.A, in.B}
@@ -95,7 +100,7 @@ func (in instr) defs() []string {
 	switch in.Op {
 	case "rot_hoisted":
 		return in.Dsts
-	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale":
+	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap":
 		return []string{in.Dst}
 	}
 	return nil
@@ -236,12 +241,21 @@ func (p *plan) validate(slots int) error {
 					err = fail("coefficient %v is not finite", c)
 				}
 			}
-		case "rescale":
+			if err == nil {
+				err = checkPolyBasis(in, fail)
+			}
+		case "rescale", "bootstrap":
 			if err = need("dst", in.Dst); err == nil {
 				err = need("src", in.Src)
 			}
 		case "load_key", "drop_key":
-			if in.K == nil {
+			if in.Block != "" {
+				if in.Block != "boot" {
+					err = fail("unknown key block %q (the only block is \"boot\")", in.Block)
+				} else if in.K != nil {
+					err = fail("names both a key block and a rotation offset")
+				}
+			} else if in.K == nil {
 				err = fail("missing field \"k\"")
 			} else if e := checkK(*in.K); e != nil {
 				err = fail("%v", e)
@@ -249,7 +263,7 @@ func (p *plan) validate(slots int) error {
 		case "":
 			err = fail("missing field \"op\"")
 		default:
-			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale load_key drop_key output)", in.Op)
+			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap load_key drop_key output)", in.Op)
 		}
 		if err != nil {
 			return err
@@ -275,7 +289,9 @@ func (p *plan) rotationOffsets() []int {
 	for _, in := range p.Program {
 		switch in.Op {
 		case "rot", "load_key":
-			set[*in.K] = true
+			if in.K != nil {
+				set[*in.K] = true
+			}
 		case "rot_hoisted":
 			for _, k := range in.Ks {
 				set[k] = true
@@ -329,6 +345,30 @@ func (p *plan) plaintextNames() []string {
 	return names
 }
 
+// checkPolyBasis: basis "monomial" (or absent) without a domain, or "chebyshev" with a
+// domain [a, b], a < b, both finite.
+func checkPolyBasis(in instr, fail func(string, ...any) error) error {
+	switch in.Basis {
+	case "", "monomial":
+		if in.Domain != nil {
+			return fail("\"domain\" is only meaningful with basis \"chebyshev\"")
+		}
+	case "chebyshev":
+		if len(in.Domain) != 2 || math.IsNaN(in.Domain[0]) || math.IsInf(in.Domain[0], 0) ||
+			math.IsNaN(in.Domain[1]) || math.IsInf(in.Domain[1], 0) || !(in.Domain[0] < in.Domain[1]) {
+			return fail("a chebyshev poly needs \"domain\" [a, b] with finite a < b, got %v", in.Domain)
+		}
+	default:
+		return fail("unknown basis %q (known: monomial chebyshev)", in.Basis)
+	}
+	return nil
+}
+
+// unitDomain reports a Chebyshev poly over [-1, 1] (no change of variable needed).
+func (in instr) unitDomain() bool {
+	return len(in.Domain) == 2 && in.Domain[0] == -1 && in.Domain[1] == 1
+}
+
 // polyDegree is the degree after trailing zero coefficients are dropped.
 func polyDegree(coeffs []float64) int {
 	d := len(coeffs) - 1
@@ -338,20 +378,45 @@ func polyDegree(coeffs []float64) int {
 	return d
 }
 
+// loadOffsets returns the offsets named by load_key instructions.
+func (p *plan) loadOffsets() map[int]bool {
+	out := map[int]bool{}
+	for _, in := range p.Program {
+		if in.Op == "load_key" && in.K != nil {
+			out[*in.K] = true
+		}
+	}
+	return out
+}
+
+// usesBootBlock reports whether the program bootstraps or loads the key block "boot".
+func (p *plan) usesBootBlock() (int, bool) {
+	for i, in := range p.Program {
+		if in.Op == "bootstrap" || ((in.Op == "load_key" || in.Op == "drop_key") && in.Block != "") {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
 // loadPlan parses a plan, builds its CKKS parameters and validates the program against
 // the slot count: the shared first step of every entry point that executes a plan.
-func loadPlan(planJSON string) (*plan, ckks.Parameters, int, error) {
+func loadPlan(planJSON string) (*plan, *evalSetup, int, error) {
 	p, err := parsePlan(planJSON)
 	if err != nil {
-		return nil, ckks.Parameters{}, 0, err
+		return nil, nil, 0, err
 	}
-	params, err := p.Params.ckksParameters()
+	setup, err := p.Params.setup()
 	if err != nil {
-		return nil, ckks.Parameters{}, 0, err
+		return nil, nil, 0, err
 	}
-	slots := params.MaxSlots()
+	slots := setup.params.MaxSlots()
 	if err = p.validate(slots); err != nil {
-		return nil, ckks.Parameters{}, 0, err
+		return nil, nil, 0, err
 	}
-	return p, params, slots, nil
+	if i, ok := p.usesBootBlock(); ok && setup.btp == nil {
+		return nil, nil, 0, fmt.Errorf("instruction %d (%s): the plan's params carry no \"boot\" object (a bootstrapping preset is needed to bootstrap)",
+			i, p.Program[i].Op)
+	}
+	return p, setup, slots, nil
 }

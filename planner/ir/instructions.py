@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+
 from planner.errors import PlanFileError
 
 # Largest |coefficient| of a poly instruction (as planner.graph.MAX_POLY_COEFF_ABS).
@@ -400,14 +402,51 @@ class Poly(Instr):
             if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c) \
                     or abs(c) > MAX_POLY_COEFF_ABS:
                 raise bad(f"coeffs[{j}]", f"coefficients are finite numbers with |c| <= 2**20, got {json.dumps(c)}")
+        basis = d.get("basis")
+        if basis not in (None, "monomial", "chebyshev"):
+            raise bad("basis", f"must be 'monomial' or 'chebyshev', got {json.dumps(basis)[:40]}")
+        dom = d.get("domain")
+        if basis == "chebyshev":
+            ok = isinstance(dom, list) and len(dom) == 2 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in dom)
+            if not ok or not isinstance(dom, list) or not dom[0] < dom[1]:
+                raise bad("domain", f"a Chebyshev poly needs domain [a, b] with finite a < b, got {json.dumps(dom)}")
+        elif dom is not None:
+            raise bad("domain", "only a Chebyshev poly (basis 'chebyshev') has a domain")
 
     def degree(self) -> int:
         return max((i for i, c in enumerate(self.coeffs) if c != 0.0), default=0)
 
+    @property
+    def chebyshev(self) -> bool:
+        return self.basis == "chebyshev"
+
+    def unit_domain(self) -> bool:
+        """A Chebyshev poly over [-1, 1] (no change of variable)."""
+        return self.domain is None or tuple(self.domain) == (-1.0, 1.0)
+
     def depth(self, d: Mapping[str, int]) -> int:
         # degree d costs ceil(log2(d + 1)) levels (power basis / Paterson-Stockmeyer; the
-        # leading coefficient's multiplication included), as Lattigo's evaluator uses
-        return d[self.src] + self.degree().bit_length()
+        # leading coefficient's multiplication included), as Lattigo's evaluator uses; a
+        # Chebyshev poly over a domain other than [-1, 1] first maps x to (2x - a - b)/(b - a),
+        # a multiplication by a constant: one level more (slotplan's own plans emit that map
+        # as pmul/padd and a poly over [-1, 1])
+        extra = 1 if self.chebyshev and not self.unit_domain() and self.degree() > 0 else 0
+        return d[self.src] + self.degree().bit_length() + extra
+
+    def evaluate(self, x: Any) -> Any:
+        """The polynomial on a float64 array (the simulator's and the cost models' meaning)."""
+        if not self.chebyshev:
+            acc = np.zeros(np.shape(x))
+            for c in reversed(self.coeffs):
+                acc = acc * x + float(c)
+            return acc
+        t = np.asarray(x, dtype=np.float64)
+        if not self.unit_domain():
+            assert self.domain is not None
+            a, b = float(self.domain[0]), float(self.domain[1])
+            t = (2.0 * t - a - b) / (b - a)
+        return np.polynomial.chebyshev.chebval(t, np.asarray(self.coeffs, dtype=np.float64))
 
 
 @instruction

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
+from planner.fusion import FusedCounts, fused_counts
 from planner.program import ProgramBuilder
 
 # in_regs: per encrypted operand, the registers of its ciphertexts (in layout order)
@@ -36,6 +37,9 @@ class CostVector:
     slot_utilization: float = 0.0
     # bootstraps inside the kernel (a NeuJeans CinS layer ends in bootstrap_cins)
     bootstraps: int = 0
+    # what the Lattigo executor fuses (planner.fusion), priced by a time table; not part of
+    # the counts (kernels' analytic costs leave it empty: priced unfused)
+    fused: FusedCounts = field(default=FusedCounts(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,11 +77,13 @@ def sequential(first: CostVector, then: CostVector) -> CostVector:
         ciphertexts_out=then.ciphertexts_out or first.ciphertexts_out,
         slot_utilization=first.slot_utilization,
         bootstraps=first.bootstraps + then.bootstraps,
+        fused=first.fused + then.fused,
     )
 
 
 def count_program(
-    instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float
+    instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float,
+    slots: int | None = None,
 ) -> CostVector:
     counts: Counter[str] = Counter()
     keys: set[int] = set()
@@ -106,6 +112,7 @@ def count_program(
         ciphertexts_out=n_out,
         slot_utilization=util,
         bootstraps=counts["bootstraps"],
+        fused=fused_counts(instrs, slots) if slots else FusedCounts(),
     )
 
 
@@ -150,7 +157,7 @@ class Candidate:
         if self._cost is None or self.analytic is not None:
             b, outs = self.dry_program(slots)
             d_out = max((b.depth[r] for r in outs), default=0)
-            counted = count_program(b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization)
+            counted = count_program(b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization, slots)
             if self.analytic is not None:
                 return counted
             self._cost = counted

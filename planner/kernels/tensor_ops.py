@@ -78,7 +78,8 @@ def sum_candidate(graph: Graph, node: Node, lay: ChannelLayout) -> Candidate:
     pos = lay.axes.index(axis)
     exts = (lay.channels, lay.height, lay.width)
     strides = (lay.lc, lay.lh, lay.lw)
-    rest = [(a - (1 if a > axis else 0), exts[i], strides[i]) for i, a in enumerate(lay.axes) if i != pos]
+    shift = 0 if node.keepdims else 1  # keepdims: the summed axis stays (length 1)
+    rest = [(a - (shift if a > axis else 0), exts[i], strides[i]) for i, a in enumerate(lay.axes) if i != pos]
     ext, stride = exts[pos], strides[pos]
     if not rest:  # a vector sums to one element
         rest = [(0, 1, 1)]

@@ -1,0 +1,587 @@
+package slotlattigo
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// Fused linear blocks (what Lattigo's lintrans does, recognised in any plan).
+//
+// A plan of SPEC section 4 spells a diagonal matrix product as rotations of one ciphertext
+// x (rot_hoisted / rot: the baby steps), a pmul of each rotation (or of x itself) by a
+// plaintext, add trees over those products, a rescale, a rotation of each partial sum (the
+// giant steps) and an add tree over the giant steps:
+//
+//	y = sum_g rot_g( sum_{(b, pt) in g} pt * rot_b(x) )    (rescaled once, or not at all)
+//
+// The executor recognises such a block from the dataflow alone (no attribute, no new op;
+// a plan stays executable instruction by instruction) and evaluates it like lintrans'
+// MultiplyByDiagMatrixBSGS, with double hoisting:
+//
+//   - x's c1 is decomposed once; every baby step is a lazy hoisted automorphism kept in
+//     the extended basis QP (no ModDown) and cached for every block on the same x;
+//   - plaintexts are encoded once in QP at x's level (cached across evaluations, see
+//     ptCache) and multiplied-accumulated lazily in QP;
+//   - per giant step one ModDown (of c1) and one key switch; the giant steps accumulate in
+//     QP and the block ends with one ModDown per output polynomial and one Rescale when
+//     the plan rescales the block;
+//   - the giant steps (and the baby steps) are split over the executor's workers (one
+//     Lattigo evaluator each; partial sums added in QP at the end).
+//
+// Recognition rules (abstract interpretation of the program, fusionAnalysis):
+//   - a "baby" is a register written by rot_hoisted/rot of a register that is no linear
+//     form; pmul of a baby (or of any other register that is no form: beta 0) starts a form;
+//   - add of two forms on the same x with the same rescale state merges them (groups with
+//     the same giant offset merge); rescale marks a not-yet-rescaled form rescaled; rot of
+//     a form made only of unrotated products makes it one giant step;
+//   - a form is absorbed into the instruction that consumes it only when that is its only
+//     use; a form that is not absorbed is a root: it is evaluated fused where its last
+//     instruction stood (when it has more than one product or any rotation), and the
+//     instructions of its tree are skipped. Rotations whose every use is skipped are
+//     skipped too. Plans with a key schedule (load_key/drop_key) are executed as written.
+
+type fTerm struct {
+	beta int
+	pt   string
+}
+
+type fForm struct {
+	base     string
+	groups   map[int][]fTerm // giant offset -> products
+	rescaled bool
+	rotated  bool // some group carries its giant rotation (no further rot)
+	instrs   []int
+}
+
+func (f *fForm) terms() int {
+	n := 0
+	for _, g := range f.groups {
+		n += len(g)
+	}
+	return n
+}
+
+func (f *fForm) worth() bool {
+	if f.terms() > 1 {
+		return true
+	}
+	for g, ts := range f.groups {
+		if g != 0 {
+			return true
+		}
+		for _, t := range ts {
+			if t.beta != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// gammas returns the giant offsets in increasing order.
+func (f *fForm) gammas() []int {
+	out := make([]int, 0, len(f.groups))
+	for g := range f.groups {
+		out = append(out, g)
+	}
+	sort.Ints(out)
+	return out
+}
+
+func mergeForms(a, b *fForm, rotated bool) *fForm {
+	out := &fForm{base: a.base, groups: map[int][]fTerm{}, rescaled: a.rescaled, rotated: rotated}
+	for _, f := range []*fForm{a, b} {
+		for g, ts := range f.groups {
+			out.groups[g] = append(out.groups[g], ts...)
+		}
+		out.instrs = append(out.instrs, f.instrs...)
+	}
+	return out
+}
+
+type fusionPlan struct {
+	roots     map[int]*fForm // instruction index -> the fused block evaluated there (its dst)
+	rootDst   map[int]string
+	skip      []bool
+	baseRoots map[string]int // fused roots per base register (the baby cache is freed after the last)
+}
+
+type baby struct {
+	base string
+	beta int
+}
+
+// analyseFusion finds the fused blocks of a plan (rules above).
+func analyseFusion(p *plan, slots int) *fusionPlan {
+	prog := p.Program
+	users := map[string][]int{}
+	for i, in := range prog {
+		for _, r := range in.uses() {
+			users[r] = append(users[r], i)
+		}
+	}
+	single := func(r string) bool { return len(users[r]) == 1 }
+	norm := func(k int) int { return ((k % slots) + slots) % slots }
+	babies := map[string]baby{}
+	babyInstr := map[string]int{}
+	forms := map[string]*fForm{}
+	absorbed := map[string]bool{}
+	for i, in := range prog {
+		switch in.Op {
+		case "rot_hoisted":
+			if forms[in.Src] == nil {
+				for j, d := range in.Dsts {
+					babies[d] = baby{in.Src, norm(in.Ks[j])}
+					babyInstr[d] = i
+				}
+			}
+		case "rot":
+			f := forms[in.Src]
+			if f == nil {
+				if in.K != nil {
+					babies[in.Dst] = baby{in.Src, norm(*in.K)}
+					babyInstr[in.Dst] = i
+				}
+				continue
+			}
+			if single(in.Src) && !f.rotated && len(f.groups) == 1 && f.groups[0] != nil && in.K != nil {
+				g := norm(*in.K)
+				nf := &fForm{base: f.base, groups: map[int][]fTerm{g: f.groups[0]}, rescaled: f.rescaled, rotated: true,
+					instrs: append(append([]int{}, f.instrs...), i)}
+				forms[in.Dst] = nf
+				absorbed[in.Src] = true
+			}
+		case "pmul":
+			if b, ok := babies[in.Src]; ok {
+				forms[in.Dst] = &fForm{base: b.base, groups: map[int][]fTerm{0: {{b.beta, in.Pt}}}, instrs: []int{i}}
+			} else if forms[in.Src] == nil {
+				forms[in.Dst] = &fForm{base: in.Src, groups: map[int][]fTerm{0: {{0, in.Pt}}}, instrs: []int{i}}
+			}
+		case "add":
+			fa, fb := forms[in.A], forms[in.B]
+			if fa == nil || fb == nil || in.A == in.B || !single(in.A) || !single(in.B) ||
+				fa.base != fb.base || fa.rescaled != fb.rescaled {
+				continue
+			}
+			nf := mergeForms(fa, fb, fa.rotated || fb.rotated)
+			nf.instrs = append(nf.instrs, i)
+			forms[in.Dst] = nf
+			absorbed[in.A], absorbed[in.B] = true, true
+		case "rescale":
+			f := forms[in.Src]
+			if f == nil || f.rescaled || !single(in.Src) {
+				continue
+			}
+			forms[in.Dst] = &fForm{base: f.base, groups: f.groups, rescaled: true, rotated: f.rotated,
+				instrs: append(append([]int{}, f.instrs...), i)}
+			absorbed[in.Src] = true
+		}
+	}
+	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, len(prog)),
+		baseRoots: map[string]int{}}
+	for r, f := range forms {
+		if absorbed[r] || !f.worth() {
+			continue
+		}
+		at := f.instrs[len(f.instrs)-1]
+		fp.roots[at] = f
+		fp.rootDst[at] = r
+		fp.baseRoots[f.base]++
+		for _, i := range f.instrs {
+			fp.skip[i] = true
+		}
+	}
+	// baby rotations whose every use is fused are not executed
+	byInstr := map[int][]string{}
+	for d, i := range babyInstr {
+		byInstr[i] = append(byInstr[i], d)
+	}
+	for i, ds := range byInstr {
+		all := true
+		for _, d := range ds {
+			for _, u := range users[d] {
+				if !fp.skip[u] {
+					all = false
+				}
+			}
+		}
+		if all {
+			fp.skip[i] = true
+		}
+	}
+	return fp
+}
+
+// ---------------------------------------------------------------------------------------
+// Plaintext cache: plaintexts encoded once per model (plan + weights) and reused by every
+// evaluation; encoding time is reported apart (model preparation).
+
+type ptKey struct {
+	name  string
+	level int
+	scale float64 // log2 of the scale
+}
+
+type ptCache struct {
+	mu      sync.Mutex
+	q       map[ptKey]*rlwe.Plaintext
+	qp      map[ptKey]ringqp.Poly
+	bytes   int64
+	seconds float64 // encoding time spent so far
+	limit   int64   // > 0: encode without caching above this many bytes
+	// baby rotations released by finished blocks, by level, reused by later blocks and
+	// evaluations (no allocation per block)
+	pool map[int][]*rlwe.Element[ringqp.Poly]
+}
+
+func newPtCache(limit int64) *ptCache {
+	return &ptCache{q: map[ptKey]*rlwe.Plaintext{}, qp: map[ptKey]ringqp.Poly{}, limit: limit,
+		pool: map[int][]*rlwe.Element[ringqp.Poly]{}}
+}
+
+func (c *ptCache) keep(n int64) bool {
+	if c.limit > 0 && c.bytes+n > c.limit {
+		return false
+	}
+	c.bytes += n
+	return true
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused evaluation.
+
+// babyCache holds the lazily rotated copies of one base ciphertext (in QP) and P*ct.
+type babyCache struct {
+	ct     *rlwe.Ciphertext
+	rot    map[int]*rlwe.Element[ringqp.Poly]
+	pc0    ring.Poly // P * c0 (mod Q)
+	pc1    ring.Poly // P * c1 (mod Q)
+	remain int
+}
+
+type fusedWorker struct {
+	eval       *ckks.Evaluator
+	tmp0, tmp1 ringqp.Poly
+	acc0, acc1 ringqp.Poly
+	cQP        *rlwe.Element[ringqp.Poly]
+	started    bool
+}
+
+func (e *executor) workerPool() []*fusedWorker {
+	if e.workers != nil {
+		return e.workers
+	}
+	n := max(1, e.nWorkers)
+	rqp := e.params.RingQP()
+	for w := 0; w < n; w++ {
+		ev := e.eval
+		if w > 0 {
+			ev = e.eval.ShallowCopy()
+		}
+		fw := &fusedWorker{eval: ev, tmp0: rqp.NewPoly(), tmp1: rqp.NewPoly(), acc0: rqp.NewPoly(), acc1: rqp.NewPoly()}
+		fw.cQP = &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
+		fw.cQP.IsNTT = true
+		e.workers = append(e.workers, fw)
+	}
+	return e.workers
+}
+
+// ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale
+// (NTT and Montgomery form, as lintrans stores its diagonals).
+func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, error) {
+	key := ptKey{name, level, scale.Log2()}
+	c := e.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.qp[key]; ok {
+		return p, nil
+	}
+	vals, ok := e.ptValues[name]
+	if !ok {
+		return ringqp.Poly{}, fmt.Errorf("no values for plaintext %q", name)
+	}
+	t := nowSeconds()
+	poly := e.params.RingQP().AtLevel(level, e.params.MaxLevelP()).NewPoly()
+	md := &rlwe.MetaData{}
+	md.Scale = scale
+	md.LogDimensions = e.params.LogMaxDimensions()
+	md.IsBatched = true
+	md.IsNTT = true
+	md.IsMontgomery = true
+	if err := e.ecd.Embed(vals, md, poly); err != nil {
+		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
+	}
+	d := nowSeconds() - t
+	c.seconds += d
+	e.encodeSec += d
+	if c.keep(int64(poly.BinarySize())) {
+		c.qp[key] = poly
+	}
+	return poly, nil
+}
+
+// babiesFor returns the cache of lazy baby rotations of base, computing the missing ones
+// (split over the workers).
+func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*babyCache, error) {
+	bc := e.babies[base]
+	if bc == nil || bc.ct != ct {
+		levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+		rq := e.params.RingQ().AtLevel(levelQ)
+		bc = &babyCache{ct: ct, rot: map[int]*rlwe.Element[ringqp.Poly]{}, pc0: rq.NewPoly(), pc1: rq.NewPoly(),
+			remain: e.fusion.baseRoots[base]}
+		pBig := e.params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
+		rq.MulScalarBigint(ct.Value[0], pBig, bc.pc0)
+		rq.MulScalarBigint(ct.Value[1], pBig, bc.pc1)
+		e.babies[base] = bc
+	}
+	var todo []int
+	for _, b := range betas {
+		if _, ok := bc.rot[b]; !ok && b != 0 {
+			todo = append(todo, b)
+			bc.rot[b] = nil
+		}
+	}
+	if len(todo) == 0 {
+		return bc, nil
+	}
+	sort.Ints(todo)
+	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	pool := e.cache.pool[levelQ]
+	for _, b := range todo {
+		if err := e.rotationKey(b, ct); err != nil {
+			return nil, err
+		}
+		if n := len(pool); n > 0 {
+			bc.rot[b], pool = pool[n-1], pool[:n-1]
+		} else {
+			bc.rot[b] = rlwe.NewElementExtended(e.params, 1, levelQ, levelP)
+		}
+	}
+	e.cache.pool[levelQ] = pool
+	if e.decomp == nil {
+		rqp := e.params.RingQP()
+		n := e.params.BaseRNSDecompositionVectorSize(e.params.MaxLevel(), e.params.MaxLevelP())
+		for i := 0; i < n; i++ {
+			e.decomp = append(e.decomp, rqp.NewPoly())
+		}
+	}
+	ws := e.workerPool()
+	ws[0].eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, e.decomp)
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for w := range ws {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for j := w; j < len(todo); j += len(ws) {
+				b := todo[j]
+				if err := ws[w].eval.AutomorphismHoistedLazy(levelQ, ct, e.decomp, e.params.GaloisElement(b), bc.rot[b]); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	e.st.Rotations += len(todo)
+	return bc, nil
+}
+
+// evalFused evaluates one fused block (its root register is dst).
+func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
+	ct, err := e.operand(f.base, true)
+	if err != nil {
+		return nil, err
+	}
+	if err = e.checkMulLevel(f.base, ct, 1); err != nil {
+		return nil, err
+	}
+	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	ptScale := e.rescaleFactor(levelQ)
+	gammas := f.gammas()
+	betaSet := map[int]bool{}
+	for _, g := range gammas {
+		if g != 0 {
+			if err = e.rotationKey(g, ct); err != nil {
+				return nil, err
+			}
+		}
+		for _, t := range f.groups[g] {
+			betaSet[t.beta] = true
+		}
+	}
+	betas := make([]int, 0, len(betaSet))
+	for b := range betaSet {
+		betas = append(betas, b)
+	}
+	// encode (or fetch) the plaintexts first, serially
+	pts := map[int][]ringqp.Poly{}
+	for _, g := range gammas {
+		for _, t := range f.groups[g] {
+			p, err := e.ptQP(t.pt, levelQ, ptScale)
+			if err != nil {
+				return nil, err
+			}
+			pts[g] = append(pts[g], p)
+		}
+	}
+	tEval := nowSeconds()
+	bc, err := e.babiesFor(f.base, ct, betas)
+	if err != nil {
+		return nil, err
+	}
+	ws := e.workerPool()
+	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
+	ringQ, ringP := ringQP.RingQ, ringQP.RingP
+	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
+	pMargin := max(1, e.params.PiOverflowMargin(levelP)>>1)
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for w := range ws {
+		ws[w].started = false
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			fw := ws[w]
+			for gi := w; gi < len(gammas); gi += len(ws) {
+				g := gammas[gi]
+				for j, t := range f.groups[g] {
+					pt := pts[g][j]
+					if t.beta == 0 {
+						if j == 0 {
+							ringQ.MulCoeffsMontgomeryLazy(pt.Q, bc.pc0, fw.tmp0.Q)
+							ringQ.MulCoeffsMontgomeryLazy(pt.Q, bc.pc1, fw.tmp1.Q)
+							fw.tmp0.P.Zero()
+							fw.tmp1.P.Zero()
+						} else {
+							ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pt.Q, bc.pc0, fw.tmp0.Q)
+							ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pt.Q, bc.pc1, fw.tmp1.Q)
+						}
+					} else {
+						r := bc.rot[t.beta]
+						if j == 0 {
+							ringQP.MulCoeffsMontgomeryLazy(pt, r.Value[0], fw.tmp0)
+							ringQP.MulCoeffsMontgomeryLazy(pt, r.Value[1], fw.tmp1)
+						} else {
+							ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pt, r.Value[0], fw.tmp0)
+							ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pt, r.Value[1], fw.tmp1)
+						}
+					}
+					if j%qMargin == qMargin-1 {
+						ringQ.Reduce(fw.tmp0.Q, fw.tmp0.Q)
+						ringQ.Reduce(fw.tmp1.Q, fw.tmp1.Q)
+					}
+					if j%pMargin == pMargin-1 {
+						ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
+						ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
+					}
+				}
+				ringQ.Reduce(fw.tmp0.Q, fw.tmp0.Q)
+				ringQ.Reduce(fw.tmp1.Q, fw.tmp1.Q)
+				ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
+				ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
+				if g == 0 {
+					if !fw.started {
+						fw.acc0.CopyLvl(levelQ, levelP, fw.tmp0)
+						fw.acc1.CopyLvl(levelQ, levelP, fw.tmp1)
+					} else {
+						ringQP.Add(fw.acc0, fw.tmp0, fw.acc0)
+						ringQP.Add(fw.acc1, fw.tmp1, fw.acc1)
+					}
+					fw.started = true
+					continue
+				}
+				// giant step: one ModDown of c1, one key switch, automorphism in QP
+				ev := fw.eval
+				ev.ModDownQPtoQNTT(levelQ, levelP, fw.tmp1.Q, fw.tmp1.P, fw.tmp1.Q)
+				galEl := e.params.GaloisElement(g)
+				evk, err := ev.CheckAndGetGaloisKey(galEl)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				if err = ev.GadgetProductLazy(levelQ, fw.tmp1.Q, &evk.GadgetCiphertext, fw.cQP); err != nil {
+					errs[w] = err
+					return
+				}
+				ringQP.Add(fw.cQP.Value[0], fw.tmp0, fw.cQP.Value[0])
+				idx := ev.AutomorphismIndex(galEl)
+				if !fw.started {
+					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[0], idx, fw.acc0)
+					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[1], idx, fw.acc1)
+				} else {
+					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[0], idx, fw.acc0)
+					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[1], idx, fw.acc1)
+					ringQ.Reduce(fw.acc0.Q, fw.acc0.Q)
+					ringQ.Reduce(fw.acc1.Q, fw.acc1.Q)
+					ringP.Reduce(fw.acc0.P, fw.acc0.P)
+					ringP.Reduce(fw.acc1.P, fw.acc1.P)
+				}
+				fw.started = true
+			}
+		}(w)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	var first *fusedWorker
+	for _, fw := range ws {
+		if !fw.started {
+			continue
+		}
+		if first == nil {
+			first = fw
+			continue
+		}
+		ringQP.Add(first.acc0, fw.acc0, first.acc0)
+		ringQP.Add(first.acc1, fw.acc1, first.acc1)
+	}
+	out := e.newCt(levelQ)
+	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc0.Q, first.acc0.P, out.Value[0])
+	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc1.Q, first.acc1.P, out.Value[1])
+	*out.MetaData = *ct.MetaData
+	out.Scale = ct.Scale.Mul(ptScale)
+	for _, g := range gammas {
+		if g != 0 {
+			e.st.Rotations++
+		}
+	}
+	e.st.FusedBlocks++
+	e.st.FusedProducts += f.terms()
+	if f.rescaled {
+		if out, err = e.rescale(out); err != nil {
+			return nil, err
+		}
+	}
+	// release the baby cache after the last block on this base
+	bc.remain--
+	if bc.remain <= 0 {
+		delete(e.babies, f.base)
+		for _, el := range bc.rot {
+			if el != nil {
+				e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
+			}
+		}
+	}
+	e.fusedEvalSec += nowSeconds() - tEval
+	return out, nil
+}
+
+// cpuSeconds is the process's CPU time (all threads; clock_gettime
+// CLOCK_PROCESS_CPUTIME_ID): next to wall time it shows how much of a loaded machine a
+// timed section got.
+func cpuSeconds() float64 { return clockSeconds(2) }

@@ -1,0 +1,178 @@
+"""Fused linear blocks: which instructions of a program the Lattigo executor evaluates as
+one double-hoisted baby-step giant-step block (``backends/lattigo/fused.go``), counted for
+the time model.
+
+The rules are the executor's, on the program's dataflow (no attribute in the plan):
+
+* a *baby* is a register written by ``rot_hoisted``/``rot`` of a register that is no
+  linear form; ``pmul`` of a baby, or of any other register that is no form (offset 0),
+  starts a form ``sum_g rot_g(sum pt * rot_b(x))`` over one base x;
+* ``add`` of two forms on the same base with the same rescale state merges them;
+  ``rescale`` marks a form rescaled (once); ``rot`` of a form made of unrotated products
+  makes it one giant step;
+* a form is absorbed by its consumer only when that is its only use; a form that is not
+  absorbed is a *root*: with more than one product or any rotation it is one fused block,
+  and the instructions of its tree are absorbed; a baby rotation whose every use is
+  absorbed is absorbed too.
+
+A block costs ``block`` (decomposition, two ModDowns) + ``block_baby`` per distinct
+non-zero baby offset of its base (shared by the blocks on that base) + ``block_giant``
+per non-zero giant offset + ``block_product`` per product (calibrated weights, see
+``backends/calibrate.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner import ir
+
+
+@dataclass(frozen=True)
+class FusedCounts:
+    """What the executor fuses in a program, and the plan counts it replaces."""
+
+    blocks: int = 0
+    products: int = 0
+    babies: int = 0  # lazy baby rotations (distinct non-zero offsets per base)
+    giants: int = 0  # key switches of giant steps
+    # absorbed instructions by summary counter (rot, hoisted groups and their rotations,
+    # pmul, add, rescale), priced by the block weights instead
+    rot: int = 0
+    hoisted_groups: int = 0
+    hoisted_rotations: int = 0
+    pmul: int = 0
+    add: int = 0
+    rescale: int = 0
+    block_rescales: int = 0  # one Rescale per block the plan rescales
+
+    def __add__(self, o: FusedCounts) -> FusedCounts:
+        return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[int, ...]:
+        return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
+                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales)
+
+    def to_json(self) -> dict[str, int]:
+        keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
+                "pmul", "add", "rescale", "block_rescales")
+        return dict(zip(keys, self.astuple(), strict=True))
+
+
+@dataclass
+class _Form:
+    base: str
+    groups: dict[int, list[tuple[int, str]]]
+    rescaled: bool = False
+    rotated: bool = False
+    instrs: list[int] = field(default_factory=list)
+
+    def terms(self) -> int:
+        return sum(len(v) for v in self.groups.values())
+
+    def worth(self) -> bool:
+        if self.terms() > 1:
+            return True
+        return any(g != 0 or any(b != 0 for b, _ in ts) for g, ts in self.groups.items())
+
+
+def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
+    """The executor's fused blocks of ``program`` (rules in the module docstring)."""
+    instrs = [ir.decode(dict(raw)) for raw in program]
+    users: dict[str, list[int]] = {}
+    for i, ins in enumerate(instrs):
+        for r in ins.reads():
+            users.setdefault(r, []).append(i)
+
+    def single(r: str) -> bool:
+        return len(users.get(r, ())) == 1
+
+    babies: dict[str, tuple[str, int]] = {}
+    baby_instr: dict[str, int] = {}
+    forms: dict[str, _Form] = {}
+    absorbed: set[str] = set()
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, ir.RotHoisted):
+            if ins.src not in forms:
+                for d, k in zip(ins.dsts, ins.ks, strict=True):
+                    babies[d] = (ins.src, k % slots)
+                    baby_instr[d] = i
+        elif isinstance(ins, ir.Rot):
+            f = forms.get(ins.src)
+            if f is None:
+                babies[ins.dst] = (ins.src, ins.k % slots)
+                baby_instr[ins.dst] = i
+            elif single(ins.src) and not f.rotated and set(f.groups) == {0}:
+                forms[ins.dst] = _Form(f.base, {ins.k % slots: f.groups[0]}, f.rescaled, True, [*f.instrs, i])
+                absorbed.add(ins.src)
+        elif isinstance(ins, ir.PMul):
+            if ins.src in babies:
+                base, beta = babies[ins.src]
+                forms[ins.dst] = _Form(base, {0: [(beta, ins.pt)]}, instrs=[i])
+            elif ins.src not in forms:
+                forms[ins.dst] = _Form(ins.src, {0: [(0, ins.pt)]}, instrs=[i])
+        elif isinstance(ins, ir.Add):
+            fa, fb = forms.get(ins.a), forms.get(ins.b)
+            if (fa is None or fb is None or ins.a == ins.b or not single(ins.a) or not single(ins.b)
+                    or fa.base != fb.base or fa.rescaled != fb.rescaled):
+                continue
+            groups: dict[int, list[tuple[int, str]]] = {}
+            for f in (fa, fb):
+                for g, ts in f.groups.items():
+                    groups.setdefault(g, []).extend(ts)
+            forms[ins.dst] = _Form(fa.base, groups, fa.rescaled, fa.rotated or fb.rotated,
+                                   [*fa.instrs, *fb.instrs, i])
+            absorbed.update((ins.a, ins.b))
+        elif isinstance(ins, ir.Rescale):
+            f = forms.get(ins.src)
+            if f is None or f.rescaled or not single(ins.src):
+                continue
+            forms[ins.dst] = _Form(f.base, f.groups, True, f.rotated, [*f.instrs, i])
+            absorbed.add(ins.src)
+    roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
+    skip = _absorbed(roots, baby_instr, users)
+    return _counts(instrs, roots, skip)
+
+
+def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, list[int]]) -> set[int]:
+    """Instructions the fused roots absorb, with baby rotations whose every use is absorbed."""
+    skip: set[int] = set()
+    for f in roots:
+        skip.update(f.instrs)
+    by_instr: dict[int, list[str]] = {}
+    for d, i in baby_instr.items():
+        by_instr.setdefault(i, []).append(d)
+    for i, ds in by_instr.items():
+        if all(u in skip for d in ds for u in users.get(d, ())):
+            skip.add(i)
+    return skip
+
+
+def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCounts:
+    betas: dict[str, set[int]] = {}
+    products = giants = 0
+    for f in roots:
+        products += f.terms()
+        giants += sum(1 for g in f.groups if g != 0)
+        betas.setdefault(f.base, set()).update(b for ts in f.groups.values() for b, _ in ts if b != 0)
+    rot = hg = hr = pmul = add = rescale = 0
+    for i in skip:
+        ins = instrs[i]
+        if isinstance(ins, ir.RotHoisted):
+            hg += 1
+            hr += ins.count()
+        elif isinstance(ins, ir.Rot):
+            rot += 1
+        elif isinstance(ins, ir.PMul):
+            pmul += 1
+        elif isinstance(ins, ir.Add):
+            add += 1
+        elif isinstance(ins, ir.Rescale):
+            rescale += 1
+    return FusedCounts(
+        blocks=len(roots), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
+        rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
+        block_rescales=sum(1 for f in roots if f.rescaled),
+    )

@@ -1,0 +1,1 @@
+"""Model importers (ONNX: onnx_import)."""

@@ -1,0 +1,132 @@
+"""Bootstrapping on Lattigo: a small plan built through the IR at ``n14boot`` (the
+N16QP1546H192H32 chain at log N 14, insecure, ~3 GB and ~1 min here), run encrypted and
+compared with numpy and with the simulator.
+
+The plan spends all 9 levels, bootstraps with the key block ``boot`` resident (loaded by the
+key schedule), rotates by an offset the block holds (its key, no plan key), drops the block,
+rotates by an offset it does not hold (a plan key, loaded on its own) and multiplies two
+ciphertexts (the plan's relinearisation key). Skipped when the extension is not built or
+less than 4 GiB of memory is available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.lattigo_backend import LattigoError, available, run_plan
+from backends.sim import simulate
+from planner import ir
+from planner.params import preset
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)"),
+    pytest.mark.skipif(_mem_available() < 4 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory"),
+]
+
+P = preset("n14boot")
+S = P.slots
+
+
+def _plan(program: list[ir.Instr]) -> dict[str, Any]:
+    return {
+        "schema": ir.PLAN_SCHEMA,
+        "graph": {"name": "boot-small", "sha256": "0" * 64},
+        "params": P.to_json(),
+        "plaintexts": {"w": {"source": "w", "table": "pt/w"}},
+        "program": ir.to_json_program(program),
+    }
+
+
+def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
+    assert P.boot is not None
+    in_block = P.boot.key_offsets[4]  # 8: held by the block
+    not_in_block = next(k for k in range(1, S) if k not in P.boot.key_offsets)
+    prog: list[ir.Instr] = [ir.Input(dst="c0", tensor="x", table="in/x")]
+    prev = "c0"
+    for i in range(1, P.max_level + 1):  # 9 levels: the input reaches level 0
+        prog += [ir.PMul(dst=f"m{i}", src=prev, pt="w"), ir.Rescale(dst=f"r{i}", src=f"m{i}")]
+        prev = f"r{i}"
+    prog += [
+        ir.LoadKey(block="boot"),
+        ir.Bootstrap(dst="b", src=prev),
+        ir.Rot(dst="u", src="b", k=in_block),
+        ir.DropKey(block="boot"),
+        ir.LoadKey(k=not_in_block),
+        ir.Rot(dst="v", src="b", k=not_in_block),
+        ir.DropKey(k=not_in_block),
+        ir.CMul(dst="p", a="u", b="v"),
+        ir.Add(dst="y", a="p", b="b"),
+        ir.Output(src="y", tensor="y", table="out/y"),
+    ]
+    plan = _plan(prog)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, S)
+    w = rng.uniform(0.7, 1.0, S)  # 9 factors keep |values| <= 1 (boot.max_abs) and away from 0
+    ident = np.arange(S, dtype=np.int64)
+    tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
+
+    b = x * w**9
+    want = np.roll(b, -in_block) * np.roll(b, -not_in_block) + b
+    sim = simulate(plan, tables, {"x": x, "w": w})
+    np.testing.assert_allclose(sim.outputs["y"].ravel(), want, rtol=1e-12, atol=1e-12)
+
+    key_dir = tmp_path / "keys"
+    res = run_plan(plan, {"x": x}, {"w": w}, tables, key_dir=str(key_dir))
+    got = res.outputs["y"].ravel()
+    err = float(np.max(np.abs(got - want)))
+    assert err <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), err
+
+    st = res.stats
+    assert st["bootstraps"] == 1 and len(st["bootstrap_seconds"]) == 1
+    assert st["bootstrap_input_levels"] == [0]
+    assert st["boot"] == "N16QP1546H192H32" and st["key_mode"] == "scheduled"
+    assert st["boot_block_loads"] == 1
+    assert st["boot_key_bytes"] > 0.99 * P.boot.key_bytes
+    assert st["boot_matrix_bytes"] == P.boot.matrix_bytes
+    # Resident keys: the block alone, then the plan's one key at level 9 (never together).
+    assert st["peak_key_bytes"] == st["boot_key_bytes"]
+    assert st["rotation_keys"] == 1
+    assert st["galois_key_bytes"] == pytest.approx(P.rotation_key_bytes(P.max_level), rel=1e-4)
+    assert st["peak_tracked_bytes"] >= st["boot_key_bytes"] + st["boot_matrix_bytes"]
+
+    # The key directory: the plan's key and relinearisation key, the block one file per key
+    # (Galois keys of the preset's offsets + conjugation, relinearisation, encapsulation);
+    # no secret key.
+    names = sorted(os.listdir(key_dir))
+    manifest = json.loads((key_dir / "manifest.json").read_text())
+    boot = manifest["boot"]
+    assert boot["literal"] == "N16QP1546H192H32"
+    assert sorted(g["k"] for g in boot["galois"] if not g.get("conjugation")) == list(P.boot.key_offsets)
+    assert sum(1 for g in boot["galois"] if g.get("conjugation")) == int(P.boot.conjugation)
+    assert boot["evaluation_keys_binary_size"] == P.boot.key_bytes
+    block_files = {g["file"] for g in boot["galois"]} | {boot["relin"], boot["dense_to_sparse"], boot["sparse_to_dense"]}
+    assert set(names) == {"manifest.json", f"rot_{not_in_block}.key", "relin.key"} | block_files
+    assert not any("secret" in n or n.startswith("sk") for n in names)
+
+
+def test_bootstrap_refused_on_plain_params() -> None:
+    plan = _plan([ir.Input(dst="c0", tensor="x", table="in/x"), ir.Bootstrap(dst="b", src="c0"),
+                  ir.Output(src="b", tensor="y", table="out/y")])
+    plan["params"] = preset("n12").to_json()
+    plan["plaintexts"] = {}
+    ident = np.arange(preset("n12").slots, dtype=np.int64)
+    tables = {"in/x.idx": ident, "out/y.idx": ident}
+    with pytest.raises(LattigoError, match=r"instruction 1 \(bootstrap\): the plan's params carry no \"boot\" object"):
+        run_plan(plan, {"x": np.zeros(ident.size)}, {}, tables)
