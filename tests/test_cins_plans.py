@@ -4,6 +4,7 @@ bootstraps; every plan simulates against numpy with its layout claims checked.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -105,7 +106,9 @@ def test_forced_cins_layer_simulates_with_its_scaling() -> None:
     res = _plan(g, kernels=("cins-bsgs", "elementwise"))
     nodes = {n["id"]: n for n in res.plan["nodes"]}
     assert nodes["c0"]["kernel"] == nodes["c1"]["kernel"] == "cins-bsgs"
-    assert nodes["c0"]["params"]["scale"] == 64  # 4*9 * 1 * 1 = 36 -> 2^6
+    # fan_in 4*9 * max|w| 1 * max|x| 1 = 36 over boot.max_abs, rounded up to a power of two
+    assert N14BOOT.boot is not None
+    assert nodes["c0"]["params"]["scale"] == 1 << math.ceil(math.log2(36 / N14BOOT.boot.max_abs))
     assert nodes["c0"]["params"].get("decomposed") == 2  # a quarter of the bootstraps of the direct form
     _check(res, g)
 
