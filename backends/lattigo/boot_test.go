@@ -327,7 +327,6 @@ func TestBootstrapN14(t *testing.T) {
 	}
 }
 
-
 // TestBootstrapRange measures what a bootstrap accepts: vectors uniform in [-A, A] for
 // growing A, bootstrapped from the top level and from level 0 (after 9 multiplications by
 // one), and reports the max abs error and the bits of precision relative to A. Slow (two

@@ -135,7 +135,9 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		nWorkers:  opt.Workers,
 	}
 	if e.cache == nil {
-		e.cache = newPtCache(0)
+		// one evaluation (slotplan run): every plaintext is encoded when read and not kept,
+		// as the memory model assumes (a model-wide cache is BenchPlan's, across its runs)
+		e.cache = newPtCache(-1)
 	}
 	if e.nWorkers <= 0 {
 		e.nWorkers = runtime.GOMAXPROCS(0)

@@ -234,7 +234,7 @@ type ptCache struct {
 	qp      map[ptKey]ringqp.Poly
 	bytes   int64
 	seconds float64 // encoding time spent so far
-	limit   int64   // > 0: encode without caching above this many bytes
+	limit   int64   // > 0: encode without caching above this many bytes; < 0: keep nothing
 	// baby rotations released by finished blocks, by level, reused by later blocks and
 	// evaluations (no allocation per block)
 	pool map[int][]*rlwe.Element[ringqp.Poly]
@@ -246,7 +246,7 @@ func newPtCache(limit int64) *ptCache {
 }
 
 func (c *ptCache) keep(n int64) bool {
-	if c.limit > 0 && c.bytes+n > c.limit {
+	if c.limit < 0 || (c.limit > 0 && c.bytes+n > c.limit) {
 		return false
 	}
 	c.bytes += n
