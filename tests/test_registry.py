@@ -46,7 +46,7 @@ def test_registry_discovers_at_lookup() -> None:
 def test_every_registry_names_its_plug_ins() -> None:
     assert SOLVERS == SOLVER_BACKENDS.names() == ("cpsat", "z3")
     assert EXECUTION_BACKENDS.names() == ("sim", "lattigo")
-    assert STRATEGIES == KEY_STRATEGIES.names() == ("keep-all", "keymemrt", "belady", "exact", "pow2")
+    assert STRATEGIES == KEY_STRATEGIES.names() == ("keep-all", "keymemrt", "belady", "exact", "pow2", "joint")
     # CinS families are registered but not offered by default (docs/cins.md)
     assert tuple(k for k in KERNEL_FAMILIES.names() if KERNEL_FAMILIES.create(k).kind != "cins") == KERNELS
     assert all(KERNEL_FAMILIES.create(k).cins is not None for k in KERNEL_FAMILIES.names()
