@@ -67,21 +67,6 @@ def _sym(b: float) -> Interval:
     return (-b, b)
 
 
-def _poly_range(coeffs: tuple[float, ...], iv: Interval) -> Interval:
-    lo, hi = iv
-    p = np.polynomial.Polynomial(coeffs)
-    pts = [lo, hi]
-    if len(coeffs) > 2:
-        for r in np.asarray(p.deriv().roots(), dtype=np.complex128).tolist():
-            re, im = float(r.real), float(r.imag)
-            if abs(im) <= 1e-12 * max(1.0, abs(re)) and lo <= re <= hi:
-                pts.append(re)
-    vals = [float(p(x)) for x in pts]
-    # a relative margin covers the rounding of the critical points
-    span = max(abs(v) for v in vals)
-    return (min(vals) - 1e-9 * span, max(vals) + 1e-9 * span)
-
-
 def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
     op = node.op
     if op in ("transpose", "reshape", "slice"):
@@ -96,10 +81,8 @@ def _node_range(graph: Graph, node: Node, ops: list[Interval]) -> Interval:
         ends = [a * b for a in ops[0] for b in ops[1]]
         return (min(ends), max(ends))
     if op == "poly":
-        assert node.coeffs is not None
-        if node.basis == "chebyshev":  # the series in its own basis (not as monomial coefficients)
-            return poly_node_range(node, ops[0][0], ops[0][1])
-        return _poly_range(tuple(float(c) for c in node.coeffs), ops[0])
+        # the series in its own basis (a Chebyshev series is not read as monomial coefficients)
+        return poly_node_range(node, ops[0][0], ops[0][1])
     if op == "sum":
         assert node.axis is not None
         n = graph.shape(node.inputs[0])[node.axis]
