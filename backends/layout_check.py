@@ -51,7 +51,7 @@ def check_claims(res: PlanResult, values: Mapping[str, np.ndarray], sim: SimResu
         sim = simulate(res.plan, res.tables, values, keep=claimed_registers(res))
     out: list[ClaimViolation] = []
     for c in res.claims:
-        flat = ref[c.tensor].ravel()
+        flat = ref[c.tensor].ravel() * c.scale
         scale = max(1.0, float(np.max(np.abs(flat)))) if flat.size else 1.0
         for q, r in enumerate(c.regs):
             v = sim.registers[r]

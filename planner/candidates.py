@@ -400,7 +400,9 @@ def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
     return gen
 
 
-def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]) -> list[Candidate]:
+def elementwise_candidates(
+    graph: Graph, node: Node, bases: dict[str, list[Any]], folded: bool = False
+) -> list[Candidate]:
     """add/sub/mul/poly in the layout of one encrypted operand of the result's shape (the
     other converts); an operand that broadcasts (numpy rules) is read in the result's
     placement with each slot holding the operand element it stretches to: a weight's table
@@ -423,9 +425,9 @@ def elementwise_candidates(graph: Graph, node: Node, bases: dict[str, list[Any]]
         if lay_out in seen:
             continue
         seen.add(lay_out)
-        out.append(_elementwise(graph, node, lay_out, enc))
+        out.append(_elementwise(graph, node, lay_out, enc, folded))
     if not out:  # every producer layout carries periodic copies: work in the natural one
-        out.append(_elementwise(graph, node, input_layout(graph, node.id, lays[0].slots), enc))
+        out.append(_elementwise(graph, node, input_layout(graph, node.id, lays[0].slots), enc, folded))
     return out
 
 
@@ -518,10 +520,24 @@ def poly_const_term(node: Node) -> float:
     return float(np.polynomial.chebyshev.chebval(t, np.asarray(coeffs, dtype=np.float64)))
 
 
-def lower_poly(b: ProgramBuilder, node: Node, r: str) -> str:
+def fold_scale(node: Node) -> float | None:
+    """The factor s of a Chebyshev poly's change of variable that its producer may absorb
+    (planner.fold): a series over [a, b] != [-1, 1] of degree >= 1 evaluated as such."""
+    if node.op != "poly" or node.basis != "chebyshev" or node.domain is None:
+        return None
+    if tuple(node.domain) == (-1.0, 1.0) or poly_depth(node.coeffs or (0.0,)) == 0:
+        return None
+    if chebyshev_as_monomial(node) is not None:
+        return None
+    return chebyshev_map(node.domain)[0]
+
+
+def lower_poly(b: ProgramBuilder, node: Node, r: str, folded: bool = False) -> str:
     """A poly node on one ciphertext: a monomial poly, or a Chebyshev series as the change
     of variable (a pmul by s and a padd of c, over all slots; none for [-1, 1]) followed by
-    a Chebyshev poly over [-1, 1] (the instruction whose depth is ceil(log2(d + 1)))."""
+    a Chebyshev poly over [-1, 1] (the instruction whose depth is ceil(log2(d + 1))).
+    ``folded``: the operand already holds s times the value (planner.fold), only c is
+    added."""
     coeffs = tuple(node.coeffs or (0.0,))
     if node.basis != "chebyshev":
         return lower_monomial(b, r, coeffs, b.slots)
@@ -534,11 +550,11 @@ def lower_poly(b: ProgramBuilder, node: Node, r: str) -> str:
         S = b.slots
         ps = b.const_plaintext(("cheb-scale", s, S), f"pt/const/scale{s!r}", lambda: np.full(S, s))
         pc = b.const_plaintext(("cheb-shift", c, S), f"pt/const/shift{c!r}", lambda: np.full(S, c))
-        r = b.padd(b.rescale(b.pmul(r, ps)), pc)
+        r = b.padd(r if folded else b.rescale(b.pmul(r, ps)), pc)
     return b.poly(r, coeffs, poly_depth(coeffs), basis="chebyshev", domain=(-1.0, 1.0))
 
 
-def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidate:
+def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str], folded: bool = False) -> Candidate:
     op = node.op
     a = node.inputs[0]
     b_ = node.inputs[1] if len(node.inputs) > 1 else None
@@ -563,7 +579,7 @@ def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidat
         outs = []
         for q in range(lay.n_ct):
             if op == "poly":
-                outs.append(lower_poly(b, node, regs[a][q]))
+                outs.append(lower_poly(b, node, regs[a][q], folded))
                 continue
             assert b_ is not None
             ea, eb = graph.encrypted(a), graph.encrypted(b_)
@@ -597,9 +613,16 @@ def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str]) -> Candidat
         params["basis"] = "chebyshev"
         if chebyshev_as_monomial(node) is not None:
             params["evaluated"] = "monomial"
+    scales: dict[str, float] = {}
+    if folded:
+        s = fold_scale(node)
+        assert s is not None
+        params["input_scaled_by"] = s
+        scales[a] = s
     return Candidate(
         node=node.id, kernel="elementwise", params=params, in_layouts=in_layouts,
         out_layout=out_layout, lower=lower, slot_utilization=lay.size / (lay.n_ct * lay.slots),
+        operand_scales=scales,
     )
 
 
@@ -657,5 +680,5 @@ def with_clean_output(c: Candidate, slots: int) -> Candidate:
     return Candidate(
         node=c.node, kernel=c.kernel, params={**c.params, "output_mask": True}, in_layouts=c.in_layouts,
         out_layout=c.out_layout.with_clean(True), lower=lower, slot_utilization=c.slot_utilization,
-        note=c.note, analytic=analytic,
+        note=c.note, analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
     )

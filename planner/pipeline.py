@@ -26,6 +26,7 @@ from planner.candidates import (
     PlanError,
     concat_candidates,
     elementwise_candidates,
+    fold_scale,
     input_layout,
     linear_candidates,
     matmul_candidates,
@@ -36,6 +37,7 @@ from planner.candidates import (
 from planner.convert import plan_conversion
 from planner.costs import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
+from planner.fold import add_scaled_variants, foldable_into
 from planner.graph import Graph, Node
 from planner.ir import PLAN_SCHEMA
 from planner.kernels.base import Candidate
@@ -215,6 +217,9 @@ class LayoutClaim:
     tensor: str
     layout: Any
     regs: tuple[str, ...]
+    # the registers hold this factor times the tensor (a producer that absorbed a
+    # Chebyshev poly's change of variable, planner.fold)
+    scale: float = 1.0
 
 
 @dataclass
@@ -251,6 +256,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         cands[node.id] = _prune(out, costs, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")
+    _fold_chebyshev(graph, cands, params, ranges, costs)
     input_options = _input_options(graph, cands, pinned, free, S)
     penalty: dict[str, list[int]] = {}
     if options.memory_cap_bytes is not None:
@@ -285,11 +291,12 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             src = _group_of(graph, t)
             operand_source[(node.id, t)] = src
             src_layouts = input_options[t] if src.startswith("input:") else [c.out_layout for c in cands[src]]
+            src_scales = [1.0] * len(src_layouts) if src.startswith("input:") else [c.out_scale for c in cands[src]]
             # a free input read by one node: the client packs what the chosen candidate
             # reads, so only matching (option, candidate) pairs can be optimal; pricing the
             # other conversions would only cost planning time
             own = src.startswith("input:") and free and t not in pinned and len(graph.consumers(t)) == 1
-            mat, dmat = _conversion_costs(src_layouts, cands[node.id], t, own, costs)
+            mat, dmat = _conversion_costs(src_layouts, cands[node.id], t, own, costs, src_scales)
             edges.append(Edge(src, node.id, t, mat, dmat, adapts=own))
         progress.advance("conversions", node.id)
     progress.end("conversions")
@@ -324,6 +331,26 @@ def _boot_options(
     s = boot_scale(bound, params.boot.max_abs)
     scales[node.id] = s
     return True, tuple(int(s > 1 or not c.out_layout.clean) for c in cs), int(s > 1)
+
+
+def _fold_chebyshev(
+    graph: Graph, cands: dict[str, list[Candidate]], params: Params, ranges: RangeReport | None, costs: CostTable
+) -> None:
+    """Scaled variants of the producers of folded Chebyshev polys (planner.fold).  At a
+    bootstrapping preset a factor that would need a larger bootstrap scaling than the
+    unscaled value is refused (the node's bootstrap scale serves both variants)."""
+
+    def keep_scale(node_id: str, s: float) -> bool:
+        if params.boot is None or ranges is None:
+            return True
+        bound = ranges.bound(node_id)
+        return bound is None or boot_scale(bound * s, params.boot.max_abs) <= boot_scale(bound, params.boot.max_abs)
+
+    before = {k: len(v) for k, v in cands.items()}
+    add_scaled_variants(graph, cands, params.slots, keep_scale)
+    for k, v in cands.items():
+        if len(v) != before[k] or any(c.out_scale != 1.0 or c.operand_scales for c in v):
+            cands[k] = _prune(v, costs, params.slots)
 
 
 def _pinned_layouts(graph: Graph, options: PlanOptions, S: int) -> dict[str, Any]:
@@ -414,7 +441,11 @@ def _node_candidates(
                 raise
         return out + cins
     if node.op in ("add", "sub", "mul", "poly"):
-        return elementwise_candidates(graph, node, bases)
+        out = elementwise_candidates(graph, node, bases)
+        if fold_scale(node) is not None and foldable_into(graph, node.inputs[0]) is not None:
+            # the change of variable folded into the producer (planner.fold)
+            out += elementwise_candidates(graph, node, bases, folded=True)
+        return out
     if node.op == "matmul":
         if not enc:
             raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
@@ -455,19 +486,22 @@ def _input_options(
 
 
 def _conversion_costs(
-    src_layouts: Sequence[Any], cands: Sequence[Candidate], t: str, own: bool, costs: CostTable
+    src_layouts: Sequence[Any], cands: Sequence[Candidate], t: str, own: bool, costs: CostTable,
+    src_scales: Sequence[float] | None = None,
 ) -> tuple[tuple[tuple[int | None, ...], ...], tuple[tuple[int, ...], ...]]:
     """Cost (None: impossible or not worth pricing) and depth of converting operand ``t``
-    from each source layout to what each candidate reads."""
+    from each source layout to what each candidate reads.  A source option whose result is
+    scaled (planner.fold) pairs only with a candidate that expects that factor."""
     mat: list[tuple[int | None, ...]] = []
     dmat: list[tuple[int, ...]] = []
-    for sl in src_layouts:
+    for i, sl in enumerate(src_layouts):
         row: list[int | None] = []
         drow: list[int] = []
+        scale = src_scales[i] if src_scales is not None else 1.0
         for c in cands:
             dl = c.in_layouts.get(t)
             drow.append(0)
-            if dl is None or own and sl.with_clean(True) != dl.with_clean(True):
+            if dl is None or own and sl.with_clean(True) != dl.with_clean(True) or c.operand_scales.get(t, 1.0) != scale:
                 row.append(None)
                 continue
             try:
@@ -552,7 +586,8 @@ def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candida
     every baseline).  Ties break on the label: deterministic."""
     best: dict[tuple[Any, ...], Candidate] = {}
     for c in cands:
-        key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout)
+        key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout,
+               c.out_scale, tuple(sorted(c.operand_scales.items())))
         cur = best.get(key)
         if cur is None or (costs.iscore(c.cost(slots)), c.label) < (costs.iscore(cur.cost(slots)), cur.label):
             best[key] = c
@@ -647,14 +682,15 @@ def lower_solution(
             op_regs[t] = conv.lower(b, regs[t], f"conv/{node.id}/{t}")
             if conv.kind != "none":
                 conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
-                claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t])))
+                claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t]),
+                                          cand.operand_scales.get(t, 1.0)))
         outs = cand.lower(b, op_regs)
         out_layout = cand.out_layout
         if node.id in boots:
             outs, out_layout = _lower_bootstrap(b, outs, out_layout, problem.boot_scales[node.id], node.id)
         regs[node.id] = outs
         layout_of[node.id] = out_layout
-        claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs)))
+        claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
         end = len(b.instrs)
         cv = cand.cost(S)
         nodes_json.append(

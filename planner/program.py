@@ -107,6 +107,8 @@ class ProgramBuilder:
     # named per block, and a block read again (a weight without batch) reuses them
     weight_blocks: dict[str, int] = field(default_factory=dict)
     _block_cache: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    # (plaintext, factor) -> its scaled copy (planner.fold)
+    _scaled_cache: dict[tuple[str, float], str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- registers
     def _reg(self, d: int) -> str:
@@ -155,6 +157,27 @@ class ProgramBuilder:
         name = self.plaintext("const", table, gen)
         self._const_cache[key] = name
         return name
+
+    def scaled_plaintext(self, pt: str, s: float, scale: Callable[[TableGen], TableGen]) -> str:
+        """A copy of plaintext ``pt`` times ``s`` (``scale`` wraps its table generator; a
+        Chebyshev change of variable folded into a producer, planner.fold); one copy per
+        (plaintext, factor)."""
+        key = (pt, s)
+        if key not in self._scaled_cache:
+            src = self.plaintexts[pt]
+            n = sum(1 for t in self.tables if t.startswith(f"{src.table}/scaled"))
+            name = f"{src.table}/scaled{n}"
+            self._scaled_cache[key] = self._plaintext(src.source, name, scale(self.tables[src.table].gen), src.l)
+        return self._scaled_cache[key]
+
+    def drop_plaintexts(self, names: Iterable[str]) -> None:
+        """Forget plaintexts nothing reads (and their tables and cache entries)."""
+        gone = set(names)
+        for p in gone:
+            self.tables.pop(self.plaintexts.pop(p).table, None)
+        for cache in (self._const_cache, self._block_cache, self._scaled_cache):
+            for k in [k for k, v in cache.items() if v in gone]:
+                del cache[k]  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- instructions
     def _emit(self, ins: ir.Instr) -> None:

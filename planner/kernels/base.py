@@ -135,6 +135,11 @@ class Candidate:
     # the candidate bootstraps inside itself (a NeuJeans CinS layer): its result's depth
     # does not depend on its operands' (solver.model Group.resets)
     resets: bool = False
+    # planner.fold: the result registers hold out_scale times the node's value (a
+    # Chebyshev change of variable folded into this producer), and the operands named
+    # here must arrive scaled by their factor (the solver pairs options accordingly)
+    out_scale: float = 1.0
+    operand_scales: dict[str, float] = field(default_factory=dict)
     _cost: CostVector | None = field(default=None, repr=False)
     _reset_depths: tuple[int, int] | None = field(default=None, repr=False)
 
@@ -147,11 +152,16 @@ class Candidate:
 
     def dry_program(self, slots: int) -> tuple[ProgramBuilder, list[str]]:
         """Lower into a scratch builder (tables stay lazy): the program and output registers."""
+        b, _, outs = self.dry_lowering(slots)
+        return b, outs
+
+    def dry_lowering(self, slots: int) -> tuple[ProgramBuilder, dict[str, list[str]], list[str]]:
+        """``dry_program`` with the operand registers it gave the candidate."""
         b = ProgramBuilder(slots)
         regs: dict[str, list[str]] = {}
         for name, lay in self.in_layouts.items():
             regs[name] = [b._reg(0) for _ in range(lay.n_ct)]
-        return b, self.lower(b, regs)
+        return b, regs, self.lower(b, regs)
 
     def lowered_cost(self, slots: int) -> CostVector:
         if self._cost is None or self.analytic is not None:
