@@ -1,0 +1,196 @@
+"""A Chebyshev poly over [a, b] costs ceil(log2(d + 1)) levels (SPEC section 2) where its
+change of variable's scale folds into the producers (planner/fold.py); elsewhere it keeps
+the pmul + rescale.  Every plan is simulated against numpy (float64, 1e-9) with its layout
+claims checked (a folded producer's registers hold s times the node's value)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from planner import ir
+from planner.candidates import chebyshev_map
+from planner.fold import plan_cone
+from planner.graph import Graph, parse_graph
+from planner.pipeline import PlanOptions, PlanResult, plan_graph
+from tests.helpers import check_plan, small_params
+
+COEFFS = [0.1, 0.5, 0.3, -0.2, 0.05]  # degree 4: ceil(log2 5) = 3 levels
+DOMAIN = [-3.0, 5.0]
+CHEB: dict[str, Any] = {"op": "poly", "coeffs": COEFFS, "basis": "chebyshev", "domain": DOMAIN}
+
+
+def _graph(tensors: dict[str, Any], nodes: list[dict[str, Any]], outputs: list[str]) -> Graph:
+    return parse_graph({"schema": "slotplan.graph/1", "name": "fold", "tensors": tensors, "nodes": nodes,
+                        "outputs": outputs})
+
+
+def _plan(g: Graph, **opts: Any) -> PlanResult:
+    opts.setdefault("allow_insecure", True)
+    opts.setdefault("clean_outputs", False)
+    res = plan_graph(g, small_params(10, 8), PlanOptions(**opts))
+    check_plan(res, g)
+    return res
+
+
+def _node(res: PlanResult, nid: str) -> dict[str, Any]:
+    return next(n for n in res.plan["nodes"] if n["id"] == nid)
+
+
+def _pmuls_by_scale(res: PlanResult) -> int:
+    """pmul instructions of the plan whose plaintext is the constant scale of the change of variable."""
+    pts = res.plan["plaintexts"]
+    return sum(1 for raw in res.plan["program"] if isinstance(ins := ir.decode(raw), ir.PMul)
+               and pts[ins.pt]["table"].startswith("pt/const/scale"))
+
+
+POLY_DEPTH = math.ceil(math.log2(len(COEFFS)))
+S = chebyshev_map((DOMAIN[0], DOMAIN[1]))[0]
+
+
+def test_matvec_bias_poly_folds_to_the_spec_depth() -> None:
+    g = _graph(
+        {"W": {"shape": [16, 32], "role": "weight"}, "x": {"shape": [32], "role": "input"},
+         "bias": {"shape": [16], "role": "weight"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "z", "op": "add", "inputs": ["y", "bias"]},
+         {"id": "p", "inputs": ["z"], **CHEB}],
+        ["p"])
+    for kernels in (None, ["bsgs", "elementwise"], ["imra", "elementwise"], ["hs-diagonal", "elementwise"]):
+        res = _plan(g, **({"kernels": kernels} if kernels else {}))
+        assert res.plan["summary"]["depth"] == 1 + POLY_DEPTH  # matvec + the SPEC's poly depth
+        assert _node(res, "y")["params"]["scaled_by"] == S
+        assert _node(res, "z")["params"]["scaled_by"] == S
+        assert _node(res, "p")["params"]["input_scaled_by"] == S
+        assert _node(res, "p")["cost"]["depth"] == POLY_DEPTH
+        assert _pmuls_by_scale(res) == 0
+
+
+def test_conv_poly_folds() -> None:
+    g = _graph(
+        {"x": {"shape": [2, 6, 6], "role": "input"}, "w": {"shape": [3, 2, 3, 3], "role": "weight"}},
+        [{"id": "y", "op": "conv2d", "inputs": ["x", "w"], "padding": [1, 1]}, {"id": "p", "inputs": ["y"], **CHEB}],
+        ["p"])
+    res = _plan(g)
+    assert res.plan["summary"]["depth"] == 1 + POLY_DEPTH
+    assert _node(res, "y")["params"]["scaled_by"] == S
+
+
+def test_poly_poly_folds_into_the_first_poly() -> None:
+    # the first poly reads the input (cannot fold its own change of variable), the second
+    # folds its scale into the first one's coefficients
+    # (degree 8: not evaluated in the monomial basis, chebyshev_as_monomial)
+    c2 = [0.2, -0.4, 0.3, 0.1, -0.05, 0.02, 0.01, -0.01, 0.005]
+    g = _graph(
+        {"x": {"shape": [40], "role": "input", "range": [-1, 1]}},
+        [{"id": "p1", "inputs": ["x"], **CHEB},
+         {"id": "p2", "op": "poly", "inputs": ["p1"], "coeffs": c2, "basis": "chebyshev", "domain": [-2.0, 1.5]}],
+        ["p2"])
+    res = _plan(g)
+    assert _node(res, "p1")["params"]["scaled_by"] == chebyshev_map((-2.0, 1.5))[0]
+    assert "input_scaled_by" not in _node(res, "p1")["params"]
+    assert res.plan["summary"]["depth"] == (1 + POLY_DEPTH) + 4
+    assert _pmuls_by_scale(res) == 1
+
+
+def test_square_of_an_input_does_not_fold() -> None:
+    g = _graph({"x": {"shape": [40], "role": "input"}},
+               [{"id": "sq", "op": "mul", "inputs": ["x", "x"]}, {"id": "p", "inputs": ["sq"], **CHEB}], ["p"])
+    res = _plan(g)
+    assert "scaled_by" not in _node(res, "sq")["params"]
+    assert res.plan["summary"]["depth"] == 1 + 1 + POLY_DEPTH
+    assert _pmuls_by_scale(res) == 1
+
+
+def test_product_of_two_ciphertexts_folds_into_one_operand() -> None:
+    g = _graph(
+        {"W": {"shape": [16, 32], "role": "weight"}, "V": {"shape": [16, 32], "role": "weight"},
+         "x": {"shape": [32], "role": "input"}},
+        [{"id": "a", "op": "matvec", "inputs": ["W", "x"]}, {"id": "b", "op": "matvec", "inputs": ["V", "x"]},
+         {"id": "m", "op": "mul", "inputs": ["a", "b"]}, {"id": "p", "inputs": ["m"], **CHEB}],
+        ["p"])
+    res = _plan(g)
+    assert res.plan["summary"]["depth"] == 2 + POLY_DEPTH
+    scaled = [n for n in ("a", "b") if "scaled_by" in _node(res, n)["params"]]
+    assert len(scaled) == 1 and _node(res, "m")["params"]["scaled_by"] == S
+
+
+def test_two_consumers_do_not_fold() -> None:
+    g = _graph(
+        {"W": {"shape": [16, 32], "role": "weight"}, "x": {"shape": [32], "role": "input"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "p", "inputs": ["y"], **CHEB},
+         {"id": "q", "op": "add", "inputs": ["p", "y"]}],
+        ["q"])
+    res = _plan(g)
+    assert "scaled_by" not in _node(res, "y")["params"]
+    assert res.plan["summary"]["depth"] == 1 + 1 + POLY_DEPTH
+
+
+def test_graph_output_producer_does_not_fold() -> None:
+    g = _graph(
+        {"W": {"shape": [16, 32], "role": "weight"}, "x": {"shape": [32], "role": "input"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "p", "inputs": ["y"], **CHEB}],
+        ["p", "y"])
+    res = _plan(g)
+    assert "scaled_by" not in _node(res, "y")["params"]
+    assert res.plan["summary"]["depth"] == 1 + 1 + POLY_DEPTH
+
+
+def test_input_poly_does_not_fold() -> None:
+    g = _graph({"x": {"shape": [40], "role": "input"}}, [{"id": "p", "inputs": ["x"], **CHEB}], ["p"])
+    res = _plan(g)
+    assert res.plan["summary"]["depth"] == 1 + POLY_DEPTH
+    assert _pmuls_by_scale(res) == 1
+
+
+def test_clean_outputs_and_a_chain_of_views() -> None:
+    """Through a reshape (a view: the factor reaches the conv) and with the output mask."""
+    g = _graph(
+        {"x": {"shape": [2, 4, 4], "role": "input"}, "w": {"shape": [2, 2, 3, 3], "role": "weight"},
+         "b": {"shape": [32], "role": "weight"}},
+        [{"id": "y", "op": "conv2d", "inputs": ["x", "w"], "padding": [1, 1]},
+         {"id": "f", "op": "reshape", "inputs": ["y"], "shape": [32]},
+         {"id": "z", "op": "sub", "inputs": ["f", "b"]}, {"id": "p", "inputs": ["z"], **CHEB}],
+        ["p"])
+    res = _plan(g, clean_outputs=True)
+    assert _node(res, "p")["params"].get("input_scaled_by") == S
+    assert _node(res, "y")["params"]["scaled_by"] == S
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_weights_and_domains(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lo = float(rng.uniform(-6, -0.5))
+    hi = float(rng.uniform(0.5, 6))
+    deg = int(rng.integers(2, 9))
+    coeffs = [float(c) for c in rng.normal(size=deg + 1) / (1 + np.arange(deg + 1))]
+    g = _graph(
+        {"W": {"shape": [12, 20], "role": "weight"}, "x": {"shape": [20], "role": "input"},
+         "bias": {"shape": [12], "role": "weight"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "z", "op": "add", "inputs": ["y", "bias"]},
+         {"id": "p", "op": "poly", "inputs": ["z"], "coeffs": coeffs, "basis": "chebyshev", "domain": [lo, hi]}],
+        ["p"])
+    res = _plan(g, clean_outputs=bool(seed % 2))
+    params = _node(res, "p")["params"]
+    if params.get("evaluated") != "monomial":
+        assert params["input_scaled_by"] == chebyshev_map((lo, hi))[0]
+        assert _node(res, "p")["cost"]["depth"] - (1 if params.get("output_mask") else 0) == \
+            math.ceil(math.log2(deg + 1))
+
+
+def test_cone_refuses_a_bootstrap_and_mixed_sums() -> None:
+    boot = [ir.Bootstrap("c1", "c0").to_json()]
+    assert plan_cone(boot, ["c1"], {"c0": "x"}) is None
+    # c2 = x * w + x: x would have to be scaled and not scaled at once
+    mixed = [ir.PMul("c1", "c0", "p0").to_json(), ir.Add("c2", "c1", "c0").to_json()]
+    assert plan_cone(mixed, ["c2"], {"c0": "x"}) is None
+    # c2 = x * w + rot(x * w): one plaintext scaled
+    ok = [ir.PMul("c1", "c0", "p0").to_json(), ir.Rot("c2", "c1", 1).to_json(), ir.Add("c3", "c1", "c2").to_json()]
+    cone = plan_cone(ok, ["c3"], {"c0": "x"})
+    assert cone is not None and cone.scale_pt == frozenset({0}) and not cone.operands
+    # a padd of a bias on the operand: the operand must arrive scaled
+    bias = [ir.PAdd("c1", "c0", "p0").to_json()]
+    cone = plan_cone(bias, ["c1"], {"c0": "x"})
+    assert cone is not None and cone.operands == frozenset({"x"})
