@@ -173,7 +173,7 @@ def apply_cone(b: ProgramBuilder, start: int, n_pt_before: int, cone: ConePlan, 
 def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     """The variant of ``c`` whose result is ``s`` times the node's value (no level more),
     or None when its program cannot absorb the factor (see ``plan_cone``)."""
-    if c.out_scale != 1.0:
+    if c.out_scale != 1.0 or c.resets:  # (a candidate that bootstraps inside cannot absorb)
         return None
     b, regs, outs = c.dry_lowering(slots)
     in_regs = {r: t for t, rs in regs.items() for r in rs}
@@ -182,6 +182,10 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
         return None
     if any(c.operand_scales.get(t, 1.0) != 1.0 for t in cone.operands):
         return None
+    # the variant's cost: c's instructions, only plaintexts swapped for scaled copies (a
+    # copy may stay beside an original that unscaled reads still need: counted here)
+    apply_cone(b, 0, 0, cone, s)
+    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts))
     inner = c.lower
 
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
@@ -194,17 +198,21 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
 
     return replace(
         c, params={**c.params, "scaled_by": s}, lower=lower, out_scale=s,
-        operand_scales={**c.operand_scales, **{t: s for t in cone.operands}}, _cost=None, _reset_depths=None,
+        operand_scales={**c.operand_scales, **{t: s for t in cone.operands}}, analytic=None, _cost=cost,
+        _reset_depths=None, scaled_from=c,
     )
 
 
 def add_scaled_variants(
     graph: Graph, cands: dict[str, list[Candidate]], slots: int, keep_scale: Callable[[str, float], bool] | None = None
 ) -> None:
-    """Add, in reverse topological order, the scaled variants of every node some reading
-    option expects scaled (a folded poly, or a scaled variant that passes the factor to
-    its operand), then drop the variants nobody can pair with (fixpoint): a reader whose
-    expected factor no producer option provides, a producer option nobody reads scaled.
+    """Make every chain that can fold fold: add, in reverse topological order, the scaled
+    variants of every node some reading option expects scaled (a folded poly, or a scaled
+    variant that passes the factor to its operand); drop the variants nobody can pair with
+    (fixpoint); then per folded poly (topological order) keep either its chain's scaled
+    candidates and its folded ones, when every candidate of every node of the chain has a
+    scaled variant (the solver chooses among as many options as without folding, and the
+    depth it sees is the plan's), or else only the unscaled ones (no fold).
     ``keep_scale(node_id, s)`` may refuse a factor for a node (bootstrap scaling)."""
     for node in reversed(graph.nodes):
         want = _wanted(graph, node.id, cands)
@@ -212,13 +220,72 @@ def add_scaled_variants(
             continue
         extra = [v for c in cands[node.id] if (v := scaled_candidate(c, want, slots)) is not None]
         cands[node.id] = cands[node.id] + extra
+    _drop_unpaired(graph, cands)
+    for node in graph.nodes:
+        if not any(c.out_scale == 1.0 and c.operand_scales for c in cands[node.id]):
+            continue
+        chain = _full_chain(graph, node.inputs[0], cands)
+        for nid in chain or _chain_nodes(graph, node.inputs[0], cands):
+            cands[nid] = [c for c in cands[nid] if (c.out_scale != 1.0) == (chain is not None)]
+        t = node.inputs[0]
+        # the poly's folded candidates (and their scaled variants when it is itself in a
+        # chain), or its unfolded ones
+        cands[node.id] = [c for c in cands[node.id]
+                          if ((c.scaled_from or c).operand_scales.get(t, 1.0) != 1.0) == (chain is not None)]
+    _drop_unpaired(graph, cands)
+
+
+def _chain_nodes(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]) -> list[str]:
+    """The nodes whose scaled variants a fold through ``tensor`` may use."""
+    out: list[str] = []
+    todo = [tensor]
+    while todo:
+        prod = foldable_into(graph, todo.pop())
+        if prod is None or prod.id in out:
+            continue
+        out.append(prod.id)
+        todo.extend(t for c in cands[prod.id] if c.out_scale != 1.0 for t in _required(c))
+    return out
+
+
+def _full_chain(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]) -> list[str] | None:
+    """The nodes of the fold through ``tensor`` when every candidate of each has a scaled
+    variant and all variants of a node need the same operands scaled; else None."""
+    out: list[str] = []
+    todo = [tensor]
+    while todo:
+        prod = foldable_into(graph, todo.pop())
+        if prod is None:
+            return None
+        cs = cands[prod.id]
+        orig = [c for c in cs if c.out_scale == 1.0]
+        var = [c for c in cs if c.out_scale != 1.0]
+        if not var or len(var) != len(orig) or not all(any(v.scaled_from is o for v in var) for o in orig):
+            return None
+        reqs = {_required(v) for v in var}
+        if len(reqs) != 1:
+            return None
+        out.append(prod.id)
+        todo.extend(sorted(next(iter(reqs))))
+    return out
+
+
+def _required(v: Candidate) -> frozenset[str]:
+    """The operands a scaled variant needs scaled beyond what its origin needed."""
+    base = v.scaled_from.operand_scales if v.scaled_from is not None else {}
+    return frozenset(t for t, f in v.operand_scales.items() if f != base.get(t, 1.0))
+
+
+def _drop_unpaired(graph: Graph, cands: dict[str, list[Candidate]]) -> None:
+    """Drop, until nothing changes, the options no producer or reader option pairs with."""
     changed = True
     while changed:
         changed = False
         for node in graph.nodes:
             keep = []
             for c in cands[node.id]:
-                ok = all(_provides(graph, t, f, cands) for t, f in c.operand_scales.items() if f != 1.0)
+                ok = all(_provides(graph, t, c.operand_scales.get(t, 1.0), cands)
+                         for t in dict.fromkeys(node.inputs) if graph.producer(t) is not None and graph.encrypted(t))
                 if ok and c.out_scale != 1.0:
                     ok = _wanted(graph, node.id, cands) == c.out_scale
                 keep.append(ok)
@@ -236,5 +303,10 @@ def _wanted(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]) -> 
 
 
 def _provides(graph: Graph, tensor: str, f: float, cands: Mapping[str, list[Candidate]]) -> bool:
-    prod = foldable_into(graph, tensor)
-    return prod is not None and any(c.out_scale == f for c in cands.get(prod.id, []))
+    """Some option of ``tensor``'s producer leaves it scaled by ``f`` (1: unscaled)."""
+    prod = graph.producer(tensor)
+    if prod is None:
+        return f == 1.0
+    if f != 1.0 and foldable_into(graph, tensor) is None:
+        return False
+    return any(c.out_scale == f for c in cands.get(prod.id, []))

@@ -109,6 +109,7 @@ class ProgramBuilder:
     _block_cache: dict[tuple[str, str, int], str] = field(default_factory=dict)
     # (plaintext, factor) -> its scaled copy (planner.fold)
     _scaled_cache: dict[tuple[str, float], str] = field(default_factory=dict)
+    _n_scaled: int = 0
 
     # ---------------------------------------------------------------- registers
     def _reg(self, d: int) -> str:
@@ -165,8 +166,8 @@ class ProgramBuilder:
         key = (pt, s)
         if key not in self._scaled_cache:
             src = self.plaintexts[pt]
-            n = sum(1 for t in self.tables if t.startswith(f"{src.table}/scaled"))
-            name = f"{src.table}/scaled{n}"
+            name = f"{src.table}/scaled{self._n_scaled}"
+            self._n_scaled += 1
             self._scaled_cache[key] = self._plaintext(src.source, name, scale(self.tables[src.table].gen), src.l)
         return self._scaled_cache[key]
 

@@ -140,6 +140,7 @@ class Candidate:
     # here must arrive scaled by their factor (the solver pairs options accordingly)
     out_scale: float = 1.0
     operand_scales: dict[str, float] = field(default_factory=dict)
+    scaled_from: Candidate | None = field(default=None, repr=False, compare=False)
     _cost: CostVector | None = field(default=None, repr=False)
     _reset_depths: tuple[int, int] | None = field(default=None, repr=False)
 
