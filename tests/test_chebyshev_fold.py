@@ -28,10 +28,10 @@ def _graph(tensors: dict[str, Any], nodes: list[dict[str, Any]], outputs: list[s
                         "outputs": outputs})
 
 
-def _plan(g: Graph, **opts: Any) -> PlanResult:
+def _plan(g: Graph, levels: int = 8, **opts: Any) -> PlanResult:
     opts.setdefault("allow_insecure", True)
     opts.setdefault("clean_outputs", False)
-    res = plan_graph(g, small_params(10, 8), PlanOptions(**opts))
+    res = plan_graph(g, small_params(10, levels), PlanOptions(**opts))
     check_plan(res, g)
     return res
 
@@ -194,3 +194,77 @@ def test_cone_refuses_a_bootstrap_and_mixed_sums() -> None:
     bias = [ir.PAdd("c1", "c0", "p0").to_json()]
     cone = plan_cone(bias, ["c1"], {"c0": "x"})
     assert cone is not None and cone.operands == frozenset({"x"})
+
+
+def _random_chain(seed: int) -> tuple[Graph, bool]:
+    """A random chain a fold applies to: a matvec or a conv, then some of a bias add, a
+    weight product, a subtraction, a reshape, then a Chebyshev poly of degree 8-12 over a
+    random domain, sometimes followed by a second one; returns the graph and whether the
+    first poly's producer is read twice (no fold)."""
+    rng = np.random.default_rng(1000 + seed)
+    tensors: dict[str, Any] = {}
+    nodes: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        n, k = int(rng.integers(4, 40)), int(rng.integers(4, 40))
+        tensors |= {"x": {"shape": [k], "role": "input"}, "W": {"shape": [n, k], "role": "weight"}}
+        nodes.append({"id": "y", "op": "matvec", "inputs": ["W", "x"]})
+        shape = [n]
+    else:
+        c, h = int(rng.integers(1, 4)), int(rng.integers(3, 7))
+        co = int(rng.integers(1, 4))
+        tensors |= {"x": {"shape": [c, h, h], "role": "input"}, "w": {"shape": [co, c, 3, 3], "role": "weight"}}
+        nodes.append({"id": "y", "op": "conv2d", "inputs": ["x", "w"], "padding": [1, 1]})
+        shape = [co, h, h]
+    cur = "y"
+    for i, op in enumerate(rng.permutation(["add", "mul", "sub", "reshape"])[: int(rng.integers(0, 4))]):
+        nid = f"n{i}"
+        if op == "reshape":
+            shape = [int(np.prod(shape))]
+            nodes.append({"id": nid, "op": "reshape", "inputs": [cur], "shape": shape})
+        else:
+            tensors[f"v{i}"] = {"shape": list(shape), "role": "weight"}
+            ins = [cur, f"v{i}"] if rng.random() < 0.7 else [f"v{i}", cur]
+            nodes.append({"id": nid, "op": str(op), "inputs": ins})
+        cur = nid
+    lo = float(rng.uniform(-6, 0.5))
+    hi = lo + float(rng.uniform(0.5, 8))
+    deg = int(rng.integers(8, 13))
+    coeffs = [float(c) for c in rng.normal(size=deg + 1) / (1 + np.arange(deg + 1))]
+    nodes.append({"id": "p", "op": "poly", "inputs": [cur], "coeffs": coeffs, "basis": "chebyshev",
+                  "domain": [lo, hi]})
+    outputs = ["p"]
+    shared = rng.random() < 0.2
+    if shared:
+        nodes.append({"id": "q", "op": "add", "inputs": ["p", cur]})
+        outputs = ["q"]
+    elif rng.random() < 0.4:
+        nodes.append({"id": "p2", "op": "poly", "inputs": ["p"], "coeffs": coeffs[::-1], "basis": "chebyshev",
+                      "domain": [-2.0, 3.0]})
+        outputs = ["p2"]
+    return _graph(tensors, nodes, outputs), shared
+
+
+KERNEL_CHOICES = (None, ["bsgs", "elementwise", "view"], ["imra", "elementwise", "view"],
+                  ["hs-diagonal", "elementwise", "view"])
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_chains(seed: int) -> None:
+    """Simulated against numpy with every layout claim checked; a chain folds exactly when
+    its producer is read once (the chains' ops all absorb), and the poly then costs the
+    SPEC's depth."""
+    g, shared = _random_chain(seed)
+    kernels = KERNEL_CHOICES[seed % len(KERNEL_CHOICES)]
+    res = _plan(g, levels=16, clean_outputs=seed % 3 != 0, input_layout="row-major" if seed % 2 else "free",
+                **({"kernels": kernels} if kernels else {}))
+    p = _node(res, "p")
+    if shared:
+        assert "input_scaled_by" not in p["params"]
+        return
+    deg = len(g.node("p").coeffs or ()) - 1
+    assert "input_scaled_by" in p["params"]
+    assert p["cost"]["depth"] - (1 if p["params"].get("output_mask") else 0) == math.ceil(math.log2(deg + 1))
+    # the poly's producer holds the scaled value (a weight product up the chain absorbs
+    # the factor in its plaintext, so nodes above it stay unscaled)
+    producer = g.node("p").inputs[0]
+    assert _node(res, producer)["params"]["scaled_by"] == p["params"]["input_scaled_by"]
