@@ -286,7 +286,9 @@ def _rich_table_text(table: Any, width: int = 160) -> str:
     return buf.getvalue()
 
 
-SHOWN_PARAMS = ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "diagonals", "op", "kk", "J")
+# scaled_by / input_scaled_by: a Chebyshev change of variable folded into the producer (planner/fold.py)
+SHOWN_PARAMS = ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "diagonals", "op", "kk", "J", "scaled_by",
+                "input_scaled_by")
 
 
 def node_table_text(plan: Mapping[str, Any]) -> str:
