@@ -16,10 +16,12 @@ builds the candidate variants that carry it:
 - a *folded* variant of the poly's candidate (``operand_scales = {x: s}``; plan node
   ``params.input_scaled_by``) that only adds ``c``.
 
-The choice model keeps the unscaled candidates too; an edge is feasible only between a
-producer option whose ``out_scale`` equals what the reading option expects, so the solver
-folds exactly where every node of the chain has a scaled kernel it prefers, and the depth
-it sees is the depth of the plan.
+A chain folds only when every candidate of every node in it has a scaled variant: its
+nodes then offer only their scaled candidates and the poly only its folded ones, so the
+choice model has as many options as without folding and the depth it sees is the plan's
+(offering both made CP-SAT miss ResNet-20's optimum within its time limit); otherwise only
+the unscaled ones stay.  Edges still pair a producer option only with reading options that
+expect its factor (planner.pipeline._conversion_costs).
 """
 
 from __future__ import annotations
