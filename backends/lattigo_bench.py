@@ -254,6 +254,10 @@ def run_plan_bench(
         cpu_seconds_runs=st.get("cpu_seconds_runs"),
         prepare_seconds=st.get("prepare_seconds"),
         fused_blocks=st.get("fused_blocks"),
+        fused_babies=st.get("fused_babies"),
+        fused_giants=st.get("fused_giants"),
+        fused_products=st.get("fused_products"),
+        fused_phase_seconds=st.get("fused_phase_seconds"),
         workers=st.get("workers"),
         eval_seconds=st["eval_seconds"],
         eval_seconds_runs=st["eval_seconds_runs"],
@@ -316,6 +320,7 @@ def lintrans_matvec(
     repeat: int = 1,
     level: int | None = None,
     embedding: str = "square",
+    cpu_profile: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """``W @ x`` with Lattigo's lintrans (Go ``LintransMatvec``): (y, stats)."""
     W = np.ascontiguousarray(W, dtype="<f8")
@@ -330,6 +335,8 @@ def lintrans_matvec(
         opts["log_bsgs_ratio"] = int(log_bsgs_ratio)
     if level is not None:
         opts["level"] = int(level)
+    if cpu_profile:
+        opts["cpu_profile"] = str(cpu_profile)
     mod, go = _ext()
     raw = json.loads(
         _call(
