@@ -248,6 +248,7 @@ def run_plan_bench(
     row.update(
         status="ok",
         modelled_seconds=model,
+        modelled_top_level_seconds=modelled_seconds(plan, params, level_aware=False),
         model_over_eval=round(model / st["eval_seconds"], 3) if model and st["eval_seconds"] else None,
         model_over_cpu=round(model / st["cpu_seconds"], 3) if model and st.get("cpu_seconds") else None,
         cpu_seconds=st.get("cpu_seconds"),
@@ -290,11 +291,13 @@ def run_plan_bench(
     return row
 
 
-def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
+def modelled_seconds(plan: Mapping[str, Any], params: Params, level_aware: bool = True) -> float | None:
     """The plan's time under its calibrated cost table (the one ``--objective time`` used;
     the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
     None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
-    executor fuses them (``planner.fusion``)."""
+    executor fuses them (``planner.fusion``); by default every instruction and block at
+    the level it runs at (``planner.timing``), else (``level_aware=False``) with the
+    top-level weights, as the solver's objective prices candidates."""
     from planner.costs import COST_TABLES, load_costs
     from planner.kernels.base import count_program
 
@@ -305,6 +308,10 @@ def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
         if alt not in COST_TABLES:
             return None
         table = load_costs(alt)
+    if level_aware:
+        from planner.timing import program_seconds
+
+        return round(program_seconds(list(plan["program"]), table, params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
     scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
     return round(table.score(cv) * scale, 6)

@@ -80,6 +80,12 @@ class _Form:
 
 def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
+    roots, skip, instrs = _analyse(program, slots)
+    return _counts(instrs, roots, skip)
+
+
+def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Form], set[int], list[Any]]:
+    """(fused roots, absorbed instruction indices, decoded instructions)."""
     instrs = [ir.decode(dict(raw)) for raw in program]
     users: dict[str, list[int]] = {}
     for i, ins in enumerate(instrs):
@@ -133,7 +139,32 @@ def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCount
             absorbed.add(ins.src)
     roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
     skip = _absorbed(roots, baby_instr, users)
-    return _counts(instrs, roots, skip)
+    return roots, skip, instrs
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """One fused block: its base register, its products, its non-zero giant offsets, the
+    non-zero baby offsets it needs (shared with the other blocks on the same base) and
+    whether the plan rescales it."""
+
+    base: str
+    products: int
+    giants: int
+    babies: frozenset[int]
+    rescaled: bool
+
+
+def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:
+    """The executor's fused blocks of ``program`` and the indices of the instructions they
+    absorb (the same analysis as ``fused_counts``)."""
+    roots, skip, _ = _analyse(program, slots)
+    blocks = [
+        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0),
+                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled)
+        for f in roots
+    ]
+    return blocks, skip
 
 
 def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, list[int]]) -> set[int]:
