@@ -15,10 +15,11 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
   and the instructions of its tree are absorbed; a baby rotation whose every use is
   absorbed is absorbed too.
 
-A block costs ``block`` (decomposition, two ModDowns) + ``block_baby`` per distinct
-non-zero baby offset of its base (shared by the blocks on that base) + ``block_giant``
-per non-zero giant offset + ``block_product`` per product (calibrated weights, see
-``backends/calibrate.py``).
+A block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby offset
+of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
+offset + ``block_product`` per product, and each base with baby rotations
+``block_base`` once (the decomposition of its c1, shared by its blocks; tables without
+``block_base`` count it in ``block``) (calibrated weights, see ``backends/calibrate.py``).
 """
 
 from __future__ import annotations
@@ -47,17 +48,18 @@ class FusedCounts:
     add: int = 0
     rescale: int = 0
     block_rescales: int = 0  # one Rescale per block the plan rescales
+    bases: int = 0  # base ciphertexts with baby rotations (one decomposition each)
 
     def __add__(self, o: FusedCounts) -> FusedCounts:
         return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
-                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales)
+                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases)
 
     def to_json(self) -> dict[str, int]:
         keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
-                "pmul", "add", "rescale", "block_rescales")
+                "pmul", "add", "rescale", "block_rescales", "bases")
         return dict(zip(keys, self.astuple(), strict=True))
 
 
@@ -206,4 +208,5 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
         blocks=len(roots), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
         rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
         block_rescales=sum(1 for f in roots if f.rescaled),
+        bases=sum(1 for b in betas.values() if b),
     )

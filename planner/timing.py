@@ -27,7 +27,7 @@ from planner.summary import register_depths
 
 # per_level_ms measurement of each priced operation
 _PER_LEVEL_KEYS = ("rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
-                   "block_fixed", "block_baby", "block_giant", "block_product")
+                   "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product")
 
 
 class LevelWeights:
@@ -44,6 +44,7 @@ class LevelWeights:
         w = table.weights
         top = {"rotate": w.rotation, "hoisted_rotation_extra": w.hoisted_rotation, "pmul": w.pmul,
                "cmul_relin": w.cmul, "add": w.add, "rescale": w.rescale, "block_fixed": w.block,
+               "block_finish": w.block, "block_base": w.block_base,
                "block_baby": w.block_baby, "block_giant": w.block_giant, "block_product": w.block_product}
         self.top = {k: v for k, v in top.items() if v is not None}
         self.poly = w.poly
@@ -93,9 +94,13 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
         for w in ins.writes():
             pending[w] = dirty
     babies: dict[str, set[int]] = {}
+    split = table.weights.block_base is not None  # decomposition once per base
     for blk in blocks:
         lv = level(blk.base)
-        total += (lw.at("block_fixed", lv) + lw.at("block_giant", lv) * blk.giants
+        fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
+        if split and blk.babies and not babies.get(blk.base):
+            fixed += lw.at("block_base", lv)
+        total += (fixed + lw.at("block_giant", lv) * blk.giants
                   + lw.at("block_product", lv) * blk.products)
         if blk.rescaled:
             total += lw.at("rescale", lv)

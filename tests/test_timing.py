@@ -45,11 +45,12 @@ def test_one_block_at_the_top_level_prices_as_the_objective(n: int, k: int) -> N
     lw = LevelWeights(table)
     # the block alone (at the top level) is priced exactly with the top-level weights
     b = blocks[0]
-    block_ms = (lw.at("block_fixed", params.max_level) + lw.at("block_giant", params.max_level) * b.giants
+    w = table.weights
+    fixed = lw.at("block_finish", params.max_level) + lw.at("block_base", params.max_level)
+    block_ms = (fixed + lw.at("block_giant", params.max_level) * b.giants
                 + lw.at("block_product", params.max_level) * b.products
                 + lw.at("block_baby", params.max_level) * len(b.babies))
-    w = table.weights
-    assert block_ms == pytest.approx(w.block + w.block_giant * b.giants + w.block_product * b.products
+    assert block_ms == pytest.approx(w.block + (w.block_base or 0) + w.block_giant * b.giants + w.block_product * b.products
                                      + w.block_baby * len(b.babies))
     # the whole plan: never more than the objective's top-level pricing (later
     # instructions run lower), and equal to it when nothing runs below the top

@@ -43,6 +43,8 @@ import (
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
 //	rescale           eval.Rescale of a pmul result (levels >= 1)
+//	block_base        decompose c1, P*c0 and P*c1 (once per base ciphertext of fused blocks)
+//	block_finish      the two final ModDowns of a fused block
 //	block_fixed       a fused block's fixed part (fused.go): decompose c1, P*c0 and P*c1,
 //	                  the two final ModDowns
 //	block_baby        one lazy hoisted baby rotation (AutomorphismHoistedLazy, in QP)
@@ -532,6 +534,24 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	out := ckks.NewCiphertext(params, 1, levelQ)
 	pBig := params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
 	var err error
+	// block_base: the decomposition of the base's c1 and P*c0, P*c1 (once per base: the
+	// executor shares them between the blocks on one ciphertext); block_finish: the two
+	// ModDowns that end every block; block_fixed: both (tables before block_base)
+	if m["block_base"], err = measure(repeat, func() error {
+		eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, decomp)
+		ringQ.MulScalarBigint(ct.Value[0], pBig, pc0)
+		ringQ.MulScalarBigint(ct.Value[1], pBig, pc1)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if m["block_finish"], err = measure(repeat, func() error {
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc0.Q, acc0.P, out.Value[0])
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc1.Q, acc1.P, out.Value[1])
+		return nil
+	}); err != nil {
+		return err
+	}
 	if m["block_fixed"], err = measure(repeat, func() error {
 		eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, decomp)
 		ringQ.MulScalarBigint(ct.Value[0], pBig, pc0)
