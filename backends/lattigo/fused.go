@@ -592,7 +592,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	}
 	defer func() { ph["finish"] += nowSeconds() - tFinish }()
 	if f.rescaled {
-		if out, err = e.rescale(out); err != nil {
+		// in place: no second ciphertext per block (Lattigo's Rescale drops the last
+		// prime of out itself)
+		if err = e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
 	}
