@@ -155,7 +155,10 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         weights["bootstrap"] = _ms(once["bootstrap"]["median"])
     if "block_product" in t:  # the Lattigo executor's fused blocks (backends/lattigo/fused.go)
         weights |= {
-            "block": _ms(med(top, "block_fixed")),
+            # with block_base measured: block = the per-block ModDowns, block_base = the
+            # decomposition shared by the blocks on one base; else block = both, per block
+            "block": _ms(med(top, "block_finish" if "block_base" in t else "block_fixed")),
+            **({"block_base": _ms(med(top, "block_base"))} if "block_base" in t else {}),
             "block_baby": _ms(med(top, "block_baby")),
             "block_giant": _ms(med(top, "block_giant")),
             "block_product": _ms(med(top, "block_product")),

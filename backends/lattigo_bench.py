@@ -248,12 +248,17 @@ def run_plan_bench(
     row.update(
         status="ok",
         modelled_seconds=model,
+        modelled_top_level_seconds=modelled_seconds(plan, params, level_aware=False),
         model_over_eval=round(model / st["eval_seconds"], 3) if model and st["eval_seconds"] else None,
         model_over_cpu=round(model / st["cpu_seconds"], 3) if model and st.get("cpu_seconds") else None,
         cpu_seconds=st.get("cpu_seconds"),
         cpu_seconds_runs=st.get("cpu_seconds_runs"),
         prepare_seconds=st.get("prepare_seconds"),
         fused_blocks=st.get("fused_blocks"),
+        fused_babies=st.get("fused_babies"),
+        fused_giants=st.get("fused_giants"),
+        fused_products=st.get("fused_products"),
+        fused_phase_seconds=st.get("fused_phase_seconds"),
         workers=st.get("workers"),
         eval_seconds=st["eval_seconds"],
         eval_seconds_runs=st["eval_seconds_runs"],
@@ -286,11 +291,13 @@ def run_plan_bench(
     return row
 
 
-def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
+def modelled_seconds(plan: Mapping[str, Any], params: Params, level_aware: bool = True) -> float | None:
     """The plan's time under its calibrated cost table (the one ``--objective time`` used;
     the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
     None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
-    executor fuses them (``planner.fusion``)."""
+    executor fuses them (``planner.fusion``); by default every instruction and block at
+    the level it runs at (``planner.timing``), else (``level_aware=False``) with the
+    top-level weights, as the solver's objective prices candidates."""
     from planner.costs import COST_TABLES, load_costs
     from planner.kernels.base import count_program
 
@@ -301,6 +308,10 @@ def modelled_seconds(plan: Mapping[str, Any], params: Params) -> float | None:
         if alt not in COST_TABLES:
             return None
         table = load_costs(alt)
+    if level_aware:
+        from planner.timing import program_seconds
+
+        return round(program_seconds(list(plan["program"]), table, params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
     scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
     return round(table.score(cv) * scale, 6)
@@ -316,6 +327,7 @@ def lintrans_matvec(
     repeat: int = 1,
     level: int | None = None,
     embedding: str = "square",
+    cpu_profile: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """``W @ x`` with Lattigo's lintrans (Go ``LintransMatvec``): (y, stats)."""
     W = np.ascontiguousarray(W, dtype="<f8")
@@ -330,6 +342,8 @@ def lintrans_matvec(
         opts["log_bsgs_ratio"] = int(log_bsgs_ratio)
     if level is not None:
         opts["level"] = int(level)
+    if cpu_profile:
+        opts["cpu_profile"] = str(cpu_profile)
     mod, go = _ext()
     raw = json.loads(
         _call(

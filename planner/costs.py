@@ -52,6 +52,9 @@ class Weights(BaseModel):
     block_baby: float | None = Field(default=None, ge=0)
     block_giant: float | None = Field(default=None, ge=0)
     block_product: float | None = Field(default=None, ge=0)
+    # the decomposition of a fused block's base (c1) and P*c0, P*c1, once per base ciphertext
+    # with baby rotations; None (older tables): ``block`` includes it for every block
+    block_base: float | None = Field(default=None, ge=0)
 
     @property
     def fused(self) -> bool:
@@ -96,7 +99,7 @@ class CostTable(BaseModel):
             assert w.block is not None and w.block_baby is not None
             assert w.block_giant is not None and w.block_product is not None
             base += (w.block * f.blocks + w.block_baby * f.babies + w.block_giant * f.giants
-                     + w.block_product * f.products)
+                     + w.block_product * f.products + (w.block_base or 0.0) * f.bases)
         return base
 
     def iscore(self, c: CostVector) -> int:

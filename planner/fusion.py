@@ -15,10 +15,11 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
   and the instructions of its tree are absorbed; a baby rotation whose every use is
   absorbed is absorbed too.
 
-A block costs ``block`` (decomposition, two ModDowns) + ``block_baby`` per distinct
-non-zero baby offset of its base (shared by the blocks on that base) + ``block_giant``
-per non-zero giant offset + ``block_product`` per product (calibrated weights, see
-``backends/calibrate.py``).
+A block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby offset
+of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
+offset + ``block_product`` per product, and each base with baby rotations
+``block_base`` once (the decomposition of its c1, shared by its blocks; tables without
+``block_base`` count it in ``block``) (calibrated weights, see ``backends/calibrate.py``).
 """
 
 from __future__ import annotations
@@ -47,17 +48,18 @@ class FusedCounts:
     add: int = 0
     rescale: int = 0
     block_rescales: int = 0  # one Rescale per block the plan rescales
+    bases: int = 0  # base ciphertexts with baby rotations (one decomposition each)
 
     def __add__(self, o: FusedCounts) -> FusedCounts:
         return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
-                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales)
+                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases)
 
     def to_json(self) -> dict[str, int]:
         keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
-                "pmul", "add", "rescale", "block_rescales")
+                "pmul", "add", "rescale", "block_rescales", "bases")
         return dict(zip(keys, self.astuple(), strict=True))
 
 
@@ -80,6 +82,12 @@ class _Form:
 
 def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
+    roots, skip, instrs = _analyse(program, slots)
+    return _counts(instrs, roots, skip)
+
+
+def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Form], set[int], list[Any]]:
+    """(fused roots, absorbed instruction indices, decoded instructions)."""
     instrs = [ir.decode(dict(raw)) for raw in program]
     users: dict[str, list[int]] = {}
     for i, ins in enumerate(instrs):
@@ -133,7 +141,32 @@ def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCount
             absorbed.add(ins.src)
     roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
     skip = _absorbed(roots, baby_instr, users)
-    return _counts(instrs, roots, skip)
+    return roots, skip, instrs
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """One fused block: its base register, its products, its non-zero giant offsets, the
+    non-zero baby offsets it needs (shared with the other blocks on the same base) and
+    whether the plan rescales it."""
+
+    base: str
+    products: int
+    giants: int
+    babies: frozenset[int]
+    rescaled: bool
+
+
+def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:
+    """The executor's fused blocks of ``program`` and the indices of the instructions they
+    absorb (the same analysis as ``fused_counts``)."""
+    roots, skip, _ = _analyse(program, slots)
+    blocks = [
+        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0),
+                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled)
+        for f in roots
+    ]
+    return blocks, skip
 
 
 def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, list[int]]) -> set[int]:
@@ -175,4 +208,5 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
         blocks=len(roots), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
         rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
         block_rescales=sum(1 for f in roots if f.rescaled),
+        bases=sum(1 for b in betas.values() if b),
     )

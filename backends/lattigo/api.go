@@ -154,13 +154,20 @@ type stats struct {
 	SkippedRescales     int                `json:"skipped_rescales"`
 	FusedBlocks         int                `json:"fused_blocks"`
 	FusedProducts       int                `json:"fused_products"`
-	Workers             int                `json:"workers"`
-	MaxScaleFix         float64            `json:"max_scale_fix"`
-	KeygenSeconds       float64            `json:"keygen_seconds"`
-	KeyWriteSeconds     float64            `json:"key_write_seconds"`
-	SetupSeconds        float64            `json:"setup_seconds"`
-	EvalSeconds         float64            `json:"eval_seconds"`
-	TotalSeconds        float64            `json:"total_seconds"`
+	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy
+	// baby rotations; products: plaintext products accumulated in QP; giants: ModDown, key
+	// switch and automorphism per giant step; finish: final ModDowns, rescale), summed over
+	// the workers (equal to wall time with one worker)
+	FusedPhaseSeconds map[string]float64 `json:"fused_phase_seconds,omitempty"`
+	FusedBabies       int                `json:"fused_babies"`
+	FusedGiants       int                `json:"fused_giants"`
+	Workers           int                `json:"workers"`
+	MaxScaleFix       float64            `json:"max_scale_fix"`
+	KeygenSeconds     float64            `json:"keygen_seconds"`
+	KeyWriteSeconds   float64            `json:"key_write_seconds"`
+	SetupSeconds      float64            `json:"setup_seconds"`
+	EvalSeconds       float64            `json:"eval_seconds"`
+	TotalSeconds      float64            `json:"total_seconds"`
 
 	// Bootstrapping plans.
 	Boot              string    `json:"boot,omitempty"`

@@ -70,6 +70,8 @@ type benchPlanOptions struct {
 	KeepAllDisk           bool  `json:"keep_all_disk"`
 	PreloadPrologue       bool  `json:"preload_prologue"`
 	MeasureRSS            bool  `json:"measure_rss"`
+	// CPUProfile: write a Go CPU profile (pprof) of the timed runs to this file.
+	CPUProfile string `json:"cpu_profile"`
 	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
 	commonOptions
 }
@@ -279,6 +281,8 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		first = -1 // run -1: model preparation (plaintexts encoded into the cache), untimed
 	}
 	prologueWait := 0.0
+	stopProfile := func() {}
+	defer func() { stopProfile() }()
 	for r := first; r < opt.Repeat; r++ {
 		io := &benchIO{}
 		for _, ct := range cts {
@@ -315,9 +319,18 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			bs.PrologueLoads = n
 			prologueWait = keys.waitSeconds()
 		}
+		if r == 0 && opt.CPUProfile != "" {
+			if stopProfile, err = startCPUProfile(opt.CPUProfile); err != nil {
+				return "", err
+			}
+		}
 		cpu0 := cpuSeconds()
 		eval, encode, err := ex.runTimed()
 		cpu := cpuSeconds() - cpu0
+		if r == opt.Repeat-1 {
+			stopProfile()
+			stopProfile = func() {}
+		}
 		if err != nil {
 			return "", err
 		}

@@ -43,6 +43,8 @@ import (
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
 //	rescale           eval.Rescale of a pmul result (levels >= 1)
+//	block_base        decompose c1, P*c0 and P*c1 (once per base ciphertext of fused blocks)
+//	block_finish      the two final ModDowns of a fused block
 //	block_fixed       a fused block's fixed part (fused.go): decompose c1, P*c0 and P*c1,
 //	                  the two final ModDowns
 //	block_baby        one lazy hoisted baby rotation (AutomorphismHoistedLazy, in QP)
@@ -144,13 +146,23 @@ func clockSeconds(clock uintptr) float64 {
 // loaded machine does not inflate; "wall" times elapsed time.
 var measureClock = "cpu"
 
-// measure runs fn once untimed, then `repeat` times timed (see measureClock).
+// measureWarmup is the thread CPU time measure spends running fn untimed before timing
+// it: a primitive timed cold (one warm-up call) was measured up to 1.6x slower than the
+// same primitive in the middle of a long evaluation (n13 giant step: 4.2 ms cold, 2.7 ms
+// warm; processor caches, TLB and clock ramp), and evaluations are long streams of
+// primitives.
+const measureWarmup = 0.1
+
+// measure runs fn untimed (at least once, until measureWarmup seconds of thread CPU time),
+// then `repeat` times timed (see measureClock).
 func measure(repeat int, fn func() error) (timing, error) {
-	if err := fn(); err != nil {
-		return timing{}, err
-	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	for c0, i := threadCPUSeconds(), 0; i < 1 || (threadCPUSeconds()-c0 < measureWarmup && i < 10000); i++ {
+		if err := fn(); err != nil {
+			return timing{}, err
+		}
+	}
 	var tm timing
 	for i := 0; i < repeat; i++ {
 		t, c := time.Now(), threadCPUSeconds()
@@ -415,7 +427,7 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 				return "", fmt.Errorf("rescale at level %d: %w", l, err)
 			}
 		}
-		if err = calibrateBlock(params, eval, a, opt.Repeat, m); err != nil {
+		if err = calibrateBlock(params, eval, a, ks, opt.Repeat, m); err != nil {
 			return "", fmt.Errorf("fused block at level %d: %w", l, err)
 		}
 		cal.PerLevel[key] = m
@@ -504,8 +516,11 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 }
 
 // calibrateBlock times the primitives of a fused block (fused.go) at ct's level, one
-// goroutine, with the same Lattigo calls the executor makes.
-func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphertext, repeat int, m map[string]timing) error {
+// goroutine, with the same Lattigo calls the executor makes, in sequences as a block runs
+// them: the baby rotations and the giant steps cycle through the keys of ks (one key per
+// step, as in a block), the products stream 64 distinct plaintexts and reduce the
+// accumulators as often as the executor does (every QiOverflowMargin/2 products).
+func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphertext, ks []int, repeat int, m map[string]timing) error {
 	levelQ, levelP := ct.Level(), params.MaxLevelP()
 	ringQP := params.RingQP().AtLevel(levelQ, levelP)
 	ringQ := ringQP.RingQ
@@ -519,6 +534,24 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	out := ckks.NewCiphertext(params, 1, levelQ)
 	pBig := params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
 	var err error
+	// block_base: the decomposition of the base's c1 and P*c0, P*c1 (once per base: the
+	// executor shares them between the blocks on one ciphertext); block_finish: the two
+	// ModDowns that end every block; block_fixed: both (tables before block_base)
+	if m["block_base"], err = measure(repeat, func() error {
+		eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, decomp)
+		ringQ.MulScalarBigint(ct.Value[0], pBig, pc0)
+		ringQ.MulScalarBigint(ct.Value[1], pBig, pc1)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if m["block_finish"], err = measure(repeat, func() error {
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc0.Q, acc0.P, out.Value[0])
+		eval.ModDownQPtoQNTT(levelQ, levelP, acc1.Q, acc1.P, out.Value[1])
+		return nil
+	}); err != nil {
+		return err
+	}
 	if m["block_fixed"], err = measure(repeat, func() error {
 		eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, decomp)
 		ringQ.MulScalarBigint(ct.Value[0], pBig, pc0)
@@ -530,30 +563,15 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		return err
 	}
 	baby := rlwe.NewElementExtended(params, 1, levelQ, levelP)
+	babies := make([]*rlwe.Element[ringqp.Poly], len(ks))
+	for i := range babies {
+		babies[i] = rlwe.NewElementExtended(params, 1, levelQ, levelP)
+	}
 	galEl := params.GaloisElement(1)
-	if m["block_baby"], err = measure(repeat, func() error {
-		return eval.AutomorphismHoistedLazy(levelQ, ct, decomp, galEl, baby)
-	}); err != nil {
-		return err
-	}
-	// distinct plaintexts (as in a block: each product streams its own from memory)
-	const batch = 64
-	pts := make([]ringqp.Poly, batch)
-	for j := range pts {
-		pts[j] = ringQP.NewPoly()
-		for i := range pts[j].Q.Coeffs {
-			copy(pts[j].Q.Coeffs[i], baby.Value[j%2].Q.Coeffs[i])
-		}
-	}
-	tm, err := measure(repeat, func() error {
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[0], acc0)
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[1], acc1)
-		for j := 1; j < batch; j++ {
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[0], acc0)
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[1], acc1)
-			if j%2 == 1 {
-				ringQ.Reduce(acc0.Q, acc0.Q)
-				ringQ.Reduce(acc1.Q, acc1.Q)
+	tb, err := measure(repeat, func() error {
+		for i, k := range ks {
+			if err := eval.AutomorphismHoistedLazy(levelQ, ct, decomp, params.GaloisElement(k), babies[i]); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -561,34 +579,80 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	if err != nil {
 		return err
 	}
-	for i := range tm.Samples {
-		tm.Samples[i] /= batch
+	m["block_baby"] = perStep(tb, len(ks))
+	if err = eval.AutomorphismHoistedLazy(levelQ, ct, decomp, galEl, baby); err != nil {
+		return err
 	}
-	tm.Median /= batch
-	m["block_product"] = tm
+	// distinct plaintexts (as in a block: each product streams its own from memory, the
+	// plaintexts of a dense block do not fit the caches): ~96 MiB of them, 16..512
+	ptBytes := (levelQ + levelP + 2) * params.N() * 8
+	batch := min(512, max(16, (96<<20+ptBytes-1)/ptBytes))
+	pts := make([]ringqp.Poly, batch)
+	for j := range pts {
+		pts[j] = ringQP.NewPoly()
+		for i := range pts[j].Q.Coeffs {
+			copy(pts[j].Q.Coeffs[i], baby.Value[j%2].Q.Coeffs[i])
+		}
+	}
+	qMargin := max(1, params.QiOverflowMargin(levelQ)>>1) // as the executor (fused.go)
+	pMargin := max(1, params.PiOverflowMargin(levelP)>>1)
+	tm, err := measure(repeat, func() error {
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[0], acc0)
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[1], acc1)
+		for j := 1; j < batch; j++ {
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[0], acc0)
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[1], acc1)
+			if j%qMargin == qMargin-1 {
+				ringQ.Reduce(acc0.Q, acc0.Q)
+				ringQ.Reduce(acc1.Q, acc1.Q)
+			}
+			if j%pMargin == pMargin-1 {
+				ringQP.RingP.Reduce(acc0.P, acc0.P)
+				ringQP.RingP.Reduce(acc1.P, acc1.P)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m["block_product"] = perStep(tm, batch)
 	cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
 	cQP.IsNTT = true
 	tmp0, tmp1 := rqp.NewPoly(), rqp.NewPoly()
 	tmp0.CopyLvl(levelQ, levelP, baby.Value[0])
-	evk, err := eval.CheckAndGetGaloisKey(galEl)
-	if err != nil {
-		return err
-	}
-	idx := eval.AutomorphismIndex(galEl)
-	m["block_giant"], err = measure(repeat, func() error {
-		tmp1.CopyLvl(levelQ, levelP, baby.Value[1])
-		eval.ModDownQPtoQNTT(levelQ, levelP, tmp1.Q, tmp1.P, tmp1.Q)
-		if err := eval.GadgetProductLazy(levelQ, tmp1.Q, &evk.GadgetCiphertext, cQP); err != nil {
-			return err
+	tg, err := measure(repeat, func() error {
+		for i, k := range ks {
+			galEl := params.GaloisElement(k)
+			evk, err := eval.CheckAndGetGaloisKey(galEl)
+			if err != nil {
+				return err
+			}
+			idx := eval.AutomorphismIndex(galEl)
+			tmp1.CopyLvl(levelQ, levelP, babies[i].Value[1])
+			eval.ModDownQPtoQNTT(levelQ, levelP, tmp1.Q, tmp1.P, tmp1.Q)
+			if err := eval.GadgetProductLazy(levelQ, tmp1.Q, &evk.GadgetCiphertext, cQP); err != nil {
+				return err
+			}
+			ringQP.Add(cQP.Value[0], tmp0, cQP.Value[0])
+			ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[0], idx, acc0)
+			ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[1], idx, acc1)
+			ringQP.RingQ.Reduce(acc0.Q, acc0.Q)
+			ringQP.RingQ.Reduce(acc1.Q, acc1.Q)
+			ringQP.RingP.Reduce(acc0.P, acc0.P)
+			ringQP.RingP.Reduce(acc1.P, acc1.P)
 		}
-		ringQP.Add(cQP.Value[0], tmp0, cQP.Value[0])
-		ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[0], idx, acc0)
-		ringQP.AutomorphismNTTWithIndexThenAddLazy(cQP.Value[1], idx, acc1)
-		ringQP.RingQ.Reduce(acc0.Q, acc0.Q)
-		ringQP.RingQ.Reduce(acc1.Q, acc1.Q)
-		ringQP.RingP.Reduce(acc0.P, acc0.P)
-		ringQP.RingP.Reduce(acc1.P, acc1.P)
 		return nil
 	})
+	m["block_giant"] = perStep(tg, len(ks))
 	return err
+}
+
+// perStep divides a timing of n steps by n.
+func perStep(t timing, n int) timing {
+	out := timing{Median: t.Median / float64(n)}
+	for _, s := range t.Samples {
+		out.Samples = append(out.Samples, s/float64(n))
+	}
+	return out
 }

@@ -250,7 +250,9 @@ func (e *executor) canRescale(ct *rlwe.Ciphertext) bool {
 	if ct.Level() < e.params.LevelsConsumedPerRescaling() {
 		return false
 	}
-	return ct.Scale.Div(e.rescaleFactor(ct.Level())).Log2() >= float64(e.params.LogDefaultScale())/2
+	// math.Log2 of the float64 value: Scale.Log2 (an arbitrary-precision logarithm) costs
+	// ~60 us, which adds up over thousands of operations
+	return math.Log2(ct.Scale.Div(e.rescaleFactor(ct.Level())).Float64()) >= float64(e.params.LogDefaultScale())/2
 }
 
 func (e *executor) rescale(ct *rlwe.Ciphertext) (*rlwe.Ciphertext, error) {
@@ -342,7 +344,7 @@ func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Cipher
 // plaintext returns plaintext name encoded at (level, scale), from the cache when it was
 // encoded before (by this evaluation or an earlier one of the same model).
 func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Plaintext, error) {
-	key := ptKey{name, level, scale.Log2()}
+	key := ptKey{name, level, scale.Float64()}
 	c := e.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -225,7 +225,7 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 type ptKey struct {
 	name  string
 	level int
-	scale float64 // log2 of the scale
+	scale float64 // the scale (Scale.Float64; Scale.Log2 is an expensive big-float logarithm)
 }
 
 type ptCache struct {
@@ -271,6 +271,8 @@ type fusedWorker struct {
 	acc0, acc1 ringqp.Poly
 	cQP        *rlwe.Element[ringqp.Poly]
 	started    bool
+	prodSec    float64 // products of the current block (seconds)
+	giantSec   float64 // giant steps of the current block
 }
 
 func (e *executor) workerPool() []*fusedWorker {
@@ -295,7 +297,7 @@ func (e *executor) workerPool() []*fusedWorker {
 // ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale
 // (NTT and Montgomery form, as lintrans stores its diagonals).
 func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, error) {
-	key := ptKey{name, level, scale.Log2()}
+	key := ptKey{name, level, scale.Float64()}
 	c := e.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -402,6 +404,7 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		}
 	}
 	e.st.Rotations += len(todo)
+	e.st.FusedBabies += len(todo)
 	return bc, nil
 }
 
@@ -448,6 +451,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	if err != nil {
 		return nil, err
 	}
+	tBabies := nowSeconds()
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
@@ -457,12 +461,14 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	var wg sync.WaitGroup
 	for w := range ws {
 		ws[w].started = false
+		ws[w].prodSec, ws[w].giantSec = 0, 0
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
 			fw := ws[w]
 			for gi := w; gi < len(gammas); gi += len(ws) {
 				g := gammas[gi]
+				tp := nowSeconds()
 				for j, t := range f.groups[g] {
 					pt := pts[g][j]
 					if t.beta == 0 {
@@ -498,6 +504,8 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				ringQ.Reduce(fw.tmp1.Q, fw.tmp1.Q)
 				ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
 				ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
+				tg := nowSeconds()
+				fw.prodSec += tg - tp
 				if g == 0 {
 					if !fw.started {
 						fw.acc0.CopyLvl(levelQ, levelP, fw.tmp0)
@@ -507,6 +515,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 						ringQP.Add(fw.acc1, fw.tmp1, fw.acc1)
 					}
 					fw.started = true
+					fw.giantSec += nowSeconds() - tg
 					continue
 				}
 				// giant step: one ModDown of c1, one key switch, automorphism in QP
@@ -536,6 +545,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					ringP.Reduce(fw.acc1.P, fw.acc1.P)
 				}
 				fw.started = true
+				fw.giantSec += nowSeconds() - tg
 			}
 		}(w)
 	}
@@ -545,6 +555,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 			return nil, err
 		}
 	}
+	tFinish := nowSeconds()
 	var first *fusedWorker
 	for _, fw := range ws {
 		if !fw.started {
@@ -569,8 +580,21 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	}
 	e.st.FusedBlocks++
 	e.st.FusedProducts += f.terms()
+	e.st.FusedGiants += len(gammas) - btoi(gammas[0] == 0)
+	if e.st.FusedPhaseSeconds == nil {
+		e.st.FusedPhaseSeconds = map[string]float64{}
+	}
+	ph := e.st.FusedPhaseSeconds
+	ph["babies"] += tBabies - tEval
+	for _, fw := range ws {
+		ph["products"] += fw.prodSec
+		ph["giants"] += fw.giantSec
+	}
+	defer func() { ph["finish"] += nowSeconds() - tFinish }()
 	if f.rescaled {
-		if out, err = e.rescale(out); err != nil {
+		// in place: no second ciphertext per block (Lattigo's Rescale drops the last
+		// prime of out itself)
+		if err = e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
 	}
@@ -592,3 +616,10 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 // CLOCK_PROCESS_CPUTIME_ID): next to wall time it shows how much of a loaded machine a
 // timed section got.
 func cpuSeconds() float64 { return clockSeconds(2) }
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

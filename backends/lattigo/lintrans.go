@@ -72,6 +72,8 @@ type lintransOptions struct {
 	// Embedding: "square" (default: W in the corner of a d x d matrix) or "hybrid"
 	// (GAZELLE's hybrid diagonals for a rectangular W, see hybridEmbedding).
 	Embedding string `json:"embedding"`
+	// CPUProfile: write a Go CPU profile (pprof) of the timed runs to this file.
+	CPUProfile string `json:"cpu_profile"`
 	commonOptions
 	// MemoryLimitBytes: see benchPlanOptions.
 	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
@@ -293,6 +295,13 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	type run struct{ evaluate, rescale, fold, cpu float64 }
 	runs := make([]run, 0, opt.Repeat)
 	var res *rlwe.Ciphertext
+	if opt.CPUProfile != "" {
+		stop, err := startCPUProfile(opt.CPUProfile)
+		if err != nil {
+			return "", err
+		}
+		defer stop()
+	}
 	for r := 0; r < opt.Repeat; r++ {
 		out := ckks.NewCiphertext(params, 1, level)
 		resc := ckks.NewCiphertext(params, 1, level-1)
