@@ -336,5 +336,6 @@ def run_plan(
     outputs = _scatter(vectors, tables, slots, output_shapes)
     stats: dict[str, Any] = result["stats"]
     stats["pack_seconds"] = pack_seconds
+    stats["plaintexts_inline"] = "plaintext_file" not in options
     stats["wall_seconds"] = time.perf_counter() - t0
     return LattigoResult(outputs=outputs, stats=stats, vectors=vectors)

@@ -133,6 +133,15 @@ def _run_lattigo(
         output_shapes={t: graph.shape(t) for t in graph.outputs},
     )
     stats = dict(lr.stats)
+    from backends.lattigo_memory import executor_memory, process_model
+
+    # the process's modelled memory: the plan's series plus the executor's own buffers
+    # (backends/lattigo_memory.py), from the run's own start RSS
+    stats["process_model"] = process_model(
+        plan, executor_memory(plan, int(stats.get("workers") or 0) or None),
+        inline_plaintexts=bool(stats.get("plaintexts_inline", True)),
+        baseline_bytes=int(stats["rss_start_bytes"]) if stats.get("rss_start_bytes") else None,
+    )
     counts = {k: int(v) for k, v in stats.get("op_counts", {}).items()}
     return Execution(
         lr.outputs, counts, int(stats.get("rotations", counts.get("rot", 0))), int(stats.get("key_loads", 0)),
@@ -179,6 +188,15 @@ def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_by
         out["rss_growth_over_model"] = round((out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / model, 4)
     if model and out.get("peak_tracked_bytes"):
         out["tracked_over_model"] = round(out["peak_tracked_bytes"] / model, 4)
+    pm = stats.get("process_model")
+    if pm:
+        # the process: the plan's model plus the executor's buffers, relinearisation key,
+        # plaintext vectors and the process at the start (backends/lattigo_memory.py)
+        out["modelled_process_bytes"] = dict(pm)
+        if out.get("peak_rss_bytes"):
+            out["rss_over_process_model"] = round(out["peak_rss_bytes"] / pm["total"], 4)
+            out["rss_growth_over_process_model"] = round(
+                (out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / max(1, pm["growth"]), 4)
     return out
 
 

@@ -123,8 +123,8 @@ func recoverError(err *error) {
 type runOptions struct {
 	KeyDir   string `json:"key_dir"`
 	KeyLevel *int   `json:"key_level"`
-	// GCPercent sets Go's GOGC for the call (default: 10 for bootstrapping plans, so the
-	// heap stays near the live keys and matrices; unchanged otherwise).
+	// GCPercent sets Go's GOGC for the call (default 10, defaultGCPercent: the heap stays
+	// near the live keys, ciphertexts and matrices; Go's meaning otherwise: -1 turns it off).
 	GCPercent *int `json:"gc_percent"`
 	// PlaintextFile: the plaintext vectors in a file (packed as for the plaintexts
 	// argument, which is then empty), read one vector at a time when it is encoded: a plan
@@ -273,11 +273,9 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
 		withBlock = true
 	}
-	gcPercent := -2 // unchanged
+	gcPercent := defaultGCPercent // memmodel.go
 	if opt.GCPercent != nil {
 		gcPercent = *opt.GCPercent
-	} else if withBlock {
-		gcPercent = 10
 	}
 	if gcPercent != -2 {
 		old := debug.SetGCPercent(gcPercent)
