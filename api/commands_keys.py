@@ -255,14 +255,15 @@ def keymeasure(
 
 def _print_measure(r: dict[str, Any]) -> None:
     t = Table(title=escape(f"{r['workload']} @ {r['params']} on Lattigo (time model: {r['time_model']})"))
-    for c in ("run", "cap MiB", "keys MiB meas/model", "RSS growth MiB / model total + relin key", "eval s", "vs keep-all",
+    for c in ("run", "cap MiB", "keys MiB meas/model", "RSS growth MiB / process model (x)", "eval s", "vs keep-all",
               "key read s", "key wait s", "loads", "splits", "rel err"):
         t.add_column(c)
     for x in r["runs"]:
         t.add_row(
             x["strategy"] if x["cap"] is None else f"{x['fraction']:g} x keep-all", _mib(x["cap"]),
             f"{_mib(x['peak_key_bytes'])}/{_mib(x['model_key_bytes'])}",
-            f"{_mib(x['rss_growth_bytes'])}/{_mib(x['model_total_with_relin_bytes'])}", f"{x['eval_seconds']:.2f}",
+            f"{_mib(x['rss_growth_bytes'])}/{_mib(x['model_process_growth_bytes'])} ({x['rss_vs_process_model']:.2f}x)",
+            f"{x['eval_seconds']:.2f}",
             f"{x['time_ratio']:.3f}x", f"{x['key_load_seconds']:.2f}", f"{x['key_wait_seconds']:.2f}",
             str(x["key_loads"]), str(x["hoisted_splits"]), f"{x['max_rel_error']:.1e}",
         )

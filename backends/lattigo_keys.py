@@ -35,6 +35,7 @@ import numpy as np
 
 from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
 from backends.lattigo_bench import _scatter
+from backends.lattigo_memory import executor_memory, process_model
 from planner.graph import Graph, load_graph
 from planner.keyplan import modelled_time, time_model
 from planner.keys import schedule_plan
@@ -47,18 +48,22 @@ __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
 DEFAULT_FRACTIONS = (0.5, 0.25)
 # Go's soft memory limit during a run: the Go runtime's memory before the run plus the
-# modelled peak times this factor (the collector keeps the heap near the live bytes).
+# modelled process growth (backends/lattigo_memory.py) times this factor (the collector
+# keeps the heap near the live bytes).
 GC_HEADROOM = 1.10
 
 
 def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
-           model_total: int, keep_all: bool, repeat: int = 1) -> dict[str, Any]:
+           keep_all: bool, repeat: int = 1) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
     packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
+    # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
+    # encoded plaintext): its growth bounds Go's heap through the soft memory limit
+    pm = process_model(plan, executor_memory(plan), inline_plaintexts=True, cached_plaintexts=True)
     opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
-            "memory_limit_extra_bytes": int(model_total * GC_HEADROOM)}
+            "memory_limit_extra_bytes": int(pm["growth"] * GC_HEADROOM)}
     t0 = time.perf_counter()
     raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
                            go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
@@ -82,6 +87,9 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "rss_peak_bytes": st.get("rss_peak_bytes", 0),
         "rss_growth_bytes": st.get("rss_peak_bytes", 0) - st.get("rss_start_bytes", 0),
         "rss_measured": bool(st.get("rss_measured")),
+        "model_process_growth_bytes": pm["growth"],
+        "model_process_terms": {k: v for k, v in pm.items() if k not in ("growth", "total", "baseline", "peak_step")},
+        "cached_plaintext_bytes": st.get("cached_plaintext_bytes", 0),
         "rotations": st["rotations"],
         "max_rel_error": rel,
         "wall_seconds": round(wall, 2),
@@ -103,7 +111,7 @@ def measure_graph(
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
-    row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True, repeat=repeat))
+    row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat))
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
@@ -115,7 +123,7 @@ def measure_graph(
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
-        row.update(_bench(r.plan, graph, values, r.tables, s["peak_bytes"]["total"], keep_all=False, repeat=repeat))
+        row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat))
         runs.append(row)
     base = runs[0]
     for row in runs:
@@ -128,6 +136,8 @@ def measure_graph(
         # process also holds the relinearisation key (same size as a top-level rotation key)
         row["model_total_with_relin_bytes"] = row["model_peak_bytes"] + row["relin_key_bytes"]
         row["rss_vs_model_with_relin"] = round(row["rss_growth_bytes"] / max(1, row["model_total_with_relin_bytes"]), 4)
+        # the process model: plan + executor buffers, fused blocks, plaintext cache
+        row["rss_vs_process_model"] = round(row["rss_growth_bytes"] / max(1, row["model_process_growth_bytes"]), 4)
     return {"workload": graph.name, "params": params.name, "time_model": tm.source, "runs": runs}
 
 

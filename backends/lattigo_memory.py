@@ -16,8 +16,16 @@ backends/lattigo/memmodel.go, built with the executor's own constructors):
 * ``relin_key``: the relinearisation key, when the run holds one beside the plan's keys
   (plans with ``cmul`` or a polynomial of degree >= 2; a keep-all bootstrapping plan uses the
   boot block's, already in the plan's keys);
+* ``client``: the client that encrypts the inputs and decrypts the outputs, alive during
+  the evaluation (secret key, key generator, encoder, encryptor and decryptor with their
+  buffers): the Go heap its constructor allocates (``runtime.ReadMemStats`` after
+  collections, measured by ``ExecutorMemory`` for the plan's parameters);
 * ``plaintext_values``: the plaintext vectors Go unpacks (float64, ``slots`` each) when the
-  plan hands them inline; one vector when they come through a file.
+  plan hands them inline; one vector when they come through a file;
+* ``plaintext_cache`` (benchmarks only, ``cached_plaintexts=True``: ``BenchPlan`` encodes
+  every plaintext once before its timed runs and keeps it): each plaintext of a fused block
+  as a QP poly at its block's level, every other one as a plaintext at the level it is
+  encoded at (the plan's memory model's level), once per (name, level).
 
 ``growth`` is the largest sum over program steps of the plan's series and ``fused`` plus the
 constant terms: what the run adds to the process's resident set.  ``total`` adds
@@ -36,9 +44,9 @@ import numpy as np
 
 from planner import ir
 from planner.params import Params
-from planner.summary import memory_series, plan_key_bytes, register_depths
+from planner.summary import lifetimes, memory_series, plan_key_bytes, register_depths
 
-__all__ = ["BASELINE_BYTES", "executor_memory", "fused_series", "process_model"]
+__all__ = ["BASELINE_BYTES", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
 
 # Resident set of `python -c "import backends.runner, backends.lattigo_backend as b; b.version()"`
 # (Python 3.11, numpy, slotplan's modules, the gopy extension with the Go runtime started),
@@ -109,11 +117,35 @@ def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> 
     return out
 
 
+def plaintext_cache_bytes(program: list[Any], params: Params, mem: Mapping[str, Any]) -> int:
+    """Bytes of a cache holding every plaintext of the program as the executor encodes it."""
+    prog = ir.decode_program(program)
+    depth = register_depths(prog)
+    life = lifetimes(prog, depth, params.max_level)
+    top = int(mem["top"])
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    fused_pts: set[str] = set()
+    for b in mem.get("blocks") or []:
+        lv = max(0, min(top, params.max_level - depth[b["base"]]))
+        for p in b.get("plaintexts", []):
+            fused_pts.add(p)
+            if (p, lv) not in seen:
+                seen.add((p, lv))
+                total += int(mem["qp_poly_bytes"][lv])
+    for p, lv in life.pt_level.items():
+        if p not in fused_pts and (p, lv) not in seen:
+            seen.add((p, lv))
+            total += params.plaintext_bytes(lv)
+    return total
+
+
 def process_model(
     plan: Mapping[str, Any],
     mem: Mapping[str, Any],
     *,
     inline_plaintexts: bool = True,
+    cached_plaintexts: bool = False,
     baseline_bytes: int | None = None,
     key_bytes: Mapping[int, int] | None = None,
 ) -> dict[str, int]:
@@ -139,8 +171,10 @@ def process_model(
         "fused": int(fused[at]) if len(step) else 0,
         "evaluator": workers * int(mem["evaluator_bytes"]),
         "relin_key": int(mem["relin_key_bytes"]) if mem.get("relin_resident") else 0,
+        "client": int(mem.get("client_bytes", 0)),
         "plaintext_values": 8 * slots * (n_pt if inline_plaintexts else 1),
     }
+    terms["plaintext_cache"] = plaintext_cache_bytes(program, params, mem) if cached_plaintexts else 0
     growth = sum(terms.values())
     baseline = BASELINE_BYTES if baseline_bytes is None else int(baseline_bytes)
     return {**terms, "peak_step": at, "growth": growth, "baseline": baseline, "total": growth + baseline}

@@ -41,6 +41,8 @@ type fusedBlockInfo struct {
 	Base  string `json:"base"`
 	Betas []int  `json:"betas"` // non-zero baby offsets the block needs
 	Terms int    `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
+	// The block's plaintexts (a cache across evaluations, BenchPlan's, keeps them in QP).
+	Plaintexts []string `json:"plaintexts"`
 }
 
 type executorMemory struct {
@@ -61,12 +63,15 @@ type executorMemory struct {
 	// The relinearisation key the run generates (at the plan's top level) and whether the
 	// evaluation holds it beside the plan's keys (a keep-all bootstrapping plan uses the
 	// one of the boot block, which the plan's memory model counts).
-	RelinKeyBytes int              `json:"relin_key_bytes"`
-	RelinResident bool             `json:"relin_resident"`
+	RelinKeyBytes int  `json:"relin_key_bytes"`
+	RelinResident bool `json:"relin_resident"`
+	// The client Run keeps during the evaluation (secret key, key generator, encoder,
+	// encryptor and decryptor with their buffers): the Go heap it allocates.
+	ClientBytes int64 `json:"client_bytes"`
 	// One rotation key as Run generates it without a key schedule (the plan's top level).
-	GaloisKeyBytes int `json:"galois_key_bytes"`
-	Fused         bool             `json:"fused"`
-	Blocks        []fusedBlockInfo `json:"blocks"`
+	GaloisKeyBytes int              `json:"galois_key_bytes"`
+	Fused          bool             `json:"fused"`
+	Blocks         []fusedBlockInfo `json:"blocks"`
 }
 
 // ExecutorMemory reports the executor's memory beside the plan's values for one plan
@@ -126,6 +131,7 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	}
 	top := setup.top
 	m.RelinKeyBytes = rlwe.NewRelinearizationKey(params, rlwe.EvaluationKeyParameters{LevelQ: &top, LevelP: &levelP}).BinarySize()
+	m.ClientBytes = heapBytesOf(func() any { return newSetupClient(setup) })
 	m.GaloisKeyBytes = rlwe.NewGaloisKey(params, rlwe.EvaluationKeyParameters{LevelQ: &top, LevelP: &levelP}).BinarySize()
 	_, withBlock := p.usesBootBlock()
 	withBlock = withBlock && setup.btp != nil
@@ -155,8 +161,10 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 			bi.First = min(bi.First, j)
 		}
 		seen := map[int]bool{}
+		pts := map[string]bool{}
 		for _, g := range f.groups {
 			for _, t := range g {
+				pts[t.pt] = true
 				if t.beta != 0 && !seen[t.beta] {
 					seen[t.beta] = true
 					bi.Betas = append(bi.Betas, t.beta)
@@ -164,6 +172,10 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 			}
 		}
 		sort.Ints(bi.Betas)
+		for n := range pts {
+			bi.Plaintexts = append(bi.Plaintexts, n)
+		}
+		sort.Strings(bi.Plaintexts)
 		m.Blocks = append(m.Blocks, bi)
 	}
 	m.Fused = len(m.Blocks) > 0
@@ -179,4 +191,17 @@ func (c *ptCache) keepPoolAt(levelQ int) {
 			delete(c.pool, l)
 		}
 	}
+}
+
+// heapBytesOf is the Go heap that the objects build returns keep alive (after collections
+// before and after; nothing else runs in the extension meanwhile).
+func heapBytesOf(build func() any) int64 {
+	var a, b runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&a)
+	obj := build()
+	runtime.GC()
+	runtime.ReadMemStats(&b)
+	runtime.KeepAlive(obj)
+	return max(0, int64(b.HeapAlloc)-int64(a.HeapAlloc))
 }
