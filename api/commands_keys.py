@@ -217,6 +217,8 @@ def keymeasure(
     fractions: Annotated[str, typer.Option("--fractions", help="caps as fractions of the keep-all peak")] = "0.5,0.25",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
     repeat: Annotated[int, typer.Option("--repeat", help="runs per plan (median evaluation time)")] = 1,
+    no_plaintext_cache: Annotated[bool, typer.Option(
+        "--no-plaintext-cache", help="encode each plaintext when read in every run (as run does) instead of once for all runs")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
 ) -> None:
     """Measure on Lattigo: keep-all (ANT-ACE) and the joint key schedule at caps of the
@@ -233,7 +235,7 @@ def keymeasure(
         results = []
         if not 1 <= repeat <= 100:
             raise SlotplanError(f"--repeat must be in 1..100, got {repeat}")
-        for r in measure_suite(suite, params, fr, names, time_limit, repeat):
+        for r in measure_suite(suite, params, fr, names, time_limit, repeat, plaintext_cache=not no_plaintext_cache):
             results.append(r)
             if as_json:
                 print(json.dumps(r, sort_keys=True), flush=True)

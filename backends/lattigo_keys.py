@@ -35,7 +35,7 @@ import numpy as np
 
 from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
 from backends.lattigo_bench import _scatter
-from backends.lattigo_memory import executor_memory, process_model
+from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
 from planner.graph import Graph, load_graph
 from planner.keyplan import modelled_time, time_model
 from planner.keys import schedule_plan
@@ -47,23 +47,20 @@ from planner.summary import plan_key_bytes
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
 DEFAULT_FRACTIONS = (0.5, 0.25)
-# Go's soft memory limit during a run: the Go runtime's memory before the run plus the
-# modelled process growth (backends/lattigo_memory.py) times this factor (the collector
-# keeps the heap near the live bytes).
-GC_HEADROOM = 1.10
 
 
 def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
-           keep_all: bool, repeat: int = 1) -> dict[str, Any]:
+           keep_all: bool, repeat: int = 1, plaintext_cache: bool = True) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
     packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
     # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
-    # encoded plaintext): its growth bounds Go's heap through the soft memory limit
-    pm = process_model(plan, executor_memory(plan), inline_plaintexts=True, cached_plaintexts=True)
+    # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
+    pm = process_model(plan, executor_memory(plan), inline_plaintexts=True, cached_plaintexts=plaintext_cache)
     opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
-            "memory_limit_extra_bytes": int(pm["growth"] * GC_HEADROOM)}
+            "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
+            "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
     t0 = time.perf_counter()
     raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
                            go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
@@ -98,7 +95,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
-    time_limit_s: float = 10.0, repeat: int = 1,
+    time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring)."""
     values = random_values(graph, seed)
@@ -111,7 +108,8 @@ def measure_graph(
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
-    row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat))
+    row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
+                      plaintext_cache=plaintext_cache))
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
@@ -123,7 +121,8 @@ def measure_graph(
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
-        row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat))
+        row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
+                          plaintext_cache=plaintext_cache))
         runs.append(row)
     base = runs[0]
     for row in runs:
@@ -143,7 +142,7 @@ def measure_graph(
 
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1,
+    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
 ) -> Iterator[dict[str, Any]]:
     from planner.keybench import load_key_suite
 
@@ -152,7 +151,8 @@ def measure_suite(
         g = load_graph((root / w.graph).resolve())
         if only and g.name not in only:
             continue
-        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat)
+        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
+                            plaintext_cache=plaintext_cache)
 
 
 def geomean(values: Sequence[float]) -> float | None:

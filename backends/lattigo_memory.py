@@ -46,13 +46,17 @@ from planner import ir
 from planner.params import Params
 from planner.summary import lifetimes, memory_series, plan_key_bytes, register_depths
 
-__all__ = ["BASELINE_BYTES", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
+__all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
 
 # Resident set of `python -c "import backends.runner, backends.lattigo_backend as b; b.version()"`
 # (Python 3.11, numpy, slotplan's modules, the gopy extension with the Go runtime started),
 # measured with scripts/process_baseline.py on this machine: 178 MiB.  The model uses a
 # run's own rss_start_bytes when it has one (the plan's Python objects add to it).
 BASELINE_BYTES = 178 * 2**20
+# Go's soft memory limit during a run: the Go runtime's memory at its start plus the
+# modelled growth times this (the collector then runs before the heap passes the model;
+# Go's GOGC alone, 10 during a run, would let it reach 1.1x the live bytes).
+GC_LIMIT_HEADROOM = 1.03
 
 
 def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:

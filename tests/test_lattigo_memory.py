@@ -38,12 +38,12 @@ def test_executor_terms_are_binary_sizes() -> None:
     assert mem["relin_key_bytes"] == s["relin_key_bytes"] and mem["relin_resident"]
     assert mem["galois_key_bytes"] == s["galois_key_bytes"][3]
     for lv in range(4):
-        # a ciphertext is two Q polys (plus its metadata)
-        assert abs(2 * mem["q_poly_bytes"][lv] - s["ciphertext_bytes"][lv]) < 64
+        # a ciphertext is two Q polys plus its metadata (a few hundred bytes)
+        assert 0 <= s["ciphertext_bytes"][lv] - 2 * mem["q_poly_bytes"][lv] < 512
         # ring.Poly.BinarySize: 8 bytes + per modulus 8 + 8N; a QP poly adds the P part
         assert mem["q_poly_bytes"][lv] == 8 + (lv + 1) * (8 + 8 * n)
         assert mem["qp_poly_bytes"][lv] == mem["q_poly_bytes"][lv] + 8 + n_p * (8 + 8 * n)
-        assert abs(mem["qp_element_bytes"][lv] - 2 * mem["qp_poly_bytes"][lv]) < 64
+        assert 0 <= mem["qp_element_bytes"][lv] - 2 * mem["qp_poly_bytes"][lv] < 512
     # rlwe.EvaluatorBuffers + ckks buffers + encoder, word for word
     q, qp = (n_q * n * 8), ((n_q + n_p) * n * 8)
     dnum = -(-n_q // n_p)

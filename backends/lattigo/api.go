@@ -130,6 +130,10 @@ type runOptions struct {
 	// argument, which is then empty), read one vector at a time when it is encoded: a plan
 	// with many plaintexts then never holds them all in memory.
 	PlaintextFile string `json:"plaintext_file"`
+	// MemoryLimitExtraBytes (> 0): Go's soft memory limit during the call is the memory the
+	// Go runtime holds at its start plus this (the modelled growth of the process,
+	// backends/lattigo_memory.py): the collector runs before the heap passes the model.
+	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -280,6 +284,9 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if gcPercent != -2 {
 		old := debug.SetGCPercent(gcPercent)
 		defer debug.SetGCPercent(old)
+	}
+	if opt.MemoryLimitExtraBytes > 0 {
+		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
 	io := &runIO{p: p}
 	for i, in := range p.Program {
