@@ -48,11 +48,12 @@ from planner.summary import lifetimes, memory_series, plan_key_bytes, register_d
 
 __all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
 
-# Resident set of `python -c "import backends.runner, backends.lattigo_backend as b; b.version()"`
-# (Python 3.11, numpy, slotplan's modules, the gopy extension with the Go runtime started),
-# measured with scripts/process_baseline.py on this machine: 178 MiB.  The model uses a
-# run's own rss_start_bytes when it has one (the plan's Python objects add to it).
-BASELINE_BYTES = 178 * 2**20
+# Resident set of a process that imported slotplan's command line, runner and the gopy
+# extension and started the Go runtime, before any plan (scripts/process_baseline.py on this
+# machine: 62 MiB, Python 3.11).  A run uses its own rss_start_bytes instead: the plan, its
+# tables, the graph's values and the planner (when tables are regenerated) add to it
+# (170-450 MB in the runs of docs/lattigo.md).
+BASELINE_BYTES = 62 * 2**20
 # Go's soft memory limit during a run: the Go runtime's memory at its start plus the
 # modelled growth times this (the collector then runs before the heap passes the model;
 # Go's GOGC alone, 10 during a run, would let it reach 1.1x the live bytes).
