@@ -292,6 +292,7 @@ def run_plan(
     *,
     output_shapes: Mapping[str, Sequence[int]] | None = None,
     key_level: int | None = None,
+    memory_limit_extra_bytes: int | None = None,
 ) -> LattigoResult:
     """Execute ``plan`` encrypted with Lattigo and return the decrypted output tensors.
 
@@ -300,7 +301,9 @@ def run_plan(
     client writes the evaluation keys (kept afterwards; default: a temporary directory).
     ``output_shapes`` gives the graph's output shapes (else outputs are flat, sized by the
     largest table index). ``key_level`` generates the rotation keys at a lower level (they
-    are smaller, and refused for ciphertexts above that level).
+    are smaller, and refused for ciphertexts above that level). ``memory_limit_extra_bytes``
+    sets Go's soft memory limit to the Go runtime's memory at the start plus this (the
+    modelled growth, backends/lattigo_memory.py).
     """
     t0 = time.perf_counter()
     _ext()
@@ -310,6 +313,8 @@ def run_plan(
         options["key_dir"] = str(key_dir)
     if key_level is not None:
         options["key_level"] = int(key_level)
+    if memory_limit_extra_bytes:
+        options["memory_limit_extra_bytes"] = int(memory_limit_extra_bytes)
     n_pt = len(plan.get("plaintexts") or {})
     with tempfile.TemporaryDirectory(prefix="slotplan-pt-") as tmp:
         if n_pt * slots * 8 > PLAINTEXT_INLINE_BYTES:
@@ -336,5 +341,6 @@ def run_plan(
     outputs = _scatter(vectors, tables, slots, output_shapes)
     stats: dict[str, Any] = result["stats"]
     stats["pack_seconds"] = pack_seconds
+    stats["plaintexts_inline"] = "plaintext_file" not in options
     stats["wall_seconds"] = time.perf_counter() - t0
     return LattigoResult(outputs=outputs, stats=stats, vectors=vectors)

@@ -35,6 +35,7 @@ import numpy as np
 
 from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
 from backends.lattigo_bench import _scatter
+from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
 from planner.graph import Graph, load_graph
 from planner.keyplan import modelled_time, time_model
 from planner.keys import schedule_plan
@@ -46,19 +47,20 @@ from planner.summary import plan_key_bytes
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
 DEFAULT_FRACTIONS = (0.5, 0.25)
-# Go's soft memory limit during a run: the Go runtime's memory before the run plus the
-# modelled peak times this factor (the collector keeps the heap near the live bytes).
-GC_HEADROOM = 1.10
 
 
 def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
-           model_total: int, keep_all: bool, repeat: int = 1) -> dict[str, Any]:
+           keep_all: bool, repeat: int = 1, plaintext_cache: bool = True) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
     packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
+    # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
+    # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
+    pm = process_model(plan, executor_memory(plan), inline_plaintexts=True, cached_plaintexts=plaintext_cache)
     opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
-            "memory_limit_extra_bytes": int(model_total * GC_HEADROOM)}
+            "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
+            "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
     t0 = time.perf_counter()
     raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
                            go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
@@ -82,6 +84,9 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "rss_peak_bytes": st.get("rss_peak_bytes", 0),
         "rss_growth_bytes": st.get("rss_peak_bytes", 0) - st.get("rss_start_bytes", 0),
         "rss_measured": bool(st.get("rss_measured")),
+        "model_process_growth_bytes": pm["growth"],
+        "model_process_terms": {k: v for k, v in pm.items() if k not in ("growth", "total", "baseline", "peak_step")},
+        "cached_plaintext_bytes": st.get("cached_plaintext_bytes", 0),
         "rotations": st["rotations"],
         "max_rel_error": rel,
         "wall_seconds": round(wall, 2),
@@ -90,7 +95,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
-    time_limit_s: float = 10.0, repeat: int = 1,
+    time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring)."""
     values = random_values(graph, seed)
@@ -103,7 +108,8 @@ def measure_graph(
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
-    row.update(_bench(res.plan, graph, values, res.tables, ka_peak["total"], keep_all=True, repeat=repeat))
+    row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
+                      plaintext_cache=plaintext_cache))
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
@@ -115,7 +121,8 @@ def measure_graph(
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
-        row.update(_bench(r.plan, graph, values, r.tables, s["peak_bytes"]["total"], keep_all=False, repeat=repeat))
+        row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
+                          plaintext_cache=plaintext_cache))
         runs.append(row)
     base = runs[0]
     for row in runs:
@@ -128,12 +135,14 @@ def measure_graph(
         # process also holds the relinearisation key (same size as a top-level rotation key)
         row["model_total_with_relin_bytes"] = row["model_peak_bytes"] + row["relin_key_bytes"]
         row["rss_vs_model_with_relin"] = round(row["rss_growth_bytes"] / max(1, row["model_total_with_relin_bytes"]), 4)
+        # the process model: plan + executor buffers, fused blocks, plaintext cache
+        row["rss_vs_process_model"] = round(row["rss_growth_bytes"] / max(1, row["model_process_growth_bytes"]), 4)
     return {"workload": graph.name, "params": params.name, "time_model": tm.source, "runs": runs}
 
 
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1,
+    only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
 ) -> Iterator[dict[str, Any]]:
     from planner.keybench import load_key_suite
 
@@ -142,7 +151,8 @@ def measure_suite(
         g = load_graph((root / w.graph).resolve())
         if only and g.name not in only:
             continue
-        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat)
+        yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
+                            plaintext_cache=plaintext_cache)
 
 
 def geomean(values: Sequence[float]) -> float | None:

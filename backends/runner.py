@@ -126,13 +126,24 @@ def _run_lattigo(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
     params: Params,
 ) -> Execution:
+    from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES
     from backends.lattigo_backend import run_plan as lattigo_run
+    from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
 
+    # the process's modelled memory (backends/lattigo_memory.py): the plan's series plus the
+    # executor's own buffers; its growth is Go's soft memory limit for the run
+    mem = executor_memory(plan)
+    inline = len(plan.get("plaintexts") or {}) * int(params.slots) * 8 <= PLAINTEXT_INLINE_BYTES
+    pm = process_model(plan, mem, inline_plaintexts=inline)
     lr = lattigo_run(
         dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
         output_shapes={t: graph.shape(t) for t in graph.outputs},
+        memory_limit_extra_bytes=int(pm["growth"] * GC_LIMIT_HEADROOM),
     )
     stats = dict(lr.stats)
+    if stats.get("rss_start_bytes"):  # the baseline measured by the run itself
+        pm = pm | {"baseline": int(stats["rss_start_bytes"]), "total": pm["growth"] + int(stats["rss_start_bytes"])}
+    stats["process_model"] = pm
     counts = {k: int(v) for k, v in stats.get("op_counts", {}).items()}
     return Execution(
         lr.outputs, counts, int(stats.get("rotations", counts.get("rot", 0))), int(stats.get("key_loads", 0)),
@@ -179,6 +190,15 @@ def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_by
         out["rss_growth_over_model"] = round((out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / model, 4)
     if model and out.get("peak_tracked_bytes"):
         out["tracked_over_model"] = round(out["peak_tracked_bytes"] / model, 4)
+    pm = stats.get("process_model")
+    if pm:
+        # the process: the plan's model plus the executor's buffers, relinearisation key,
+        # plaintext vectors and the process at the start (backends/lattigo_memory.py)
+        out["modelled_process_bytes"] = dict(pm)
+        if out.get("peak_rss_bytes"):
+            out["rss_over_process_model"] = round(out["peak_rss_bytes"] / pm["total"], 4)
+            out["rss_growth_over_process_model"] = round(
+                (out["peak_rss_bytes"] - out.get("rss_start_bytes", 0)) / max(1, pm["growth"]), 4)
     return out
 
 

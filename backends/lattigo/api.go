@@ -123,13 +123,17 @@ func recoverError(err *error) {
 type runOptions struct {
 	KeyDir   string `json:"key_dir"`
 	KeyLevel *int   `json:"key_level"`
-	// GCPercent sets Go's GOGC for the call (default: 10 for bootstrapping plans, so the
-	// heap stays near the live keys and matrices; unchanged otherwise).
+	// GCPercent sets Go's GOGC for the call (default 10, defaultGCPercent: the heap stays
+	// near the live keys, ciphertexts and matrices; Go's meaning otherwise: -1 turns it off).
 	GCPercent *int `json:"gc_percent"`
 	// PlaintextFile: the plaintext vectors in a file (packed as for the plaintexts
 	// argument, which is then empty), read one vector at a time when it is encoded: a plan
 	// with many plaintexts then never holds them all in memory.
 	PlaintextFile string `json:"plaintext_file"`
+	// MemoryLimitExtraBytes (> 0): Go's soft memory limit during the call is the memory the
+	// Go runtime holds at its start plus this (the modelled growth of the process,
+	// backends/lattigo_memory.py): the collector runs before the heap passes the model.
+	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -280,15 +284,16 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
 		withBlock = true
 	}
-	gcPercent := -2 // unchanged
+	gcPercent := defaultGCPercent // memmodel.go
 	if opt.GCPercent != nil {
 		gcPercent = *opt.GCPercent
-	} else if withBlock {
-		gcPercent = 10
 	}
 	if gcPercent != -2 {
 		old := debug.SetGCPercent(gcPercent)
 		defer debug.SetGCPercent(old)
+	}
+	if opt.MemoryLimitExtraBytes > 0 {
+		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
 	io := &runIO{p: p}
 	for i, in := range p.Program {

@@ -61,6 +61,9 @@ type benchPlanOptions struct {
 	Workers   int  `json:"workers"`
 	NoFuse    bool `json:"no_fuse"`
 	NoPrepare bool `json:"no_prepare"`
+	// NoPlaintextCache: every run encodes each plaintext when it is read and keeps none (as
+	// Run does; the timed runs then include the encoding) instead of one cache across runs.
+	NoPlaintextCache bool `json:"no_plaintext_cache"`
 	// MemoryLimitBytes (> 0) is the Go soft memory limit during the call
 	// (debug.SetMemoryLimit): the garbage collector works harder instead of letting the
 	// heap grow to twice the live keys.
@@ -275,6 +278,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	}
 	runs := make([]runRecord, 0, opt.Repeat)
 	cache := newPtCache(0)
+	if opt.NoPlaintextCache {
+		cache = newPtCache(-1)
+	}
 	exOpt := executorOptions{NoFuse: opt.NoFuse, Workers: opt.Workers, Cache: cache}
 	first := 0
 	if !opt.NoPrepare {

@@ -361,6 +361,7 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 	}
 	sort.Ints(todo)
 	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	e.cache.keepPoolAt(levelQ)
 	pool := e.cache.pool[levelQ]
 	for _, b := range todo {
 		if err := e.rotationKey(b, ct); err != nil {

@@ -1,0 +1,185 @@
+"""The modelled memory of a Lattigo run: the plan's memory model plus what the executor holds.
+
+The plan's ``summary.peak_bytes`` (planner/summary.py) counts resident keys, live
+ciphertexts and plaintexts.  A Lattigo process holds more, and each term here is the
+``BinarySize`` of objects the executor allocates (Go ``ExecutorMemory``,
+backends/lattigo/memmodel.go, built with the executor's own constructors):
+
+* ``fused``: the fused linear blocks' working set (backends/lattigo/fused.go), step by step:
+  the lazy baby rotations of a block's base (extended ciphertexts in QP at the base's
+  level, held from the first block on that base to its last, then pooled for the next
+  block at the same level; a block at another level drops the pool), P*c0 and P*c1 of each
+  cached base, the block's plaintexts encoded in QP while it runs, and from the first block
+  on the workers' buffers (6 QP polys each) and the decomposition buffers;
+* ``evaluator``: the buffers of the ckks evaluator and encoder, once per worker of the fused
+  blocks (one without fusion);
+* ``relin_key``: the relinearisation key, when the run holds one beside the plan's keys
+  (plans with ``cmul`` or a polynomial of degree >= 2; a keep-all bootstrapping plan uses the
+  boot block's, already in the plan's keys);
+* ``client``: the client that encrypts the inputs and decrypts the outputs, alive during
+  the evaluation (secret key, key generator, encoder, encryptor and decryptor with their
+  buffers): the Go heap its constructor allocates (``runtime.ReadMemStats`` after
+  collections, measured by ``ExecutorMemory`` for the plan's parameters);
+* ``plaintext_values``: the plaintext vectors Go unpacks (float64, ``slots`` each) when the
+  plan hands them inline; one vector when they come through a file;
+* ``plaintext_cache`` (benchmarks only, ``cached_plaintexts=True``: ``BenchPlan`` encodes
+  every plaintext once before its timed runs and keeps it): each plaintext of a fused block
+  as a QP poly at its block's level, every other one as a plaintext at the level it is
+  encoded at (the plan's memory model's level), once per (name, level).
+
+``growth`` is the largest sum over program steps of the plan's series and ``fused`` plus the
+constant terms: what the run adds to the process's resident set.  ``total`` adds
+``baseline``: the resident set of the process when the run starts (Python, numpy, slotplan's
+modules, the plan and the extension with its Go runtime), measured by the run itself
+(``rss_start_bytes``) or, before a run, :data:`BASELINE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from planner import ir
+from planner.params import Params
+from planner.summary import lifetimes, memory_series, plan_key_bytes, register_depths
+
+__all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
+
+# Resident set of a process that imported slotplan's command line, runner and the gopy
+# extension and started the Go runtime, before any plan (scripts/process_baseline.py on this
+# machine: 62 MiB, Python 3.11).  A run uses its own rss_start_bytes instead: the plan, its
+# tables, the graph's values and the planner (when tables are regenerated) add to it
+# (170-450 MB in the runs of docs/lattigo.md).
+BASELINE_BYTES = 62 * 2**20
+# Go's soft memory limit during a run: the Go runtime's memory at its start plus the
+# modelled growth times this (the collector then runs before the heap passes the model;
+# Go's GOGC alone, 10 during a run, would let it reach 1.1x the live bytes).
+GC_LIMIT_HEADROOM = 1.03
+
+
+def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
+    """Go's ``ExecutorMemory`` for a plan: sizes of the executor's buffers and fused blocks."""
+    from backends.lattigo_backend import _call, _ext, _json_default
+
+    mod, _ = _ext()
+    opts = {"workers": int(workers)} if workers else {}
+    return dict(json.loads(_call(mod.ExecutorMemory, json.dumps(plan, default=_json_default), json.dumps(opts))))
+
+
+def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> np.ndarray:
+    """Bytes the fused blocks hold at each program step (the module docstring's walk)."""
+    prog = ir.decode_program(program)
+    n = len(prog)
+    out = np.zeros(n, dtype=np.int64)
+    blocks = mem.get("blocks") or []
+    if not blocks:
+        return out
+    depth = register_depths(prog)
+    top = int(mem["top"])
+    qpel, qppoly, qpoly = mem["qp_element_bytes"], mem["qp_poly_bytes"], mem["q_poly_bytes"]
+
+    def level(reg: str) -> int:
+        return max(0, min(top, params.max_level - depth[reg]))
+
+    remaining: dict[str, int] = {}
+    for b in blocks:
+        remaining[b["base"]] = remaining.get(b["base"], 0) + 1
+    held: dict[str, tuple[set[int], int]] = {}  # base -> (baby offsets, level)
+    pool_level, pool = -1, 0
+
+    def resident() -> int:
+        s = sum(len(bs) * qpel[lv] + 2 * qpoly[lv] for bs, lv in held.values())
+        return s + (pool * qpel[pool_level] if pool else 0)
+
+    fixed = int(mem["workers"]) * int(mem["fused_worker_bytes"]) + int(mem["fused_decomp_bytes"])
+    first_root = int(blocks[0]["root"])
+    prev = first_root
+    for b in blocks:
+        root = int(b["root"])
+        out[prev:root] += resident()
+        base = b["base"]
+        lv = level(base)
+        bs, _ = held.get(base, (set(), lv))
+        new = len(set(b["betas"]) - bs)
+        if new:
+            if pool_level != lv:
+                pool_level, pool = lv, 0
+            pool -= min(pool, new)
+        held[base] = (bs | set(b["betas"]), lv)
+        out[root] += resident() + int(b["terms"]) * qppoly[lv]
+        remaining[base] -= 1
+        if remaining[base] == 0:
+            bs, blv = held.pop(base)
+            if blv == pool_level or pool == 0:
+                pool_level = blv
+                pool += len(bs)
+        prev = root + 1
+    out[prev:] += resident()
+    out[first_root:] += fixed
+    return out
+
+
+def plaintext_cache_bytes(program: list[Any], params: Params, mem: Mapping[str, Any]) -> int:
+    """Bytes of a cache holding every plaintext of the program as the executor encodes it."""
+    prog = ir.decode_program(program)
+    depth = register_depths(prog)
+    life = lifetimes(prog, depth, params.max_level)
+    top = int(mem["top"])
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    fused_pts: set[str] = set()
+    for b in mem.get("blocks") or []:
+        lv = max(0, min(top, params.max_level - depth[b["base"]]))
+        for p in b.get("plaintexts", []):
+            fused_pts.add(p)
+            if (p, lv) not in seen:
+                seen.add((p, lv))
+                total += int(mem["qp_poly_bytes"][lv])
+    for p, lv in life.pt_level.items():
+        if p not in fused_pts and (p, lv) not in seen:
+            seen.add((p, lv))
+            total += params.plaintext_bytes(lv)
+    return total
+
+
+def process_model(
+    plan: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    *,
+    inline_plaintexts: bool = True,
+    cached_plaintexts: bool = False,
+    baseline_bytes: int | None = None,
+    key_bytes: Mapping[int, int] | None = None,
+) -> dict[str, int]:
+    """The modelled memory of a Lattigo run of ``plan`` (module docstring): the terms, their
+    ``growth`` over the start of the run and the process ``total``."""
+    params = Params.from_json(plan["params"])
+    program = plan["program"]
+    kb = key_bytes if key_bytes is not None else plan_key_bytes(plan)
+    if kb is None:  # keep-all: every key as the run generates it (the plan's top level)
+        kb = dict.fromkeys(ir.rot_keys_of(ir.decode_program(program)), int(mem["galois_key_bytes"]))
+    ser = memory_series(program, params, key_bytes=kb)
+    base = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"]
+    fused = fused_series(program, params, mem)
+    step = base + fused
+    at = int(np.argmax(step)) if len(step) else 0
+    workers = int(mem["workers"]) if mem.get("fused") else 1
+    slots = int(params.slots)
+    n_pt = len(plan.get("plaintexts") or {})
+    terms = {
+        "keys": int(ser["keys"][at]) if len(step) else 0,
+        "plaintexts": int(ser["plaintexts"][at]) if len(step) else 0,
+        "ciphertexts": int(ser["ciphertexts"][at]) if len(step) else 0,
+        "fused": int(fused[at]) if len(step) else 0,
+        "evaluator": workers * int(mem["evaluator_bytes"]),
+        "relin_key": int(mem["relin_key_bytes"]) if mem.get("relin_resident") else 0,
+        "client": int(mem.get("client_bytes", 0)),
+        "plaintext_values": 8 * slots * (n_pt if inline_plaintexts else 1),
+    }
+    terms["plaintext_cache"] = plaintext_cache_bytes(program, params, mem) if cached_plaintexts else 0
+    growth = sum(terms.values())
+    baseline = BASELINE_BYTES if baseline_bytes is None else int(baseline_bytes)
+    return {**terms, "peak_step": at, "growth": growth, "baseline": baseline, "total": growth + baseline}
