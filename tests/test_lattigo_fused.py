@@ -23,9 +23,10 @@ needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension no
 
 def _bench(graph: Graph, kernels: tuple[str, ...] | None, options: dict[str, Any]) -> tuple[dict, dict]:
     params = load_params("n12")
-    opts = PlanOptions(input_layout="free", allow_insecure=True)
-    if kernels:
-        opts = PlanOptions(input_layout="free", allow_insecure=True, kernels=kernels)
+    options = dict(options)
+    cap = options.pop("memory_cap_bytes", None)  # a plan option (the key schedule), not the bench's
+    opts = PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
+                       **({"kernels": kernels} if kernels else {}))
     res = plan_graph(graph, params, opts)
     vals = random_values(graph, 3)
     pin, ppt = pack_vectors(res.plan, {t: vals[t] for t in graph.inputs}, {t: vals[t] for t in graph.weights},
@@ -105,3 +106,31 @@ def test_hybrid_kernel_random_shapes_sim(seed: int) -> None:
         p2 = [1 << max(0, (v - 1).bit_length()) for v in (n, k)]
         want = max(1, min(p2[0] * p2[1] // params.slots, p2[1]))
         assert res.plan["summary"]["pmul"] in (want, want + 1)
+
+
+def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
+    opts = PlanOptions(input_layout="free", allow_insecure=True, **({"kernels": kernels} if kernels else {}))
+    return int(plan_graph(graph, load_params("n12"), opts).plan["summary"]["peak_bytes"]["total"])
+
+
+# the cases whose schedule under a 3/4 cap keeps every block's giant keys resident until
+# its root (the others drop a giant key right after its rotation: those blocks run
+# instruction by instruction, see backends/lattigo/fused.go)
+FUSED_UNDER_CAP = {"mvm 48x80 hybrid", "mvm 80x48 hybrid", "conv1 default"}
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES[:4] + CASES[5:], ids=[c[0] for c in CASES[:4] + CASES[5:]])
+def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ...] | None) -> None:
+    """Under a memory cap (a key schedule) the blocks whose keys stay resident run fused
+    (their baby rotations computed where the plan rotates): same outputs (numpy),
+    rotations and key loads as instruction by instruction."""
+    graph = make()
+    cap = _peak_keys(graph, kernels) * 3 // 4
+    fused, err_f = _bench(graph, kernels, {"repeat": 1, "memory_cap_bytes": cap})
+    plain, err_p = _bench(graph, kernels, {"repeat": 1, "no_fuse": True, "memory_cap_bytes": cap})
+    assert fused["key_mode"] == "scheduled" and plain["key_mode"] == "scheduled", fused
+    assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (name, err_f, err_p)
+    assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
+    assert plain["fused_blocks"] == 0
+    assert (fused["fused_blocks"] >= 1) == (name in FUSED_UNDER_CAP), fused["fused_blocks"]

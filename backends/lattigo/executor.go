@@ -143,7 +143,7 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		e.nWorkers = runtime.GOMAXPROCS(0)
 	}
 	st.Workers = e.nWorkers
-	if !opt.NoFuse && !e.scheduled {
+	if !opt.NoFuse {
 		e.fusion = analyseFusion(p, params.MaxSlots())
 	}
 	for i, in := range p.Program {
@@ -180,6 +180,9 @@ func (e *executor) exec(i int, in instr) (string, error) {
 			return "bsgs_block", nil
 		}
 		if e.fusion.skip[i] {
+			if e.fusion.pre[i] {
+				return "", e.preBabies(in)
+			}
 			return "", nil
 		}
 	}

@@ -2,6 +2,7 @@ package slotlattigo
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 
@@ -44,11 +45,19 @@ import (
 //     use; a form that is not absorbed is a root: it is evaluated fused where its last
 //     instruction stood (when it has more than one product or any rotation), and the
 //     instructions of its tree are skipped. Rotations whose every use is skipped are
-//     skipped too. Plans with a key schedule (load_key/drop_key) are executed as written.
+//     skipped too.
+//   - under a key schedule (load_key/drop_key) the skipped baby rotations are computed
+//     where they stand, into the block's baby cache (their keys are resident there, and
+//     the schedule may drop them right after), and a block is fused only when the keys it
+//     still needs at its root stay resident until then: its giant rotations' keys, and
+//     those of baby rotations that also run as instructions (no drop_key of the offset
+//     and no drop of the block "boot" in between); the other blocks run instruction by
+//     instruction.
 
 type fTerm struct {
-	beta int
-	pt   string
+	beta  int
+	pt    string
+	rotAt int // the instruction of the baby rotation (-1: beta 0, no rotation)
 }
 
 type fForm struct {
@@ -57,6 +66,9 @@ type fForm struct {
 	rescaled bool
 	rotated  bool // some group carries its giant rotation (no further rot)
 	instrs   []int
+	// giant offsets the plan rotates after the form's rescale (one level below the base,
+	// where the fused block rotates): their keys may have been generated a level lower
+	lowGiants map[int]bool
 }
 
 func (f *fForm) terms() int {
@@ -95,8 +107,12 @@ func (f *fForm) gammas() []int {
 }
 
 func mergeForms(a, b *fForm, rotated bool) *fForm {
-	out := &fForm{base: a.base, groups: map[int][]fTerm{}, rescaled: a.rescaled, rotated: rotated}
+	out := &fForm{base: a.base, groups: map[int][]fTerm{}, rescaled: a.rescaled, rotated: rotated,
+		lowGiants: map[int]bool{}}
 	for _, f := range []*fForm{a, b} {
+		for g := range f.lowGiants {
+			out.lowGiants[g] = true
+		}
 		for g, ts := range f.groups {
 			out.groups[g] = append(out.groups[g], ts...)
 		}
@@ -110,6 +126,8 @@ type fusionPlan struct {
 	rootDst   map[int]string
 	skip      []bool
 	baseRoots map[string]int // fused roots per base register (the baby cache is freed after the last)
+	babyAt    []bool         // instructions that rotate a base for a block (rot / rot_hoisted)
+	pre       []bool         // skipped baby rotations computed where they stand (key schedule)
 }
 
 type baby struct {
@@ -119,6 +137,11 @@ type baby struct {
 
 // analyseFusion finds the fused blocks of a plan (rules above).
 func analyseFusion(p *plan, slots int) *fusionPlan {
+	scheduled := p.hasKeySchedule()
+	levels, err := p.keyLevels()
+	if err != nil {
+		levels = nil // validate() refuses such a plan before it runs
+	}
 	prog := p.Program
 	users := map[string][]int{}
 	for i, in := range prog {
@@ -153,15 +176,19 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 			if single(in.Src) && !f.rotated && len(f.groups) == 1 && f.groups[0] != nil && in.K != nil {
 				g := norm(*in.K)
 				nf := &fForm{base: f.base, groups: map[int][]fTerm{g: f.groups[0]}, rescaled: f.rescaled, rotated: true,
-					instrs: append(append([]int{}, f.instrs...), i)}
+					lowGiants: map[int]bool{}, instrs: append(append([]int{}, f.instrs...), i)}
+				if f.rescaled {
+					nf.lowGiants[g] = true
+				}
 				forms[in.Dst] = nf
 				absorbed[in.Src] = true
 			}
 		case "pmul":
 			if b, ok := babies[in.Src]; ok {
-				forms[in.Dst] = &fForm{base: b.base, groups: map[int][]fTerm{0: {{b.beta, in.Pt}}}, instrs: []int{i}}
+				forms[in.Dst] = &fForm{base: b.base, groups: map[int][]fTerm{0: {{b.beta, in.Pt, babyInstr[in.Src]}}},
+					instrs: []int{i}}
 			} else if forms[in.Src] == nil {
-				forms[in.Dst] = &fForm{base: in.Src, groups: map[int][]fTerm{0: {{0, in.Pt}}}, instrs: []int{i}}
+				forms[in.Dst] = &fForm{base: in.Src, groups: map[int][]fTerm{0: {{0, in.Pt, -1}}}, instrs: []int{i}}
 			}
 		case "add":
 			fa, fb := forms[in.A], forms[in.B]
@@ -178,17 +205,47 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 			if f == nil || f.rescaled || !single(in.Src) {
 				continue
 			}
-			forms[in.Dst] = &fForm{base: f.base, groups: f.groups, rescaled: true, rotated: f.rotated,
+			forms[in.Dst] = &fForm{base: f.base, groups: f.groups, rescaled: true, rotated: f.rotated, lowGiants: f.lowGiants,
 				instrs: append(append([]int{}, f.instrs...), i)}
 			absorbed[in.Src] = true
 		}
 	}
-	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, len(prog)),
-		baseRoots: map[string]int{}}
+	cands := map[string]*fForm{}
 	for r, f := range forms {
-		if absorbed[r] || !f.worth() {
-			continue
+		if !absorbed[r] && f.worth() && keyLevelsFit(f, levels) && (!scheduled || giantKeysStay(prog, f, norm)) {
+			cands[r] = f
 		}
+	}
+	for {
+		fp := buildFusion(len(prog), cands, babyInstr, users)
+		if !scheduled {
+			return fp
+		}
+		// a baby rotation that still runs as an instruction is rotated again by its block
+		// at the root: its key must stay resident until then (blocks dropped until stable)
+		dropped := false
+		for r, f := range cands {
+			if !babyKeysStay(prog, f, fp.skip, norm) {
+				delete(cands, r)
+				dropped = true
+			}
+		}
+		if !dropped {
+			// the skipped baby rotations are computed where they stand (their keys are
+			// resident there), into the block's baby cache
+			for i := range fp.skip {
+				fp.pre[i] = fp.skip[i] && fp.babyAt[i]
+			}
+			return fp
+		}
+	}
+}
+
+// buildFusion makes the fusion plan of the chosen forms (by their root register).
+func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, users map[string][]int) *fusionPlan {
+	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
+		baseRoots: map[string]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
+	for r, f := range chosen {
 		at := f.instrs[len(f.instrs)-1]
 		fp.roots[at] = f
 		fp.rootDst[at] = r
@@ -203,19 +260,101 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 		byInstr[i] = append(byInstr[i], d)
 	}
 	for i, ds := range byInstr {
-		all := true
+		fp.babyAt[i] = true
+		all, used := true, false // a rotation nothing reads runs as written
 		for _, d := range ds {
 			for _, u := range users[d] {
+				used = true
 				if !fp.skip[u] {
 					all = false
 				}
 			}
 		}
-		if all {
+		if all && used {
 			fp.skip[i] = true
 		}
 	}
 	return fp
+}
+
+// dropsBetween reports whether a drop_key of one of keys (or of the block "boot") stands
+// strictly between instructions lo and hi.
+func dropsBetween(prog []instr, lo, hi int, keys map[int]bool, norm func(int) int) bool {
+	for q := lo + 1; q < hi; q++ {
+		in := prog[q]
+		if in.Op == "drop_key" && (in.Block != "" || (in.K != nil && keys[norm(*in.K)])) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyLevelsFit: a fused block rotates its giant steps at the base's level, where the plan
+// may rotate one level lower (after the form's rescale) with a key generated there. Such
+// a giant key (with a recorded level) must reach the base's level, bounded below by its
+// baby keys' levels (a key without a recorded level is at the top); without a baby key
+// the base's level is unknown here and the block runs instruction by instruction.
+func keyLevelsFit(f *fForm, levels map[int]int) bool {
+	if len(f.lowGiants) == 0 || len(levels) == 0 {
+		return true
+	}
+	need, babies := -1, false
+	for _, ts := range f.groups {
+		for _, t := range ts {
+			if t.beta == 0 {
+				continue
+			}
+			babies = true
+			lvl, ok := levels[t.beta]
+			if !ok {
+				lvl = math.MaxInt
+			}
+			need = max(need, lvl)
+		}
+	}
+	for g := range f.lowGiants {
+		lvl, ok := levels[g]
+		if ok && (!babies || lvl < need) {
+			return false
+		}
+	}
+	return true
+}
+
+// rootOf is the last instruction of a form (where the fused block runs).
+func rootOf(f *fForm) int {
+	root := f.instrs[0]
+	for _, i := range f.instrs {
+		root = max(root, i)
+	}
+	return root
+}
+
+// giantKeysStay: every giant rotation's key stays resident from its instruction to the
+// block's root, where the fused block rotates.
+func giantKeysStay(prog []instr, f *fForm, norm func(int) int) bool {
+	root := rootOf(f)
+	for _, i := range f.instrs {
+		in := prog[i]
+		if in.Op == "rot" && in.K != nil && dropsBetween(prog, i, root, map[int]bool{norm(*in.K): true}, norm) {
+			return false
+		}
+	}
+	return true
+}
+
+// babyKeysStay: every baby rotation of f that runs as an instruction (not skipped) keeps
+// its key resident until the root, where the block rotates the base again.
+func babyKeysStay(prog []instr, f *fForm, skip []bool, norm func(int) int) bool {
+	root := rootOf(f)
+	for _, ts := range f.groups {
+		for _, t := range ts {
+			if t.rotAt >= 0 && !skip[t.rotAt] && dropsBetween(prog, t.rotAt, root, map[int]bool{t.beta: true}, norm) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // ---------------------------------------------------------------------------------------
@@ -407,6 +546,27 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 	e.st.Rotations += len(todo)
 	e.st.FusedBabies += len(todo)
 	return bc, nil
+}
+
+// preBabies computes a skipped baby rotation instruction's rotations of its base into the
+// base's baby cache, where the instruction stands (under a key schedule its keys are
+// resident there); the block's root finds them cached.
+func (e *executor) preBabies(in instr) error {
+	ct, err := e.operand(in.Src, true)
+	if err != nil {
+		return err
+	}
+	slots := e.params.MaxSlots()
+	var betas []int
+	if in.Op == "rot_hoisted" {
+		for _, k := range in.Ks {
+			betas = append(betas, ((k%slots)+slots)%slots)
+		}
+	} else if in.K != nil {
+		betas = append(betas, ((*in.K%slots)+slots)%slots)
+	}
+	_, err = e.babiesFor(in.Src, ct, betas)
+	return err
 }
 
 // evalFused evaluates one fused block (its root register is dst).

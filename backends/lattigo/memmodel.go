@@ -144,8 +144,8 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 		m.QPPolyBytes = append(m.QPPolyBytes, qpPolyBytes(params, l, levelP))
 		m.QPolyBytes = append(m.QPolyBytes, ring.Poly(params.RingQ().AtLevel(l).NewPoly()).BinarySize())
 	}
-	// fusion runs only for plans without a key schedule (newExecutor)
-	if noFuse || p.hasKeySchedule() {
+	// the executor's fusion (under a key schedule: the blocks whose keys stay resident)
+	if noFuse {
 		return m
 	}
 	fp := analyseFusion(p, slots)
