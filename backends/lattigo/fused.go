@@ -252,7 +252,7 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
 		baseRoots: map[string]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
 	for r, f := range chosen {
-		at := f.instrs[len(f.instrs)-1]
+		at := rootOf(f)
 		fp.roots[at] = f
 		fp.rootDst[at] = r
 		fp.baseRoots[f.base]++
@@ -327,13 +327,10 @@ func keyLevelsFit(f *fForm, levels map[int]int) bool {
 	return true
 }
 
-// rootOf is the last instruction of a form (where the fused block runs).
+// rootOf is the last instruction of a form, where the fused block runs (a form's
+// instructions are appended in program order, the consuming one last).
 func rootOf(f *fForm) int {
-	root := f.instrs[0]
-	for _, i := range f.instrs {
-		root = max(root, i)
-	}
-	return root
+	return f.instrs[len(f.instrs)-1]
 }
 
 // giantKeysStay: every giant rotation's key stays resident from its instruction to the
