@@ -68,6 +68,23 @@ def test_matvec_bias_poly_folds_to_the_spec_depth() -> None:
         assert _pmuls_by_scale(res) == 0
 
 
+def test_fold_across_several_ciphertexts() -> None:
+    """Values that span several ciphertexts (700 inputs, 600 outputs at 512 slots; sizes no
+    power of two): every ciphertext's products take the factor, and the plan (checked
+    against numpy with its layout claims) keeps the SPEC depth."""
+    g = _graph(
+        {"W": {"shape": [600, 700], "role": "weight"}, "x": {"shape": [700], "role": "input"},
+         "bias": {"shape": [600], "role": "weight"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "z", "op": "add", "inputs": ["y", "bias"]},
+         {"id": "p", "inputs": ["z"], **CHEB}],
+        ["p"])
+    res = _plan(g)  # raw outputs: a clean-output mask after the poly would add its own level
+    assert res.plan["summary"]["depth"] == 1 + POLY_DEPTH
+    assert _node(res, "p")["params"]["input_scaled_by"] == S
+    assert _pmuls_by_scale(res) == 0
+    assert sum(1 for raw in res.plan["program"] if raw["op"] == "input") > 1
+
+
 def test_conv_poly_folds() -> None:
     g = _graph(
         {"x": {"shape": [2, 6, 6], "role": "input"}, "w": {"shape": [3, 2, 3, 3], "role": "weight"}},
