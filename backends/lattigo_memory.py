@@ -84,9 +84,15 @@ def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> 
     def level(reg: str) -> int:
         return max(0, min(top, params.max_level - depth[reg]))
 
+    def bases(b: Mapping[str, Any]) -> dict[str, list[int]]:
+        # the registers a block's products read (its origin and rotations of it, all at the
+        # origin's level), each with the offsets it is rotated by lazily
+        return {str(r): [int(k) for k in ks] for r, ks in (b.get("bases") or {}).items()}
+
     remaining: dict[str, int] = {}
     for b in blocks:
-        remaining[b["base"]] = remaining.get(b["base"], 0) + 1
+        for r in bases(b):
+            remaining[r] = remaining.get(r, 0) + 1
     held: dict[str, tuple[set[int], int]] = {}  # base -> (baby offsets, level)
     pool_level, pool = -1, 0
 
@@ -100,22 +106,23 @@ def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> 
     for b in blocks:
         root = int(b["root"])
         out[prev:root] += resident()
-        base = b["base"]
-        lv = level(base)
-        bs, _ = held.get(base, (set(), lv))
-        new = len(set(b["betas"]) - bs)
-        if new:
-            if pool_level != lv:
-                pool_level, pool = lv, 0
-            pool -= min(pool, new)
-        held[base] = (bs | set(b["betas"]), lv)
+        lv = level(b["base"])
+        for r, betas in bases(b).items():
+            bs, _ = held.get(r, (set(), lv))
+            new = len(set(betas) - bs)
+            if new:
+                if pool_level != lv:
+                    pool_level, pool = lv, 0
+                pool -= min(pool, new)
+            held[r] = (bs | set(betas), lv)
         out[root] += resident() + int(b["terms"]) * qppoly[lv]
-        remaining[base] -= 1
-        if remaining[base] == 0:
-            bs, blv = held.pop(base)
-            if blv == pool_level or pool == 0:
-                pool_level = blv
-                pool += len(bs)
+        for r in bases(b):
+            remaining[r] -= 1
+            if remaining[r] == 0:
+                bs, blv = held.pop(r)
+                if blv == pool_level or pool == 0:
+                    pool_level = blv
+                    pool += len(bs)
         prev = root + 1
     out[prev:] += resident()
     out[first_root:] += fixed

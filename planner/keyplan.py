@@ -40,7 +40,7 @@ import numpy as np
 
 from planner import ir
 from planner.params import Params
-from planner.summary import register_depths
+from planner.summary import register_depths, rotation_key_levels
 from solver import keyplan_model, keyset_model, progress
 
 __all__ = [
@@ -312,12 +312,11 @@ class _Chains:
 
 
 def _site_levels(program: Sequence[Mapping[str, Any]], max_level: int) -> list[tuple[tuple[int, ...], int]]:
-    depth = register_depths(program)
     out = []
-    for raw in program:
+    for raw, lv in zip(program, rotation_key_levels(program, max_level), strict=True):
         ins = ir.decode(raw)
-        if isinstance(ins, ir.Rot | ir.RotHoisted):
-            out.append((tuple(dict.fromkeys(int(k) for k in ins.rot_keys())), max(0, max_level - depth[ins.src])))
+        if isinstance(ins, ir.Rot | ir.RotHoisted) and lv is not None:
+            out.append((tuple(dict.fromkeys(int(k) for k in ins.rot_keys())), lv))
     return out
 
 
@@ -383,13 +382,11 @@ class JointChoice:
 
 
 def _levels(prog: Sequence[Mapping[str, Any]], params: Params, key_levels: bool) -> dict[int, int]:
-    depth = register_depths(prog)
     L = params.max_level
     level: dict[int, int] = {}
-    for raw in prog:
-        ins = ir.decode(raw)
-        for k in set(ins.rot_keys()):
-            lv = max(0, L - depth[ins.reads()[0]]) if key_levels else L
+    for raw, use in zip(prog, rotation_key_levels(prog, L), strict=True):
+        for k in set(ir.decode(raw).rot_keys()):
+            lv = use if key_levels and use is not None else L
             level[k] = max(level.get(k, 0), lv)
     return level
 

@@ -44,7 +44,15 @@ import numpy as np
 from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
-from planner.summary import memory_series, reg_writes, register_depths, remap_spans, span_counts, summarize
+from planner.summary import (
+    memory_series,
+    reg_writes,
+    register_depths,
+    remap_spans,
+    rotation_key_levels,
+    span_counts,
+    summarize,
+)
 from solver import progress
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 from solver.registry import Registry
@@ -899,6 +907,7 @@ def _schedule_with_block(
     uses: dict[int, list[int]] = {}
     need: list[list[int]] = []
     level: dict[int, int] = {}
+    use_level = rotation_key_levels(prog, L)
     for i, ins in enumerate(prog):
         ks = sorted(set(_rot_keys(ins)))
         if block is not None and block[0] <= i <= block[1] and params.boot is not None:
@@ -907,7 +916,7 @@ def _schedule_with_block(
         need.append(ks)
         for k in ks:
             uses.setdefault(k, []).append(i)
-            lv = max(0, L - depth[ins["src"]]) if key_levels else L
+            lv = use_level[i] if key_levels and use_level[i] is not None else L
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)

@@ -55,6 +55,28 @@ def register_depths(program: Program) -> dict[str, int]:
     return d
 
 
+def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
+    """The level each instruction's rotation keys must reach (None: it rotates nothing):
+    its source's level (``max_level - depth``), one higher for a rotation of a rescaled
+    register. A giant step of a baby-step giant-step block (products summed, rescaled,
+    rotated) runs fused on Lattigo before the rescale, at the products' base level
+    (backends/lattigo/fused.go), so its key is made for that level."""
+    depth = register_depths(program)
+    rescaled: set[str] = set()
+    out: list[int | None] = []
+    for raw in program:
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.Rescale):
+            rescaled.add(ins.dst)
+        if not ins.rot_keys():
+            out.append(None)
+            continue
+        src = ins.reads()[0]
+        lv = max(0, max_level - depth[src])
+        out.append(min(max_level, lv + 1) if src in rescaled else lv)
+    return out
+
+
 # The counts every node entry of a plan carries for its program span; summed over the
 # nodes they equal the summary's fields of the same names (instructions outside every
 # span -- input, output -- count towards none of them).

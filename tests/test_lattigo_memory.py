@@ -71,9 +71,9 @@ def test_fused_walk_cache_pool_and_level_change() -> None:
     ]
     params = Params.from_json(P13)
     blocks = [
-        {"root": 1, "first": 1, "base": "c0", "betas": [1, 2], "terms": 3},
-        {"root": 2, "first": 2, "base": "c0", "betas": [2, 4], "terms": 1},
-        {"root": 4, "first": 4, "base": "c3", "betas": [1], "terms": 2},
+        {"root": 1, "first": 1, "base": "c0", "bases": {"c0": [1, 2]}, "terms": 3},
+        {"root": 2, "first": 2, "base": "c0", "bases": {"c0": [2, 4]}, "terms": 1},
+        {"root": 4, "first": 4, "base": "c3", "bases": {"c3": [1]}, "terms": 2},
     ]
     s = fused_series(prog, params, _mem(blocks))
     fixed = 2 * 7 + 5
@@ -88,6 +88,7 @@ def test_fused_walk_cache_pool_and_level_change() -> None:
     assert s[5] == 300 + fixed  # C's rotation pooled at level 2
     # the same blocks at one level: C reuses a pooled rotation
     blocks[2]["base"] = "c0b"
+    blocks[2]["bases"] = {"c0b": [1]}
     prog2 = [*prog[:4], {"op": "pmul", "dst": "c4", "src": "c0b", "pt": "p2"}, prog[5]]
     prog2.insert(1, {"op": "input", "dst": "c0b", "tensor": "x", "table": "in/x"})
     for b in blocks:
@@ -95,6 +96,30 @@ def test_fused_walk_cache_pool_and_level_change() -> None:
     s2 = fused_series(prog2, params, _mem(blocks))
     assert s2[5] == 3 * 400 + 2 * 4 + 2 * 40 + fixed  # 2 pooled + 1 taken from the pool + P*c
     assert fused_series(prog, params, _mem([])).tolist() == [0] * len(prog)
+
+
+def test_fused_walk_several_bases() -> None:
+    """A block whose products read its origin c0 rotated lazily and a two-hop rotation c1 of
+    it (multiplied as it is): P*c for each register, babies of c0 only; both released after
+    the last block that reads them."""
+    prog = [
+        {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},  # 0
+        {"op": "rot", "dst": "c1", "src": "c0", "k": 3},  # 1
+        {"op": "pmul", "dst": "c2", "src": "c1", "pt": "p0"},  # 2: block A root
+        {"op": "pmul", "dst": "c3", "src": "c0", "pt": "p1"},  # 3: block B root (c0 only)
+        {"op": "output", "src": "c3", "tensor": "y", "table": "out/y"},  # 4
+    ]
+    params = Params.from_json(P13)
+    blocks = [
+        {"root": 2, "first": 2, "base": "c0", "bases": {"c0": [1, 2], "c1": []}, "terms": 3},
+        {"root": 3, "first": 3, "base": "c0", "bases": {"c0": [2]}, "terms": 1},
+    ]
+    s = fused_series(prog, params, _mem(blocks))
+    fixed = 2 * 7 + 5
+    assert s[2] == 2 * 400 + 2 * (2 * 4) + 3 * 40 + fixed
+    # c1 released after A (nothing lazily rotated: nothing pooled), c0 kept for B
+    assert s[3] == 2 * 400 + 2 * 4 + 40 + fixed
+    assert s[4] == 2 * 400 + fixed  # c0's two rotations pooled
 
 
 def test_process_model_adds_up() -> None:

@@ -164,14 +164,17 @@ type stats struct {
 	// the workers (equal to wall time with one worker)
 	FusedPhaseSeconds map[string]float64 `json:"fused_phase_seconds,omitempty"`
 	FusedBabies       int                `json:"fused_babies"`
-	FusedGiants       int                `json:"fused_giants"`
-	Workers           int                `json:"workers"`
-	MaxScaleFix       float64            `json:"max_scale_fix"`
-	KeygenSeconds     float64            `json:"keygen_seconds"`
-	KeyWriteSeconds   float64            `json:"key_write_seconds"`
-	SetupSeconds      float64            `json:"setup_seconds"`
-	EvalSeconds       float64            `json:"eval_seconds"`
-	TotalSeconds      float64            `json:"total_seconds"`
+	// blocks whose products read more than one register (rotations of rotations of their
+	// origin: a key schedule's two-hop rotations)
+	FusedMultiBase  int     `json:"fused_multi_base"`
+	FusedGiants     int     `json:"fused_giants"`
+	Workers         int     `json:"workers"`
+	MaxScaleFix     float64 `json:"max_scale_fix"`
+	KeygenSeconds   float64 `json:"keygen_seconds"`
+	KeyWriteSeconds float64 `json:"key_write_seconds"`
+	SetupSeconds    float64 `json:"setup_seconds"`
+	EvalSeconds     float64 `json:"eval_seconds"`
+	TotalSeconds    float64 `json:"total_seconds"`
 
 	// Bootstrapping plans.
 	Boot              string    `json:"boot,omitempty"`

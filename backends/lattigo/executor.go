@@ -155,11 +155,11 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 }
 
 // regsAt lists the registers instruction i reads or writes as executed (a fused block
-// reads its base and writes its root; skipped instructions touch nothing).
+// reads its bases and writes its root; skipped instructions touch nothing).
 func (e *executor) regsAt(i int, in instr) []string {
 	if e.fusion != nil {
 		if f := e.fusion.roots[i]; f != nil {
-			return []string{f.base, e.fusion.rootDst[i]}
+			return append(f.bases(), e.fusion.rootDst[i])
 		}
 		if e.fusion.skip[i] {
 			return nil

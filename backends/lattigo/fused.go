@@ -56,12 +56,16 @@ import (
 //     instruction.
 
 type fTerm struct {
+	base  string // the register the baby rotation rotates (beta 0: the multiplied register)
 	beta  int
 	pt    string
-	rotAt int // the instruction of the baby rotation (-1: beta 0, no rotation)
+	rotAt int    // the instruction of the baby rotation (-1: beta 0, no rotation)
+	reg   string // the register the plan multiplies (the baby rotation's output)
 }
 
 type fForm struct {
+	// the origin of the form's registers: the terms' bases are it or rotations of it
+	// (babies of babies, as a key schedule's two-hop rotations make them), all at its level
 	base     string
 	groups   map[int][]fTerm // giant offset -> products
 	rescaled bool
@@ -95,6 +99,23 @@ func (f *fForm) worth() bool {
 		}
 	}
 	return false
+}
+
+// bases returns the registers the form's products read (rotated lazily or multiplied as
+// they are), sorted.
+func (f *fForm) bases() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, ts := range f.groups {
+		for _, t := range ts {
+			if !seen[t.base] {
+				seen[t.base] = true
+				out = append(out, t.base)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // gammas returns the giant offsets in increasing order.
@@ -138,6 +159,21 @@ type baby struct {
 
 // analyseFusion finds the fused blocks of a plan (rules above).
 func analyseFusion(p *plan, slots int) *fusionPlan {
+	fp, split := analyseForms(p, slots, nil)
+	if len(split) > 0 {
+		// blocks whose giant rotations cannot run fused (their keys are dropped before
+		// the root, or were generated a level below the base) are fused group by group:
+		// each giant step's products as one block, rescaled, and the plan's own giant
+		// rotations and additions as written
+		fp, _ = analyseForms(p, slots, split)
+	}
+	return fp
+}
+
+// analyseForms finds the fused blocks of a plan, the giant rotations in noGiant not
+// absorbed; it returns them and the giant rotations of the blocks it had to refuse for
+// their giant keys.
+func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[int]bool) {
 	scheduled := p.hasKeySchedule()
 	levels, err := p.keyLevels()
 	if err != nil {
@@ -154,6 +190,13 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 	norm := func(k int) int { return ((k % slots) + slots) % slots }
 	babies := map[string]baby{}
 	babyInstr := map[string]int{}
+	origin := map[string]string{} // rotations (of rotations) of a register -> that register
+	originOf := func(r string) string {
+		if o, ok := origin[r]; ok {
+			return o
+		}
+		return r
+	}
 	forms := map[string]*fForm{}
 	absorbed := map[string]bool{}
 	for i, in := range prog {
@@ -163,6 +206,7 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 				for j, d := range in.Dsts {
 					babies[d] = baby{in.Src, norm(in.Ks[j])}
 					babyInstr[d] = i
+					origin[d] = originOf(in.Src)
 				}
 			}
 		case "rot":
@@ -171,10 +215,11 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 				if in.K != nil {
 					babies[in.Dst] = baby{in.Src, norm(*in.K)}
 					babyInstr[in.Dst] = i
+					origin[in.Dst] = originOf(in.Src)
 				}
 				continue
 			}
-			if single(in.Src) && !f.rotated && len(f.groups) == 1 && f.groups[0] != nil && in.K != nil {
+			if single(in.Src) && !f.rotated && len(f.groups) == 1 && f.groups[0] != nil && in.K != nil && !noGiant[i] {
 				g := norm(*in.K)
 				nf := &fForm{base: f.base, groups: map[int][]fTerm{g: f.groups[0]}, rescaled: f.rescaled, rotated: true,
 					lowGiants: map[int]bool{}, instrs: append(append([]int{}, f.instrs...), i)}
@@ -186,10 +231,11 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 			}
 		case "pmul":
 			if b, ok := babies[in.Src]; ok {
-				forms[in.Dst] = &fForm{base: b.base, groups: map[int][]fTerm{0: {{b.beta, in.Pt, babyInstr[in.Src]}}},
-					instrs: []int{i}}
+				forms[in.Dst] = &fForm{base: originOf(b.base),
+					groups: map[int][]fTerm{0: {{b.base, b.beta, in.Pt, babyInstr[in.Src], in.Src}}}, instrs: []int{i}}
 			} else if forms[in.Src] == nil {
-				forms[in.Dst] = &fForm{base: in.Src, groups: map[int][]fTerm{0: {{0, in.Pt, -1}}}, instrs: []int{i}}
+				forms[in.Dst] = &fForm{base: originOf(in.Src), groups: map[int][]fTerm{0: {{in.Src, 0, in.Pt, -1, in.Src}}},
+					instrs: []int{i}}
 			}
 		case "add":
 			fa, fb := forms[in.A], forms[in.B]
@@ -212,39 +258,38 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 		}
 	}
 	cands := map[string]*fForm{}
+	split := map[int]bool{}
 	for r, f := range forms {
+		if absorbed[r] || !f.worth() {
+			continue
+		}
 		// under a key schedule only blocks of several products: the schedule's split groups
 		// leave many one-product blocks (a baby rotation and its pmul), which fused pay two
 		// ModDowns where the plan's hoisted rotation pays one (LoLa at n14 under a half cap:
 		// 9181 such blocks, 36.7 s fused against 10.6 s as written)
-		if !absorbed[r] && f.worth() && keyLevelsFit(f, levels) &&
-			(!scheduled || (f.terms() > 1 && giantKeysStay(prog, f, norm))) {
+		if scheduled && f.terms() < 2 {
+			continue
+		}
+		if keyLevelsFit(f, levels) && (!scheduled || giantKeysStay(prog, f, norm)) {
 			cands[r] = f
+			continue
 		}
-	}
-	for {
-		fp := buildFusion(len(prog), cands, babyInstr, users)
-		if !scheduled {
-			return fp
-		}
-		// a baby rotation that still runs as an instruction is rotated again by its block
-		// at the root: its key must stay resident until then (blocks dropped until stable)
-		dropped := false
-		for r, f := range cands {
-			if !babyKeysStay(prog, f, fp.skip, norm) {
-				delete(cands, r)
-				dropped = true
+		for _, i := range f.instrs {
+			if prog[i].Op == "rot" {
+				split[i] = true
 			}
 		}
-		if !dropped {
-			// the skipped baby rotations are computed where they stand (their keys are
-			// resident there), into the block's baby cache
-			for i := range fp.skip {
-				fp.pre[i] = fp.skip[i] && fp.babyAt[i]
-			}
-			return fp
+	}
+	fp := buildFusion(len(prog), cands, babyInstr, users)
+	if scheduled {
+		// the skipped baby rotations are computed where they stand (their keys are
+		// resident there, and the schedule may drop them right after), into the cache of
+		// their base
+		for i := range fp.skip {
+			fp.pre[i] = fp.skip[i] && fp.babyAt[i]
 		}
 	}
+	return fp, split
 }
 
 // buildFusion makes the fusion plan of the chosen forms (by their root register).
@@ -255,29 +300,47 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 		at := rootOf(f)
 		fp.roots[at] = f
 		fp.rootDst[at] = r
-		fp.baseRoots[f.base]++
 		for _, i := range f.instrs {
 			fp.skip[i] = true
 		}
 	}
-	// baby rotations whose every use is fused are not executed
 	byInstr := map[int][]string{}
 	for d, i := range babyInstr {
 		byInstr[i] = append(byInstr[i], d)
-	}
-	for i, ds := range byInstr {
 		fp.babyAt[i] = true
-		all, used := true, false // a rotation nothing reads runs as written
+	}
+	// baby rotations whose every use is fused are not executed; a rotation that another
+	// baby rotation reads (a two-hop rotation's first hop) runs, since its output is rotated
+	// again as a ciphertext, and so does a rotation nothing reads
+	for i, ds := range byInstr {
+		all, used := true, false
 		for _, d := range ds {
 			for _, u := range users[d] {
 				used = true
-				if !fp.skip[u] {
+				if !fp.skip[u] || fp.babyAt[u] {
 					all = false
 				}
 			}
 		}
 		if all && used {
 			fp.skip[i] = true
+		}
+	}
+	// a product of a baby that the plan computes anyway multiplies that ciphertext (P times
+	// it in QP, no second rotation): no key is needed for it at the root
+	for _, f := range chosen {
+		for g, ts := range f.groups {
+			nt := make([]fTerm, len(ts))
+			for j, t := range ts {
+				if t.rotAt >= 0 && !fp.skip[t.rotAt] {
+					t = fTerm{base: t.reg, beta: 0, pt: t.pt, rotAt: -1, reg: t.reg}
+				}
+				nt[j] = t
+			}
+			f.groups[g] = nt
+		}
+		for _, b := range f.bases() {
+			fp.baseRoots[b]++
 		}
 	}
 	return fp
@@ -297,30 +360,29 @@ func dropsBetween(prog []instr, lo, hi int, keys map[int]bool, norm func(int) in
 
 // keyLevelsFit: a fused block rotates its giant steps at the base's level, where the plan
 // may rotate one level lower (after the form's rescale) with a key generated there. Such
-// a giant key (with a recorded level) must reach the base's level, bounded below by its
-// baby keys' levels (a key without a recorded level is at the top); without a baby key
-// the base's level is unknown here and the block runs instruction by instruction.
+// a giant key (with a recorded level) must reach the base's level. Every lazily rotated
+// baby's key reaches it (the plan rotates the base with it), so the base's level is at
+// most the lowest of them (a key without a recorded level is at the top); without such a
+// baby key the base's level is unknown here and the block runs unfused.
 func keyLevelsFit(f *fForm, levels map[int]int) bool {
 	if len(f.lowGiants) == 0 || len(levels) == 0 {
 		return true
 	}
-	need, babies := -1, false
+	bound, babies := math.MaxInt, false
 	for _, ts := range f.groups {
 		for _, t := range ts {
 			if t.beta == 0 {
 				continue
 			}
 			babies = true
-			lvl, ok := levels[t.beta]
-			if !ok {
-				lvl = math.MaxInt
+			if lvl, ok := levels[t.beta]; ok {
+				bound = min(bound, lvl)
 			}
-			need = max(need, lvl)
 		}
 	}
 	for g := range f.lowGiants {
 		lvl, ok := levels[g]
-		if ok && (!babies || lvl < need) {
+		if ok && (!babies || lvl < bound) {
 			return false
 		}
 	}
@@ -341,20 +403,6 @@ func giantKeysStay(prog []instr, f *fForm, norm func(int) int) bool {
 		in := prog[i]
 		if in.Op == "rot" && in.K != nil && dropsBetween(prog, i, root, map[int]bool{norm(*in.K): true}, norm) {
 			return false
-		}
-	}
-	return true
-}
-
-// babyKeysStay: every baby rotation of f that runs as an instruction (not skipped) keeps
-// its key resident until the root, where the block rotates the base again.
-func babyKeysStay(prog []instr, f *fForm, skip []bool, norm func(int) int) bool {
-	root := rootOf(f)
-	for _, ts := range f.groups {
-		for _, t := range ts {
-			if t.rotAt >= 0 && !skip[t.rotAt] && dropsBetween(prog, t.rotAt, root, map[int]bool{t.beta: true}, norm) {
-				return false
-			}
 		}
 	}
 	return true
@@ -574,30 +622,41 @@ func (e *executor) preBabies(in instr) error {
 
 // evalFused evaluates one fused block (its root register is dst).
 func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
-	ct, err := e.operand(f.base, true)
-	if err != nil {
-		return nil, err
-	}
-	if err = e.checkMulLevel(f.base, ct, 1); err != nil {
-		return nil, err
+	// the registers the products read: all at one level (rotations of one origin)
+	bases := f.bases()
+	cts := make(map[string]*rlwe.Ciphertext, len(bases))
+	var ct *rlwe.Ciphertext
+	for _, b := range bases {
+		c, err := e.operand(b, true)
+		if err != nil {
+			return nil, err
+		}
+		if ct == nil {
+			if err = e.checkMulLevel(b, c, 1); err != nil {
+				return nil, err
+			}
+			ct = c
+		} else if c.Level() != ct.Level() {
+			return nil, fmt.Errorf("fused block: register %s is at level %d, %s at %d", b, c.Level(), bases[0], ct.Level())
+		}
+		cts[b] = c
 	}
 	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
 	ptScale := e.rescaleFactor(levelQ)
 	gammas := f.gammas()
-	betaSet := map[int]bool{}
+	betaSet := map[string]map[int]bool{}
 	for _, g := range gammas {
 		if g != 0 {
-			if err = e.rotationKey(g, ct); err != nil {
+			if err := e.rotationKey(g, ct); err != nil {
 				return nil, err
 			}
 		}
 		for _, t := range f.groups[g] {
-			betaSet[t.beta] = true
+			if betaSet[t.base] == nil {
+				betaSet[t.base] = map[int]bool{}
+			}
+			betaSet[t.base][t.beta] = true
 		}
-	}
-	betas := make([]int, 0, len(betaSet))
-	for b := range betaSet {
-		betas = append(betas, b)
 	}
 	// encode (or fetch) the plaintexts first, serially
 	pts := map[int][]ringqp.Poly{}
@@ -611,9 +670,17 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		}
 	}
 	tEval := nowSeconds()
-	bc, err := e.babiesFor(f.base, ct, betas)
-	if err != nil {
-		return nil, err
+	caches := make(map[string]*babyCache, len(bases))
+	for _, b := range bases {
+		betas := make([]int, 0, len(betaSet[b]))
+		for k := range betaSet[b] {
+			betas = append(betas, k)
+		}
+		bc, err := e.babiesFor(b, cts[b], betas)
+		if err != nil {
+			return nil, err
+		}
+		caches[b] = bc
 	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
@@ -635,6 +702,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				tp := nowSeconds()
 				for j, t := range f.groups[g] {
 					pt := pts[g][j]
+					bc := caches[t.base]
 					if t.beta == 0 {
 						if j == 0 {
 							ringQ.MulCoeffsMontgomeryLazy(pt.Q, bc.pc0, fw.tmp0.Q)
@@ -743,6 +811,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		}
 	}
 	e.st.FusedBlocks++
+	if len(bases) > 1 {
+		e.st.FusedMultiBase++
+	}
 	e.st.FusedProducts += f.terms()
 	e.st.FusedGiants += len(gammas) - btoi(gammas[0] == 0)
 	if e.st.FusedPhaseSeconds == nil {
@@ -758,17 +829,20 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	if f.rescaled {
 		// in place: no second ciphertext per block (Lattigo's Rescale drops the last
 		// prime of out itself)
-		if err = e.eval.Rescale(out, out); err != nil {
+		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
 	}
-	// release the baby cache after the last block on this base
-	bc.remain--
-	if bc.remain <= 0 {
-		delete(e.babies, f.base)
-		for _, el := range bc.rot {
-			if el != nil {
-				e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
+	// release each baby cache after the last block on its base
+	for _, b := range bases {
+		bc := caches[b]
+		bc.remain--
+		if bc.remain <= 0 {
+			delete(e.babies, b)
+			for _, el := range bc.rot {
+				if el != nil {
+					e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
+				}
 			}
 		}
 	}

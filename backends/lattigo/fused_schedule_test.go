@@ -2,13 +2,14 @@ package slotlattigo
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 )
 
 // Fusion under a key schedule: baby rotations are computed where they stand (their keys
 // may be dropped right after), a giant rotation's key must stay resident until the
-// block's root, where the fused block rotates; otherwise the block runs instruction by
-// instruction.
+// block's root, where the fused block rotates; otherwise the block is fused group by group
+// (each giant step's products fused, the plan's giant rotations and additions as written).
 func TestFusionUnderKeySchedule(t *testing.T) {
 	plan := func(afterBaby, afterGiant string) string {
 		return `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
@@ -30,10 +31,10 @@ func TestFusionUnderKeySchedule(t *testing.T) {
 	    {"op": "output", "src": "y", "tensor": "y", "table": "out/y"}
 	  ]}`
 	}
-	const babyAt = 3
+	const babyAt, groupAt, giantAt = 3, 6, 7
 	cases := []struct {
 		name, afterBaby, afterGiant string
-		fused                       bool
+		whole                       bool // fused as one block (else group by group)
 	}{
 		{"keys resident throughout", "", "", true},
 		{"another key dropped inside", `{"op": "load_key", "k": 5}, {"op": "drop_key", "k": 5},`, "", true},
@@ -47,25 +48,37 @@ func TestFusionUnderKeySchedule(t *testing.T) {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 		fp := analyseFusion(p, 2048)
-		if got := len(fp.roots) == 1; got != c.fused {
-			t.Fatalf("%s: fused %v, want %v (roots %v)", c.name, got, c.fused, fp.roots)
+		if len(fp.roots) != 1 {
+			t.Fatalf("%s: %d fused blocks, want 1 (%v)", c.name, len(fp.roots), fp.roots)
 		}
-		for i, s := range fp.skip {
-			if s && !c.fused {
-				t.Errorf("%s: instruction %d skipped though its block is not fused", c.name, i)
+		root := len(p.Program) - 2
+		if !c.whole {
+			root = groupAt
+			if c.afterBaby != "" {
+				root += strings.Count(c.afterBaby, "op")
 			}
-			if fp.pre[i] != (c.fused && i == babyAt) {
+		}
+		f := fp.roots[root]
+		if f == nil {
+			t.Fatalf("%s: no block at instruction %d (%v)", c.name, root, fp.roots)
+		}
+		if c.whole && len(f.groups) != 2 {
+			t.Errorf("%s: the block should have two giant groups (0 and 4): %v", c.name, f.groups)
+		}
+		if !c.whole && (len(f.groups) != 1 || f.groups[0] == nil || fp.skip[giantAt]) {
+			t.Errorf("%s: the giant step's products fused, its rotation as written: %v, skip %v", c.name, f.groups, fp.skip)
+		}
+		for i := range fp.skip {
+			if fp.pre[i] != (i == babyAt) {
 				t.Errorf("%s: instruction %d computed ahead: %v", c.name, i, fp.pre[i])
 			}
-		}
-		if c.fused && len(fp.roots[len(p.Program)-2].groups) != 2 {
-			t.Errorf("%s: the block should have two giant groups (0 and 4): %v", c.name, fp.roots)
 		}
 	}
 }
 
 // A giant rotation the plan makes after the form's rescale, with a key generated one level
-// lower, cannot run at the base's level in a fused block: the block is not fused then.
+// lower, cannot run at the base's level in a fused block: the block is fused up to its
+// rescale then, and the plan's giant rotation runs as written.
 func TestFusionKeepsKeyLevels(t *testing.T) {
 	plan := func(giantLevel int) string {
 		return `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
@@ -91,8 +104,63 @@ func TestFusionKeepsKeyLevels(t *testing.T) {
 			t.Fatal(err)
 		}
 		fp := analyseFusion(p, 2048)
-		if got := len(fp.roots) == 1; got != c.fused {
-			t.Errorf("giant key at level %d: fused %v, want %v", c.level, got, c.fused)
+		root := 6 // the giant rotation (fused whole)
+		if !c.fused {
+			root = 5 // the rescale (the giant step's products)
 		}
+		if len(fp.roots) != 1 || fp.roots[root] == nil {
+			t.Errorf("giant key at level %d: blocks %v, want one at instruction %d", c.level, fp.roots, root)
+		}
+	}
+}
+
+// A key schedule's two-hop rotations make babies of babies: b3 = rot(b2, 1) with
+// b2 = rot(x, 2). The block reads several registers of one origin: b2 runs as an
+// instruction (another rotation reads it) and its product multiplies it as it is; b3 is
+// rotated lazily from b2; b1, computed by the same instruction as b2, is multiplied as it is.
+func TestFusionTwoHopBabies(t *testing.T) {
+	p, err := parsePlan(`{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
+	                 "p2": {"source": "w", "table": "pt/p2"}, "p3": {"source": "w", "table": "pt/p3"}},
+	  "program": [
+	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
+	    {"op": "rot_hoisted", "dsts": ["b1", "b2"], "src": "x", "ks": [1, 2]},
+	    {"op": "rot", "dst": "b3", "src": "b2", "k": 1},
+	    {"op": "pmul", "dst": "m0", "src": "x", "pt": "p0"},
+	    {"op": "pmul", "dst": "m1", "src": "b1", "pt": "p1"},
+	    {"op": "pmul", "dst": "m2", "src": "b2", "pt": "p2"},
+	    {"op": "pmul", "dst": "m3", "src": "b3", "pt": "p3"},
+	    {"op": "add", "dst": "s0", "a": "m0", "b": "m1"},
+	    {"op": "add", "dst": "s1", "a": "m2", "b": "m3"},
+	    {"op": "add", "dst": "y", "a": "s0", "b": "s1"},
+	    {"op": "output", "src": "y", "tensor": "y", "table": "out/y"}
+	  ]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := analyseFusion(p, 2048)
+	f := fp.roots[9]
+	if len(fp.roots) != 1 || f == nil {
+		t.Fatalf("want one block at instruction 9: %v", fp.roots)
+	}
+	if f.base != "x" || f.terms() != 4 {
+		t.Errorf("origin %s, %d products; want x, 4", f.base, f.terms())
+	}
+	got := map[string]int{}
+	for _, tm := range f.groups[0] {
+		got[tm.base+"/"+strconv.Itoa(tm.beta)]++
+	}
+	want := map[string]int{"x/0": 1, "b1/0": 1, "b2/0": 1, "b2/1": 1}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("terms %v, want %v", got, want)
+			break
+		}
+	}
+	if fp.skip[1] || !fp.skip[2] {
+		t.Errorf("the first hop runs (another rotation reads it), the second is lazy: skip %v", fp.skip)
+	}
+	if fp.baseRoots["x"] != 1 || fp.baseRoots["b2"] != 1 || fp.baseRoots["b1"] != 1 {
+		t.Errorf("base roots %v", fp.baseRoots)
 	}
 }

@@ -38,9 +38,11 @@ const defaultGCPercent = 10
 type fusedBlockInfo struct {
 	Root  int    `json:"root"`  // instruction index the block is evaluated at
 	First int    `json:"first"` // first instruction of the block
-	Base  string `json:"base"`
-	Betas []int  `json:"betas"` // non-zero baby offsets the block needs
-	Terms int    `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
+	Base  string `json:"base"`  // the origin: the bases are it or rotations of it, at its level
+	// the registers the products read, each with the non-zero offsets it is rotated by
+	// lazily (empty: the register is multiplied as it is, through P times it)
+	Bases map[string][]int `json:"bases"`
+	Terms int              `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
 	// The block's plaintexts (a cache across evaluations, BenchPlan's, keeps them in QP).
 	Plaintexts []string `json:"plaintexts"`
 }
@@ -156,22 +158,27 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	sort.Ints(roots)
 	for _, i := range roots {
 		f := fp.roots[i]
-		bi := fusedBlockInfo{Root: i, First: i, Base: f.base, Terms: f.terms(), Betas: []int{}}
+		bi := fusedBlockInfo{Root: i, First: i, Base: f.base, Terms: f.terms(), Bases: map[string][]int{}}
 		for _, j := range f.instrs {
 			bi.First = min(bi.First, j)
 		}
-		seen := map[int]bool{}
+		seen := map[baby]bool{}
 		pts := map[string]bool{}
 		for _, g := range f.groups {
 			for _, t := range g {
 				pts[t.pt] = true
-				if t.beta != 0 && !seen[t.beta] {
-					seen[t.beta] = true
-					bi.Betas = append(bi.Betas, t.beta)
+				if _, ok := bi.Bases[t.base]; !ok {
+					bi.Bases[t.base] = []int{}
+				}
+				if t.beta != 0 && !seen[baby{t.base, t.beta}] {
+					seen[baby{t.base, t.beta}] = true
+					bi.Bases[t.base] = append(bi.Bases[t.base], t.beta)
 				}
 			}
 		}
-		sort.Ints(bi.Betas)
+		for _, bs := range bi.Bases {
+			sort.Ints(bs)
+		}
 		for n := range pts {
 			bi.Plaintexts = append(bi.Plaintexts, n)
 		}
