@@ -916,7 +916,8 @@ def _schedule_with_block(
         need.append(ks)
         for k in ks:
             uses.setdefault(k, []).append(i)
-            lv = use_level[i] if key_levels and use_level[i] is not None else L
+            use = use_level[i]
+            lv = use if key_levels and use is not None else L
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
