@@ -219,6 +219,9 @@ def keymeasure(
     repeat: Annotated[int, typer.Option("--repeat", help="runs per plan (median evaluation time)")] = 1,
     no_plaintext_cache: Annotated[bool, typer.Option(
         "--no-plaintext-cache", help="encode each plaintext when read in every run (as run does) instead of once for all runs")] = False,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", help="evaluation workers of the fused blocks (default GOMAXPROCS); the key reader is a goroutine "
+                          "of its own, so GOMAXPROCS=2 with --workers 1 gives it a core while one core evaluates")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
 ) -> None:
     """Measure on Lattigo: keep-all (ANT-ACE) and the joint key schedule at caps of the
@@ -235,7 +238,10 @@ def keymeasure(
         results = []
         if not 1 <= repeat <= 100:
             raise SlotplanError(f"--repeat must be in 1..100, got {repeat}")
-        for r in measure_suite(suite, params, fr, names, time_limit, repeat, plaintext_cache=not no_plaintext_cache):
+        if workers is not None and not 1 <= workers <= 64:
+            raise SlotplanError(f"--workers must be in 1..64, got {workers}")
+        for r in measure_suite(suite, params, fr, names, time_limit, repeat, plaintext_cache=not no_plaintext_cache,
+                               workers=workers):
             results.append(r)
             if as_json:
                 print(json.dumps(r, sort_keys=True), flush=True)

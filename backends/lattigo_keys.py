@@ -50,17 +50,19 @@ DEFAULT_FRACTIONS = (0.5, 0.25)
 
 
 def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray],
-           keep_all: bool, repeat: int = 1, plaintext_cache: bool = True) -> dict[str, Any]:
+           keep_all: bool, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
     packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
     # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
     # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
-    pm = process_model(plan, executor_memory(plan), inline_plaintexts=True, cached_plaintexts=plaintext_cache)
+    pm = process_model(plan, executor_memory(plan, workers), inline_plaintexts=True, cached_plaintexts=plaintext_cache)
     opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
             "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
             "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
+    if workers:
+        opts["workers"] = int(workers)
     t0 = time.perf_counter()
     raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
                            go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
@@ -88,6 +90,8 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "model_process_terms": {k: v for k, v in pm.items() if k not in ("growth", "total", "baseline", "peak_step")},
         "cached_plaintext_bytes": st.get("cached_plaintext_bytes", 0),
         "rotations": st["rotations"],
+        "workers": st.get("workers"),
+        "fused_blocks": st.get("fused_blocks", 0),
         "max_rel_error": rel,
         "wall_seconds": round(wall, 2),
     }
@@ -95,7 +99,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
-    time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
+    time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring)."""
     values = random_values(graph, seed)
@@ -109,7 +113,7 @@ def measure_graph(
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
     row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
-                      plaintext_cache=plaintext_cache))
+                      plaintext_cache=plaintext_cache, workers=workers))
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
@@ -122,7 +126,7 @@ def measure_graph(
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
         row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
-                          plaintext_cache=plaintext_cache))
+                          plaintext_cache=plaintext_cache, workers=workers))
         runs.append(row)
     base = runs[0]
     for row in runs:
@@ -143,6 +147,7 @@ def measure_graph(
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
     only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
+    workers: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     from planner.keybench import load_key_suite
 
@@ -152,7 +157,7 @@ def measure_suite(
         if only and g.name not in only:
             continue
         yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
-                            plaintext_cache=plaintext_cache)
+                            plaintext_cache=plaintext_cache, workers=workers)
 
 
 def geomean(values: Sequence[float]) -> float | None:

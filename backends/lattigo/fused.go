@@ -46,14 +46,19 @@ import (
 //     instruction stood (when it has more than one product or any rotation), and the
 //     instructions of its tree are skipped. Rotations whose every use is skipped are
 //     skipped too.
+//   - the registers a form multiplies may be its origin or rotations of rotations of it
+//     (a key schedule's two-hop rotations): a form records each product's register and
+//     offset; a baby rotation that runs as an instruction (another rotation reads its
+//     output, or a product outside any block) is multiplied as it is (offset 0 on its
+//     output), so no key is needed for it at the root;
 //   - under a key schedule (load_key/drop_key) only blocks of two or more products are
-//     fused; their skipped baby rotations are computed
-//     where they stand, into the block's baby cache (their keys are resident there, and
-//     the schedule may drop them right after), and a block is fused only when the keys it
-//     still needs at its root stay resident until then: its giant rotations' keys, and
-//     those of baby rotations that also run as instructions (no drop_key of the offset
-//     and no drop of the block "boot" in between); the other blocks run instruction by
-//     instruction.
+//     fused; their skipped baby rotations are computed where they stand, into the cache of
+//     the rotated register (their keys are resident there, and the schedule may drop them
+//     right after). A block runs whole only when its giant rotations' keys stay resident
+//     until its root (no drop_key of the offset or of the block "boot" in between) and
+//     reach the base's level; otherwise the analysis is repeated with those giant
+//     rotations not absorbed, so that each giant step's products (up to its rescale) are
+//     one block and the plan's giant rotations and additions run as written.
 
 type fTerm struct {
 	base  string // the register the baby rotation rotates (beta 0: the multiplied register)
