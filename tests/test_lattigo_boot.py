@@ -11,6 +11,7 @@ less than 4 GiB of memory is available.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -130,3 +131,47 @@ def test_bootstrap_refused_on_plain_params() -> None:
     tables = {"in/x.idx": ident, "out/y.idx": ident}
     with pytest.raises(LattigoError, match=r"instruction 1 \(bootstrap\): the plan's params carry no \"boot\" object"):
         run_plan(plan, {"x": np.zeros(ident.size)}, {}, tables)
+
+
+def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
+    """BenchPlan (keymeasure, lattigo-bench) runs bootstrapping plans: keep-all (the block
+    and every key resident before the clock) and under the plan's key schedule (the block
+    read where the plan loads it, its DFT matrices timed apart); both against numpy."""
+    from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
+
+    not_in_block = next(k for k in range(1, S) if k not in P.boot.key_offsets)
+    prog: list[ir.Instr] = [ir.Input(dst="c0", tensor="x", table="in/x")]
+    prev = "c0"
+    for i in range(1, P.max_level + 1):
+        prog += [ir.PMul(dst=f"m{i}", src=prev, pt="w"), ir.Rescale(dst=f"r{i}", src=f"m{i}")]
+        prev = f"r{i}"
+    prog += [
+        ir.LoadKey(block="boot"),
+        ir.Bootstrap(dst="b", src=prev),
+        ir.DropKey(block="boot"),
+        ir.LoadKey(k=not_in_block),
+        ir.Rot(dst="v", src="b", k=not_in_block),
+        ir.DropKey(k=not_in_block),
+        ir.Add(dst="y", a="v", b="b"),
+        ir.Output(src="y", tensor="y", table="out/y"),
+    ]
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, S)
+    w = rng.uniform(0.7, 1.0, S)
+    ident = np.arange(S, dtype=np.int64)
+    tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
+    b = x * w**9
+    want = np.roll(b, -not_in_block) + b
+    mod, go = _ext()
+    keep_all = [i for i in prog if not isinstance(i, ir.LoadKey | ir.DropKey)]
+    for program, mode in ((keep_all, "keep_all"), (prog, "scheduled")):
+        plan = _plan(program)
+        pin, ppt = pack_vectors(plan, {"x": x}, {"w": w}, tables)
+        raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default), go.Slice_byte.from_bytes(pin),
+                               go.Slice_byte.from_bytes(ppt), json.dumps({"repeat": 1, "no_prepare": True})))
+        st = raw["stats"]
+        got = np.frombuffer(base64.b64decode(raw["outputs"][0]["data"]), dtype="<f8")
+        assert st["key_mode"] == mode and st["bootstraps"] == 1, st
+        assert st["boot_matrix_seconds"] > 0 and st["eval_seconds"] > 0
+        err = float(np.max(np.abs(got[:S] - want)))
+        assert err <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, err)

@@ -16,7 +16,12 @@ import (
 // policy, same result JSON) but is built to time evaluation alone:
 //
 //   - keys are generated before the clock starts (kept in memory when the plan has no
-//     load_key/drop_key schedule, else written to a temporary key directory as Run does);
+//     load_key/drop_key schedule and no bootstrapping, else written to a temporary key
+//     directory as Run does, with the boot block of a bootstrapping plan);
+//   - a bootstrapping plan's boot block is made resident before the clock without a key
+//     schedule; under one it is read where the plan loads it (in the clock), and the DFT
+//     matrices its evaluator encodes then are timed apart like plaintext encoding
+//     (stats.boot_matrix_seconds: model preparation, subtracted from the evaluation);
 //   - the inputs are encrypted before the clock starts and the outputs decrypted after it
 //     stops (the "input" and "output" instructions only hand ciphertexts over);
 //   - plaintexts are encoded once per model and cached (ptCache): an untimed preparation
@@ -186,10 +191,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	if err != nil {
 		return "", err
 	}
-	if setup.btp != nil {
-		return "", fmt.Errorf("BenchPlan does not run bootstrapping plans (params.boot); use Run")
-	}
 	params := setup.params
+	_, withBlock := p.usesBootBlock()
+	withBlock = withBlock && setup.btp != nil
 	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
 	if err != nil {
 		return "", err
@@ -205,10 +209,13 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	}
 
 	bs := &benchPlanStats{Repeat: opt.Repeat}
-	c := newClient(params)
+	c := newSetupClient(setup)
 	offsets := p.rotationOffsets()
+	if withBlock {
+		offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+	}
 	var keys *keyStore
-	if p.hasKeySchedule() || opt.KeepAllDisk {
+	if p.hasKeySchedule() || opt.KeepAllDisk || withBlock {
 		bs.KeyStore = "disk"
 		keyDir, err := os.MkdirTemp("", "slotlattigo-bench-keys-")
 		if err != nil {
@@ -219,7 +226,10 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		if err != nil {
 			return "", err
 		}
-		m, genSec, writeSec, err := c.writeKeys(keyDir, offsets, p.needsRelin(), params.MaxLevel(), levels)
+		// as Run: without a key schedule the boot block stays resident and its
+		// relinearisation key serves the plan's multiplications
+		relin := p.needsRelin() && (p.hasKeySchedule() || !withBlock)
+		m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, setup.top, levels, withBlock)
 		if err != nil {
 			return "", err
 		}
@@ -295,13 +305,17 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			io.inputs = append(io.inputs, ct.CopyNew())
 		}
 		st := &stats{
-			LogN: params.LogN(), Slots: slots, MaxLevel: params.MaxLevel(),
+			LogN: params.LogN(), Slots: slots, MaxLevel: setup.top,
 			OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
+			BootstrapSeconds: []float64{}, BootstrapInLevels: []int{},
 			KeyMode: "keep_all", KeyLevel: params.MaxLevel(),
 			RotationKeys: len(offsets), KeygenSeconds: bs.stats.KeygenSeconds, KeyWriteSeconds: bs.stats.KeyWriteSeconds,
 		}
 		if p.hasKeySchedule() {
 			st.KeyMode = "scheduled"
+		}
+		if setup.boot != nil {
+			st.Boot = setup.boot.Literal
 		}
 		if len(offsets) > 0 {
 			st.GaloisKeyBytes = keys.manifest.Rotations[0].Bytes
@@ -309,13 +323,19 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		if keys.rlk != nil {
 			st.RelinKeyBytes = keys.rlk.BinarySize()
 		}
-		loads0, loadSec0 := keys.loads, keys.loadSeconds
+		loads0, loadSec0, blockLoads0 := keys.loads, keys.loadSeconds, keys.blockLoads
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
 		st.SetupSeconds = time.Since(ts).Seconds()
 		if !ex.scheduled {
 			if err := keys.loadAll(); err != nil {
 				return "", fmt.Errorf("keep-all key policy: %w", err)
+			}
+			if keys.hasBlock() {
+				// the boot block (keys and DFT matrices) resident before the clock too
+				if err := ex.loadBlock(); err != nil {
+					return "", fmt.Errorf("keep-all key policy: %w", err)
+				}
 			}
 		} else if opt.PreloadPrologue {
 			n, err := preloadPrologue(p, keys)
@@ -342,6 +362,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
+		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
 			st.KeyLoads, st.KeyLoadSeconds = len(keys.resident), keepAllLoadSec
 		}
@@ -356,6 +377,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			for _, mk := range keys.manifest.Rotations {
 				keys.drop(mk.K)
 			}
+			keys.dropBlock()
 		}
 	}
 	if opt.MeasureRSS {
