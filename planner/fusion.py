@@ -15,11 +15,20 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
   and the instructions of its tree are absorbed; a baby rotation whose every use is
   absorbed is absorbed too.
 
-A block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby offset
-of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
+* *Q mode*: a base's blocks without giant steps (only products, summed) are evaluated in
+  Q when they outnumber the distinct non-zero baby offsets they use: each such baby is
+  brought down to Q once (two ModDowns, shared by the base's Q-mode blocks) and the
+  products accumulate in Q, with no ModDown per block (a convolution's many small output
+  blocks over a few rotations of one input). Blocks with giant steps run in QP.
+
+A QP block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby
+offset of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
 offset + ``block_product`` per product, and each base with baby rotations
 ``block_base`` once (the decomposition of its c1, shared by its blocks; tables without
 ``block_base`` count it in ``block``) (calibrated weights, see ``backends/calibrate.py``).
+A Q-mode block costs ``block_q`` (its output and final reduction) + ``block_product_q`` per
+product, and each distinct baby offset of its base ``block_baby`` + ``block_baby_q`` once
+(the lazy rotation and its two ModDowns).
 """
 
 from __future__ import annotations
@@ -49,17 +58,23 @@ class FusedCounts:
     rescale: int = 0
     block_rescales: int = 0  # one Rescale per block the plan rescales
     bases: int = 0  # base ciphertexts with baby rotations (one decomposition each)
+    # Q-mode blocks (module docstring): their products, and the babies brought down to Q
+    # (distinct non-zero offsets per base); ``blocks``/``products`` count the QP blocks only
+    q_blocks: int = 0
+    q_products: int = 0
+    q_babies: int = 0
 
     def __add__(self, o: FusedCounts) -> FusedCounts:
         return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
-                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases)
+                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases,
+                self.q_blocks, self.q_products, self.q_babies)
 
     def to_json(self) -> dict[str, int]:
         keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
-                "pmul", "add", "rescale", "block_rescales", "bases")
+                "pmul", "add", "rescale", "block_rescales", "bases", "q_blocks", "q_products", "q_babies")
         return dict(zip(keys, self.astuple(), strict=True))
 
 
@@ -70,6 +85,10 @@ class _Form:
     rescaled: bool = False
     rotated: bool = False
     instrs: list[int] = field(default_factory=list)
+    qmode: bool = False  # set for the roots by _mark_qmode
+
+    def giantless(self) -> bool:
+        return set(self.groups) == {0}
 
     def terms(self) -> int:
         return sum(len(v) for v in self.groups.values())
@@ -141,7 +160,21 @@ def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Fo
             absorbed.add(ins.src)
     roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
     skip = _absorbed(roots, baby_instr, users)
+    _mark_qmode(roots)
     return roots, skip, instrs
+
+
+def _mark_qmode(roots: list[_Form]) -> None:
+    """Q mode for a base's giantless blocks when they outnumber the distinct non-zero baby
+    offsets they use (module docstring; the executor's markQMode)."""
+    blocks: dict[str, int] = {}
+    betas: dict[str, set[int]] = {}
+    for f in roots:
+        if f.giantless():
+            blocks[f.base] = blocks.get(f.base, 0) + 1
+            betas.setdefault(f.base, set()).update(b for b, _ in f.groups[0] if b != 0)
+    for f in roots:
+        f.qmode = f.giantless() and blocks[f.base] > len(betas[f.base])
 
 
 @dataclass(frozen=True)
@@ -155,6 +188,7 @@ class FusedBlock:
     giants: int
     babies: frozenset[int]
     rescaled: bool
+    qmode: bool = False  # evaluated in Q (module docstring)
 
 
 def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:
@@ -163,7 +197,7 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     roots, skip, _ = _analyse(program, slots)
     blocks = [
         FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0),
-                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled)
+                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled, f.qmode)
         for f in roots
     ]
     return blocks, skip
@@ -185,11 +219,17 @@ def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, l
 
 def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCounts:
     betas: dict[str, set[int]] = {}
-    products = giants = 0
+    q_betas: dict[str, set[int]] = {}
+    products = giants = q_products = 0
     for f in roots:
-        products += f.terms()
+        bs = {b for ts in f.groups.values() for b, _ in ts if b != 0}
+        if f.qmode:
+            q_products += f.terms()
+            q_betas.setdefault(f.base, set()).update(bs)
+        else:
+            products += f.terms()
         giants += sum(1 for g in f.groups if g != 0)
-        betas.setdefault(f.base, set()).update(b for ts in f.groups.values() for b, _ in ts if b != 0)
+        betas.setdefault(f.base, set()).update(bs)
     rot = hg = hr = pmul = add = rescale = 0
     for i in skip:
         ins = instrs[i]
@@ -205,8 +245,10 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
         elif isinstance(ins, ir.Rescale):
             rescale += 1
     return FusedCounts(
-        blocks=len(roots), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
+        blocks=sum(1 for f in roots if not f.qmode), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
         rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
         block_rescales=sum(1 for f in roots if f.rescaled),
         bases=sum(1 for b in betas.values() if b),
+        q_blocks=sum(1 for f in roots if f.qmode), q_products=q_products,
+        q_babies=sum(len(b) for b in q_betas.values()),
     )

@@ -27,7 +27,8 @@ from planner.summary import register_depths
 
 # per_level_ms measurement of each priced operation
 _PER_LEVEL_KEYS = ("rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
-                   "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product")
+                   "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product",
+                   "block_product_q", "block_baby_q", "block_q")
 
 
 class LevelWeights:
@@ -45,15 +46,21 @@ class LevelWeights:
         top = {"rotate": w.rotation, "hoisted_rotation_extra": w.hoisted_rotation, "pmul": w.pmul,
                "cmul_relin": w.cmul, "add": w.add, "rescale": w.rescale, "block_fixed": w.block,
                "block_finish": w.block, "block_base": w.block_base,
-               "block_baby": w.block_baby, "block_giant": w.block_giant, "block_product": w.block_product}
+               "block_baby": w.block_baby, "block_giant": w.block_giant, "block_product": w.block_product,
+               "block_product_q": w.block_product_q, "block_baby_q": w.block_baby_q, "block_q": w.block_q}
         self.top = {k: v for k, v in top.items() if v is not None}
         self.poly = w.poly
         self.bootstrap = w.bootstrap_weight()
         self.scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
 
+    # a Q-mode weight missing from an older table: priced as its QP counterpart
+    _FALLBACK = {"block_product_q": "block_product", "block_baby_q": "block_finish", "block_q": "add"}
+
     def at(self, key: str, level: int) -> float:
         """Milliseconds (the table's unit) of ``key`` at ``level``."""
         pts = self.points.get(key)
+        if not pts and key not in self.top and key in self._FALLBACK:
+            return self.at(self._FALLBACK[key], level)
         if not pts:
             return self.top.get(key, 0.0)
         if level <= pts[0][0]:
@@ -94,14 +101,22 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
         for w in ins.writes():
             pending[w] = dirty
     babies: dict[str, set[int]] = {}
+    q_babies: dict[str, set[int]] = {}
     split = table.weights.block_base is not None  # decomposition once per base
     for blk in blocks:
         lv = level(blk.base)
-        fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
+        fixed = 0.0
+        if blk.qmode:  # Q mode (planner.fusion): no ModDown per block, babies brought down once
+            new_q = blk.babies - q_babies.setdefault(blk.base, set())
+            total += (lw.at("block_q", lv) + lw.at("block_product_q", lv) * blk.products
+                      + lw.at("block_baby_q", lv) * len(new_q))
+            q_babies[blk.base] |= new_q
+        else:
+            fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
+            total += lw.at("block_giant", lv) * blk.giants + lw.at("block_product", lv) * blk.products
         if split and blk.babies and not babies.get(blk.base):
             fixed += lw.at("block_base", lv)
-        total += (fixed + lw.at("block_giant", lv) * blk.giants
-                  + lw.at("block_product", lv) * blk.products)
+        total += fixed
         if blk.rescaled:
             total += lw.at("rescale", lv)
         new = blk.babies - babies.setdefault(blk.base, set())

@@ -12,6 +12,7 @@ import pytest
 
 from backends.lattigo_backend import _call, _ext, _json_default, available, pack_vectors
 from backends.lattigo_bench import _scatter, conv_workload, mvm_graph
+from planner.fusion import fused_counts
 from planner.graph import Graph, parse_graph
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
@@ -60,6 +61,7 @@ CASES = [
     ("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
     ("conv1 default", lambda: conv_workload("conv1").graph, None),
     ("mlp default", _mlp, None),
+    ("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
 ]
 
 
@@ -79,6 +81,21 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
     # plaintexts were encoded in the preparation run and reused by both timed runs
     assert fused["encode_seconds"] > 0 and fused["cached_plaintext_bytes"] > 0
     assert len(fused["eval_seconds_runs"]) == 2 and len(fused["cpu_seconds_runs"]) == 2
+
+
+@needs_lattigo
+def test_q_mode_blocks_as_the_model_counts() -> None:
+    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts."""
+    graph = conv_workload("conv2").graph
+    params = load_params("n12")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    fc = fused_counts(res.plan["program"], params.slots)
+    st, err = _bench(graph, None, {"repeat": 1})
+    assert max(err.values()) < 1e-4, err
+    assert fc.q_blocks > 0
+    assert st["fused_q_blocks"] == fc.q_blocks
+    assert st["fused_blocks"] == fc.blocks + fc.q_blocks
+    assert st["fused_products"] == fc.products + fc.q_products
 
 
 @needs_lattigo
@@ -116,7 +133,7 @@ def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
 # the cases whose schedule under a 3/4 cap keeps every block's giant keys resident until
 # its root (the others drop a giant key right after its rotation: those blocks run
 # instruction by instruction, see backends/lattigo/fused.go)
-FUSED_UNDER_CAP = {"mvm 48x80 hybrid", "mvm 80x48 hybrid", "conv1 default"}
+FUSED_UNDER_CAP = {"mvm 48x80 hybrid", "mvm 80x48 hybrid", "conv1 default", "conv2 default (Q-mode blocks)"}
 
 
 @needs_lattigo

@@ -74,6 +74,13 @@ type executor struct {
 	liveBytes int64
 	st        *stats
 
+	// ciphertexts of dead registers, by level, reused by newCt (no allocation and zeroing
+	// of a fresh ciphertext per instruction or fused block); only those newCt made and
+	// no output holds (owned)
+	ctPool  map[int][]*rlwe.Ciphertext
+	owned   map[*rlwe.Ciphertext]bool
+	freshMD rlwe.MetaData
+
 	rescaleSec float64 // auto-rescale time inside the current instruction
 	encodeSec  float64 // plaintext encoding time inside the current instruction
 	cur        int     // index of the instruction being executed
@@ -129,6 +136,8 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		regs:      map[string]*rlwe.Ciphertext{},
 		refs:      map[*rlwe.Ciphertext]int{},
 		lastUse:   map[string]int{},
+		ctPool:    map[int][]*rlwe.Ciphertext{},
+		owned:     map[*rlwe.Ciphertext]bool{},
 		st:        st,
 		cache:     opt.Cache,
 		babies:    map[string]*babyCache{},
@@ -221,6 +230,7 @@ func (e *executor) set(name string, ct *rlwe.Ciphertext) {
 		if e.refs[old] == 0 {
 			delete(e.refs, old)
 			e.liveBytes -= int64(old.BinarySize())
+			e.recycle(old)
 		}
 		delete(e.regs, name)
 	}
@@ -234,8 +244,37 @@ func (e *executor) set(name string, ct *rlwe.Ciphertext) {
 	e.regs[name] = ct
 }
 
+// ctPoolDepth bounds the free ciphertexts kept per level.
+const ctPoolDepth = 16
+
 func (e *executor) newCt(level int) *rlwe.Ciphertext {
-	return ckks.NewCiphertext(e.params, 1, level)
+	if free := e.ctPool[level]; len(free) > 0 {
+		ct := free[len(free)-1]
+		e.ctPool[level] = free[:len(free)-1]
+		*ct.MetaData = e.freshMD // as a fresh ciphertext's (the operation sets its own)
+		e.owned[ct] = true
+		return ct
+	}
+	ct := ckks.NewCiphertext(e.params, 1, level)
+	if e.freshMD.LogDimensions.Cols == 0 {
+		e.freshMD = *ct.MetaData
+	}
+	e.owned[ct] = true
+	return ct
+}
+
+// recycle keeps a dead register's ciphertext for newCt (only those newCt made and nothing
+// else holds: not an input, not an output handed over).
+func (e *executor) recycle(ct *rlwe.Ciphertext) {
+	if !e.owned[ct] {
+		return
+	}
+	delete(e.owned, ct)
+	lv := ct.Level()
+	if ct.Degree() != 1 || len(e.ctPool[lv]) >= ctPoolDepth {
+		return
+	}
+	e.ctPool[lv] = append(e.ctPool[lv], ct)
 }
 
 // rescaleFactor is the scale one rescale divides by at this level.
@@ -420,6 +459,7 @@ func (e *executor) step(in instr) error {
 		if err = e.io.output(e.nOutput, ct); err != nil {
 			return err
 		}
+		delete(e.owned, ct) // handed over: never reused
 		e.nOutput++
 
 	case "rot":

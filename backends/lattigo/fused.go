@@ -70,6 +70,13 @@ type fForm struct {
 	// giant offsets the plan rotates after the form's rescale (one level below the base,
 	// where the fused block rotates): their keys may have been generated a level lower
 	lowGiants map[int]bool
+	// qmode: evaluated in Q (set by buildFusion, see markQMode)
+	qmode bool
+}
+
+// giantless: the form has no giant step (only the group of giant offset 0).
+func (f *fForm) giantless() bool {
+	return len(f.groups) == 1 && f.groups[0] != nil
 }
 
 func (f *fForm) terms() int {
@@ -126,9 +133,10 @@ type fusionPlan struct {
 	roots     map[int]*fForm // instruction index -> the fused block evaluated there (its dst)
 	rootDst   map[int]string
 	skip      []bool
-	baseRoots map[string]int // fused roots per base register (the baby cache is freed after the last)
-	babyAt    []bool         // instructions that rotate a base for a block (rot / rot_hoisted)
-	pre       []bool         // skipped baby rotations computed where they stand (key schedule)
+	baseRoots map[string]int   // fused roots per base register (the baby cache is freed after the last)
+	baseBetas map[string][]int // non-zero baby offsets of all fused roots per base (sorted)
+	babyAt    []bool           // instructions that rotate a base for a block (rot / rot_hoisted)
+	pre       []bool           // skipped baby rotations computed where they stand (key schedule)
 }
 
 type baby struct {
@@ -250,7 +258,8 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 // buildFusion makes the fusion plan of the chosen forms (by their root register).
 func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, users map[string][]int) *fusionPlan {
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
+	seen := map[string]map[int]bool{}
 	for r, f := range chosen {
 		at := rootOf(f)
 		fp.roots[at] = f
@@ -259,7 +268,22 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 		for _, i := range f.instrs {
 			fp.skip[i] = true
 		}
+		if seen[f.base] == nil {
+			seen[f.base] = map[int]bool{}
+		}
+		for _, ts := range f.groups {
+			for _, t := range ts {
+				if t.beta != 0 && !seen[f.base][t.beta] {
+					seen[f.base][t.beta] = true
+					fp.baseBetas[f.base] = append(fp.baseBetas[f.base], t.beta)
+				}
+			}
+		}
 	}
+	for _, bs := range fp.baseBetas {
+		sort.Ints(bs)
+	}
+	markQMode(chosen)
 	// baby rotations whose every use is fused are not executed
 	byInstr := map[int][]string{}
 	for d, i := range babyInstr {
@@ -281,6 +305,39 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 		}
 	}
 	return fp
+}
+
+// markQMode chooses how the giantless blocks of each base are evaluated. In QP (the
+// lintrans way) every block ends with two ModDowns; in Q ("Q mode") each distinct baby
+// rotation of the base is brought down to Q once (two ModDowns per baby, shared by the
+// base's Q-mode blocks) and the products accumulate in Q, with no ModDown per block. A
+// base's giantless blocks take Q mode when they outnumber the distinct non-zero baby
+// offsets they use (a convolution's many small output blocks over a few rotations of one
+// input: conv2 at n13 has 688 blocks of 1.3 products over 32 babies); blocks with giant
+// steps always run in QP. planner/fusion.py applies the same rule.
+func markQMode(chosen map[string]*fForm) {
+	blocks := map[string]int{}
+	betas := map[string]map[int]bool{}
+	for _, f := range chosen {
+		f.qmode = false
+		if !f.giantless() {
+			continue
+		}
+		blocks[f.base]++
+		if betas[f.base] == nil {
+			betas[f.base] = map[int]bool{}
+		}
+		for _, t := range f.groups[0] {
+			if t.beta != 0 {
+				betas[f.base][t.beta] = true
+			}
+		}
+	}
+	for _, f := range chosen {
+		if f.giantless() && blocks[f.base] > len(betas[f.base]) {
+			f.qmode = true
+		}
+	}
 }
 
 // dropsBetween reports whether a drop_key of one of keys (or of the block "boot") stands
@@ -405,6 +462,7 @@ type babyCache struct {
 	pc0    ring.Poly // P * c0 (mod Q)
 	pc1    ring.Poly // P * c1 (mod Q)
 	remain int
+	rotQ   map[int]*rlwe.Ciphertext // babies brought down to Q (Q-mode blocks)
 }
 
 type fusedWorker struct {
@@ -485,11 +543,17 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		levelQ, levelP := ct.Level(), e.params.MaxLevelP()
 		rq := e.params.RingQ().AtLevel(levelQ)
 		bc = &babyCache{ct: ct, rot: map[int]*rlwe.Element[ringqp.Poly]{}, pc0: rq.NewPoly(), pc1: rq.NewPoly(),
-			remain: e.fusion.baseRoots[base]}
+			remain: e.fusion.baseRoots[base], rotQ: map[int]*rlwe.Ciphertext{}}
 		pBig := e.params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
 		rq.MulScalarBigint(ct.Value[0], pBig, bc.pc0)
 		rq.MulScalarBigint(ct.Value[1], pBig, bc.pc1)
 		e.babies[base] = bc
+	}
+	if !e.scheduled {
+		// every baby the base's blocks need, at once: one decomposition of c1 per base
+		// (blocks on one base asking for new offsets one after the other would decompose
+		// it again each time)
+		betas = e.fusion.baseBetas[base]
 	}
 	var todo []int
 	for _, b := range betas {
@@ -614,6 +678,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	bc, err := e.babiesFor(f.base, ct, betas)
 	if err != nil {
 		return nil, err
+	}
+	if f.qmode {
+		return e.evalFusedQ(f, ct, bc, pts[0], ptScale, tEval)
 	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
@@ -763,15 +830,89 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		}
 	}
 	// release the baby cache after the last block on this base
+	e.blockDone(f.base, bc, levelQ)
+	e.fusedEvalSec += nowSeconds() - tEval
+	return out, nil
+}
+
+// blockDone releases the base's baby cache after its last block: the QP babies go to the
+// pool of the plaintext cache, the Q copies back to newCt's.
+func (e *executor) blockDone(base string, bc *babyCache, levelQ int) {
 	bc.remain--
-	if bc.remain <= 0 {
-		delete(e.babies, f.base)
-		for _, el := range bc.rot {
-			if el != nil {
-				e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
-			}
+	if bc.remain > 0 {
+		return
+	}
+	delete(e.babies, base)
+	for _, el := range bc.rot {
+		if el != nil {
+			e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
 		}
 	}
+	for _, q := range bc.rotQ {
+		e.recycle(q)
+	}
+}
+
+// evalFusedQ evaluates a giantless block in Q (markQMode): the products of the base's
+// babies (brought down to Q once per base) or of the base itself accumulate lazily in Q
+// with the plaintexts' Q parts (NTT, Montgomery), reduced as often as the QP path.
+func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, bc *babyCache, pts []ringqp.Poly, ptScale rlwe.Scale,
+	tEval float64) (*rlwe.Ciphertext, error) {
+	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	ringQ := e.params.RingQ().AtLevel(levelQ)
+	ev := e.workerPool()[0].eval
+	terms := f.groups[0]
+	for _, t := range terms {
+		if t.beta == 0 || bc.rotQ[t.beta] != nil {
+			continue
+		}
+		r := bc.rot[t.beta]
+		q := rlwe.NewCiphertext(e.params, 1, levelQ)
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, q.Value[0])
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
+		bc.rotQ[t.beta] = q
+	}
+	tBabies := nowSeconds()
+	out := e.newCt(levelQ)
+	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
+	for j, t := range terms {
+		src := ct
+		if t.beta != 0 {
+			src = bc.rotQ[t.beta]
+		}
+		if j == 0 {
+			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[0], out.Value[0])
+			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[1], out.Value[1])
+		} else {
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[0], out.Value[0])
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[1], out.Value[1])
+		}
+		if j%qMargin == qMargin-1 {
+			ringQ.Reduce(out.Value[0], out.Value[0])
+			ringQ.Reduce(out.Value[1], out.Value[1])
+		}
+	}
+	ringQ.Reduce(out.Value[0], out.Value[0])
+	ringQ.Reduce(out.Value[1], out.Value[1])
+	*out.MetaData = *ct.MetaData
+	out.Scale = ct.Scale.Mul(ptScale)
+	tProducts := nowSeconds()
+	e.st.FusedBlocks++
+	e.st.FusedQBlocks++
+	e.st.FusedProducts += len(terms)
+	if e.st.FusedPhaseSeconds == nil {
+		e.st.FusedPhaseSeconds = map[string]float64{}
+	}
+	ph := e.st.FusedPhaseSeconds
+	ph["babies"] += tBabies - tEval
+	ph["products"] += tProducts - tBabies
+	if f.rescaled {
+		if err := e.eval.Rescale(out, out); err != nil {
+			return nil, err
+		}
+	}
+	ph["finish"] += nowSeconds() - tProducts
+	e.blockDone(f.base, bc, levelQ)
 	e.fusedEvalSec += nowSeconds() - tEval
 	return out, nil
 }
