@@ -62,6 +62,11 @@ class Weights(BaseModel):
     block_product_q: float | None = Field(default=None, ge=0)
     block_baby_q: float | None = Field(default=None, ge=0)
     block_q: float | None = Field(default=None, ge=0)
+    # sums of ct-ct products relinearised once (planner/fusion.py product sums): a tensor
+    # product accumulated in degree 2, and the one relinearisation of a sum; None (older
+    # tables): a term priced as a ``cmul`` and no relinearisation apart
+    cmul_tensor: float | None = Field(default=None, ge=0)
+    relin: float | None = Field(default=None, ge=0)
 
     @property
     def fused(self) -> bool:
@@ -95,7 +100,8 @@ class CostTable(BaseModel):
             w.rotation * (rotations - extra_hoisted)
             + w.hoisted_rotation * extra_hoisted
             + w.pmul * (c.pmul - f.pmul)
-            + w.cmul * c.cmul
+            + w.cmul * (c.cmul - f.cmul)
+            + _or(w.cmul_tensor, w.cmul) * f.cmul + _or(w.relin, 0.0) * f.sums
             + w.add * (c.add - f.add)
             + w.rescale * (c.rescale - f.rescale + f.block_rescales)
             + w.poly * c.poly

@@ -21,6 +21,13 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
   products accumulate in Q, with no ModDown per block (a convolution's many small output
   blocks over a few rotations of one input). Blocks with giant steps run in QP.
 
+*Product sums* (``backends/lattigo/relin.go``): ``cmul`` starts a sum of one term; ``add``
+of two sums, each used only there, merges them; a sum with two or more terms that is not
+merged further is relinearised once: its tensor products accumulate in degree 2
+(``cmul_tensor`` per term) and one relinearisation (``relin``) ends it, where the plan
+relinearises every ``cmul`` and adds the results. (The executor does this only without a
+key schedule; the counts here are those of a plan without one.)
+
 A QP block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby
 offset of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
 offset + ``block_product`` per product, and each base with baby rotations
@@ -63,6 +70,10 @@ class FusedCounts:
     q_blocks: int = 0
     q_products: int = 0
     q_babies: int = 0
+    # product sums (module docstring): their number and their cmul terms (absorbed cmul
+    # instructions; their adds are counted in ``add``)
+    sums: int = 0
+    cmul: int = 0
 
     def __add__(self, o: FusedCounts) -> FusedCounts:
         return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
@@ -70,11 +81,12 @@ class FusedCounts:
     def astuple(self) -> tuple[int, ...]:
         return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
                 self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases,
-                self.q_blocks, self.q_products, self.q_babies)
+                self.q_blocks, self.q_products, self.q_babies, self.sums, self.cmul)
 
     def to_json(self) -> dict[str, int]:
         keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
-                "pmul", "add", "rescale", "block_rescales", "bases", "q_blocks", "q_products", "q_babies")
+                "pmul", "add", "rescale", "block_rescales", "bases", "q_blocks", "q_products", "q_babies",
+                "sums", "cmul")
         return dict(zip(keys, self.astuple(), strict=True))
 
 
@@ -102,7 +114,43 @@ class _Form:
 def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
     roots, skip, instrs = _analyse(program, slots)
-    return _counts(instrs, roots, skip)
+    sums = product_sums(instrs)
+    for ps in sums:
+        skip.update(ps.instrs)
+    return _counts(instrs, roots, skip, len(sums))
+
+
+@dataclass(frozen=True)
+class ProductSum:
+    """A sum of ct-ct products relinearised once: its (a, b) operand registers, its
+    instructions (cmuls and adds, the root last)."""
+
+    terms: tuple[tuple[str, str], ...]
+    instrs: tuple[int, ...]
+
+    @property
+    def root(self) -> int:
+        return self.instrs[-1]
+
+
+def product_sums(instrs: Sequence[Any]) -> list[ProductSum]:
+    """The product sums of a decoded program (module docstring; relin.go's rules)."""
+    users: dict[str, int] = {}
+    for ins in instrs:
+        for r in ins.reads():
+            users[r] = users.get(r, 0) + 1
+    sums: dict[str, ProductSum] = {}
+    absorbed: set[str] = set()
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, ir.CMul):
+            sums[ins.dst] = ProductSum(((ins.a, ins.b),), (i,))
+        elif isinstance(ins, ir.Add):
+            sa, sb = sums.get(ins.a), sums.get(ins.b)
+            if sa is None or sb is None or ins.a == ins.b or users.get(ins.a) != 1 or users.get(ins.b) != 1:
+                continue
+            sums[ins.dst] = ProductSum(sa.terms + sb.terms, (*sa.instrs, *sb.instrs, i))
+            absorbed.update((ins.a, ins.b))
+    return [s for r, s in sums.items() if r not in absorbed and len(s.terms) >= 2]
 
 
 def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Form], set[int], list[Any]]:
@@ -217,7 +265,7 @@ def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, l
     return skip
 
 
-def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCounts:
+def _counts(instrs: list[Any], roots: list[_Form], skip: set[int], sums: int = 0) -> FusedCounts:
     betas: dict[str, set[int]] = {}
     q_betas: dict[str, set[int]] = {}
     products = giants = q_products = 0
@@ -230,9 +278,11 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
             products += f.terms()
         giants += sum(1 for g in f.groups if g != 0)
         betas.setdefault(f.base, set()).update(bs)
-    rot = hg = hr = pmul = add = rescale = 0
+    rot = hg = hr = pmul = add = rescale = cmul = 0
     for i in skip:
         ins = instrs[i]
+        if isinstance(ins, ir.CMul):
+            cmul += 1
         if isinstance(ins, ir.RotHoisted):
             hg += 1
             hr += ins.count()
@@ -250,5 +300,5 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
         block_rescales=sum(1 for f in roots if f.rescaled),
         bases=sum(1 for b in betas.values() if b),
         q_blocks=sum(1 for f in roots if f.qmode), q_products=q_products,
-        q_babies=sum(len(b) for b in q_betas.values()),
+        q_babies=sum(len(b) for b in q_betas.values()), sums=sums, cmul=cmul,
     )

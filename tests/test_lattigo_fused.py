@@ -99,6 +99,29 @@ def test_q_mode_blocks_as_the_model_counts() -> None:
 
 
 @needs_lattigo
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 16, 16), (16, 8, 16), (8, 16, 8)])
+def test_product_sums_relinearised_once(m: int, k: int, n: int) -> None:
+    """Sums of ct-ct products (relin.go) are relinearised once: equal to numpy and to the
+    plan run instruction by instruction, and the sums the model counts (planner.fusion)."""
+    from planner import ir
+    from planner.fusion import product_sums
+    from tests.test_ctct import ctct_graph
+
+    graph = ctct_graph(m, k, n)
+    params = load_params("n12")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    sums = product_sums([ir.decode(i) for i in res.plan["program"]])
+    fused, err_f = _bench(graph, None, {"repeat": 1})
+    plain, err_p = _bench(graph, None, {"repeat": 1, "no_fuse": True})
+    assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (err_f, err_p)
+    assert len(sums) >= 1
+    assert fused["product_sums"] == len(sums)
+    assert fused["product_sum_terms"] == sum(len(s.terms) for s in sums)
+    assert plain["product_sums"] == 0 and "cmul" in plain["op_counts"]
+    assert fused["rotations"] == plain["rotations"]
+
+
+@needs_lattigo
 def test_one_worker_equals_two() -> None:
     graph = mvm_graph(48, 80)
     one, e1 = _bench(graph, ("hybrid", "elementwise"), {"workers": 1})

@@ -186,3 +186,32 @@ def test_analytic_candidate_cost_carries_its_fused_counts() -> None:
     assert plain.fused == type(plain.fused)()
     assert fused.fused == fused_counts(b.instrs, params.slots) and fused.fused.blocks >= 1
     assert (fused.rotations, fused.pmul) == (plain.rotations, plain.pmul)
+
+
+def test_product_sum_counted_and_priced_by_hand() -> None:
+    """Two ct-ct products summed: one relinearisation (planner.fusion product sums)."""
+    from planner import ir
+    from planner.fusion import product_sums
+
+    params = load_params("n13")
+    table = load_costs("n13-lattigo")
+    prog = [
+        *({"op": "input", "dst": r, "tensor": r, "table": r} for r in ("a", "b", "c", "d")),
+        {"op": "cmul", "dst": "p", "a": "a", "b": "b"},
+        {"op": "cmul", "dst": "q", "a": "c", "b": "d"},
+        {"op": "add", "dst": "s", "a": "p", "b": "q"},
+        {"op": "cmul", "dst": "u", "a": "s", "b": "a"},  # s is rescaled first; u alone: no sum
+        {"op": "output", "src": "u", "tensor": "u", "table": "u"},
+    ]
+    sums = product_sums([ir.decode(i) for i in prog])
+    assert [(s.terms, s.instrs) for s in sums] == [((("a", "b"), ("c", "d")), (4, 5, 6))]
+    fc = fused_counts(prog, params.slots)
+    assert (fc.sums, fc.cmul, fc.add, fc.blocks) == (1, 2, 1, 0)
+    top, mid = params.max_level, params.max_level - 1
+    lw = LevelWeights(table)
+    want = (2 * lw.at("cmul_tensor", top) + lw.at("relin", top)  # the sum at the top level
+            + lw.at("rescale", top) + lw.at("cmul_relin", mid))  # s rescaled, then u one level down
+    assert program_seconds(prog, table, params.max_level, params.slots) == pytest.approx(want * 1e-3)
+    w = table.weights
+    cv = count_program(prog, 0, 2, 0, 1, 0.0, params.slots)
+    assert table.score(cv) == pytest.approx(2 * w.cmul_tensor + w.relin + w.cmul)

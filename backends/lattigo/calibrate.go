@@ -42,6 +42,8 @@ import (
 //	encode_prec53     only when log_scale > 53: the same with ckks.NewEncoder(params, 53)
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
+//	cmul_tensor       eval.MulThenAdd of two ciphertexts into a degree-2 sum (no relinearisation)
+//	relin             eval.Relinearize of a degree-2 ciphertext
 //	rescale           eval.Rescale of a pmul result (levels >= 1)
 //	block_base        decompose c1, P*c0 and P*c1 (once per base ciphertext of fused blocks)
 //	block_finish      the two final ModDowns of a fused block
@@ -422,6 +424,16 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		}
 		if m["cmul_relin"], err = measure(opt.Repeat, func() error { return eval.MulRelin(a, b, out) }); err != nil {
 			return "", fmt.Errorf("cmul_relin at level %d: %w", l, err)
+		}
+		// a sum of ct-ct products relinearised once (relin.go): one tensor product
+		// accumulated in degree 2, and the relinearisation of the sum
+		acc2 := ckks.NewCiphertext(params, 2, l)
+		acc2.Scale = a.Scale.Mul(b.Scale)
+		if m["cmul_tensor"], err = measure(opt.Repeat, func() error { return eval.MulThenAdd(a, b, acc2) }); err != nil {
+			return "", fmt.Errorf("cmul_tensor at level %d: %w", l, err)
+		}
+		if m["relin"], err = measure(opt.Repeat, func() error { return eval.Relinearize(acc2, out) }); err != nil {
+			return "", fmt.Errorf("relin at level %d: %w", l, err)
 		}
 		if l >= 1 {
 			prod := ckks.NewCiphertext(params, 1, l)

@@ -95,6 +95,7 @@ type executor struct {
 	nWorkers     int
 	decomp       []ringqp.Poly
 	fusedEvalSec float64
+	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 }
 
 // executorOptions: fuse linear blocks (default on), workers for fused blocks (0: GOMAXPROCS),
@@ -170,6 +171,9 @@ func (e *executor) regsAt(i int, in instr) []string {
 		if f := e.fusion.roots[i]; f != nil {
 			return []string{f.base, e.fusion.rootDst[i]}
 		}
+		if ps := e.fusion.sums[i]; ps != nil {
+			return append(ps.regs(), e.fusion.rootDst[i])
+		}
 		if e.fusion.skip[i] {
 			return nil
 		}
@@ -187,6 +191,14 @@ func (e *executor) exec(i int, in instr) (string, error) {
 			}
 			e.set(e.fusion.rootDst[i], out)
 			return "bsgs_block", nil
+		}
+		if ps := e.fusion.sums[i]; ps != nil {
+			out, err := e.evalProductSum(ps)
+			if err != nil {
+				return "", err
+			}
+			e.set(e.fusion.rootDst[i], out)
+			return "cmul_sum", nil
 		}
 		if e.fusion.skip[i] {
 			if e.fusion.pre[i] {

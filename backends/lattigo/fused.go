@@ -133,10 +133,11 @@ type fusionPlan struct {
 	roots     map[int]*fForm // instruction index -> the fused block evaluated there (its dst)
 	rootDst   map[int]string
 	skip      []bool
-	baseRoots map[string]int   // fused roots per base register (the baby cache is freed after the last)
-	baseBetas map[string][]int // non-zero baby offsets of all fused roots per base (sorted)
-	babyAt    []bool           // instructions that rotate a base for a block (rot / rot_hoisted)
-	pre       []bool           // skipped baby rotations computed where they stand (key schedule)
+	baseRoots map[string]int      // fused roots per base register (the baby cache is freed after the last)
+	baseBetas map[string][]int    // non-zero baby offsets of all fused roots per base (sorted)
+	babyAt    []bool              // instructions that rotate a base for a block (rot / rot_hoisted)
+	pre       []bool              // skipped baby rotations computed where they stand (key schedule)
+	sums      map[int]*productSum // product-sum roots (relin.go), by instruction
 }
 
 type baby struct {
@@ -233,6 +234,7 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 	for {
 		fp := buildFusion(len(prog), cands, babyInstr, users)
 		if !scheduled {
+			analyseProductSums(p, fp)
 			return fp
 		}
 		// a baby rotation that still runs as an instruction is rotated again by its block
@@ -258,7 +260,8 @@ func analyseFusion(p *plan, slots int) *fusionPlan {
 // buildFusion makes the fusion plan of the chosen forms (by their root register).
 func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, users map[string][]int) *fusionPlan {
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, babyAt: make([]bool, n), pre: make([]bool, n),
+		sums: map[int]*productSum{}}
 	seen := map[string]map[int]bool{}
 	for r, f := range chosen {
 		at := rootOf(f)
