@@ -440,11 +440,15 @@ type ptCache struct {
 	// baby rotations released by finished blocks, by level, reused by later blocks and
 	// evaluations (no allocation per block)
 	pool map[int][]*rlwe.Element[ringqp.Poly]
+	// ciphertexts of dead registers by level, reused by the executor's newCt (ctBytes:
+	// their size, bounded by ctPoolBytes)
+	cts     map[int][]*rlwe.Ciphertext
+	ctBytes int64
 }
 
 func newPtCache(limit int64) *ptCache {
 	return &ptCache{q: map[ptKey]*rlwe.Plaintext{}, qp: map[ptKey]ringqp.Poly{}, limit: limit,
-		pool: map[int][]*rlwe.Element[ringqp.Poly]{}}
+		pool: map[int][]*rlwe.Element[ringqp.Poly]{}, cts: map[int][]*rlwe.Ciphertext{}}
 }
 
 func (c *ptCache) keep(n int64) bool {
