@@ -163,6 +163,14 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
             "block_giant": _ms(med(top, "block_giant")),
             "block_product": _ms(med(top, "block_product")),
         }
+    if "cmul_tensor" in t:  # sums of ct-ct products relinearised once (planner/fusion.py)
+        weights |= {"cmul_tensor": _ms(med(top, "cmul_tensor")), "relin": _ms(med(top, "relin"))}
+    if "block_product_q" in t:  # Q-mode blocks (planner/fusion.py)
+        weights |= {
+            "block_q": _ms(med(top, "block_q")),
+            "block_product_q": _ms(med(top, "block_product_q")),
+            "block_baby_q": _ms(med(top, "block_baby_q")),
+        }
     per_level_ms = {
         lv: {op: _ms(v["median"]) for op, v in sorted(ops.items())}
         | {"hoisted_rotation_extra": _ms(extra(lv))}

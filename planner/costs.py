@@ -55,6 +55,18 @@ class Weights(BaseModel):
     # the decomposition of a fused block's base (c1) and P*c0, P*c1, once per base ciphertext
     # with baby rotations; None (older tables): ``block`` includes it for every block
     block_base: float | None = Field(default=None, ge=0)
+    # Q-mode blocks (planner/fusion.py): one product accumulated in Q, the two ModDowns
+    # that bring one baby rotation down to Q, and a block's own output and final reduction;
+    # None (older tables): priced as a QP product, as ``block`` (the same two ModDowns) and
+    # as an ``add`` (one ciphertext written)
+    block_product_q: float | None = Field(default=None, ge=0)
+    block_baby_q: float | None = Field(default=None, ge=0)
+    block_q: float | None = Field(default=None, ge=0)
+    # sums of ct-ct products relinearised once (planner/fusion.py product sums): a tensor
+    # product accumulated in degree 2, and the one relinearisation of a sum; None (older
+    # tables): a term priced as a ``cmul`` and no relinearisation apart
+    cmul_tensor: float | None = Field(default=None, ge=0)
+    relin: float | None = Field(default=None, ge=0)
 
     @property
     def fused(self) -> bool:
@@ -88,18 +100,23 @@ class CostTable(BaseModel):
             w.rotation * (rotations - extra_hoisted)
             + w.hoisted_rotation * extra_hoisted
             + w.pmul * (c.pmul - f.pmul)
-            + w.cmul * c.cmul
+            + w.cmul * (c.cmul - f.cmul)
+            + _or(w.cmul_tensor, w.cmul) * f.cmul + _or(w.relin, 0.0) * f.sums
             + w.add * (c.add - f.add)
             + w.rescale * (c.rescale - f.rescale + f.block_rescales)
             + w.poly * c.poly
             + w.depth * c.depth
             + (w.bootstrap_weight() * c.bootstraps if c.bootstraps else 0.0)
         )
-        if f.blocks:
+        if f.blocks or f.q_blocks:
             assert w.block is not None and w.block_baby is not None
             assert w.block_giant is not None and w.block_product is not None
             base += (w.block * f.blocks + w.block_baby * f.babies + w.block_giant * f.giants
                      + w.block_product * f.products + (w.block_base or 0.0) * f.bases)
+        if f.q_blocks:
+            assert w.block is not None and w.block_product is not None
+            base += (_or(w.block_product_q, w.block_product) * f.q_products
+                     + _or(w.block_baby_q, w.block) * f.q_babies + _or(w.block_q, w.add) * f.q_blocks)
         return base
 
     def iscore(self, c: CostVector) -> int:
@@ -108,6 +125,10 @@ class CostTable(BaseModel):
     def boot_iscore(self) -> int:
         """Objective units of bootstrapping one ciphertext."""
         return int(round(self.weights.bootstrap_weight() * OBJECTIVE_SCALE))
+
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
 
 
 class CostTableError(SlotplanError):

@@ -136,7 +136,7 @@ def _local_cost(problem: PlanProblem, ch: Mapping[str, int], node_id: str, cand:
     other group takes its option in ``ch``; ``objective`` in solver units (no memory-cap
     penalty), ``None`` when a conversion does not exist."""
     S = problem.params.slots
-    vecs: list[CostVector] = [cand.cost(S)]
+    vecs: list[CostVector] = [cand.cost(S, problem.costs.weights.fused)]
     conv_depth = 0
     possible = True
     for e in problem.model.edges:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from planner import ir
+from planner.fusion import fused_counts
 from planner.graph import Graph, Node
 from planner.kernels.base import Candidate
 from planner.program import ProgramBuilder, TableGen
@@ -187,7 +188,7 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     # the variant's cost: c's instructions, only plaintexts swapped for scaled copies (a
     # copy may stay beside an original that unscaled reads still need: counted here)
     apply_cone(b, 0, 0, cone, s)
-    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts))
+    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts), fused=fused_counts(b.instrs, slots))
     inner = c.lower
 
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:

@@ -15,11 +15,27 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
   and the instructions of its tree are absorbed; a baby rotation whose every use is
   absorbed is absorbed too.
 
-A block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby offset
-of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
+* *Q mode*: a base's blocks without giant steps (only products, summed) are evaluated in
+  Q when they outnumber the distinct non-zero baby offsets they use: each such baby is
+  brought down to Q once (two ModDowns, shared by the base's Q-mode blocks) and the
+  products accumulate in Q, with no ModDown per block (a convolution's many small output
+  blocks over a few rotations of one input). Blocks with giant steps run in QP.
+
+*Product sums* (``backends/lattigo/relin.go``): ``cmul`` starts a sum of one term; ``add``
+of two sums, each used only there, merges them; a sum with two or more terms that is not
+merged further is relinearised once: its tensor products accumulate in degree 2
+(``cmul_tensor`` per term) and one relinearisation (``relin``) ends it, where the plan
+relinearises every ``cmul`` and adds the results. (The executor does this only without a
+key schedule; the counts here are those of a plan without one.)
+
+A QP block costs ``block`` (two ModDowns) + ``block_baby`` per distinct non-zero baby
+offset of its base (shared by the blocks on that base) + ``block_giant`` per non-zero giant
 offset + ``block_product`` per product, and each base with baby rotations
 ``block_base`` once (the decomposition of its c1, shared by its blocks; tables without
 ``block_base`` count it in ``block``) (calibrated weights, see ``backends/calibrate.py``).
+A Q-mode block costs ``block_q`` (its output and final reduction) + ``block_product_q`` per
+product, and each distinct baby offset of its base ``block_baby`` + ``block_baby_q`` once
+(the lazy rotation and its two ModDowns).
 """
 
 from __future__ import annotations
@@ -49,17 +65,28 @@ class FusedCounts:
     rescale: int = 0
     block_rescales: int = 0  # one Rescale per block the plan rescales
     bases: int = 0  # base ciphertexts with baby rotations (one decomposition each)
+    # Q-mode blocks (module docstring): their products, and the babies brought down to Q
+    # (distinct non-zero offsets per base); ``blocks``/``products`` count the QP blocks only
+    q_blocks: int = 0
+    q_products: int = 0
+    q_babies: int = 0
+    # product sums (module docstring): their number and their cmul terms (absorbed cmul
+    # instructions; their adds are counted in ``add``)
+    sums: int = 0
+    cmul: int = 0
 
     def __add__(self, o: FusedCounts) -> FusedCounts:
         return FusedCounts(*(a + b for a, b in zip(self.astuple(), o.astuple(), strict=True)))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.blocks, self.products, self.babies, self.giants, self.rot, self.hoisted_groups,
-                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases)
+                self.hoisted_rotations, self.pmul, self.add, self.rescale, self.block_rescales, self.bases,
+                self.q_blocks, self.q_products, self.q_babies, self.sums, self.cmul)
 
     def to_json(self) -> dict[str, int]:
         keys = ("blocks", "products", "babies", "giants", "rot", "hoisted_groups", "hoisted_rotations",
-                "pmul", "add", "rescale", "block_rescales", "bases")
+                "pmul", "add", "rescale", "block_rescales", "bases", "q_blocks", "q_products", "q_babies",
+                "sums", "cmul")
         return dict(zip(keys, self.astuple(), strict=True))
 
 
@@ -70,6 +97,10 @@ class _Form:
     rescaled: bool = False
     rotated: bool = False
     instrs: list[int] = field(default_factory=list)
+    qmode: bool = False  # set for the roots by _mark_qmode
+
+    def giantless(self) -> bool:
+        return set(self.groups) == {0}
 
     def terms(self) -> int:
         return sum(len(v) for v in self.groups.values())
@@ -83,7 +114,43 @@ class _Form:
 def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
     roots, skip, instrs = _analyse(program, slots)
-    return _counts(instrs, roots, skip)
+    sums = product_sums(instrs)
+    for ps in sums:
+        skip.update(ps.instrs)
+    return _counts(instrs, roots, skip, len(sums))
+
+
+@dataclass(frozen=True)
+class ProductSum:
+    """A sum of ct-ct products relinearised once: its (a, b) operand registers, its
+    instructions (cmuls and adds, the root last)."""
+
+    terms: tuple[tuple[str, str], ...]
+    instrs: tuple[int, ...]
+
+    @property
+    def root(self) -> int:
+        return self.instrs[-1]
+
+
+def product_sums(instrs: Sequence[Any]) -> list[ProductSum]:
+    """The product sums of a decoded program (module docstring; relin.go's rules)."""
+    users: dict[str, int] = {}
+    for ins in instrs:
+        for r in ins.reads():
+            users[r] = users.get(r, 0) + 1
+    sums: dict[str, ProductSum] = {}
+    absorbed: set[str] = set()
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, ir.CMul):
+            sums[ins.dst] = ProductSum(((ins.a, ins.b),), (i,))
+        elif isinstance(ins, ir.Add):
+            sa, sb = sums.get(ins.a), sums.get(ins.b)
+            if sa is None or sb is None or ins.a == ins.b or users.get(ins.a) != 1 or users.get(ins.b) != 1:
+                continue
+            sums[ins.dst] = ProductSum(sa.terms + sb.terms, (*sa.instrs, *sb.instrs, i))
+            absorbed.update((ins.a, ins.b))
+    return [s for r, s in sums.items() if r not in absorbed and len(s.terms) >= 2]
 
 
 def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Form], set[int], list[Any]]:
@@ -141,7 +208,21 @@ def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Fo
             absorbed.add(ins.src)
     roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
     skip = _absorbed(roots, baby_instr, users)
+    _mark_qmode(roots)
     return roots, skip, instrs
+
+
+def _mark_qmode(roots: list[_Form]) -> None:
+    """Q mode for a base's giantless blocks when they outnumber the distinct non-zero baby
+    offsets they use (module docstring; the executor's markQMode)."""
+    blocks: dict[str, int] = {}
+    betas: dict[str, set[int]] = {}
+    for f in roots:
+        if f.giantless():
+            blocks[f.base] = blocks.get(f.base, 0) + 1
+            betas.setdefault(f.base, set()).update(b for b, _ in f.groups[0] if b != 0)
+    for f in roots:
+        f.qmode = f.giantless() and blocks[f.base] > len(betas[f.base])
 
 
 @dataclass(frozen=True)
@@ -155,6 +236,7 @@ class FusedBlock:
     giants: int
     babies: frozenset[int]
     rescaled: bool
+    qmode: bool = False  # evaluated in Q (module docstring)
 
 
 def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:
@@ -163,7 +245,7 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     roots, skip, _ = _analyse(program, slots)
     blocks = [
         FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0),
-                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled)
+                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled, f.qmode)
         for f in roots
     ]
     return blocks, skip
@@ -183,16 +265,24 @@ def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, l
     return skip
 
 
-def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCounts:
+def _counts(instrs: list[Any], roots: list[_Form], skip: set[int], sums: int = 0) -> FusedCounts:
     betas: dict[str, set[int]] = {}
-    products = giants = 0
+    q_betas: dict[str, set[int]] = {}
+    products = giants = q_products = 0
     for f in roots:
-        products += f.terms()
+        bs = {b for ts in f.groups.values() for b, _ in ts if b != 0}
+        if f.qmode:
+            q_products += f.terms()
+            q_betas.setdefault(f.base, set()).update(bs)
+        else:
+            products += f.terms()
         giants += sum(1 for g in f.groups if g != 0)
-        betas.setdefault(f.base, set()).update(b for ts in f.groups.values() for b, _ in ts if b != 0)
-    rot = hg = hr = pmul = add = rescale = 0
+        betas.setdefault(f.base, set()).update(bs)
+    rot = hg = hr = pmul = add = rescale = cmul = 0
     for i in skip:
         ins = instrs[i]
+        if isinstance(ins, ir.CMul):
+            cmul += 1
         if isinstance(ins, ir.RotHoisted):
             hg += 1
             hr += ins.count()
@@ -205,8 +295,10 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int]) -> FusedCount
         elif isinstance(ins, ir.Rescale):
             rescale += 1
     return FusedCounts(
-        blocks=len(roots), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
+        blocks=sum(1 for f in roots if not f.qmode), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
         rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
         block_rescales=sum(1 for f in roots if f.rescaled),
         bases=sum(1 for b in betas.values() if b),
+        q_blocks=sum(1 for f in roots if f.qmode), q_products=q_products,
+        q_babies=sum(len(b) for b in q_betas.values()), sums=sums, cmul=cmul,
     )

@@ -266,6 +266,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
     boot_scales: dict[str, int] = {}
     boot_unknown: dict[str, str] = {}
+    fused = costs.weights.fused  # price what the Lattigo executor fuses (Candidate.cost)
     for node in graph.nodes:
         cs = cands[node.id]
         bootable, pres, post = _boot_options(graph, node, cs, params, ranges, boot_scales, boot_unknown)
@@ -273,7 +274,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         # before its bootstraps, and its result's depth
         rds = [c.reset_depths(S) for c in cs]
         groups.append(
-            Group(node.id, tuple(costs.iscore(c.cost(S)) + p
+            Group(node.id, tuple(costs.iscore(c.cost(S, fused)) + p
                                  for c, p in zip(cs, penalty.get(node.id) or [0] * len(cs), strict=True)),
                   tuple(c.label for c in cs),
                   depths=tuple(c.cost(S).depth if rd is None else rd[0] for c, rd in zip(cs, rds, strict=True)),
@@ -585,13 +586,14 @@ def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candida
     cheapest kernel per output layout; we keep one per kernel family so reports can show
     every baseline).  Ties break on the label: deterministic."""
     best: dict[tuple[Any, ...], Candidate] = {}
+    fused = costs.weights.fused
     for c in cands:
         key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout,
                c.out_scale, tuple(sorted(c.operand_scales.items())))
         cur = best.get(key)
-        if cur is None or (costs.iscore(c.cost(slots)), c.label) < (costs.iscore(cur.cost(slots)), cur.label):
+        if cur is None or (costs.iscore(c.cost(slots, fused)), c.label) < (costs.iscore(cur.cost(slots, fused)), cur.label):
             best[key] = c
-    return sorted(best.values(), key=lambda c: (costs.iscore(c.cost(slots)), c.kernel, c.label))
+    return sorted(best.values(), key=lambda c: (costs.iscore(c.cost(slots, fused)), c.kernel, c.label))
 
 
 def solve_problem(problem: PlanProblem) -> Solution:

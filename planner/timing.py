@@ -22,12 +22,13 @@ from typing import Any
 
 from planner import ir
 from planner.costs import CostTable
-from planner.fusion import fused_blocks
+from planner.fusion import fused_blocks, product_sums
 from planner.summary import register_depths
 
 # per_level_ms measurement of each priced operation
 _PER_LEVEL_KEYS = ("rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
-                   "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product")
+                   "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product",
+                   "block_product_q", "block_baby_q", "block_q", "cmul_tensor", "relin")
 
 
 class LevelWeights:
@@ -45,15 +46,24 @@ class LevelWeights:
         top = {"rotate": w.rotation, "hoisted_rotation_extra": w.hoisted_rotation, "pmul": w.pmul,
                "cmul_relin": w.cmul, "add": w.add, "rescale": w.rescale, "block_fixed": w.block,
                "block_finish": w.block, "block_base": w.block_base,
-               "block_baby": w.block_baby, "block_giant": w.block_giant, "block_product": w.block_product}
+               "block_baby": w.block_baby, "block_giant": w.block_giant, "block_product": w.block_product,
+               "block_product_q": w.block_product_q, "block_baby_q": w.block_baby_q, "block_q": w.block_q,
+               "cmul_tensor": w.cmul_tensor, "relin": w.relin}
         self.top = {k: v for k, v in top.items() if v is not None}
+        self.fused = w.fused  # the table prices what the executor fuses
         self.poly = w.poly
         self.bootstrap = w.bootstrap_weight()
         self.scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
 
+    # a Q-mode weight missing from an older table: priced as its QP counterpart
+    _FALLBACK = {"block_product_q": "block_product", "block_baby_q": "block_finish", "block_q": "add",
+                 "cmul_tensor": "cmul_relin"}
+
     def at(self, key: str, level: int) -> float:
         """Milliseconds (the table's unit) of ``key`` at ``level``."""
         pts = self.points.get(key)
+        if not pts and key not in self.top and key in self._FALLBACK:
+            return self.at(self._FALLBACK[key], level)
         if not pts:
             return self.top.get(key, 0.0)
         if level <= pts[0][0]:
@@ -70,6 +80,14 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
     lw = LevelWeights(table)
     depth = register_depths(program)
     blocks, skip = fused_blocks(program, slots)
+    # product sums: each cmul term a tensor product at its level, one relinearisation at
+    # the lowest level of its terms (where the executor accumulates)
+    sum_of: dict[int, int] = {}
+    sums = product_sums([ir.decode(dict(raw)) for raw in program]) if lw.fused else []
+    for n, ps in enumerate(sums):
+        skip = skip | set(ps.instrs)
+        sum_of.update((i, n) for i in ps.instrs)
+    sum_level: dict[int, int] = {}
     pending: dict[str, bool] = {}
     total = 0.0
 
@@ -82,26 +100,41 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
         lv = max((level(r) for r in reads), default=max_level)
         if isinstance(ins, ir.PMul | ir.CMul | ir.Poly) and any(pending.get(r) for r in reads):
             # the executor rescales an unrescaled operand before multiplying it
-            if i not in skip:
+            if i not in skip or isinstance(ins, ir.CMul):
                 total += lw.at("rescale", lv)
             lv -= 1
             for r in reads:
                 pending[r] = False
         if i not in skip:
             total += _instr_ms(ins, lv, lw)
+        elif i in sum_of:
+            n = sum_of[i]
+            if isinstance(ins, ir.CMul):
+                total += lw.at("cmul_tensor", lv)
+                sum_level[n] = min(sum_level.get(n, lv), lv)
+            if i == sums[n].root:
+                total += lw.at("relin", sum_level[n])
         dirty = isinstance(ins, ir.PMul | ir.CMul) or (
             not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
         for w in ins.writes():
             pending[w] = dirty
     babies: dict[str, set[int]] = {}
+    q_babies: dict[str, set[int]] = {}
     split = table.weights.block_base is not None  # decomposition once per base
     for blk in blocks:
         lv = level(blk.base)
-        fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
+        fixed = 0.0
+        if blk.qmode:  # Q mode (planner.fusion): no ModDown per block, babies brought down once
+            new_q = blk.babies - q_babies.setdefault(blk.base, set())
+            total += (lw.at("block_q", lv) + lw.at("block_product_q", lv) * blk.products
+                      + lw.at("block_baby_q", lv) * len(new_q))
+            q_babies[blk.base] |= new_q
+        else:
+            fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
+            total += lw.at("block_giant", lv) * blk.giants + lw.at("block_product", lv) * blk.products
         if split and blk.babies and not babies.get(blk.base):
             fixed += lw.at("block_base", lv)
-        total += (fixed + lw.at("block_giant", lv) * blk.giants
-                  + lw.at("block_product", lv) * blk.products)
+        total += fixed
         if blk.rescaled:
             total += lw.at("rescale", lv)
         new = blk.babies - babies.setdefault(blk.base, set())

@@ -13,6 +13,7 @@ import pytest
 from backends.lattigo_backend import _call, _ext, _json_default, available, pack_vectors
 from backends.lattigo_bench import _scatter, conv_workload, mvm_graph
 from planner.errors import SlotplanError
+from planner.fusion import fused_counts
 from planner.graph import Graph, parse_graph
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
@@ -61,6 +62,7 @@ CASES = [
     ("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
     ("conv1 default", lambda: conv_workload("conv1").graph, None),
     ("mlp default", _mlp, None),
+    ("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
 ]
 
 
@@ -80,6 +82,44 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
     # plaintexts were encoded in the preparation run and reused by both timed runs
     assert fused["encode_seconds"] > 0 and fused["cached_plaintext_bytes"] > 0
     assert len(fused["eval_seconds_runs"]) == 2 and len(fused["cpu_seconds_runs"]) == 2
+
+
+@needs_lattigo
+def test_q_mode_blocks_as_the_model_counts() -> None:
+    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts."""
+    graph = conv_workload("conv2").graph
+    params = load_params("n12")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    fc = fused_counts(res.plan["program"], params.slots)
+    st, err = _bench(graph, None, {"repeat": 1})
+    assert max(err.values()) < 1e-4, err
+    assert fc.q_blocks > 0
+    assert st["fused_q_blocks"] == fc.q_blocks
+    assert st["fused_blocks"] == fc.blocks + fc.q_blocks
+    assert st["fused_products"] == fc.products + fc.q_products
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 16, 16), (16, 8, 16), (8, 16, 8)])
+def test_product_sums_relinearised_once(m: int, k: int, n: int) -> None:
+    """Sums of ct-ct products (relin.go) are relinearised once: equal to numpy and to the
+    plan run instruction by instruction, and the sums the model counts (planner.fusion)."""
+    from planner import ir
+    from planner.fusion import product_sums
+    from tests.test_ctct import ctct_graph
+
+    graph = ctct_graph(m, k, n)
+    params = load_params("n12")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    sums = product_sums([ir.decode(i) for i in res.plan["program"]])
+    fused, err_f = _bench(graph, None, {"repeat": 1})
+    plain, err_p = _bench(graph, None, {"repeat": 1, "no_fuse": True})
+    assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (err_f, err_p)
+    assert len(sums) >= 1
+    assert fused["product_sums"] == len(sums)
+    assert fused["product_sum_terms"] == sum(len(s.terms) for s in sums)
+    assert plain["product_sums"] == 0 and "cmul" in plain["op_counts"]
+    assert fused["rotations"] == plain["rotations"]
 
 
 @needs_lattigo

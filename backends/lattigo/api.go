@@ -158,6 +158,9 @@ type stats struct {
 	SkippedRescales     int                `json:"skipped_rescales"`
 	FusedBlocks         int                `json:"fused_blocks"`
 	FusedProducts       int                `json:"fused_products"`
+	ProductSums         int                `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
+	ProductSumTerms     int                `json:"product_sum_terms"` // their cmul terms
+	FusedQBlocks        int                `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (markQMode)
 	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy
 	// baby rotations; products: plaintext products accumulated in QP; giants: ModDown, key
 	// switch and automorphism per giant step; finish: final ModDowns, rescale), summed over

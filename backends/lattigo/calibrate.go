@@ -42,6 +42,8 @@ import (
 //	encode_prec53     only when log_scale > 53: the same with ckks.NewEncoder(params, 53)
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
+//	cmul_tensor       eval.MulThenAdd of two ciphertexts into a degree-2 sum (no relinearisation)
+//	relin             eval.Relinearize of a degree-2 ciphertext
 //	rescale           eval.Rescale of a pmul result (levels >= 1)
 //	block_base        decompose c1, P*c0 and P*c1 (once per base ciphertext of fused blocks)
 //	block_finish      the two final ModDowns of a fused block
@@ -50,6 +52,12 @@ import (
 //	block_baby        one lazy hoisted baby rotation (AutomorphismHoistedLazy, in QP)
 //	block_product     one plaintext product accumulated lazily in QP (both polynomials)
 //	block_giant       one giant step: ModDown of c1, key switch, add, automorphisms in QP
+//	block_baby_q      a Q-mode block's baby brought down to Q: the two ModDowns of a lazy
+//	                  baby rotation (once per baby and base; into a recycled ciphertext)
+//	block_q           a Q-mode block's own cost: the final reduction of both polynomials of
+//	                  its output (a recycled ciphertext, as the executor's newCt gives)
+//	block_product_q   one plaintext product accumulated lazily in Q (both polynomials,
+//	                  distinct plaintexts streamed, reduced as the executor does)
 //	                  (all single-threaded: the serial cost of the executor's primitives)
 //
 // Once: poly3 (polynomial.Evaluator on a degree-3 monomial polynomial at the top level),
@@ -417,6 +425,16 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		if m["cmul_relin"], err = measure(opt.Repeat, func() error { return eval.MulRelin(a, b, out) }); err != nil {
 			return "", fmt.Errorf("cmul_relin at level %d: %w", l, err)
 		}
+		// a sum of ct-ct products relinearised once (relin.go): one tensor product
+		// accumulated in degree 2, and the relinearisation of the sum
+		acc2 := ckks.NewCiphertext(params, 2, l)
+		acc2.Scale = a.Scale.Mul(b.Scale)
+		if m["cmul_tensor"], err = measure(opt.Repeat, func() error { return eval.MulThenAdd(a, b, acc2) }); err != nil {
+			return "", fmt.Errorf("cmul_tensor at level %d: %w", l, err)
+		}
+		if m["relin"], err = measure(opt.Repeat, func() error { return eval.Relinearize(acc2, out) }); err != nil {
+			return "", fmt.Errorf("relin at level %d: %w", l, err)
+		}
 		if l >= 1 {
 			prod := ckks.NewCiphertext(params, 1, l)
 			if err = eval.Mul(a, ptm, prod); err != nil {
@@ -617,6 +635,39 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		return err
 	}
 	m["block_product"] = perStep(tm, batch)
+	// Q-mode blocks (fused.go: evalFusedQ)
+	q := rlwe.NewCiphertext(params, 1, levelQ)
+	if m["block_baby_q"], err = measure(repeat, func() error {
+		eval.ModDownQPtoQNTT(levelQ, levelP, baby.Value[0].Q, baby.Value[0].P, q.Value[0])
+		eval.ModDownQPtoQNTT(levelQ, levelP, baby.Value[1].Q, baby.Value[1].P, q.Value[1])
+		return nil
+	}); err != nil {
+		return err
+	}
+	if m["block_q"], err = measure(repeat, func() error {
+		ringQ.Reduce(q.Value[0], q.Value[0])
+		ringQ.Reduce(q.Value[1], q.Value[1])
+		return nil
+	}); err != nil {
+		return err
+	}
+	tq, err := measure(repeat, func() error {
+		ringQ.MulCoeffsMontgomeryLazy(pts[0].Q, out.Value[0], acc0.Q)
+		ringQ.MulCoeffsMontgomeryLazy(pts[0].Q, out.Value[1], acc1.Q)
+		for j := 1; j < batch; j++ {
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, out.Value[0], acc0.Q)
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, out.Value[1], acc1.Q)
+			if j%qMargin == qMargin-1 {
+				ringQ.Reduce(acc0.Q, acc0.Q)
+				ringQ.Reduce(acc1.Q, acc1.Q)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m["block_product_q"] = perStep(tq, batch)
 	cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
 	cQP.IsNTT = true
 	tmp0, tmp1 := rqp.NewPoly(), rqp.NewPoly()

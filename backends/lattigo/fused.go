@@ -79,6 +79,13 @@ type fForm struct {
 	// giant offsets the plan rotates after the form's rescale (one level below the base,
 	// where the fused block rotates): their keys may have been generated a level lower
 	lowGiants map[int]bool
+	// qmode: evaluated in Q (set by buildFusion, see markQMode)
+	qmode bool
+}
+
+// giantless: the form has no giant step (only the group of giant offset 0).
+func (f *fForm) giantless() bool {
+	return len(f.groups) == 1 && f.groups[0] != nil
 }
 
 func (f *fForm) terms() int {
@@ -152,9 +159,11 @@ type fusionPlan struct {
 	roots     map[int]*fForm // instruction index -> the fused block evaluated there (its dst)
 	rootDst   map[int]string
 	skip      []bool
-	baseRoots map[string]int // fused roots per base register (the baby cache is freed after the last)
-	babyAt    []bool         // instructions that rotate a base for a block (rot / rot_hoisted)
-	pre       []bool         // skipped baby rotations computed where they stand (key schedule)
+	baseRoots map[string]int      // fused roots per base register (the baby cache is freed after the last)
+	baseBetas map[string][]int    // non-zero baby offsets of all fused roots per base (sorted)
+	babyAt    []bool              // instructions that rotate a base for a block (rot / rot_hoisted)
+	pre       []bool              // skipped baby rotations computed where they stand (key schedule)
+	sums      map[int]*productSum // product-sum roots (relin.go), by instruction
 }
 
 type baby struct {
@@ -286,13 +295,14 @@ func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[in
 		}
 	}
 	fp := buildFusion(len(prog), cands, babyInstr, users)
-	if scheduled {
-		// the skipped baby rotations are computed where they stand (their keys are
-		// resident there, and the schedule may drop them right after), into the cache of
-		// their base
-		for i := range fp.skip {
-			fp.pre[i] = fp.skip[i] && fp.babyAt[i]
-		}
+	if !scheduled {
+		analyseProductSums(p, fp)
+		return fp, split
+	}
+	// the skipped baby rotations are computed where they stand (their keys are resident
+	// there, and the schedule may drop them right after), into the cache of their base
+	for i := range fp.skip {
+		fp.pre[i] = fp.skip[i] && fp.babyAt[i]
 	}
 	return fp, split
 }
@@ -300,7 +310,8 @@ func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[in
 // buildFusion makes the fusion plan of the chosen forms (by their root register).
 func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, users map[string][]int) *fusionPlan {
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, babyAt: make([]bool, n), pre: make([]bool, n)}
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, babyAt: make([]bool, n), pre: make([]bool, n),
+		sums: map[int]*productSum{}}
 	for r, f := range chosen {
 		at := rootOf(f)
 		fp.roots[at] = f
@@ -348,7 +359,57 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 			fp.baseRoots[b]++
 		}
 	}
+	// every register's lazily rotated offsets over all blocks (one decomposition each)
+	seen := map[baby]bool{}
+	for _, f := range chosen {
+		for _, ts := range f.groups {
+			for _, t := range ts {
+				if t.beta != 0 && !seen[baby{t.base, t.beta}] {
+					seen[baby{t.base, t.beta}] = true
+					fp.baseBetas[t.base] = append(fp.baseBetas[t.base], t.beta)
+				}
+			}
+		}
+	}
+	for _, bs := range fp.baseBetas {
+		sort.Ints(bs)
+	}
+	markQMode(chosen)
 	return fp
+}
+
+// markQMode chooses how the giantless blocks of each base are evaluated. In QP (the
+// lintrans way) every block ends with two ModDowns; in Q ("Q mode") each distinct baby
+// rotation of the base is brought down to Q once (two ModDowns per baby, shared by the
+// base's Q-mode blocks) and the products accumulate in Q, with no ModDown per block. A
+// base's giantless blocks take Q mode when they outnumber the distinct non-zero baby
+// offsets they use (a convolution's many small output blocks over a few rotations of one
+// input: conv2 at n13 has 688 blocks of 1.3 products over 32 babies); blocks with giant
+// steps always run in QP. planner/fusion.py applies the same rule.
+func markQMode(chosen map[string]*fForm) {
+	// per origin: its giantless blocks and the distinct lazily rotated babies they read
+	blocks := map[string]int{}
+	betas := map[string]map[baby]bool{}
+	for _, f := range chosen {
+		f.qmode = false
+		if !f.giantless() {
+			continue
+		}
+		blocks[f.base]++
+		if betas[f.base] == nil {
+			betas[f.base] = map[baby]bool{}
+		}
+		for _, t := range f.groups[0] {
+			if t.beta != 0 {
+				betas[f.base][baby{t.base, t.beta}] = true
+			}
+		}
+	}
+	for _, f := range chosen {
+		if f.giantless() && blocks[f.base] > len(betas[f.base]) {
+			f.qmode = true
+		}
+	}
 }
 
 // dropsBetween reports whether a drop_key of one of keys (or of the block "boot") stands
@@ -433,11 +494,15 @@ type ptCache struct {
 	// baby rotations released by finished blocks, by level, reused by later blocks and
 	// evaluations (no allocation per block)
 	pool map[int][]*rlwe.Element[ringqp.Poly]
+	// ciphertexts of dead registers by level, reused by the executor's newCt (ctBytes:
+	// their size, bounded by ctPoolBytes)
+	cts     map[int][]*rlwe.Ciphertext
+	ctBytes int64
 }
 
 func newPtCache(limit int64) *ptCache {
 	return &ptCache{q: map[ptKey]*rlwe.Plaintext{}, qp: map[ptKey]ringqp.Poly{}, limit: limit,
-		pool: map[int][]*rlwe.Element[ringqp.Poly]{}}
+		pool: map[int][]*rlwe.Element[ringqp.Poly]{}, cts: map[int][]*rlwe.Ciphertext{}}
 }
 
 func (c *ptCache) keep(n int64) bool {
@@ -458,6 +523,7 @@ type babyCache struct {
 	pc0    ring.Poly // P * c0 (mod Q)
 	pc1    ring.Poly // P * c1 (mod Q)
 	remain int
+	rotQ   map[int]*rlwe.Ciphertext // babies brought down to Q (Q-mode blocks)
 }
 
 type fusedWorker struct {
@@ -538,11 +604,17 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		levelQ, levelP := ct.Level(), e.params.MaxLevelP()
 		rq := e.params.RingQ().AtLevel(levelQ)
 		bc = &babyCache{ct: ct, rot: map[int]*rlwe.Element[ringqp.Poly]{}, pc0: rq.NewPoly(), pc1: rq.NewPoly(),
-			remain: e.fusion.baseRoots[base]}
+			remain: e.fusion.baseRoots[base], rotQ: map[int]*rlwe.Ciphertext{}}
 		pBig := e.params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
 		rq.MulScalarBigint(ct.Value[0], pBig, bc.pc0)
 		rq.MulScalarBigint(ct.Value[1], pBig, bc.pc1)
 		e.babies[base] = bc
+	}
+	if !e.scheduled {
+		// every baby the base's blocks need, at once: one decomposition of c1 per base
+		// (blocks on one base asking for new offsets one after the other would decompose
+		// it again each time)
+		betas = e.fusion.baseBetas[base]
 	}
 	var todo []int
 	for _, b := range betas {
@@ -686,6 +758,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 			return nil, err
 		}
 		caches[b] = bc
+	}
+	if f.qmode {
+		return e.evalFusedQ(f, ct, cts, caches, pts[0], ptScale, tEval)
 	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
@@ -840,16 +915,95 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	}
 	// release each baby cache after the last block on its base
 	for _, b := range bases {
-		bc := caches[b]
-		bc.remain--
-		if bc.remain <= 0 {
-			delete(e.babies, b)
-			for _, el := range bc.rot {
-				if el != nil {
-					e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
-				}
-			}
+		e.blockDone(b, caches[b], levelQ)
+	}
+	e.fusedEvalSec += nowSeconds() - tEval
+	return out, nil
+}
+
+// blockDone releases the base's baby cache after its last block: the QP babies go to the
+// pool of the plaintext cache, the Q copies back to newCt's.
+func (e *executor) blockDone(base string, bc *babyCache, levelQ int) {
+	bc.remain--
+	if bc.remain > 0 {
+		return
+	}
+	delete(e.babies, base)
+	for _, el := range bc.rot {
+		if el != nil {
+			e.cache.pool[levelQ] = append(e.cache.pool[levelQ], el)
 		}
+	}
+	for _, q := range bc.rotQ {
+		e.recycle(q)
+	}
+}
+
+// evalFusedQ evaluates a giantless block in Q (markQMode): the products of the base's
+// babies (brought down to Q once per base) or of the base itself accumulate lazily in Q
+// with the plaintexts' Q parts (NTT, Montgomery), reduced as often as the QP path.
+func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlwe.Ciphertext,
+	caches map[string]*babyCache, pts []ringqp.Poly, ptScale rlwe.Scale, tEval float64) (*rlwe.Ciphertext, error) {
+	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
+	ringQ := e.params.RingQ().AtLevel(levelQ)
+	ev := e.workerPool()[0].eval
+	terms := f.groups[0]
+	for _, t := range terms {
+		bc := caches[t.base]
+		if t.beta == 0 || bc.rotQ[t.beta] != nil {
+			continue
+		}
+		r := bc.rot[t.beta]
+		q := rlwe.NewCiphertext(e.params, 1, levelQ)
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, q.Value[0])
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
+		bc.rotQ[t.beta] = q
+	}
+	tBabies := nowSeconds()
+	out := e.newCt(levelQ)
+	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
+	for j, t := range terms {
+		src := cts[t.base]
+		if t.beta != 0 {
+			src = caches[t.base].rotQ[t.beta]
+		}
+		if j == 0 {
+			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[0], out.Value[0])
+			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[1], out.Value[1])
+		} else {
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[0], out.Value[0])
+			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[1], out.Value[1])
+		}
+		if j%qMargin == qMargin-1 {
+			ringQ.Reduce(out.Value[0], out.Value[0])
+			ringQ.Reduce(out.Value[1], out.Value[1])
+		}
+	}
+	ringQ.Reduce(out.Value[0], out.Value[0])
+	ringQ.Reduce(out.Value[1], out.Value[1])
+	*out.MetaData = *ct.MetaData
+	out.Scale = ct.Scale.Mul(ptScale)
+	tProducts := nowSeconds()
+	e.st.FusedBlocks++
+	e.st.FusedQBlocks++
+	e.st.FusedProducts += len(terms)
+	if e.st.FusedPhaseSeconds == nil {
+		e.st.FusedPhaseSeconds = map[string]float64{}
+	}
+	ph := e.st.FusedPhaseSeconds
+	ph["babies"] += tBabies - tEval
+	ph["products"] += tProducts - tBabies
+	if f.rescaled {
+		if err := e.eval.Rescale(out, out); err != nil {
+			return nil, err
+		}
+	}
+	ph["finish"] += nowSeconds() - tProducts
+	if len(caches) > 1 {
+		e.st.FusedMultiBase++
+	}
+	for _, b := range f.bases() {
+		e.blockDone(b, caches[b], levelQ)
 	}
 	e.fusedEvalSec += nowSeconds() - tEval
 	return out, nil

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner import ir
@@ -142,14 +142,28 @@ class Candidate:
     operand_scales: dict[str, float] = field(default_factory=dict)
     scaled_from: Candidate | None = field(default=None, repr=False, compare=False)
     _cost: CostVector | None = field(default=None, repr=False)
+    _fused: FusedCounts | None = field(default=None, repr=False)
     _reset_depths: tuple[int, int] | None = field(default=None, repr=False)
 
-    def cost(self, slots: int) -> CostVector:
+    def cost(self, slots: int, fused: bool = False) -> CostVector:
         """Exact cost vector: analytic when the kernel provides one (tests check it equals
-        the lowered program's counts), otherwise counted from a scratch lowering."""
+        the lowered program's counts), otherwise counted from a scratch lowering.
+
+        ``fused``: the vector must also say what the Lattigo executor fuses in the
+        candidate's program (``CostVector.fused``, priced by a time table with block
+        weights). An analytic cost does not know it: the program is lowered once for it
+        (without it, a table with block weights priced bsgs / hs-diagonal candidates
+        instruction by instruction and lowered ones such as imra fused: conv4 at n13
+        chose imra at 272 modelled ms over bsgs at 181)."""
         if self._cost is None and self.analytic is not None:
             self._cost = self.analytic()
-        return self.lowered_cost(slots) if self._cost is None else self._cost
+        c = self.lowered_cost(slots) if self._cost is None else self._cost
+        if fused and self.analytic is not None:
+            if self._fused is None:
+                b, _ = self.dry_program(slots)
+                self._fused = fused_counts(b.instrs, slots)
+            c = replace(c, fused=self._fused)
+        return c
 
     def dry_program(self, slots: int) -> tuple[ProgramBuilder, list[str]]:
         """Lower into a scratch builder (tables stay lazy): the program and output registers."""
