@@ -13,7 +13,16 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
 * a form is absorbed by its consumer only when that is its only use; a form that is not
   absorbed is a *root*: with more than one product or any rotation it is one fused block,
   and the instructions of its tree are absorbed; a baby rotation whose every use is
-  absorbed is absorbed too.
+  absorbed (and that no other rotation reads) is absorbed too;
+* a form's products may read its origin x or rotations of rotations of it (a key
+  schedule's two-hop rotations); a baby rotation that runs as an instruction is multiplied
+  as it is (offset 0 on its output register);
+* under a key schedule (``load_key``/``drop_key``) only forms of two or more products are
+  blocks, and a block whose giant keys are dropped before its root is fused group by
+  group: the analysis is repeated with its giant rotations not absorbed (each giant step's
+  products are one block, the giant rotations and additions run as written). (The
+  executor also splits a block whose giant key was made a level below the base; this
+  planner makes such keys at the block's level, ``summary.rotation_key_levels``.)
 
 * *Q mode*: a base's blocks without giant steps (only products, summed) are evaluated in
   Q when they outnumber the distinct non-zero baby offsets they use: each such baby is
@@ -90,10 +99,23 @@ class FusedCounts:
         return dict(zip(keys, self.astuple(), strict=True))
 
 
+@dataclass(frozen=True)
+class _Term:
+    """One product of a form: the register it rotates lazily (offset ``beta``) or multiplies
+    as it is (``beta`` 0), its plaintext, the baby rotation's instruction (-1: none) and
+    the register the plan multiplies."""
+
+    base: str
+    beta: int
+    pt: str
+    rot_at: int
+    reg: str
+
+
 @dataclass
 class _Form:
-    base: str
-    groups: dict[int, list[tuple[int, str]]]
+    base: str  # the origin: every product reads it or rotations (of rotations) of it
+    groups: dict[int, list[_Term]]
     rescaled: bool = False
     rotated: bool = False
     instrs: list[int] = field(default_factory=list)
@@ -108,7 +130,11 @@ class _Form:
     def worth(self) -> bool:
         if self.terms() > 1:
             return True
-        return any(g != 0 or any(b != 0 for b, _ in ts) for g, ts in self.groups.items())
+        return any(g != 0 or any(t.beta != 0 for t in ts) for g, ts in self.groups.items())
+
+    def babies(self) -> set[tuple[str, int]]:
+        """The lazily rotated (register, offset) pairs the form reads."""
+        return {(t.base, t.beta) for ts in self.groups.values() for t in ts if t.beta != 0}
 
 
 def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
@@ -156,16 +182,53 @@ def product_sums(instrs: Sequence[Any]) -> list[ProductSum]:
 def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Form], set[int], list[Any]]:
     """(fused roots, absorbed instruction indices, decoded instructions)."""
     instrs = [ir.decode(dict(raw)) for raw in program]
+    scheduled = any(isinstance(ins, ir.LoadKey | ir.DropKey) for ins in instrs)
+    roots, skip, split = _analyse_once(instrs, slots, scheduled, set())
+    if split:
+        roots, skip, _ = _analyse_once(instrs, slots, scheduled, split)
+    _mark_qmode(roots)
+    return roots, skip, instrs
+
+
+def _analyse_once(
+    instrs: list[Any], slots: int, scheduled: bool, no_giant: set[int]
+) -> tuple[list[_Form], set[int], set[int]]:
+    """(roots, absorbed instructions, giant rotations of the blocks refused for their giant
+    keys), the giant rotations in ``no_giant`` not absorbed."""
     users: dict[str, list[int]] = {}
     for i, ins in enumerate(instrs):
         for r in ins.reads():
             users.setdefault(r, []).append(i)
+    forms, absorbed, baby_instr = _forms(instrs, slots, no_giant, users)
+    roots: list[_Form] = []
+    split: set[int] = set()
+    for r, f in forms.items():
+        if r in absorbed or not f.worth() or (scheduled and f.terms() < 2):
+            continue
+        if not scheduled or _giant_keys_stay(instrs, f, slots):
+            roots.append(f)
+        else:
+            split.update(i for i in f.instrs if isinstance(instrs[i], ir.Rot))
+    skip = _absorbed(roots, baby_instr, users)
+    for f in roots:
+        # a baby the plan computes anyway is multiplied as it is
+        f.groups = {g: [t if t.rot_at < 0 or t.rot_at in skip else _Term(t.reg, 0, t.pt, -1, t.reg) for t in ts]
+                    for g, ts in f.groups.items()}
+    return roots, skip, split
+
+
+def _forms(
+    instrs: list[Any], slots: int, no_giant: set[int], users: dict[str, list[int]]
+) -> tuple[dict[str, _Form], set[str], dict[str, int]]:
+    """The linear forms of a program by register, the registers absorbed by their consumer,
+    and the instruction of every baby rotation (module docstring)."""
 
     def single(r: str) -> bool:
         return len(users.get(r, ())) == 1
 
     babies: dict[str, tuple[str, int]] = {}
     baby_instr: dict[str, int] = {}
+    origin: dict[str, str] = {}
     forms: dict[str, _Form] = {}
     absorbed: set[str] = set()
     for i, ins in enumerate(instrs):
@@ -174,26 +237,30 @@ def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Fo
                 for d, k in zip(ins.dsts, ins.ks, strict=True):
                     babies[d] = (ins.src, k % slots)
                     baby_instr[d] = i
+                    origin[d] = origin.get(ins.src, ins.src)
         elif isinstance(ins, ir.Rot):
             f = forms.get(ins.src)
             if f is None:
                 babies[ins.dst] = (ins.src, ins.k % slots)
                 baby_instr[ins.dst] = i
-            elif single(ins.src) and not f.rotated and set(f.groups) == {0}:
+                origin[ins.dst] = origin.get(ins.src, ins.src)
+            elif single(ins.src) and not f.rotated and set(f.groups) == {0} and i not in no_giant:
                 forms[ins.dst] = _Form(f.base, {ins.k % slots: f.groups[0]}, f.rescaled, True, [*f.instrs, i])
                 absorbed.add(ins.src)
         elif isinstance(ins, ir.PMul):
             if ins.src in babies:
                 base, beta = babies[ins.src]
-                forms[ins.dst] = _Form(base, {0: [(beta, ins.pt)]}, instrs=[i])
+                t = _Term(base, beta, ins.pt, baby_instr[ins.src], ins.src)
+                forms[ins.dst] = _Form(origin.get(base, base), {0: [t]}, instrs=[i])
             elif ins.src not in forms:
-                forms[ins.dst] = _Form(ins.src, {0: [(0, ins.pt)]}, instrs=[i])
+                t = _Term(ins.src, 0, ins.pt, -1, ins.src)
+                forms[ins.dst] = _Form(origin.get(ins.src, ins.src), {0: [t]}, instrs=[i])
         elif isinstance(ins, ir.Add):
             fa, fb = forms.get(ins.a), forms.get(ins.b)
             if (fa is None or fb is None or ins.a == ins.b or not single(ins.a) or not single(ins.b)
                     or fa.base != fb.base or fa.rescaled != fb.rescaled):
                 continue
-            groups: dict[int, list[tuple[int, str]]] = {}
+            groups: dict[int, list[_Term]] = {}
             for f in (fa, fb):
                 for g, ts in f.groups.items():
                     groups.setdefault(g, []).extend(ts)
@@ -206,35 +273,47 @@ def _analyse(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[_Fo
                 continue
             forms[ins.dst] = _Form(f.base, f.groups, True, f.rotated, [*f.instrs, i])
             absorbed.add(ins.src)
-    roots = [f for r, f in forms.items() if r not in absorbed and f.worth()]
-    skip = _absorbed(roots, baby_instr, users)
-    _mark_qmode(roots)
-    return roots, skip, instrs
+    return forms, absorbed, baby_instr
+
+
+def _giant_keys_stay(instrs: list[Any], f: _Form, slots: int) -> bool:
+    """Every giant rotation's key (and the block ``boot``) stays resident from the rotation
+    to the form's root, where the fused block rotates."""
+    root = f.instrs[-1]
+    for i in f.instrs:
+        rot = instrs[i]
+        if not isinstance(rot, ir.Rot):
+            continue
+        for q in range(i + 1, root):
+            d = instrs[q]
+            if isinstance(d, ir.DropKey) and (d.block is not None or (d.k is not None and d.k % slots == rot.k % slots)):
+                return False
+    return True
 
 
 def _mark_qmode(roots: list[_Form]) -> None:
-    """Q mode for a base's giantless blocks when they outnumber the distinct non-zero baby
-    offsets they use (module docstring; the executor's markQMode)."""
+    """Q mode for an origin's giantless blocks when they outnumber the distinct lazily
+    rotated babies they read (module docstring; the executor's markQMode)."""
     blocks: dict[str, int] = {}
-    betas: dict[str, set[int]] = {}
+    babies: dict[str, set[tuple[str, int]]] = {}
     for f in roots:
         if f.giantless():
             blocks[f.base] = blocks.get(f.base, 0) + 1
-            betas.setdefault(f.base, set()).update(b for b, _ in f.groups[0] if b != 0)
+            babies.setdefault(f.base, set()).update(f.babies())
     for f in roots:
-        f.qmode = f.giantless() and blocks[f.base] > len(betas[f.base])
+        f.qmode = f.giantless() and blocks[f.base] > len(babies[f.base])
 
 
 @dataclass(frozen=True)
 class FusedBlock:
-    """One fused block: its base register, its products, its non-zero giant offsets, the
-    non-zero baby offsets it needs (shared with the other blocks on the same base) and
-    whether the plan rescales it."""
+    """One fused block: its origin register, its products, its non-zero giant offsets, the
+    lazily rotated (register, offset) babies it needs (shared with the other blocks on the
+    same registers) and whether the plan rescales it."""
 
     base: str
     products: int
     giants: int
-    babies: frozenset[int]
+    babies: frozenset[tuple[str, int]]
     rescaled: bool
     qmode: bool = False  # evaluated in Q (module docstring)
 
@@ -244,33 +323,35 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     absorb (the same analysis as ``fused_counts``)."""
     roots, skip, _ = _analyse(program, slots)
     blocks = [
-        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0),
-                   frozenset(b for ts in f.groups.values() for b, _ in ts if b != 0), f.rescaled, f.qmode)
+        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled, f.qmode)
         for f in roots
     ]
     return blocks, skip
 
 
 def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, list[int]]) -> set[int]:
-    """Instructions the fused roots absorb, with baby rotations whose every use is absorbed."""
+    """Instructions the fused roots absorb, with baby rotations whose every use is absorbed
+    and that no other baby rotation reads (a two-hop rotation's first hop runs)."""
     skip: set[int] = set()
     for f in roots:
         skip.update(f.instrs)
     by_instr: dict[int, list[str]] = {}
     for d, i in baby_instr.items():
         by_instr.setdefault(i, []).append(d)
+    baby_at = set(by_instr)
     for i, ds in by_instr.items():
-        if all(u in skip for d in ds for u in users.get(d, ())):
+        uses = [u for d in ds for u in users.get(d, ())]
+        if uses and all(u in skip and u not in baby_at for u in uses):
             skip.add(i)
     return skip
 
 
 def _counts(instrs: list[Any], roots: list[_Form], skip: set[int], sums: int = 0) -> FusedCounts:
-    betas: dict[str, set[int]] = {}
-    q_betas: dict[str, set[int]] = {}
+    betas: dict[str, set[tuple[str, int]]] = {}
+    q_betas: dict[str, set[tuple[str, int]]] = {}
     products = giants = q_products = 0
     for f in roots:
-        bs = {b for ts in f.groups.values() for b, _ in ts if b != 0}
+        bs = f.babies()
         if f.qmode:
             q_products += f.terms()
             q_betas.setdefault(f.base, set()).update(bs)
@@ -298,7 +379,7 @@ def _counts(instrs: list[Any], roots: list[_Form], skip: set[int], sums: int = 0
         blocks=sum(1 for f in roots if not f.qmode), products=products, babies=sum(len(b) for b in betas.values()), giants=giants,
         rot=rot, hoisted_groups=hg, hoisted_rotations=hr, pmul=pmul, add=add, rescale=rescale,
         block_rescales=sum(1 for f in roots if f.rescaled),
-        bases=sum(1 for b in betas.values() if b),
+        bases=len({r for b in betas.values() for r, _ in b}),
         q_blocks=sum(1 for f in roots if f.qmode), q_products=q_products,
         q_babies=sum(len(b) for b in q_betas.values()), sums=sums, cmul=cmul,
     )

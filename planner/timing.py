@@ -118,8 +118,9 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
             not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
         for w in ins.writes():
             pending[w] = dirty
-    babies: dict[str, set[int]] = {}
-    q_babies: dict[str, set[int]] = {}
+    babies: dict[str, set[tuple[str, int]]] = {}
+    q_babies: dict[str, set[tuple[str, int]]] = {}
+    decomposed: set[str] = set()
     split = table.weights.block_base is not None  # decomposition once per base
     for blk in blocks:
         lv = level(blk.base)
@@ -132,8 +133,10 @@ def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_
         else:
             fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
             total += lw.at("block_giant", lv) * blk.giants + lw.at("block_product", lv) * blk.products
-        if split and blk.babies and not babies.get(blk.base):
-            fixed += lw.at("block_base", lv)
+        regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
+        if split and regs:
+            fixed += lw.at("block_base", lv) * len(regs)
+        decomposed |= regs
         total += fixed
         if blk.rescaled:
             total += lw.at("rescale", lv)

@@ -177,6 +177,13 @@ def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ..
     assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
     assert plain["fused_blocks"] == 0
     assert fused["fused_blocks"] >= 1, fused["fused_blocks"]
+    # the planner's model of the executor (planner.fusion) finds the same blocks
+    params = load_params("n12")
+    plan = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
+                                                 **({"kernels": kernels} if kernels else {}))).plan
+    fc = fused_counts(plan["program"], params.slots)
+    assert fused["fused_blocks"] == fc.blocks + fc.q_blocks, (fused["fused_blocks"], fc)
+    assert fused["fused_products"] == fc.products + fc.q_products
     if name == "mvm 20x20 hs-diagonal" and fraction < 0.5:
         # its schedule rotates through two hops: blocks read babies of babies
         assert fused["fused_multi_base"] >= 1, fused
