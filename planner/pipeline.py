@@ -961,6 +961,8 @@ def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
             names.append(ins["table"])
     for p in plan["plaintexts"].values():
         names.append(p["table"])
+        if "imag_table" in p:  # a complex plaintext (complex packing)
+            names.append(p["imag_table"])
     return list(dict.fromkeys(names))
 
 
