@@ -225,7 +225,10 @@ def memory_series(
     live_pt = 0
     # the conjugation key (complex packing) is resident throughout, with or without a
     # schedule (docs/formats.md)
-    conj = top_key if ir.uses_conjugation(program) else 0
+    # (at a rotation key's size: the largest given, as generated at the top level)
+    conj = 0
+    if ir.uses_conjugation(program):
+        conj = max(key_bytes.values(), default=top_key) if key_bytes else top_key
     keys = conj + (0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0))
     resident: set[int] = set()
     live: set[str] = set()
