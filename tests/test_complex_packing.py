@@ -273,3 +273,34 @@ def test_random_mlps(seed: int) -> None:
     check_plan(res, g, seed=seed)
     if opts.kernels == HYBRID_ONLY:
         assert "hybrid-complex" in _kernels(res).values()
+
+
+def test_rest_option(tmp_path: Any) -> None:
+    """options.packing through the service: a complex plan whose tables (imaginary parts
+    included) execute; with a memory cap the request is refused (422, one line)."""
+    import io
+    import warnings
+
+    from api.rest import RestLimits, create_app
+    from backends.runner import run_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    graph = {"schema": "slotplan.graph/1", "name": "mv",
+             "tensors": {"W": {"shape": [300, 700], "role": "weight"}, "x": {"shape": [700], "role": "input"}},
+             "nodes": [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}], "outputs": ["y"]}
+    opts = {"time_limit_s": 5, "packing": "complex", "kernels": ["hybrid", "elementwise"]}
+    with TestClient(create_app(tmp_path / "p.sqlite3", RestLimits(executor="thread", workers=2)),
+                    raise_server_exceptions=False) as c:
+        r = c.post("/v1/plans", json={"graph": graph, "params": "n12", "options": opts})
+        assert r.status_code == 200, r.text
+        plan = r.json()["plan"]
+        assert plan["options"]["packing"] == "complex" and plan["nodes"][0]["kernel"] == "hybrid-complex"
+        t = c.get(f"/v1/plans/{r.json()['id']}/tables")
+        assert t.status_code == 200
+        tables = dict(np.load(io.BytesIO(t.content), allow_pickle=False))
+        assert run_plan(plan, tables, "sim", seed=1).ok
+        bad = c.post("/v1/plans", json={"graph": graph, "params": "n12", "options": {**opts, "memory_cap_bytes": 1 << 30}})
+        assert bad.status_code == 422 and "memory cap" in bad.text, bad.text
