@@ -206,7 +206,9 @@ def hybrid_candidates(prob: ChannelProblem, node: str, free_input: bool, complex
     """The hybrid kernel with the rotation-minimal n1 and with 2, 4 and 8 times as many baby
     steps (a fused block's lazy baby rotation costs ~1/9 of a giant key switch on Lattigo:
     the time objective prefers more of them, the rotation objective the minimum), for a
-    replicated-in-plan input and, when the input is free, a client-packed one."""
+    replicated-in-plan input and, when the input is free, a client-packed one.
+    ``complex_pack``: the complex-packed form (module docstring), offered only where the
+    real kernel has at least two diagonals."""
     out: list[Candidate] = []
     modes = (False, True) if free_input else (False,)
     for free in modes:
