@@ -41,6 +41,7 @@ def plan(
     input_layout: Annotated[str, typer.Option("--input-layout", help="free (client packs any layout) | row-major")] = "free",
     cins: Annotated[bool, typer.Option("--cins/--no-cins", help="offer NeuJeans CinS conv layers (each bootstraps its result) at bootstrapping presets (default) | slot kernels only; a --kernels list is taken as given")] = True,
     cins_decompose: Annotated[bool, typer.Option("--cins-decomposition/--no-cins-decomposition", help="strided CinS convs also in NeuJeans' decomposed form (Alg. 2, default) | only densify-first")] = True,
+    packing: Annotated[str, typer.Option("--packing", help="real (SPEC plans, real registers; default) | complex (also the hybrid matvec with two inputs per complex slot: half the diagonals; plans use mul_i/conj and complex plaintexts, docs/formats.md; no --memory-cap)")] = "real",
     max_table_bytes: Annotated[str, typer.Option("--max-table-bytes", help="refuse larger tables files")] = str(DEFAULT_MAX_TABLE_BYTES),
     costs: Annotated[str, typer.Option("--costs", help="objective weights: data/costs/<name>.json or a path")] = "default",
     objective: Annotated[str | None, typer.Option("--objective", help="time (modelled seconds of the preset's calibrated table data/costs/<preset>-lattigo.json; the default where one exists) | rotations (the minimum-rotation plan)")] = None,
@@ -81,6 +82,7 @@ def plan(
             objective=objective,  # type: ignore[arg-type]
             cins=cins,
             cins_decompose=cins_decompose,
+            packing=packing,  # type: ignore[arg-type]
         )
         opts = PlanOptions.from_literal(lit)
         with shown(wanted(progress, as_json)):

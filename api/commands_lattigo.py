@@ -183,8 +183,10 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
             str(ours.get("fused_blocks", "-")), str(r.get("loadavg_1m_at_start", "-")),
         )
     out.print(m)
+    if any("ours-complex" in r for r in rows):
+        _print_complex(rows)
     for r in rows:
-        for method in ("ours", "fhelipe", "lintrans"):
+        for method in ("ours", "fhelipe", "lintrans", "ours-complex"):
             mres = r.get(method)
             if mres and mres.get("status") != "ok":
                 out.print(f"* {escape(r['workload'])} {method}: {escape(str(mres.get('status')))}")
@@ -233,13 +235,36 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
         )
 
 
+def _print_complex(rows: list[dict[str, Any]]) -> None:
+    """ours-complex (complex packing) next to ours and the best lintrans."""
+    c = Table(title="ours-complex (--packing complex) vs ours and lintrans (best), eval seconds")
+    for col in ("workload", "ours-complex kernel", "ours-complex s", "rot", "keys", "pmul", "err", "model",
+                "model/wall", "ours s", "pmul", "lintrans s", "ours/ours-complex", "lintrans/ours-complex",
+                "lintrans/ours"):
+        c.add_column(col, justify="left" if col in ("workload", "ours-complex kernel") else "right")
+    for r in rows:
+        oc, ours, lt = r.get("ours-complex") or {}, r.get("ours") or {}, r.get("lintrans") or {}
+        cells = _cells(oc or None)
+        ok = oc.get("status") == "ok"
+        c.add_row(
+            escape(r["workload"]), escape(",".join(oc.get("kernels", [])) or "-"), *cells[:3],
+            str(oc.get("pmul", "-")), cells[3], _fmt_opt(oc.get("modelled_seconds") if ok else None),
+            _ratio(oc.get("model_over_eval") if ok else None),
+            _fmt_opt(ours.get("eval_seconds") if ours.get("status") == "ok" else None), str(ours.get("pmul", "-")),
+            _fmt_opt(lt.get("eval_seconds") if lt.get("status") == "ok" else None),
+            _ratio(r.get("ours_over_ours_complex")), _ratio(r.get("lintrans_over_ours_complex")),
+            _ratio(r.get("lintrans_over_ours")),
+        )
+    out.print(c)
+
+
 def lattigo_bench(
     params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n14",
     shapes: Annotated[str, typer.Option("--shapes", help="MVM shapes NxK, comma-separated ('' for none)")] = "512x512,1024x1024,2048x2048,1024x4096,4096x1024",
     convs: Annotated[str, typer.Option("--convs", help="data/workloads convolutions, comma-separated ('' for none)")] = "conv1,conv2,conv3,conv4",
     repeat: Annotated[int, typer.Option("--repeat", help="timed evaluations per method (median)")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="seed of W, x and the conv data")] = 0,
-    methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans")] = "ours,fhelipe,lintrans",
+    methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans,ours-complex (ours planned with --packing complex)")] = "ours,fhelipe,lintrans",
     log_bsgs_ratio: Annotated[str, typer.Option("--log-bsgs-ratio", help="lintrans LogBabyStepGiantStepRatio(s), comma-separated; the fastest is the baseline")] = "0,1,2,3",
     memory_budget: Annotated[str | None, typer.Option("--memory-budget", help="skip a method whose keys need more (bytes or KiB/MiB/GiB) [default: 60% of MemAvailable]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,

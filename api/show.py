@@ -169,6 +169,9 @@ def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
         lv = klevel.get(k)
         label = f"level {lv}" if lv is not None else f"level {L} (top)"
         kgroups[(label, b)] = kgroups.get((label, b), 0) + 1
+    if ir.uses_conjugation(program):  # complex packing: resident throughout (docs/formats.md)
+        b = max(kbytes.values(), default=top) if kbytes else top
+        kgroups[("conjugation", b)] = 1
     cgroups: dict[int, int] = {}
     for r in live:
         lv = max(0, L - depth[r])

@@ -174,22 +174,28 @@ def pack_vectors(
 def _plaintext_vectors(
     plan: Mapping[str, Any], weights: Mapping[str, np.ndarray], tables: Mapping[str, np.ndarray]
 ) -> Iterator[np.ndarray]:
-    """Each plaintext's value vector, in sorted name order (one at a time)."""
+    """Each plaintext's value vector, in sorted name order (one at a time); a complex
+    plaintext (complex packing, ``imag_table``) is 2 * slots values: real parts, then
+    imaginary parts (what ``Run`` unpacks for it)."""
     slots = _slots(plan)
     plaintexts = plan.get("plaintexts") or {}
     for name in sorted(plaintexts):
         spec = plaintexts[name]
         what = f"plaintext {name!r}"
-        idx, coef = _table(tables, str(spec.get("table")), slots, what)
-        source = spec.get("source")
-        if coef is None:
-            coef = np.ones(slots)
-        if source == "const":
-            yield np.array(coef, dtype=np.float64)
-        elif source in weights:
-            yield coef * _gather(weights[source], idx, f"{what}, weight {source!r}")
-        else:
-            raise LattigoError(f"{what}: weight tensor {source!r} was not given")
+        parts = [str(spec.get("table"))] + ([str(spec["imag_table"])] if "imag_table" in spec else [])
+        vecs = []
+        for table in parts:
+            idx, coef = _table(tables, table, slots, what)
+            source = spec.get("source")
+            if coef is None:
+                coef = np.ones(slots)
+            if source == "const":
+                vecs.append(np.array(coef, dtype=np.float64))
+            elif source in weights:
+                vecs.append(coef * _gather(weights[source], idx, f"{what}, weight {source!r}"))
+            else:
+                raise LattigoError(f"{what}: weight tensor {source!r} was not given")
+        yield vecs[0] if len(vecs) == 1 else np.concatenate(vecs)
 
 
 def write_plaintexts(

@@ -6,6 +6,10 @@ each convolution workload (``data/workloads/<conv>.json``), at one parameter pre
 
 * **ours**: ``plan_graph`` with the default kernels and ``input_layout="free"``;
 * **fhelipe** (MVM only): ``plan_graph`` with ``kernels=("fhelipe",)``;
+* **ours-complex** (asked for by name): ``plan_graph`` as ours with ``packing="complex"``
+  (the complex-packed hybrid matvec next to the real kernels, docs/formats.md), reported
+  as ``row["ours-complex"]`` with ``lintrans_over_ours_complex`` and
+  ``ours_over_ours_complex``;
 * **lintrans** (MVM only): ``LintransMatvec`` (``backends/lattigo/lintrans.go``), i.e.
   Lattigo's ``circuits/ckks/lintrans`` with BSGS and double hoisting and only the keys
   ``lintrans.GaloisElements`` lists, swept over ``LogBabyStepGiantStepRatio`` (0..3) and,
@@ -73,7 +77,7 @@ __all__ = [
 
 DEFAULT_SHAPES = "512x512,1024x1024,2048x2048,1024x4096,4096x1024"
 DEFAULT_CONVS = "conv1,conv2,conv3,conv4"
-METHODS = ("ours", "fhelipe", "lintrans")
+METHODS = ("ours", "fhelipe", "lintrans", "ours-complex")
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "data" / "workloads"
 MAX_DIM = 1 << 16
 BENCH_SCHEMA = "slotplan.lattigo-bench/1"
@@ -502,6 +506,9 @@ def bench(
             row["ours"] = _guard(
                 partial(run_plan_bench, w.graph, params, PlanOptions(input_layout="free"), values, repeat, budget)
             )
+        if "ours-complex" in methods:
+            cplx = PlanOptions(input_layout="free", packing="complex")
+            row["ours-complex"] = _guard(partial(run_plan_bench, w.graph, params, cplx, values, repeat, budget))
         if w.kind == "mvm" and "fhelipe" in methods:
             fhelipe = PlanOptions(kernels=("fhelipe", "elementwise"), input_layout="free")
             row["fhelipe"] = _guard(partial(run_plan_bench, w.graph, params, fhelipe, values, repeat, budget))
@@ -526,6 +533,9 @@ def bench(
         if "lintrans_square" in row:
             row["lintrans_square_over_ours"] = _ratio(row.get("lintrans_square"), row.get("ours"))
         row["fhelipe_over_ours"] = _ratio(row.get("fhelipe"), row.get("ours"))
+        if "ours-complex" in row:
+            row["lintrans_over_ours_complex"] = _ratio(row.get("lintrans"), row.get("ours-complex"))
+            row["ours_over_ours_complex"] = _ratio(row.get("ours"), row.get("ours-complex"))
         if (row.get("ours") or {}).get("status") == "ok":
             row["ours_seconds_by_op"] = slow_ops(row)
         yield row

@@ -175,7 +175,8 @@ def process_model(
     at = int(np.argmax(step)) if len(step) else 0
     workers = int(mem["workers"]) if mem.get("fused") else 1
     slots = int(params.slots)
-    n_pt = len(plan.get("plaintexts") or {})
+    # (a complex plaintext's values are 2 * slots numbers: complex packing)
+    n_pt = sum(2 if "imag_table" in p else 1 for p in (plan.get("plaintexts") or {}).values())
     terms = {
         "keys": int(ser["keys"][at]) if len(step) else 0,
         "plaintexts": int(ser["plaintexts"][at]) if len(step) else 0,

@@ -1,6 +1,8 @@
 """Numpy slot simulator: executes every instruction of shared/SPEC.md section 4.
 
-Registers are float64 vectors of ``slots`` values.  When the plan carries a key schedule
+Registers are float64 vectors of ``slots`` values (complex128 in plans of the
+complex-packing extension, docs/formats.md: ``mul_i``, ``conj`` and complex plaintexts;
+an ``output`` of a register whose imaginary part is not zero is an error).  When the plan carries a key schedule
 (any ``load_key``/``drop_key``), every rotation must find its key resident, and a key
 recorded at a level below the ciphertext's is refused (Lattigo would silently compute a
 wrong result).  Operations are counted; peak resident key bytes follow the plan's
@@ -77,7 +79,13 @@ def plaintext_vector(
         if pt["source"] not in values:
             raise SimulationError(f"plaintext source {pt['source']!r} has no value")
         v = gather(values[pt["source"]], idx)
-    return v * coef if coef is not None else v
+    re = v * coef if coef is not None else v
+    if pt.get("imag_table") is None:
+        return re
+    # a complex plaintext: value = coef * S[idx] + i * coef_im * S[idx_im]
+    idx_i, coef_i = _table(tables, pt["imag_table"], n)
+    vi = np.ones(n) if pt["source"] == "const" else gather(values[pt["source"]], idx_i)
+    return re + 1j * (vi * coef_i if coef_i is not None else vi)
 
 
 class _Machine:
@@ -249,7 +257,18 @@ class _Machine:
     def exec_poly(self, ins: ir.Poly, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
-        self.put(ins.dst, np.asarray(ins.evaluate(x), dtype=np.float64).reshape(self.S), i)
+        y = ins.evaluate(x)
+        self.put(ins.dst, np.asarray(y, dtype=np.complex128 if np.iscomplexobj(y) else np.float64).reshape(self.S), i)
+
+    def exec_mul_i(self, ins: ir.MulI, i: int) -> None:
+        self.slot_only(ins.src, i, ins.op)
+        self.put(ins.dst, 1j * self.get(ins.src, i), i)
+
+    def exec_conj(self, ins: ir.Conj, i: int) -> None:
+        # the conjugation key is resident throughout (docs/formats.md), also under a schedule
+        self.slot_only(ins.src, i, ins.op)
+        self.put(ins.dst, np.conj(self.get(ins.src, i)), i)
+        self.rotations += 1
 
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         self.put(ins.dst, self.get(ins.src, i).copy(), i, self.dom.get(ins.src))
@@ -295,6 +314,13 @@ class _Machine:
     def exec_output(self, ins: ir.Output, i: int) -> None:
         t = ins.tensor
         v = self.get(ins.src, i)
+        if np.iscomplexobj(v):  # complex packing: what a client decodes is the real part
+            if np.any(v.imag != 0):
+                s = int(np.argmax(np.abs(v.imag)))
+                raise SimulationError(
+                    f"instruction {i}: output of {t!r} from {ins.src!r}: imaginary part {float(v.imag[s]):.3g} "
+                    f"at slot {s} is not zero (outputs are real)")
+            v = v.real
         idx, _ = _table(self.tables, ins.table, v.size)
         if t not in self.out_vals:
             size = int(np.prod(self.shapes[t])) if t in self.shapes else int(idx.max()) + 1
@@ -324,6 +350,8 @@ _EXEC: dict[type[ir.Instr], Callable[[_Machine, Any, int], None]] = {
     ir.PSub: _Machine.exec_ct_pt,
     ir.Poly: _Machine.exec_poly,
     ir.Rescale: _Machine.exec_rescale,
+    ir.MulI: _Machine.exec_mul_i,
+    ir.Conj: _Machine.exec_conj,
     ir.ToCins: _Machine.exec_to_cins,
     ir.BootstrapCins: _Machine.exec_bootstrap_cins,
     ir.Bootstrap: _Machine.exec_bootstrap,
@@ -371,7 +399,9 @@ def simulate(
                 m.regs.pop(r, None)
     peak_keys = m.peak_keys
     if not m.schedule:  # keep-all: every key the program uses is resident throughout
-        peak_keys = len(ir.rot_keys_of([i for i in program if i is not None]))
+        peak_keys = ir.galois_key_count([i for i in program if i is not None])
+    elif ir.uses_conjugation([i for i in program if i is not None]):
+        peak_keys += 1  # the conjugation key, resident throughout
     outputs: dict[str, np.ndarray] = {}
     for t, v in m.out_vals.items():
         if not m.written[t].all():

@@ -179,11 +179,19 @@ def _hybrid_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: 
         out.extend(hybrid_candidates(prob, node.id, free_input))
 
 
+def _hybrid_complex_candidates(prob: ChannelProblem, node: Node, free_input: bool, out: list[Candidate]) -> None:
+    if prob.op == "matvec":
+        out.extend(hybrid_candidates(prob, node.id, free_input, complex_pack=True))
+
+
 _family("imra", "linear", _imra_candidates)
 _family("bsgs", "linear", _diagonal_candidates("bsgs"))
 _family("hs-diagonal", "linear", _diagonal_candidates("hs-diagonal"))
 _family("fhelipe", "linear", _fhelipe_candidates)
 _family("hybrid", "linear", _hybrid_candidates)
+# complex packing (docs/formats.md): offered next to "hybrid" with PlanOptions.packing
+# "complex" only (its plans use the complex-slot extension of the plan format)
+_family("hybrid-complex", "complex", _hybrid_complex_candidates)
 # CinS kernels (docs/cins.md): candidates with exact cost vectors, not yet offered by
 # default (their layouts leave the coefficient domain only through bootstrap_cins, which
 # needs the bootstrapping model of the pipeline; issue 13 step 4)
@@ -203,6 +211,7 @@ def kernels_of_kind(*kinds: str) -> tuple[str, ...]:
 
 
 KERNELS = kernels_of_kind("linear", "ct-ct", "elementwise")
+COMPLEX_KERNELS = kernels_of_kind("complex")
 CINS_KERNELS = kernels_of_kind("cins")
 LINEAR_KERNELS = kernels_of_kind("linear")
 CTCT_KERNELS = kernels_of_kind("ct-ct")

@@ -39,7 +39,7 @@ from planner.kernels.base import Candidate
 from planner.program import ProgramBuilder, TableGen
 
 _LINEAR = (ir.Add, ir.Sub)
-_PASS = (ir.Rot, ir.RotHoisted, ir.Rescale)
+_PASS = (ir.Rot, ir.RotHoisted, ir.Rescale, ir.MulI, ir.Conj)  # (a real factor commutes with i and conj)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,11 @@ def plan_digest(plan: Mapping[str, Any]) -> str:
     for ins in plan["program"]:
         if isinstance(ins, dict) and isinstance(ins.get("table"), str):
             names.append(ins["table"])
-    names.extend(str(p.get("table")) for p in plan["plaintexts"].values() if isinstance(p, dict))
+    for p in plan["plaintexts"].values():
+        if isinstance(p, dict):
+            names.append(str(p.get("table")))
+            if "imag_table" in p:  # a complex plaintext (complex packing)
+                names.append(str(p["imag_table"]))
     doc = {
         "graph": plan["graph"].get("sha256"),
         "slots": plan["params"].get("slots"),

@@ -847,6 +847,9 @@ def schedule_keys(
     replaced).  Raises :class:`KeyCapError` (naming the smallest feasible cap) when
     ``cap_bytes`` is below what the strategy needs at some step."""
     strat = KEY_STRATEGIES.create(strategy)
+    if ir.uses_conjugation(ir.decode_program(program)):
+        raise KeyScheduleError("the program conjugates (complex packing): key schedules do not place the "
+                               "conjugation key; run it keep-all (no memory cap)")
     if cap_bytes is not None and cap_bytes <= 0:
         raise KeyScheduleError(f"memory cap must be positive, got {cap_bytes}")
     if prefetch is None:  # the joint strategy prefetches by default (KeyMemRT's balanced mode)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner import ir
 from planner.candidates import (
     CINS_KERNELS,
+    COMPLEX_KERNELS,
     ELEMENTWISE_KERNELS,
     KERNEL_FAMILIES,
     KERNELS,
@@ -92,6 +93,10 @@ class PlanOptionsLiteral(BaseModel):
     # strided CinS convs also in NeuJeans' decomposed form (Alg. 2: polyphase input, a
     # quarter of the bootstraps at stride 2); false: only the densify-first form
     cins_decompose: bool = True
+    # "complex": the complex-packing extension of the plan format (docs/formats.md): the
+    # hybrid matvec also in its complex form (two inputs per slot, half the diagonals);
+    # "real" plans keep SPEC section 4 exactly (real registers)
+    packing: Literal["real", "complex"] = "real"
 
 
 @dataclass(frozen=True)
@@ -108,14 +113,16 @@ class PlanOptions:
     objective: str | None = None
     cins: bool = True
     cins_decompose: bool = True
+    packing: str = "real"
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
         kernels = tuple(lit.kernels) if lit.kernels else KERNELS
-        unknown = [k for k in kernels if k not in KERNELS and k not in CINS_KERNELS]
+        known = KERNELS + CINS_KERNELS + COMPLEX_KERNELS
+        unknown = [k for k in kernels if k not in known]
         if unknown:
             raise PlanError(
-                f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(KERNELS + CINS_KERNELS)}"
+                f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(known)}"
             )
         if not any(k in kernels for k in ELEMENTWISE_KERNELS):
             kernels = kernels + ELEMENTWISE_KERNELS
@@ -127,6 +134,7 @@ class PlanOptions:
             allow_insecure=lit.allow_insecure, objective=lit.objective,
             cins=lit.cins,
             cins_decompose=lit.cins_decompose,
+            packing=lit.packing,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,7 +156,27 @@ class PlanOptions:
             out["cins"] = False
         if not self.cins_decompose:
             out["cins_decompose"] = False
+        if self.packing != "real":  # only when complex: real plans stay byte-identical
+            out["packing"] = self.packing
         return out
+
+    def with_packing(self) -> PlanOptions:
+        """Checked packing: "complex" adds the complex kernel families next to "hybrid"
+        (unless some are named) and refuses a memory cap (the key schedules do not place
+        the conjugation key)."""
+        if self.packing not in ("real", "complex"):
+            raise PlanError(f"options.packing must be 'real' or 'complex', got {self.packing!r}")
+        named = [k for k in self.kernels if k in COMPLEX_KERNELS]
+        if self.packing == "real":
+            if named:
+                raise PlanError(f"kernel(s) {', '.join(named)} need options.packing 'complex' (--packing complex)")
+            return self
+        if self.memory_cap_bytes is not None:
+            raise PlanError("packing 'complex' cannot be combined with a memory cap: the key schedules do not "
+                            "place the conjugation key (plan without a cap, or with packing 'real')")
+        if "hybrid" in self.kernels and not named:
+            return replace(self, kernels=self.kernels + COMPLEX_KERNELS)
+        return self
 
     def cins_kernels(self, params: Params) -> tuple[str, ...]:
         """The CinS families offered: those ``kernels`` names, else (the default kernel
@@ -240,7 +268,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     """Candidates of every node, layout options of every encrypted input, conversion
     costs between them: the choice model the solver picks from."""
     S = params.slots
-    options = resolve_objective(options, params)
+    options = resolve_objective(options.with_packing(), params)
     costs = load_costs(options.costs)
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)
@@ -430,7 +458,7 @@ def _node_candidates(
         if not enc:
             raise PlanError(f"{node.op} has no encrypted operand: nothing to plan", node.id)
         is_input = graph.producer(t) is None and t not in pinned
-        linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS]
+        linear_allowed = [k for k in options.kernels if k in LINEAR_KERNELS or k in COMPLEX_KERNELS]
         out: list[Candidate] = []
         cins = _cins_candidates(graph, node, cins_ctx) if cins_ctx is not None and node.op == "conv2d" else []
         seen_bases = list(dict.fromkeys(b.with_clean(True) for b in bases[t]))
@@ -935,6 +963,8 @@ def plan_table_names(plan: Mapping[str, Any]) -> list[str]:
             names.append(ins["table"])
     for p in plan["plaintexts"].values():
         names.append(p["table"])
+        if "imag_table" in p:  # a complex plaintext (complex packing)
+            names.append(p["imag_table"])
     return list(dict.fromkeys(names))
 
 

@@ -30,11 +30,15 @@ class Plaintext:
     source: str  # weight tensor name or "const"
     table: str
     l: int | None = None  # noqa: E741  (a cins(l) plaintext: table of length 2 * slots)
+    # a complex plaintext (complex packing): its imaginary part's table over the same source
+    imag_table: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "table": self.table}
         if self.l is not None:
             out["l"] = self.l
+        if self.imag_table is not None:
+            out["imag_table"] = self.imag_table
         return out
 
 
@@ -128,22 +132,32 @@ class ProgramBuilder:
         self.tables[name] = TableSpec(name, gen)
         return name
 
-    def plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
+    def plaintext(
+        self, source: str, table: str, gen: TableGen, l: int | None = None,  # noqa: E741
+        imag: TableGen | None = None,
+    ) -> str:
+        """A plaintext over ``source`` read through table ``table``; ``imag`` (complex
+        packing) generates its imaginary part's table (``<table>/im``)."""
         offset = self.weight_blocks.get(source)
         if offset is not None:
             key = (source, table, offset)
             if key in self._block_cache:
                 return self._block_cache[key]
-            name = self._plaintext(source, f"{table}@{offset}", _offset_table(gen, offset), l)
+            name = self._plaintext(source, f"{table}@{offset}", _offset_table(gen, offset), l,
+                                   None if imag is None else _offset_table(imag, offset))
             self._block_cache[key] = name
             return name
-        return self._plaintext(source, table, gen, l)
+        return self._plaintext(source, table, gen, l, imag)
 
-    def _plaintext(self, source: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
+    def _plaintext(
+        self, source: str, table: str, gen: TableGen, l: int | None = None,  # noqa: E741
+        imag: TableGen | None = None,
+    ) -> str:
         self.table(table, gen)
+        imag_table = None if imag is None else self.table(f"{table}/im", imag)
         name = f"p{self._np}"
         self._np += 1
-        self.plaintexts[name] = Plaintext(name, source, table, l)
+        self.plaintexts[name] = Plaintext(name, source, table, l, imag_table)
         return name
 
     def const_plaintext(self, key: tuple[Any, ...], table: str, coef: Callable[[], np.ndarray]) -> str:
@@ -168,14 +182,19 @@ class ProgramBuilder:
             src = self.plaintexts[pt]
             name = f"{src.table}/scaled{self._n_scaled}"
             self._n_scaled += 1
-            self._scaled_cache[key] = self._plaintext(src.source, name, scale(self.tables[src.table].gen), src.l)
+            imag = None if src.imag_table is None else scale(self.tables[src.imag_table].gen)
+            self._scaled_cache[key] = self._plaintext(src.source, name, scale(self.tables[src.table].gen), src.l,
+                                                      imag)
         return self._scaled_cache[key]
 
     def drop_plaintexts(self, names: Iterable[str]) -> None:
         """Forget plaintexts nothing reads (and their tables and cache entries)."""
         gone = set(names)
         for p in gone:
-            self.tables.pop(self.plaintexts.pop(p).table, None)
+            pt = self.plaintexts.pop(p)
+            self.tables.pop(pt.table, None)
+            if pt.imag_table is not None:
+                self.tables.pop(pt.imag_table, None)
         for cache in (self._const_cache, self._block_cache, self._scaled_cache):
             for k in [k for k, v in cache.items() if v in gone]:
                 del cache[k]  # type: ignore[arg-type]
@@ -268,6 +287,18 @@ class ProgramBuilder:
     ) -> str:
         dst = self._reg(self.depth[src] + depth_cost)
         self._emit(ir.Poly(dst, src, tuple(float(c) for c in coeffs), basis, domain))
+        return dst
+
+    def mul_i(self, src: str) -> str:
+        """i * src (complex packing; exact, no level)."""
+        dst = self._reg(self.depth[src])
+        self._emit(ir.MulI(dst, src))
+        return dst
+
+    def conj(self, src: str) -> str:
+        """The slot-wise complex conjugate of src (complex packing; the conjugation key)."""
+        dst = self._reg(self.depth[src])
+        self._emit(ir.Conj(dst, src))
         return dst
 
     def rescale(self, src: str) -> str:

@@ -6,7 +6,8 @@ Counts follow shared/SPEC.md section 4: a ``rot_hoisted`` with ``len(ks)`` offse
 ciphertexts (SSA liveness, each at its level), plaintexts (resident from first to last
 use, encoded at the level of the ciphertext they meet) and rotation keys (resident
 between load and drop; all resident for the whole program when the plan has no key
-schedule, the keep-all model of ANT-ACE/Orion).  A bootstrapping plan adds the block
+schedule, the keep-all model of ANT-ACE/Orion; the conjugation key of a plan that
+conjugates is resident throughout in both cases).  A bootstrapping plan adds the block
 ``boot`` (bootstrapping keys and DFT matrices, ``params.boot``): resident throughout
 without a schedule, else between its ``load_key``/``drop_key``; plan rotations whose
 offset the block holds need no key of their own.
@@ -157,7 +158,7 @@ def summarize(
     mem = memory_profile(prog, params, depth, key_bytes)
     return {
         "rotations": counts.get("rotations", 0),
-        "rotation_keys": len(ir.rot_keys_of(prog)),
+        "rotation_keys": ir.galois_key_count(prog),
         "pmul": counts.get("pmul", 0),
         "cmul": counts.get("cmul", 0),
         "add": counts.get("add", 0),
@@ -244,7 +245,13 @@ def memory_series(
     out = {name: np.zeros(n, dtype=np.int64) for name in ("keys", "plaintexts", "ciphertexts")}
     live_ct = 0
     live_pt = 0
-    keys = 0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0)
+    # the conjugation key (complex packing) is resident throughout, with or without a
+    # schedule (docs/formats.md)
+    # (at a rotation key's size: the largest given, as generated at the top level)
+    conj = 0
+    if ir.uses_conjugation(program):
+        conj = max(key_bytes.values(), default=top_key) if key_bytes else top_key
+    keys = conj + (0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0))
     resident: set[int] = set()
     live: set[str] = set()
     for i, ins in enumerate(program):
@@ -253,7 +260,7 @@ def memory_series(
                 resident.add(int(ins.k))
             else:
                 block_resident = True
-            keys = sum(kb(k) for k in resident) + (block if block_resident else 0)
+            keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
         for r in ins.writes():
@@ -272,7 +279,7 @@ def memory_series(
                 resident.discard(int(ins.k))
             else:
                 block_resident = False
-            keys = sum(kb(k) for k in resident) + (block if block_resident else 0)
+            keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
     return out
 
 

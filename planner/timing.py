@@ -10,6 +10,10 @@ and 0). ``program_seconds`` prices each executed instruction, and each fused blo
 with the measured times interpolated linearly between the calibrated levels. This is what
 ``slotplan lattigo-bench`` compares with the measured evaluation time.
 
+Complex packing (docs/formats.md): ``conj`` is one key switch, priced as a rotation at
+its level (counter ``rotations``); ``mul_i`` is exact and keyless, priced as an add
+(counter ``add``).
+
 Levels: a register of depth d is at level ``max_level - d`` once rescaled; a product not
 yet rescaled (pmul/cmul and adds, rotations of it, until its ``rescale``) is still one
 level up. Multiplications by such an operand run after the executor's automatic rescale.

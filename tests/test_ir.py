@@ -37,6 +37,8 @@ EXAMPLES: list[dict[str, object]] = [
     {"op": "load_key", "k": 5},
     {"op": "drop_key", "k": 5},
     {"op": "load_key", "block": "boot"},
+    {"op": "mul_i", "dst": "c17", "src": "c11"},
+    {"op": "conj", "dst": "c18", "src": "c17"},
     {"op": "output", "src": "c12", "tensor": "y", "table": "out/y/0"},
 ]
 
@@ -44,11 +46,13 @@ SPEC_OPS = {"input", "rot", "rot_hoisted", "add", "sub", "pmul", "padd", "psub",
             "bootstrap", "load_key", "drop_key", "output"}
 # CinS instructions (docs/cins.md, the same form as SPEC section 4)
 CINS_OPS = {"to_cins", "bootstrap_cins"}
+# complex packing (docs/formats.md: an extension, only in plans with options.packing "complex")
+COMPLEX_OPS = {"mul_i", "conj"}
 
 
 def test_every_spec_op_has_one_class() -> None:
-    assert set(ir.OPS) == SPEC_OPS | CINS_OPS
-    assert {d["op"] for d in EXAMPLES} == SPEC_OPS | CINS_OPS
+    assert set(ir.OPS) == SPEC_OPS | CINS_OPS | COMPLEX_OPS
+    assert {d["op"] for d in EXAMPLES} == SPEC_OPS | CINS_OPS | COMPLEX_OPS
     assert len(set(ir.OPS.values())) == len(ir.OPS)
 
 
@@ -83,10 +87,14 @@ def test_semantics() -> None:
     # pmul +1, cmul +1, a degree-3 poly +2, bootstrap resets
     assert (d["c5"], d["c6"], d["c8"], d["c9"], d["c10"], d["c11"], d["c12"]) == (0, 1, 1, 2, 4, 4, 0)
     # to_cins at l=8 in 2 factors: stages {1, 2} (offsets -3..3: 2 + 2 BSGS rotations) and {4} (2)
-    assert span_counts(EXAMPLES) == {"rotations": 3 + 6, "pmul": 1, "cmul": 1, "add": 4, "rescale": 1, "poly": 2,
-                                     "key_loads": 2}
+    # conj is a key switch (a rotation), mul_i counts as an add
+    assert span_counts(EXAMPLES) == {"rotations": 3 + 6 + 1, "pmul": 1, "cmul": 1, "add": 4 + 1, "rescale": 1,
+                                     "poly": 2, "key_loads": 2}
     assert (d["c14"], d["c15"], d["c16"]) == (4 + 2, 0, 0)
+    assert (d["c17"], d["c18"]) == (d["c11"], d["c11"])
     assert ir.rot_keys_of(prog) == {32, 1, 2}
+    assert ir.uses_conjugation(prog) and ir.galois_key_count(prog) == 4
+    assert not ir.uses_conjugation(prog[:-2]) and ir.galois_key_count(prog[:-3]) == 3
     assert ir.has_key_schedule(prog) and not ir.has_key_schedule(prog[:3])
 
 

@@ -42,17 +42,21 @@ KERNEL_SETS: tuple[tuple[str, ...], ...] = (
     KERNELS, ("bsgs", *ELEMENTWISE_KERNELS), ("hs-diagonal", "bsgs", *ELEMENTWISE_KERNELS),
     ("fhelipe", "bsgs", *ELEMENTWISE_KERNELS), KERNELS,
 )
+COMPLEX_SET = ("hybrid-complex", "bsgs", *ELEMENTWISE_KERNELS)
 
 
-def check_network(seed: int) -> list[str]:
-    """Plan random network ``seed`` and return what is wrong with its plan (empty: nothing)."""
+def check_network(seed: int, packing: str = "real") -> list[str]:
+    """Plan random network ``seed`` and return what is wrong with its plan (empty: nothing).
+    ``packing="complex"``: the complex-packed hybrid matvec wherever it applies, bsgs
+    elsewhere (the convs)."""
     spec, log_n = random_network(seed)
     g = parse_graph(spec)
     opts = PlanOptions(
         input_layout="row-major" if seed % 3 == 0 else "free",
         clean_outputs=seed % 5 != 0,
         allow_insecure=True,  # the 512-slot test ring
-        kernels=KERNEL_SETS[seed % len(KERNEL_SETS)],
+        kernels=KERNEL_SETS[seed % len(KERNEL_SETS)] if packing == "real" else COMPLEX_SET,
+        packing=packing,
     )
     res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
     vals = random_values(g, seed)
@@ -87,6 +91,18 @@ def test_random_networks(start: int) -> None:
     problems: list[str] = []
     for seed in range(start, min(start + BATCH, SEED0 + N_GRAPHS)):
         problems += check_network(seed)
+    assert not problems, "\n".join(problems)
+
+
+# complex packing (docs/formats.md) over the first graphs of the sweep
+COMPLEX_GRAPHS = int(os.environ.get("SLOTPLAN_RANDOM_COMPLEX_GRAPHS", 60))
+
+
+@pytest.mark.parametrize("start", range(SEED0, SEED0 + COMPLEX_GRAPHS, BATCH))
+def test_random_networks_complex_packing(start: int) -> None:
+    problems: list[str] = []
+    for seed in range(start, min(start + BATCH, SEED0 + COMPLEX_GRAPHS)):
+        problems += check_network(seed, "complex")
     assert not problems, "\n".join(problems)
 
 

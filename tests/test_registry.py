@@ -48,7 +48,11 @@ def test_every_registry_names_its_plug_ins() -> None:
     assert EXECUTION_BACKENDS.names() == ("sim", "lattigo")
     assert STRATEGIES == KEY_STRATEGIES.names() == ("keep-all", "keymemrt", "belady", "exact", "pow2", "joint")
     # CinS families are registered but not offered by default (docs/cins.md)
-    assert tuple(k for k in KERNEL_FAMILIES.names() if KERNEL_FAMILIES.create(k).kind != "cins") == KERNELS
+    # complex-packing families are offered with options.packing "complex" only (docs/formats.md)
+    assert tuple(k for k in KERNEL_FAMILIES.names() if KERNEL_FAMILIES.create(k).kind not in ("cins", "complex")) \
+        == KERNELS
+    assert all(KERNEL_FAMILIES.create(k).linear is not None for k in KERNEL_FAMILIES.names()
+               if KERNEL_FAMILIES.create(k).kind == "complex")
     assert all(KERNEL_FAMILIES.create(k).cins is not None for k in KERNEL_FAMILIES.names()
                if KERNEL_FAMILIES.create(k).kind == "cins")
     assert set(LINEAR_KERNELS) | set(ELEMENTWISE_KERNELS) == set(KERNELS)

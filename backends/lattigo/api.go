@@ -222,16 +222,35 @@ type runResult struct {
 
 // unpack splits packed little-endian float64 into n vectors of length slots.
 func unpack(what string, data []byte, n, slots int) ([][]float64, error) {
-	if len(data) != n*slots*8 {
-		return nil, fmt.Errorf("%s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
-			what, n, slots, n*slots*8, len(data))
+	widths := make([]int, n)
+	for i := range widths {
+		widths[i] = slots
 	}
-	vecs := make([][]float64, n)
+	return unpackWidths(what, data, widths)
+}
+
+// unpackWidths splits data into vectors of the given lengths (float64, little-endian).
+func unpackWidths(what string, data []byte, widths []int) ([][]float64, error) {
+	total := 0
+	for _, w := range widths {
+		total += w
+	}
+	if len(data) != total*8 {
+		if len(widths) > 0 && total == len(widths)*widths[0] {
+			return nil, fmt.Errorf("%s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
+				what, len(widths), widths[0], total*8, len(data))
+		}
+		return nil, fmt.Errorf("%s: expected %d vectors of %d float64 in all (%d bytes; complex plaintexts take 2*slots), got %d bytes",
+			what, len(widths), total, total*8, len(data))
+	}
+	vecs := make([][]float64, len(widths))
+	at := 0
 	for i := range vecs {
-		v := make([]float64, slots)
-		if err := binary.Read(bytes.NewReader(data[i*slots*8:(i+1)*slots*8]), binary.LittleEndian, v); err != nil {
+		v := make([]float64, widths[i])
+		if err := binary.Read(bytes.NewReader(data[at*8:(at+widths[i])*8]), binary.LittleEndian, v); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
+		at += widths[i]
 		for s, x := range v {
 			if math.IsNaN(x) || math.IsInf(x, 0) {
 				return nil, fmt.Errorf("%s: vector %d slot %d is %v", what, i, s, x)
@@ -317,12 +336,12 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		if len(plaintexts) != 0 {
 			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
 		}
-		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, slots); err != nil {
+		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, p.plaintextWidths(slots)); err != nil {
 			return "", err
 		}
 		defer ptFile.close()
 	} else {
-		ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+		ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
 		if err != nil {
 			return "", err
 		}
@@ -498,16 +517,17 @@ func peakRSS() int64 {
 }
 
 // plaintextFile serves plaintext vectors from a file packed like Run's plaintexts argument
-// (sorted plaintext names, length-slots little-endian float64 each), one read per use.
+// (sorted plaintext names, little-endian float64: slots values each, 2*slots for a complex
+// plaintext), one read per use.
 type plaintextFile struct {
 	f     *os.File
 	index map[string]int
-	slots int
-	buf   []byte
+	at    []int64 // per vector: its first value's position
+	width []int
 	path  string
 }
 
-func openPlaintextFile(path string, names []string, slots int) (*plaintextFile, error) {
+func openPlaintextFile(path string, names []string, widths []int) (*plaintextFile, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("plaintext_file: %w", err)
@@ -517,14 +537,17 @@ func openPlaintextFile(path string, names []string, slots int) (*plaintextFile, 
 		f.Close()
 		return nil, fmt.Errorf("plaintext_file: %w", err)
 	}
-	if want := int64(len(names)) * int64(slots) * 8; fi.Size() != want {
-		f.Close()
-		return nil, fmt.Errorf("plaintext_file %s: expected %d vectors of %d float64 (%d bytes), got %d bytes",
-			path, len(names), slots, want, fi.Size())
-	}
-	pf := &plaintextFile{f: f, index: map[string]int{}, slots: slots, buf: make([]byte, 8*slots), path: path}
+	pf := &plaintextFile{f: f, index: map[string]int{}, path: path, width: widths}
+	var total int64
 	for i, n := range names {
 		pf.index[n] = i
+		pf.at = append(pf.at, total)
+		total += int64(widths[i])
+	}
+	if want := total * 8; fi.Size() != want {
+		f.Close()
+		return nil, fmt.Errorf("plaintext_file %s: expected %d vectors, %d float64 in all (%d bytes), got %d bytes",
+			path, len(names), total, want, fi.Size())
 	}
 	return pf, nil
 }
@@ -535,12 +558,13 @@ func (pf *plaintextFile) vector(name string) ([]float64, error) {
 	if !ok {
 		return nil, fmt.Errorf("plaintext %q is not in the plan", name)
 	}
-	if _, err := pf.f.ReadAt(pf.buf, int64(i)*int64(len(pf.buf))); err != nil {
+	buf := make([]byte, 8*pf.width[i])
+	if _, err := pf.f.ReadAt(buf, pf.at[i]*8); err != nil {
 		return nil, fmt.Errorf("plaintext_file %s: %w", pf.path, err)
 	}
-	v := make([]float64, pf.slots)
+	v := make([]float64, pf.width[i])
 	for s := range v {
-		v[s] = math.Float64frombits(binary.LittleEndian.Uint64(pf.buf[8*s:]))
+		v[s] = math.Float64frombits(binary.LittleEndian.Uint64(buf[8*s:]))
 		if math.IsNaN(v[s]) || math.IsInf(v[s], 0) {
 			return nil, fmt.Errorf("plaintext %q slot %d is %v", name, s, v[s])
 		}

@@ -156,10 +156,10 @@ func memoryKeyStore(c *client, offsets []int, relin bool) (*keyStore, float64) {
 	evkParams := rlwe.EvaluationKeyParameters{LevelQ: &levelQ, LevelP: &levelP}
 	t := time.Now()
 	for _, k := range offsets {
-		galEl := params.GaloisElement(k)
+		galEl := galoisOf(params, k)
 		gk := c.kgen.GenGaloisKeyNew(galEl, c.sk, evkParams)
 		mk := manifestKey{K: k, GaloisElement: galEl, File: "(memory)", Bytes: gk.BinarySize(),
-			LevelQ: gk.LevelQ(), LevelP: gk.LevelP()}
+			LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: k == conjOffset}
 		s.manifest.Rotations = append(s.manifest.Rotations, mk)
 		s.byGalEl[galEl] = mk
 		s.galEls = append(s.galEls, galEl)
@@ -199,7 +199,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", err
 	}
 	names := p.plaintextNames()
-	ptVecs, err := unpack("plaintexts", plaintexts, len(names), slots)
+	ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
 	if err != nil {
 		return "", err
 	}

@@ -134,17 +134,20 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 			lq = l
 		}
 		evkParams := rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &levelP}
-		galEl := c.params.GaloisElement(k)
+		galEl := galoisOf(c.params, k) // (conjOffset: the conjugation key, complex packing)
 		t := time.Now()
 		gk := c.kgen.GenGaloisKeyNew(galEl, c.sk, evkParams)
 		genSec += time.Since(t).Seconds()
 		name := fmt.Sprintf("rot_%d.key", k)
+		if k == conjOffset {
+			name = "conj.key"
+		}
 		if err = write(name, gk); err != nil {
 			return m, genSec, writeSec, err
 		}
 		m.Rotations = append(m.Rotations, manifestKey{
 			K: k, GaloisElement: galEl, File: name, Bytes: gk.BinarySize(),
-			LevelQ: gk.LevelQ(), LevelP: gk.LevelP(),
+			LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: k == conjOffset,
 		})
 	}
 	if relin {

@@ -209,6 +209,12 @@ func (e *executor) exec(i int, in instr) (string, error) {
 }
 
 func (e *executor) run() error {
+	if e.scheduled && e.plan.usesConjugation() {
+		// the conjugation key is resident throughout (docs/formats.md): no schedule places it
+		if err := e.keys.load(conjOffset); err != nil {
+			return fmt.Errorf("conjugation key: %w", err)
+		}
+	}
 	if !e.scheduled {
 		if err := e.keys.loadAll(); err != nil {
 			return fmt.Errorf("keep-all key policy: %w", err)
@@ -415,12 +421,9 @@ func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Pl
 	t := nowSeconds()
 	pt := ckks.NewPlaintext(e.params, level)
 	pt.Scale = scale
-	values := e.ptValues[name]
-	if e.ptFile != nil {
-		var err error
-		if values, err = e.ptFile.vector(name); err != nil {
-			return nil, err
-		}
+	values, err := e.ptVector(name)
+	if err != nil {
+		return nil, err
 	}
 	if err := e.ecd.Encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
@@ -432,6 +435,34 @@ func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Pl
 		c.q[key] = pt
 	}
 	return pt, nil
+}
+
+// ptVector returns plaintext name's values as the encoder takes them: []float64, or
+// []complex128 for a complex plaintext (packed as 2*slots values: real, then imaginary).
+func (e *executor) ptVector(name string) (any, error) {
+	vals, ok := e.ptValues[name]
+	if e.ptFile != nil { // large models pass their plaintexts through a file
+		var err error
+		if vals, err = e.ptFile.vector(name); err != nil {
+			return nil, err
+		}
+		ok = true
+	}
+	if !ok {
+		return nil, fmt.Errorf("no values for plaintext %q", name)
+	}
+	slots := e.params.MaxSlots()
+	if e.plan.Plaintexts[name].ImagTable == "" {
+		return vals, nil
+	}
+	if len(vals) != 2*slots {
+		return nil, fmt.Errorf("complex plaintext %q: %d values, expected %d (real, then imaginary parts)", name, len(vals), 2*slots)
+	}
+	cv := make([]complex128, slots)
+	for s := range cv {
+		cv[s] = complex(vals[s], vals[slots+s])
+	}
+	return cv, nil
 }
 
 // inPlace: the register's ciphertext may be overwritten by instruction i (its last use,
@@ -447,11 +478,17 @@ func (e *executor) inPlace(name string, i int) *rlwe.Ciphertext {
 // rotationKey checks that the key for offset k can rotate ct.
 func (e *executor) rotationKey(k int, ct *rlwe.Ciphertext) error {
 	gk := e.keys.residentKey(k)
+	if gk == nil && k == conjOffset {
+		return fmt.Errorf("no conjugation key")
+	}
 	if gk == nil {
 		if e.scheduled {
 			return fmt.Errorf("no key for k=%d resident (the key schedule must load_key it before this rotation)", k)
 		}
 		return fmt.Errorf("no key for k=%d", k)
+	}
+	if gk.LevelQ() < ct.Level() && k == conjOffset {
+		return fmt.Errorf("the conjugation key was generated at level %d, below the ciphertext's level %d", gk.LevelQ(), ct.Level())
 	}
 	if gk.LevelQ() < ct.Level() {
 		return fmt.Errorf("rotation key k=%d was generated at level %d, below the ciphertext's level %d (it would give wrong results)",
@@ -685,6 +722,31 @@ func (e *executor) step(in instr) error {
 		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())
 		e.set(in.Dst, out)
 
+	case "mul_i": // i * src: a Gaussian-integer constant, exact (no scale, no level)
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		out := e.newCt(ct.Level())
+		if err = e.eval.Mul(ct, complex(0, 1), out); err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
+	case "conj": // one key switch with the conjugation key
+		ct, err := e.operand(in.Src, false)
+		if err != nil {
+			return err
+		}
+		if err = e.rotationKey(conjOffset, ct); err != nil {
+			return err
+		}
+		out := e.newCt(ct.Level())
+		if err = e.eval.Conjugate(ct, out); err != nil {
+			return err
+		}
+		e.set(in.Dst, out)
+
 	case "load_key":
 		if in.Block != "" {
 			return e.loadBlock()
@@ -712,7 +774,7 @@ func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
 	}
 	if op == "rot_hoisted" {
 		e.st.Rotations += len(in.Ks)
-	} else if op == "rot" {
+	} else if op == "rot" || op == "conj" { // (a conjugation is a key switch: counted as the plan does)
 		e.st.Rotations++
 	}
 	if e.liveBytes > e.st.PeakCiphertextBytes {

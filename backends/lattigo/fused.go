@@ -565,16 +565,9 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	if p, ok := c.qp[key]; ok {
 		return p, nil
 	}
-	vals, ok := e.ptValues[name]
-	if e.ptFile != nil { // large models pass their plaintexts through a file
-		var err error
-		if vals, err = e.ptFile.vector(name); err != nil {
-			return ringqp.Poly{}, err
-		}
-		ok = true
-	}
-	if !ok {
-		return ringqp.Poly{}, fmt.Errorf("no values for plaintext %q", name)
+	vals, err := e.ptVector(name) // []float64, or []complex128 (complex packing)
+	if err != nil {
+		return ringqp.Poly{}, err
 	}
 	t := nowSeconds()
 	poly := e.params.RingQP().AtLevel(level, e.params.MaxLevelP()).NewPoly()

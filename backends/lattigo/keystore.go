@@ -88,7 +88,7 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 		bootByGalEl: map[uint64]manifestKey{},
 	}
 	for _, mk := range m.Rotations {
-		if mk.GaloisElement != params.GaloisElement(mk.K) {
+		if mk.GaloisElement != galoisOf(params, mk.K) {
 			return nil, fmt.Errorf("key directory %s: key %s claims k=%d but Galois element %d", dir, mk.File, mk.K, mk.GaloisElement)
 		}
 		s.byGalEl[mk.GaloisElement] = mk
@@ -137,14 +137,14 @@ func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
 
 // has reports whether the directory holds a key for rotation offset k.
 func (s *keyStore) has(k int) bool {
-	_, ok := s.byGalEl[s.params.GaloisElement(k)]
+	_, ok := s.byGalEl[galoisOf(s.params, k)]
 	return ok
 }
 
 // residentKey returns the resident key for offset k (the plan's own key, else the
 // resident boot block's), or nil.
 func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
-	galEl := s.params.GaloisElement(k)
+	galEl := galoisOf(s.params, k)
 	if err := s.settle(galEl); err != nil { // a prefetched key: wait for its read
 		return nil
 	}
@@ -259,7 +259,7 @@ func (s *keyStore) dropBlock() {
 // load makes the key for offset k resident (a no-op when it already is); with prefetching
 // on, it queues the read and returns at once.
 func (s *keyStore) load(k int) error {
-	galEl := s.params.GaloisElement(k)
+	galEl := galoisOf(s.params, k)
 	if _, ok := s.resident[galEl]; ok {
 		return nil
 	}
@@ -291,7 +291,7 @@ func (s *keyStore) load(k int) error {
 // drop forgets the key for offset k (a no-op when it is not resident; an in-flight
 // prefetch is waited for first).
 func (s *keyStore) drop(k int) {
-	galEl := s.params.GaloisElement(k)
+	galEl := galoisOf(s.params, k)
 	_ = s.settle(galEl)
 	if gk, ok := s.resident[galEl]; ok {
 		s.residentBytes -= int64(gk.BinarySize())

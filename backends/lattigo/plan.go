@@ -26,6 +26,21 @@ type planParams struct {
 type plaintextSpec struct {
 	Source string `json:"source"`
 	Table  string `json:"table"`
+	// ImagTable: a complex plaintext (complex packing, docs/formats.md); its vector is
+	// packed as 2*slots values, the real parts then the imaginary parts
+	ImagTable string `json:"imag_table"`
+}
+
+// conjOffset stands for the conjugation key among the rotation offsets (key generation,
+// the key store and the key count): no rotation has a negative offset.
+const conjOffset = -1
+
+// galoisOf is the Galois element of rotation offset k, or the conjugation's for conjOffset.
+func galoisOf(params ckks.Parameters, k int) uint64 {
+	if k == conjOffset {
+		return params.GaloisElementForComplexConjugation()
+	}
+	return params.GaloisElement(k)
 }
 
 // instr is one program instruction (SPEC section 4). Which fields are used depends on Op.
@@ -87,7 +102,7 @@ func (in instr) opName() string {
 // uses lists the registers an instruction reads.
 func (in instr) uses() []string {
 	switch in.Op {
-	case "rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "output":
+	case "rot", "rot_hoisted", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "output", "mul_i", "conj":
 		return []string{in.Src}
 	case "add", "sub", "cmul":
 		return []string{in.A, in.B}
@@ -100,7 +115,7 @@ func (in instr) defs() []string {
 	switch in.Op {
 	case "rot_hoisted":
 		return in.Dsts
-	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap":
+	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "mul_i", "conj":
 		return []string{in.Dst}
 	}
 	return nil
@@ -244,7 +259,7 @@ func (p *plan) validate(slots int) error {
 			if err == nil {
 				err = checkPolyBasis(in, fail)
 			}
-		case "rescale", "bootstrap":
+		case "rescale", "bootstrap", "mul_i", "conj":
 			if err = need("dst", in.Dst); err == nil {
 				err = need("src", in.Src)
 			}
@@ -263,7 +278,7 @@ func (p *plan) validate(slots int) error {
 		case "":
 			err = fail("missing field \"op\"")
 		default:
-			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap load_key drop_key output)", in.Op)
+			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap load_key drop_key output mul_i conj)", in.Op)
 		}
 		if err != nil {
 			return err
@@ -283,11 +298,14 @@ func (p *plan) validate(slots int) error {
 	return nil
 }
 
-// rotationOffsets returns the sorted distinct offsets the plan needs keys for.
+// rotationOffsets returns the sorted distinct offsets the plan needs keys for (conjOffset
+// first when the plan conjugates: the conjugation key).
 func (p *plan) rotationOffsets() []int {
 	set := map[int]bool{}
 	for _, in := range p.Program {
 		switch in.Op {
+		case "conj":
+			set[conjOffset] = true
 		case "rot", "load_key":
 			if in.K != nil {
 				set[*in.K] = true
@@ -333,6 +351,30 @@ func (p *plan) count(op string) int {
 		}
 	}
 	return n
+}
+
+// usesConjugation reports whether the program conjugates (complex packing).
+func (p *plan) usesConjugation() bool {
+	for _, in := range p.Program {
+		if in.Op == "conj" {
+			return true
+		}
+	}
+	return false
+}
+
+// plaintextWidths is the packed length of each plaintext's vector, in plaintextNames
+// order: slots, or 2*slots for a complex plaintext (real parts, then imaginary parts).
+func (p *plan) plaintextWidths(slots int) []int {
+	names := p.plaintextNames()
+	out := make([]int, len(names))
+	for i, n := range names {
+		out[i] = slots
+		if p.Plaintexts[n].ImagTable != "" {
+			out[i] = 2 * slots
+		}
+	}
+	return out
 }
 
 // plaintextNames returns the plaintext names in the order their vectors are packed.

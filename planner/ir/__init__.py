@@ -12,11 +12,13 @@ from planner.ir.instructions import (
     Bootstrap,
     BootstrapCins,
     CMul,
+    Conj,
     DropKey,
     Input,
     Instr,
     KeyOp,
     LoadKey,
+    MulI,
     Output,
     PAdd,
     PMul,
@@ -30,6 +32,7 @@ from planner.ir.instructions import (
     UnknownOpError,
     decode,
     decode_program,
+    galois_key_count,
     has_key_schedule,
     instruction,
     is_bootstrap,
@@ -37,12 +40,13 @@ from planner.ir.instructions import (
     rot_keys_of,
     to_json_program,
     try_decode,
+    uses_conjugation,
 )
 from planner.ir.plan import MAX_PROGRAM_LENGTH, PLAN_SCHEMA, Plan, validate_plan
 
 __all__ = [
     "BOOTSTRAP_OPS", "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "BootstrapCins",
-    "CMul", "DropKey", "Input", "Instr", "KeyOp", "LoadKey", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
-    "RotHoisted", "Sub", "ToCins", "UnknownOpError", "decode", "decode_program", "has_key_schedule", "instruction",
-    "is_bootstrap", "op_name", "rot_keys_of", "to_json_program", "try_decode", "validate_plan",
+    "CMul", "Conj", "DropKey", "Input", "Instr", "KeyOp", "LoadKey", "MulI", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
+    "RotHoisted", "Sub", "ToCins", "UnknownOpError", "decode", "decode_program", "galois_key_count", "has_key_schedule", "instruction",
+    "is_bootstrap", "op_name", "rot_keys_of", "to_json_program", "try_decode", "uses_conjugation", "validate_plan",
 ]

@@ -441,7 +441,7 @@ class Poly(Instr):
             for c in reversed(self.coeffs):
                 acc = acc * x + float(c)
             return acc
-        t = np.asarray(x, dtype=np.float64)
+        t = np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
         if not self.unit_domain():
             assert self.domain is not None
             a, b = float(self.domain[0]), float(self.domain[1])
@@ -551,6 +551,40 @@ class BootstrapCins(Instr):
         return 0
 
 
+# ---------------------------------------------------------------------- complex slots
+# (the complex-packing extension, docs/formats.md: registers hold complex vectors only in
+# plans that use these instructions or complex plaintexts)
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class MulI(Instr):
+    """``dst = i * src`` slot-wise: exact on CKKS (multiplication by the monomial X^(N/2)),
+    no level, no key; priced and counted like an add."""
+
+    op: ClassVar[str] = "mul_i"
+    counter: ClassVar[str | None] = "add"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Conj(Instr):
+    """``dst = conj(src)`` slot-wise: one key switch with the conjugation key (a Galois key
+    of a rotation key's size), counted as a rotation; the conjugation key is one more
+    key of ``rotation_keys`` and resident for the whole program (:func:`uses_conjugation`)."""
+
+    op: ClassVar[str] = "conj"
+    counter: ClassVar[str | None] = "rotations"
+    string_fields: ClassVar[tuple[str, ...]] = ("dst", "src")
+    read_fields: ClassVar[tuple[str, ...]] = ("src",)
+    dst: str
+    src: str
+
+
 # ---------------------------------------------------------------------- key residency
 
 
@@ -635,3 +669,15 @@ def has_key_schedule(program: Sequence[Instr]) -> bool:
 def rot_keys_of(program: Sequence[Instr]) -> set[int]:
     """Every rotation offset the program needs a key for."""
     return {k for ins in program for k in ins.rot_keys()}
+
+
+def uses_conjugation(program: Sequence[Instr]) -> bool:
+    """True when the program conjugates (it needs the conjugation key besides its rotation
+    keys; the key is resident throughout, also under a key schedule)."""
+    return any(isinstance(ins, Conj) for ins in program)
+
+
+def galois_key_count(program: Sequence[Instr]) -> int:
+    """Keys the program needs: its rotation offsets, and the conjugation key if it
+    conjugates (``summary.rotation_keys``)."""
+    return len(rot_keys_of(program)) + (1 if uses_conjugation(program) else 0)

@@ -74,6 +74,11 @@ def _check_header(plan: Mapping[str, Any], where: str) -> int:
             lv = pt["l"]
             if not _is_int(lv) or lv < 1 or lv & (lv - 1) or params.slots % lv:
                 raise _bad(where, f"plaintexts.{name}.l", "a cins plaintext's l is a power of two dividing the slots")
+        if "imag_table" in pt:  # a complex plaintext (complex packing, docs/formats.md)
+            if not isinstance(pt["imag_table"], str):
+                raise _bad(where, f"plaintexts.{name}.imag_table", "must be a table name (string)")
+            if "l" in pt:
+                raise _bad(where, f"plaintexts.{name}.imag_table", "a cins plaintext (with 'l') cannot be complex")
     return params.slots
 
 

@@ -22,6 +22,18 @@ The D diagonal rotations (offsets ``f t``) use baby-step giant-step: ``t = n1 * 
 baby rotations ``f b`` of the input (one hoisted group), plaintexts pre-rotated by the
 giant offset ``-f n1 a``, one giant rotation per ``a`` after accumulating (the shape the
 Lattigo executor fuses into one double-hoisted block, ``backends/lattigo/fused.go``).
+
+Complex packing (``complex_pack``, the ``hybrid-complex`` family, docs/formats.md): CKKS
+slots are complex, so two real inputs share a slot and the diagonals halve. With the pair
+period ``q = kp / 2``, ``z = xr + i * rot(xr, q)`` holds ``z[s] = x_u + i x_(u+q)`` for
+``u = s mod kp < q`` and the same pair swapped (``x_u + i x_(u-q)``, "twisted") for
+``u >= q``. The hybrid above runs on z with kp replaced by q: ``f' = min(S / n', q)``,
+``D' = q / f'``; diagonal t reads slot ``c = (s + f' t) mod kp``, pair ``c0 = c mod q``,
+and with ``a = W[row, c0]``, ``b = W[row, c0 + q]`` its plaintext is ``(a - i b) / 2``
+(``(b - i a) / 2`` where c is twisted), so that ``Re(pt * z) = (a x_c0 + b x_(c0+q)) / 2``.
+Same BSGS and fold on the complex accumulator w; the result is ``w + conj(w) = 2 Re(w)``,
+exactly real. Extra work: one rotation by q, one ``mul_i``, two adds, one ``conj`` (a key
+switch with the conjugation key); same depth and output layout (stride f').
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from planner.kernels.base import Candidate
 from planner.kernels.imra import sum_of_shifts
 from planner.kernels.problem import ChannelProblem, KernelError
 from planner.layout import ChannelLayout
-from planner.program import ProgramBuilder
+from planner.program import ProgramBuilder, TableGen
 
 
 def _pow2(v: int) -> int:
@@ -43,7 +55,8 @@ def _pow2(v: int) -> int:
 
 
 class HybridMatvec:
-    def __init__(self, prob: ChannelProblem, free_input: bool, n1: int | None = None):
+    def __init__(self, prob: ChannelProblem, free_input: bool, n1: int | None = None,
+                 complex_pack: bool = False):
         if prob.op != "matvec":
             raise KernelError("the hybrid kernel implements matvec only")
         S = prob.slots
@@ -52,10 +65,15 @@ class HybridMatvec:
             raise KernelError(f"the hybrid kernel needs n, k <= {S} slots (one ciphertext each)")
         self.prob = prob
         self.free_input = free_input
+        self.complex_pack = complex_pack
         self.kp = _pow2(prob.k)
         self.np = _pow2(prob.n)
-        self.f = min(S // self.np, self.kp)
-        self.D = self.kp // self.f
+        if complex_pack and self.kp < 2:
+            raise KernelError("complex packing pairs input elements: it needs k >= 2")
+        # the period the diagonals run over: kp, or the pair period kp / 2 (complex)
+        self.q = self.kp // 2 if complex_pack else self.kp
+        self.f = min(S // self.np, self.q)
+        self.D = self.q // self.f
         self.copies = S // self.kp
         self.n1 = n1 if n1 is not None else self.best_n1(self.D)
         if self.n1 < 1 or self.n1 > self.D or self.n1 & (self.n1 - 1):
@@ -90,7 +108,23 @@ class HybridMatvec:
         idx = p.weight_index(row, col, 0)
         return np.roll(idx, gamma)  # pt'[u] = pt[u - gamma]
 
+    def complex_tables(self, t: int, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        """Complex packing: idx of the real and of the imaginary part of diagonal t
+        pre-rotated by -gamma; the value is ``0.5 * W[re] - 0.5i * W[im]`` (module docstring)."""
+        p = self.prob
+        s = np.arange(p.slots, dtype=np.int64)
+        row = s // self.f
+        c = (s + self.f * t) % self.kp
+        c0 = c % self.q
+        a = p.weight_index(row, c0, 0)
+        b = p.weight_index(row, c0 + self.q, 0)
+        twisted = c >= self.q
+        re, im = np.where(twisted, b, a), np.where(twisted, a, b)
+        return np.roll(re, gamma), np.roll(im, gamma)
+
     def _nonzero(self, t: int) -> bool:
+        if self.complex_pack:
+            return any(bool((v >= 0).any()) for v in self.complex_tables(t, 0))
         return bool((self.table(t, 0) >= 0).any())
 
     def _gen(self, t: int, gamma: int) -> Callable[[], tuple[np.ndarray, None]]:
@@ -99,6 +133,17 @@ class HybridMatvec:
 
         return gen
 
+    def _complex_gens(self, t: int, gamma: int) -> tuple[TableGen, TableGen]:
+        half = np.full(self.prob.slots, 0.5)
+
+        def re() -> tuple[np.ndarray, np.ndarray | None]:
+            return self.complex_tables(t, gamma)[0], half
+
+        def im() -> tuple[np.ndarray, np.ndarray | None]:
+            return self.complex_tables(t, gamma)[1], -half
+
+        return re, im
+
     # ------------------------------------------------------------------ lowering
     def lower(self, b: ProgramBuilder, regs: dict[str, list[str]], node: str) -> list[str]:
         p = self.prob
@@ -106,6 +151,8 @@ class HybridMatvec:
         if not self.free_input and self.copies > 1:
             x = sum_of_shifts(b, x, self.copies, -self.kp)
         f, n1, D = self.f, self.n1, self.D
+        if self.complex_pack:  # z = xr + i rot(xr, q): two inputs per slot
+            x = b.add(x, b.mul_i(b.rot(x, self.q)))
         babies = b.rot_many(x, [f * bb for bb in range(min(n1, D))])
         total: str | None = None
         for a in range(-(-D // n1)):
@@ -117,7 +164,11 @@ class HybridMatvec:
                     break
                 if not self._nonzero(t):
                     continue  # structurally zero diagonal
-                pt = b.plaintext(p.w, f"pt/{node}/hyb/n{n1}/t{t}", self._gen(t, gamma))
+                if self.complex_pack:
+                    re, im = self._complex_gens(t, gamma)
+                    pt = b.plaintext(p.w, f"pt/{node}/hybc/n{n1}/t{t}", re, imag=im)
+                else:
+                    pt = b.plaintext(p.w, f"pt/{node}/hyb/n{n1}/t{t}", self._gen(t, gamma))
                 acc = b.accumulate(acc, b.pmul(babies[f * bb], pt))
             if acc is not None:
                 total = b.accumulate(total, b.rot(b.rescale(acc), gamma))
@@ -127,17 +178,22 @@ class HybridMatvec:
         while sh >= 1:
             total = b.add(total, b.rot(total, sh))
             sh //= 2
+        if self.complex_pack:  # 2 Re(w) (the plaintexts hold the 1/2)
+            total = b.add(total, b.conj(total))
         return [total]
 
     def params(self) -> dict[str, object]:
-        return {"diagonals": self.D, "f": self.f, "period": self.kp, "n1": self.n1,
-                "input": "client-packed" if self.free_input else "replicated"}
+        out: dict[str, object] = {"diagonals": self.D, "f": self.f, "period": self.kp, "n1": self.n1,
+                                  "input": "client-packed" if self.free_input else "replicated"}
+        if self.complex_pack:
+            out["packing"] = "complex"
+        return out
 
     def candidate(self, node: str) -> Candidate:
         p = self.prob
         return Candidate(
             node=node,
-            kernel="hybrid",
+            kernel="hybrid-complex" if self.complex_pack else "hybrid",
             params=self.params(),
             in_layouts={p.x: self.x_layout},
             out_layout=self.out_layout(),
@@ -146,16 +202,20 @@ class HybridMatvec:
         )
 
 
-def hybrid_candidates(prob: ChannelProblem, node: str, free_input: bool) -> list[Candidate]:
+def hybrid_candidates(prob: ChannelProblem, node: str, free_input: bool, complex_pack: bool = False) -> list[Candidate]:
     """The hybrid kernel with the rotation-minimal n1 and with 2, 4 and 8 times as many baby
     steps (a fused block's lazy baby rotation costs ~1/9 of a giant key switch on Lattigo:
     the time objective prefers more of them, the rotation objective the minimum), for a
-    replicated-in-plan input and, when the input is free, a client-packed one."""
+    replicated-in-plan input and, when the input is free, a client-packed one.
+    ``complex_pack``: the complex-packed form (module docstring), offered only where the
+    real kernel has at least two diagonals."""
     out: list[Candidate] = []
     modes = (False, True) if free_input else (False,)
     for free in modes:
-        base = HybridMatvec(prob, free)
+        base = HybridMatvec(prob, free, complex_pack=complex_pack)
+        if complex_pack and HybridMatvec(prob, free).D < 2:
+            return []  # the real kernel has one diagonal: pairing saves nothing
         n1s = [base.n1 << j for j in range(4) if base.n1 << j <= base.D]
         for n1 in n1s:
-            out.append((base if n1 == base.n1 else HybridMatvec(prob, free, n1)).candidate(node))
+            out.append((base if n1 == base.n1 else HybridMatvec(prob, free, n1, complex_pack)).candidate(node))
     return out
