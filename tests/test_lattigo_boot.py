@@ -140,19 +140,26 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
     from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
 
     not_in_block = next(k for k in range(1, S) if k not in P.boot.key_offsets)
+    in_block = P.boot.key_offsets[4]
     prog: list[ir.Instr] = [ir.Input(dst="c0", tensor="x", table="in/x")]
     prev = "c0"
     for i in range(1, P.max_level + 1):
         prog += [ir.PMul(dst=f"m{i}", src=prev, pt="w"), ir.Rescale(dst=f"r{i}", src=f"m{i}")]
         prev = f"r{i}"
     prog += [
+        # a plan key for an offset the block also holds, made at level 0 and resident while
+        # the block bootstraps: the bootstrapper must rotate with the block's key
+        ir.LoadKey(k=in_block),
+        ir.Rot(dst="u", src=prev, k=in_block),
         ir.LoadKey(block="boot"),
         ir.Bootstrap(dst="b", src=prev),
         ir.DropKey(block="boot"),
+        ir.DropKey(k=in_block),
         ir.LoadKey(k=not_in_block),
         ir.Rot(dst="v", src="b", k=not_in_block),
         ir.DropKey(k=not_in_block),
-        ir.Add(dst="y", a="v", b="b"),
+        ir.Add(dst="y0", a="v", b="b"),
+        ir.Add(dst="y", a="y0", b="u"),
         ir.Output(src="y", tensor="y", table="out/y"),
     ]
     rng = np.random.default_rng(5)
@@ -161,11 +168,13 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
     ident = np.arange(S, dtype=np.int64)
     tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
     b = x * w**9
-    want = np.roll(b, -not_in_block) + b
+    want = np.roll(b, -not_in_block) + b + np.roll(b, -in_block)
     mod, go = _ext()
     keep_all = [i for i in prog if not isinstance(i, ir.LoadKey | ir.DropKey)]
     for program, mode in ((keep_all, "keep_all"), (prog, "scheduled")):
         plan = _plan(program)
+        if mode == "scheduled":
+            plan["keys"] = {str(in_block): {"level": 0}, str(not_in_block): {"level": P.max_level}}
         pin, ppt = pack_vectors(plan, {"x": x}, {"w": w}, tables)
         raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default), go.Slice_byte.from_bytes(pin),
                                go.Slice_byte.from_bytes(ppt), json.dumps({"repeat": 1, "no_prepare": True})))

@@ -315,13 +315,17 @@ func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
 	if err := s.settle(galEl); err != nil {
 		return nil, err
 	}
-	if gk, ok := s.resident[galEl]; ok {
-		return gk, nil
-	}
+	// the boot block's key first: it is made for the bootstrapping chain's top level, and
+	// the bootstrapper (through this evaluator's key set) rotates at levels above a plan
+	// key of the same offset made at the plan's level (LeNet at n14boot under a cap held
+	// both); a plan rotation at a lower level works with it as well
 	if s.block != nil {
 		if gk, ok := s.block.gks[galEl]; ok {
 			return gk, nil
 		}
+	}
+	if gk, ok := s.resident[galEl]; ok {
+		return gk, nil
 	}
 	if mk, ok := s.byGalEl[galEl]; ok {
 		return nil, fmt.Errorf("rotation key k=%d is not resident", mk.K)
