@@ -253,7 +253,8 @@ def keymeasure(
         raise fail(SlotplanError(str(e))) from None
     if not as_json and results:
         for f in fr:
-            rows = [x for r in results for x in r["runs"] if x["fraction"] == f and x["strategy"] != "keep-all"]
+            rows = [x for r in results for x in r["runs"]
+                    if x.get("requested_fraction", x["fraction"]) == f and x["strategy"] != "keep-all"]
             red = geomean([x["peak_reduction"] for x in rows])
             tr = geomean([x["time_ratio"] for x in rows])
             out.print(f"cap {f:g} x keep-all: geomean measured peak (RSS growth) reduction "
@@ -268,7 +269,9 @@ def _print_measure(r: dict[str, Any]) -> None:
         t.add_column(c)
     for x in r["runs"]:
         t.add_row(
-            x["strategy"] if x["cap"] is None else f"{x['fraction']:g} x keep-all", _mib(x["cap"]),
+            x["strategy"] if x["cap"] is None else f"{x['fraction']:g} x keep-all"
+            + (f" (asked {x['requested_fraction']:g}: smallest feasible)" if "requested_fraction" in x else ""),
+            _mib(x["cap"]),
             f"{_mib(x['peak_key_bytes'])}/{_mib(x['model_key_bytes'])}",
             f"{_mib(x['rss_growth_bytes'])}/{_mib(x['model_process_growth_bytes'])} ({x['rss_vs_process_model']:.2f}x)",
             f"{x['eval_seconds']:.2f}",

@@ -5,7 +5,9 @@ For each workload of a key suite (or one graph) at its preset:
 * **keep-all** (ANT-ACE): the plan without key schedule; every key generated at the top
   level, written to a key directory and read back before the clock starts (Go
   ``BenchPlan`` with ``keep_all_disk``);
-* **cap f** for each fraction ``f`` of the keep-all modelled peak: the graph planned with
+* **cap f** for each fraction ``f`` of the keep-all modelled peak (a cap below what one
+  step needs, e.g. a bootstrap's key block, is measured at the smallest feasible cap, the
+  row naming the requested one and why): the graph planned with
   ``memory_cap_bytes`` (the joint key schedule, :mod:`planner.keyplan`: hoisted splits, key
   set, residency and prefetch), keys at the plan's levels, read during the evaluation by
   the prefetching key store; the keys it loads before its first computing instruction are
@@ -38,7 +40,7 @@ from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
 from planner.graph import Graph, load_graph
 from planner.keyplan import modelled_time, time_model
-from planner.keys import schedule_plan
+from planner.keys import KeyCapError, schedule_plan
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.reference import random_values, reference
@@ -117,11 +119,20 @@ def measure_graph(
     runs.append(row)
     for f in fractions:
         cap = int(ka_peak["total"] * f)
-        r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
+        below: dict[str, Any] = {}
+        try:
+            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
+        except KeyCapError as e:
+            # below what one step needs (e.g. a bootstrap's key block and DFT matrices): the
+            # row is measured at the smallest feasible cap and says so
+            below = {"requested_cap": cap, "requested_fraction": f, "below_min_feasible_cap": e.where}
+            cap = e.min_cap
+            f = round(cap / ka_peak["total"], 4)
+            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
         s = r.plan["summary"]
         ks = s["key_schedule"]
         mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
-        row = {"cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
+        row = {**below, "cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
