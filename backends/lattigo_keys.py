@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,7 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
+from backends.lattigo_backend import (
+    PLAINTEXT_INLINE_BYTES,
+    _call,
+    _ext,
+    _json_default,
+    pack_vectors,
+    write_plaintexts,
+)
 from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
 from planner.graph import Graph, load_graph
@@ -55,20 +63,34 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
            keep_all: bool, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None) -> dict[str, Any]:
     inputs = {t: values[t] for t in graph.inputs}
     weights = {t: values[t] for t in graph.weights}
-    packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
     mod, go = _ext()
+    # as Run: many plaintexts (LoLa at n14: 15425 vectors, 1 GB as float64) go through a
+    # file the Go side reads one vector at a time (the read timed with the encoding), so
+    # neither side holds them all
+    slots = int(plan["params"]["slots"])
+    inline = len(plan.get("plaintexts") or {}) * slots * 8 <= PLAINTEXT_INLINE_BYTES
     # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
     # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
-    pm = process_model(plan, executor_memory(plan, workers), inline_plaintexts=True, cached_plaintexts=plaintext_cache)
-    opts = {"repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True, "preload_prologue": True,
-            "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
-            "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
+    pm = process_model(plan, executor_memory(plan, workers), inline_plaintexts=inline,
+                       cached_plaintexts=plaintext_cache)
+    opts: dict[str, Any] = {
+        "repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True,
+        "preload_prologue": True, "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
+        "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
     if workers:
         opts["workers"] = int(workers)
-    t0 = time.perf_counter()
-    raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
-                           go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="slotplan-km-") as tmp:
+        if inline:
+            packed_in, packed_pt = pack_vectors(plan, inputs, weights, tables)
+        else:
+            packed_in, _ = pack_vectors({**plan, "plaintexts": {}}, inputs, weights, tables)
+            packed_pt = b""
+            opts["plaintext_file"] = str(Path(tmp) / "plaintexts.f64")
+            write_plaintexts(plan, weights, tables, opts["plaintext_file"])
+        t0 = time.perf_counter()
+        raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
+                               go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
+        wall = time.perf_counter() - t0
     st = raw["stats"]
     outs = _scatter(raw["outputs"], tables, {t: graph.shape(t) for t in graph.outputs})
     ref = reference(graph, values)
@@ -89,6 +111,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "rss_growth_bytes": st.get("rss_peak_bytes", 0) - st.get("rss_start_bytes", 0),
         "rss_measured": bool(st.get("rss_measured")),
         "model_process_growth_bytes": pm["growth"],
+        "plaintexts_inline": inline,
         "model_process_terms": {k: v for k, v in pm.items() if k not in ("growth", "total", "baseline", "peak_step")},
         "cached_plaintext_bytes": st.get("cached_plaintext_bytes", 0),
         "rotations": st["rotations"],

@@ -3,15 +3,28 @@ cap on Lattigo, outputs against numpy, the measured key peak against the model a
 No timing asserts."""
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from api.cli import main
-from backends.lattigo_backend import available
-from backends.lattigo_bench import mvm_graph
+from backends.lattigo_backend import (
+    LattigoError,
+    _call,
+    _ext,
+    _json_default,
+    available,
+    pack_vectors,
+    write_plaintexts,
+)
+from backends.lattigo_bench import _scatter, mvm_graph
 from backends.lattigo_keys import measure_graph
 from planner.params import load_params
+from planner.pipeline import PlanOptions, plan_graph
+from planner.reference import random_values, reference
 
 needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
@@ -46,3 +59,33 @@ def test_keymeasure_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> N
         out, err = capsys.readouterr()
         assert code == 2, (args, out, err)
         assert field in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@needs_lattigo
+def test_bench_plan_reads_plaintexts_from_a_file(tmp_path: Path) -> None:
+    """BenchPlan's plaintext_file (keymeasure's large models): the same outputs as inline
+    plaintexts, both against numpy; the file and packed plaintexts together are refused."""
+    graph = mvm_graph(48, 80)
+    params = load_params("n13")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free"))
+    vals = random_values(graph, 2)
+    inputs = {t: vals[t] for t in graph.inputs}
+    weights = {t: vals[t] for t in graph.weights}
+    mod, go = _ext()
+    plan_json = json.dumps(res.plan, default=_json_default)
+    pin, ppt = pack_vectors(res.plan, inputs, weights, res.tables)
+    pin_only, _ = pack_vectors({**res.plan, "plaintexts": {}}, inputs, weights, res.tables)
+    path = tmp_path / "pt.f64"
+    write_plaintexts(res.plan, weights, res.tables, path)
+    ref = reference(graph, vals)["y"]
+    outs = []
+    for packed_in, packed_pt, opts in ((pin, ppt, {}), (pin_only, b"", {"plaintext_file": str(path)})):
+        raw = json.loads(_call(mod.BenchPlan, plan_json, go.Slice_byte.from_bytes(packed_in),
+                               go.Slice_byte.from_bytes(packed_pt), json.dumps({"repeat": 1, **opts})))
+        y = _scatter(raw["outputs"], res.tables, {"y": graph.shape("y")})["y"]
+        assert float(np.max(np.abs(y - ref))) < 1e-4 * float(np.max(np.abs(ref)))
+        outs.append(y)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-6)
+    with pytest.raises(LattigoError, match="not both"):
+        _call(mod.BenchPlan, plan_json, go.Slice_byte.from_bytes(pin), go.Slice_byte.from_bytes(ppt),
+              json.dumps({"plaintext_file": str(path)}))

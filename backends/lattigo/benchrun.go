@@ -78,6 +78,9 @@ type benchPlanOptions struct {
 	KeepAllDisk           bool  `json:"keep_all_disk"`
 	PreloadPrologue       bool  `json:"preload_prologue"`
 	MeasureRSS            bool  `json:"measure_rss"`
+	// PlaintextFile: the plaintext vectors in a file (as Run's option: one vector in memory
+	// at a time; reading one is timed with its encoding, model preparation)
+	PlaintextFile string `json:"plaintext_file"`
 	// CPUProfile: write a Go CPU profile (pprof) of the timed runs to this file.
 	CPUProfile string `json:"cpu_profile"`
 	// DebugPanic panics inside BenchPlan (tests check that panics become errors).
@@ -199,13 +202,24 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", err
 	}
 	names := p.plaintextNames()
-	ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
-	if err != nil {
-		return "", err
-	}
 	ptValues := map[string][]float64{}
-	for i, n := range names {
-		ptValues[n] = ptVecs[i]
+	var ptFile *plaintextFile
+	if opt.PlaintextFile != "" {
+		if len(plaintexts) != 0 {
+			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
+		}
+		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, p.plaintextWidths(slots)); err != nil {
+			return "", err
+		}
+		defer ptFile.close()
+	} else {
+		ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
+		if err != nil {
+			return "", err
+		}
+		for i, n := range names {
+			ptValues[n] = ptVecs[i]
+		}
 	}
 
 	bs := &benchPlanStats{Repeat: opt.Repeat}
@@ -326,6 +340,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		loads0, loadSec0, blockLoads0 := keys.loads, keys.loadSeconds, keys.blockLoads
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
+		ex.ptFile = ptFile
 		st.SetupSeconds = time.Since(ts).Seconds()
 		if !ex.scheduled {
 			if err := keys.loadAll(); err != nil {
