@@ -565,7 +565,7 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	if p, ok := c.qp[key]; ok {
 		return p, nil
 	}
-	t := nowSeconds() // reading the vector (from the plaintext file) and encoding it
+	t := nowSeconds()             // reading the vector (from the plaintext file) and encoding it
 	vals, err := e.ptVector(name) // []float64, or []complex128 (complex packing)
 	if err != nil {
 		return ringqp.Poly{}, err
