@@ -100,6 +100,9 @@ def test_run_detects_tampered_plan(tmp_path: Path) -> None:
         if ins["op"] == "rot":
             ins["k"] = ins["k"] + 1  # a wrong rotation must be caught as a mismatch
             break
+        if ins["op"] == "rot_hoisted":
+            ins["ks"] = [ins["ks"][0] + 1, *ins["ks"][1:]]
+            break
     plan_p.write_text(json.dumps(plan))
     r = run("run", str(plan_p), "--tables", str(tab_p))
     assert r.returncode == 1 and "MISMATCH" in r.stdout
