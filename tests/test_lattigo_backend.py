@@ -499,19 +499,23 @@ def test_capped_schedule_keys_by_level_measured_within_model() -> None:
     """A memory-capped plan records each key's level; the client generates keys at those
     levels, the store's measured peak key bytes match the model within 5% and stay under
     the cap, and the result equals numpy to CKKS precision."""
-    from pathlib import Path
-
     from backends.runner import run_plan as run_and_compare
-    from planner.graph import load_graph
+    from planner.graph import parse_graph
     from planner.keys import schedule_plan
     from planner.params import load_params
     from planner.pipeline import PlanOptions, plan_graph
 
-    root = Path(__file__).resolve().parent.parent
-    g = load_graph(root / "data/workloads/conv1.json")
-    # imra: its giant steps rotate after the rescale, one level down (the time objective
-    # now prefers hs-diagonal here, whose keys all live at the top)
-    res = plan_graph(g, load_params("n13"), PlanOptions(kernels=("imra", "elementwise")))
+    # two layers: the second one's rotations run a level (or more) below the top
+    g = parse_graph({
+        "schema": "slotplan.graph/1", "name": "mlp2",
+        "tensors": {"x": {"shape": [200], "role": "input"}, "W1": {"shape": [96, 200], "role": "weight"},
+                    "W2": {"shape": [40, 96], "role": "weight"}},
+        "nodes": [{"id": "h", "op": "matvec", "inputs": ["W1", "x"]},
+                  {"id": "a", "op": "poly", "inputs": ["h"], "coeffs": [0.1, 0.5, 0.25]},
+                  {"id": "y", "op": "matvec", "inputs": ["W2", "a"]}],
+        "outputs": ["y"],
+    })
+    res = plan_graph(g, load_params("n14"), PlanOptions(kernels=("imra", "elementwise")))
     _, sched = schedule_plan(res.plan, None, "belady")
     cap = sched.min_cap_bytes + (res.plan["summary"]["peak_bytes"]["total"] - sched.min_cap_bytes) // 4
     plan, _ = schedule_plan(res.plan, cap, "exact", time_limit_s=10.0)

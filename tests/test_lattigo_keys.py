@@ -4,13 +4,12 @@ No timing asserts."""
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from api.cli import main
 from backends.lattigo_backend import (
     LattigoError,
     _call,
@@ -45,18 +44,10 @@ def test_keymeasure_keep_all_and_a_cap() -> None:
     assert capped["peak_key_bytes"] < keep["peak_key_bytes"] and capped["key_peak_reduction"] > 1
 
 
-def test_keymeasure_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+def test_keymeasure_refuses_bad_options(cli: Callable[..., tuple[int, str, str]]) -> None:
     for args, field in ((["--workers", "0"], "--workers"), (["--fractions", "0,2"], "--fractions"),
                         (["--repeat", "0"], "--repeat")):
-        old, code = sys.argv, 0
-        sys.argv = ["slotplan", "keymeasure", "data/suites/keymemrt.json", *args]
-        try:
-            main()
-        except SystemExit as e:
-            code = int(e.code or 0)
-        finally:
-            sys.argv = old
-        out, err = capsys.readouterr()
+        code, out, err = cli("keymeasure", "data/suites/keymemrt.json", *args)
         assert code == 2, (args, out, err)
         assert field in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

@@ -329,25 +329,12 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if io.inputs, err = unpack("inputs", inputs, p.count("input"), slots); err != nil {
 		return "", err
 	}
-	names := p.plaintextNames()
-	ptValues := map[string][]float64{}
-	var ptFile *plaintextFile
-	if opt.PlaintextFile != "" {
-		if len(plaintexts) != 0 {
-			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
-		}
-		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, p.plaintextWidths(slots)); err != nil {
-			return "", err
-		}
+	ptValues, ptFile, err := planPlaintexts(p, plaintexts, opt.PlaintextFile, slots)
+	if err != nil {
+		return "", err
+	}
+	if ptFile != nil {
 		defer ptFile.close()
-	} else {
-		ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
-		if err != nil {
-			return "", err
-		}
-		for i, n := range names {
-			ptValues[n] = ptVecs[i]
-		}
 	}
 	keyLevel := setup.top
 	if opt.KeyLevel != nil {
@@ -525,6 +512,28 @@ type plaintextFile struct {
 	at    []int64 // per vector: its first value's position
 	width []int
 	path  string
+}
+
+// planPlaintexts gives a plan's plaintext vectors packed (by name) or, with path set, the
+// file they are read from one at a time (Run's and BenchPlan's plaintext_file option).
+func planPlaintexts(p *plan, packed []byte, path string, slots int) (map[string][]float64, *plaintextFile, error) {
+	names := p.plaintextNames()
+	values := map[string][]float64{}
+	if path != "" {
+		if len(packed) != 0 {
+			return nil, nil, fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
+		}
+		f, err := openPlaintextFile(path, names, p.plaintextWidths(slots))
+		return values, f, err
+	}
+	vecs, err := unpackWidths("plaintexts", packed, p.plaintextWidths(slots))
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, n := range names {
+		values[n] = vecs[i]
+	}
+	return values, nil, nil
 }
 
 func openPlaintextFile(path string, names []string, widths []int) (*plaintextFile, error) {

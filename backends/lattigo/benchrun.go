@@ -201,25 +201,12 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	if err != nil {
 		return "", err
 	}
-	names := p.plaintextNames()
-	ptValues := map[string][]float64{}
-	var ptFile *plaintextFile
-	if opt.PlaintextFile != "" {
-		if len(plaintexts) != 0 {
-			return "", fmt.Errorf("plaintexts: give them packed or as plaintext_file, not both")
-		}
-		if ptFile, err = openPlaintextFile(opt.PlaintextFile, names, p.plaintextWidths(slots)); err != nil {
-			return "", err
-		}
+	ptValues, ptFile, err := planPlaintexts(p, plaintexts, opt.PlaintextFile, slots)
+	if err != nil {
+		return "", err
+	}
+	if ptFile != nil {
 		defer ptFile.close()
-	} else {
-		ptVecs, err := unpackWidths("plaintexts", plaintexts, p.plaintextWidths(slots))
-		if err != nil {
-			return "", err
-		}
-		for i, n := range names {
-			ptValues[n] = ptVecs[i]
-		}
 	}
 
 	bs := &benchPlanStats{Repeat: opt.Repeat}
