@@ -127,7 +127,9 @@ def measure_graph(
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring)."""
-    values = random_values(graph, seed)
+    # weights scaled by 1/sqrt(fan-in), as a trained net's: activations stay O(1), which a
+    # bootstrapping plan needs (|x| <= params.boot.max_abs; unit weights overflow LeNet's)
+    values = random_values(graph, seed, "fan-in")
     tm = time_model(params)
     res = plan_graph(graph, params, PlanOptions(time_limit_s=time_limit_s))
     ka_plan, ka = schedule_plan(res.plan, None, "keep-all", key_levels=False)
