@@ -193,6 +193,10 @@ type stats struct {
 	// block), relinearisation key and resident DFT matrices, sampled after every
 	// instruction (what the memory model counts).
 	PeakTrackedBytes int64 `json:"peak_tracked_bytes"`
+	// PeakKeyBlockBytes: the largest sum of resident keys and the boot block's DFT
+	// matrices after an instruction (what the plan's peak_bytes.keys counts: the block is
+	// its keys and matrices)
+	PeakKeyBlockBytes int64 `json:"peak_key_block_bytes"`
 	// RSS of the process (Linux /proc/self/status): at the start of the call, and the peak
 	// during the call (VmHWM, reset at the start through /proc/self/clear_refs when
 	// allowed; peak_rss_reset says whether it was).

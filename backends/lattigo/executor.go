@@ -792,6 +792,9 @@ func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
 // resident keys (plan keys and the boot block), the relinearisation key and the resident
 // DFT matrices.
 func (e *executor) notePeak() {
+	if kb := e.keys.residentBytes + e.matBytes; kb > e.st.PeakKeyBlockBytes {
+		e.st.PeakKeyBlockBytes = kb
+	}
 	total := e.liveBytes + e.keys.residentBytes + e.matBytes
 	if e.keys.rlk != nil {
 		total += int64(e.keys.rlk.BinarySize())
