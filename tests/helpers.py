@@ -64,3 +64,25 @@ def plan_and_check(graph: Graph, params: Params, **opts: Any) -> PlanResult:
     res = plan_graph(graph, params, PlanOptions(**opts))
     check_plan(res, graph)
     return res
+
+
+def bench_encrypted(res: PlanResult, graph: Graph, options: dict[str, Any], seed: int = 3
+                    ) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run a plan with Lattigo's ``BenchPlan`` on seeded random values: (stats, relative
+    error per output against numpy)."""
+    import json
+
+    from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
+    from backends.lattigo_bench import _scatter
+
+    vals = random_values(graph, seed)
+    pin, ppt = pack_vectors(res.plan, {t: vals[t] for t in graph.inputs}, {t: vals[t] for t in graph.weights},
+                            res.tables)
+    mod, go = _ext()
+    raw = json.loads(_call(mod.BenchPlan, json.dumps(res.plan, default=_json_default), go.Slice_byte.from_bytes(pin),
+                           go.Slice_byte.from_bytes(ppt), json.dumps(options)))
+    outs = _scatter(raw["outputs"], res.tables, {t: graph.shape(t) for t in graph.outputs})
+    ref = reference(graph, vals)
+    errs = {t: float(np.max(np.abs(np.asarray(outs[t]).reshape(ref[t].shape) - ref[t]))
+                     / max(1e-12, float(np.max(np.abs(ref[t]))))) for t in graph.outputs}
+    return raw["stats"], errs

@@ -5,20 +5,20 @@ plaintexts run encrypted at n12 and n13 (a 1000x1000 matvec) and agree with nump
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from backends.lattigo_backend import _call, _ext, _json_default, available, pack_vectors, run_plan
-from backends.lattigo_bench import _scatter, mvm_graph
+from backends.lattigo_backend import available, run_plan
+from backends.lattigo_bench import mvm_graph
 from planner import ir
 from planner.candidates import ELEMENTWISE_KERNELS
 from planner.graph import Graph, parse_graph
 from planner.params import load_params
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
 from planner.reference import random_values, reference
+from tests.helpers import bench_encrypted
 
 pytestmark = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
@@ -54,14 +54,7 @@ def _rel_errors(graph: Graph, outs: dict[str, np.ndarray], vals: dict[str, np.nd
 
 
 def _bench(res: PlanResult, graph: Graph, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
-    vals = random_values(graph, 5)
-    pin, ppt = pack_vectors(res.plan, {t: vals[t] for t in graph.inputs}, {t: vals[t] for t in graph.weights},
-                            res.tables)
-    mod, go = _ext()
-    raw = json.loads(_call(mod.BenchPlan, json.dumps(res.plan, default=_json_default), go.Slice_byte.from_bytes(pin),
-                           go.Slice_byte.from_bytes(ppt), json.dumps(options)))
-    outs = _scatter(raw["outputs"], res.tables, {t: graph.shape(t) for t in graph.outputs})
-    return raw["stats"], _rel_errors(graph, outs, vals)
+    return bench_encrypted(res, graph, options, seed=5)
 
 
 CASES = [

@@ -4,21 +4,19 @@ test ring; plus the hybrid kernel in the simulator on random shapes. No timing a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from backends.lattigo_backend import _call, _ext, _json_default, available, pack_vectors
-from backends.lattigo_bench import _scatter, conv_workload, mvm_graph
+from backends.lattigo_backend import available
+from backends.lattigo_bench import conv_workload, mvm_graph
 from planner.errors import SlotplanError
 from planner.fusion import fused_counts
 from planner.graph import Graph, parse_graph
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
-from tests.helpers import check_plan
+from tests.helpers import bench_encrypted, check_plan
 
 needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
@@ -30,16 +28,7 @@ def _bench(graph: Graph, kernels: tuple[str, ...] | None, options: dict[str, Any
     opts = PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
                        **({"kernels": kernels} if kernels else {}))
     res = plan_graph(graph, params, opts)
-    vals = random_values(graph, 3)
-    pin, ppt = pack_vectors(res.plan, {t: vals[t] for t in graph.inputs}, {t: vals[t] for t in graph.weights},
-                            res.tables)
-    mod, go = _ext()
-    raw = json.loads(_call(mod.BenchPlan, json.dumps(res.plan, default=_json_default), go.Slice_byte.from_bytes(pin),
-                           go.Slice_byte.from_bytes(ppt), json.dumps(options)))
-    outs = _scatter(raw["outputs"], res.tables, {t: graph.shape(t) for t in graph.outputs})
-    ref = reference(graph, vals)
-    errs = {t: float(np.max(np.abs(outs[t] - ref[t])) / max(1e-12, float(np.max(np.abs(ref[t]))))) for t in graph.outputs}
-    return raw["stats"], errs
+    return bench_encrypted(res, graph, options, seed=3)
 
 
 def _mlp() -> Graph:
