@@ -497,10 +497,16 @@ _BOOT_OFFSETS_N14 = (
     5120, 6144, 7168, 7680, 7936, 8000, 8064, 8128, 8160, 8176, 8180, 8184, 8188,
 )
 # Largest |value| a bootstrap accepts (EvalMod approximates x mod 1 for small |m|/ratio;
-# out-of-range values fail silently). Measured at log N 14 (backends/lattigo TestBootstrapRange,
-# vectors uniform in [-A, A]): max abs error 2.1e-8 at A=1, 1.2e-7 at 2, 1.0e-6 at 4 (21.9 bits
-# relative to A, 19.9 absolute), 7.9e-6 at 8 (20.0 / 17.0), 5.6e-5 at 16; 4 keeps ~20 bits.
-BOOT_MAX_ABS = 4.0
+# out-of-range values fail silently). EvalMod works on the plaintext's *coefficients*, and a
+# slot vector bounded by A has coefficients bounded by A, reached by a constant vector (all
+# its energy in one coefficient); uniform random slots spread it (coefficients ~A/sqrt(N)),
+# so they under-state the error by about a factor 100 at log N 14. Measured at log N 14
+# (backends/lattigo TestBootstrapRange with SLOTLATTIGO_BOOT_RANGE_CONST=1, the worst case):
+# max abs error 9.9e-9 at A=1/32, 3.2e-8 at 1/16 (20.9 bits relative to A), 2.0e-7 at 1/8
+# (19.2), 1.6e-6 at 1/4, 1.0e-4 at 1 (13.3), 6.4e-3 at 4 (9.3 bits): the error grows like
+# 1e-4 A^3 over a floor of ~1e-8. A scaled value's bound lies in (max_abs/2, max_abs], so
+# 1/16 keeps at least ~21 bits relative to its bound (4, the value before, kept 9).
+BOOT_MAX_ABS = 0.0625
 
 
 def _boot_preset(log_n: int, name: str, note: str, offsets: tuple[int, ...], key_bytes: int, matrix_bytes: int) -> Params:

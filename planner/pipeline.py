@@ -8,6 +8,7 @@ the rewrite.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -409,7 +410,7 @@ class _CinsContext:
 def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candidate]:
     """The NeuJeans conv layers of a conv2d node (planner.cins_flow.layer_candidate), one
     per family and form (direct, decomposed); none when the layer cannot be bootstrapped
-    (its operand's range unknown, or its bound needs a scale above 2^BOOT_SCALE_WARN_BITS)
+    (its operand's range unknown, or its bound above 2^BOOT_BOUND_WARN_BITS)
     or no CinS layout fits the ring."""
     from planner.cins_flow import layer_candidate
     from planner.kernels.problem import KernelError
@@ -420,8 +421,8 @@ def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candid
     if boot is None or bound is None or not ctx.families:
         return []
     scale = boot_scale(bound, boot.max_abs)
-    if scale.bit_length() - 1 > BOOT_SCALE_WARN_BITS:
-        # the conv's interval bound would scale away most of the bootstrap's ~25 bits
+    if bound > 2.0**BOOT_BOUND_WARN_BITS:
+        # the conv's interval bound would leave values of order 1 few of the bootstrap's bits
         # (a separately placed bootstrap scales by the node's promised range instead)
         return []
     out: list[Candidate] = []
@@ -788,11 +789,12 @@ def lower_solution(
     return plan, LazyTables(b.tables)
 
 
-# Bits of precision of one bootstrap on Lattigo (N16QP1546H192H32 and its log N 14 form:
-# max error 3.3e-8 / 2.7e-8 for |x| <= 1, about 25 bits), and the scale (in bits) above
-# which a plan warns that the scaling eats most of them.
-BOOT_PRECISION_BITS = 25
-BOOT_SCALE_WARN_BITS = 12
+# Bits of precision of one bootstrap on Lattigo relative to the bound of its input, in the
+# worst case (a constant vector at |x| = boot.max_abs = 1/16: 3.2e-8, about 21 bits; see
+# planner/params.py BOOT_MAX_ABS), and the bound (in bits) above which a plan warns that
+# values of order 1 keep fewer than 21 - 8 = 13 of them.
+BOOT_PRECISION_BITS = 21
+BOOT_BOUND_WARN_BITS = 8
 
 
 def _lower_bootstrap(
@@ -831,14 +833,18 @@ def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
         return None if groups is None else sum(m.group(g).n_ct(ch[g]) for g in groups)
 
     scales = {v: problem.boot_scales[v] for v in sorted(sol.boots) if problem.boot_scales.get(v, 1) > 1}
-    # Lattigo's bootstrap keeps about 25 bits (shared notes: max error 3.3e-8 at |x| <= 1):
-    # a value scaled down by 2^k keeps about 25 - k bits relative to its bound
-    warnings = [
-        f"the bootstrap of {v!r} scales by 2^{s.bit_length() - 1} (worst-case bound {ranges.bound(v) if ranges else 0:.3g}): "
-        f"about {max(0, BOOT_PRECISION_BITS - (s.bit_length() - 1))} of Lattigo's ~{BOOT_PRECISION_BITS} bits survive; "
-        "give the graph's nodes measured `range`s for a tighter bound"
-        for v, s in scales.items() if s.bit_length() - 1 > BOOT_SCALE_WARN_BITS
-    ]
+    # Lattigo's bootstrap keeps about 21 bits relative to the bound of what it refreshes;
+    # a loose bound (interval arithmetic through many layers) leaves values of order 1 fewer
+    def warn(v: str, s: int) -> str | None:
+        bound = ranges.bound(v) if ranges else None
+        if bound is None or bound <= 2.0**BOOT_BOUND_WARN_BITS:
+            return None
+        left = max(0, BOOT_PRECISION_BITS - math.ceil(math.log2(bound)))
+        return (f"the bootstrap of {v!r} scales by 2^{s.bit_length() - 1} (worst-case bound {bound:.3g}): Lattigo keeps "
+                f"~{BOOT_PRECISION_BITS} bits relative to that bound, so values of order 1 keep about {left}; "
+                "give the graph's nodes measured `range`s for a tighter bound")
+
+    warnings = [w for v, s in scales.items() if (w := warn(v, s)) is not None]
     return {
         "values": sorted(sol.boots),
         "scales": scales,

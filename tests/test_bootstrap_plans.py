@@ -271,3 +271,37 @@ def test_random_networks_with_bootstraps_brute_force_and_solvers(seed: int) -> N
         if want != "skip":
             assert s["solver"]["objective"] == want
     assert len(set(results.values())) == 1, results
+
+
+def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
+    """planner.ranges.calibrated_graph: weights get their exact hull, nodes the hull of
+    their values on the samples widened by the margin; the bootstrap bounds shrink to
+    what the values reach, the plan still simulates exactly, and run refuses data whose
+    node values leave a promised range."""
+    from planner.ranges import CALIBRATION_MARGIN, calibrated_graph
+
+    g = conv_stack(6)
+    vals = random_values(g, 0, "fan-in")
+    weights = {t: vals[t] for t in g.weights}
+    samples = [random_values(g, s, "fan-in") for s in range(1, 5)]
+    cg = calibrated_graph(g, weights, samples)
+    for t in g.weights:
+        assert cg.tensor(t).range == (float(weights[t].min()), float(weights[t].max()))
+    refs = [reference(g, {**weights, "x": s["x"]}) for s in samples]
+    for node in g.nodes:
+        lo, hi = cg.tensor(node.id).range  # type: ignore[misc]
+        vmin = min(float(r[node.id].min()) for r in refs)
+        vmax = max(float(r[node.id].max()) for r in refs)
+        pad = (CALIBRATION_MARGIN - 1) * max(abs(vmin), abs(vmax))
+        assert (lo, hi) == pytest.approx((vmin - pad, vmax + pad))
+    loose = plan(g, tiny_boot(4))
+    tight = plan(cg, tiny_boot(4))
+    lb, tb = loose.plan["summary"]["bootstrapping"]["bounds"], tight.plan["summary"]["bootstrapping"]["bounds"]
+    common = set(lb) & set(tb)
+    assert common and all(tb[v] < lb[v] for v in common)
+    rep = run_plan(tight.plan, tight.tables, "sim", values={**weights, "x": vals["x"]})
+    assert rep.ok, rep.max_rel_error
+    # calibrated on one sample without a margin, other data leaves some node's range
+    exact = plan(calibrated_graph(g, weights, samples[:1], margin=1.0), tiny_boot(4))
+    with pytest.raises(ValuesError, match="outside the range"):
+        run_plan(exact.plan, exact.tables, "sim", values={**weights, "x": vals["x"]})

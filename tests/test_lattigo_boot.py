@@ -78,8 +78,9 @@ def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
     ]
     plan = _plan(prog)
     rng = np.random.default_rng(11)
-    x = rng.uniform(-1, 1, S)
-    w = rng.uniform(0.7, 1.0, S)  # 9 factors keep |values| <= 1 (boot.max_abs) and away from 0
+    assert P.boot is not None
+    x = rng.uniform(-1, 1, S) * P.boot.max_abs
+    w = rng.uniform(0.7, 1.0, S)  # 9 factors keep |values| <= boot.max_abs and away from 0
     ident = np.arange(S, dtype=np.int64)
     tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
 
@@ -184,3 +185,29 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
         assert st["boot_matrix_seconds"] > 0 and st["eval_seconds"] > 0
         err = float(np.max(np.abs(got[:S] - want)))
         assert err <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, err)
+
+
+def test_planned_bootstrap_keeps_precision_at_its_worst_case() -> None:
+    """A planned chain of 12 products at n14boot (one bootstrap) with every value at its
+    declared bound: a constant vector puts all of its energy in one coefficient, where
+    EvalMod's error grows like its cube. With boot.max_abs = 4 the plan bootstrapped the
+    unscaled value (bound 1 <= 4) and lost all but ~13 bits (relative error 1e-4); LeNet-5's
+    activations, as structured, were wrong the same way."""
+    from backends.runner import run_plan as run_planned
+    from planner.graph import parse_graph
+    from planner.pipeline import PlanOptions, plan_graph
+
+    tensors: dict[str, Any] = {"x": {"shape": [S], "role": "input", "range": [-1.0, 1.0]}}
+    nodes, prev = [], "x"
+    for i in range(12):
+        tensors[f"w{i}"] = {"shape": [S], "role": "weight", "range": [-1.0, 1.0]}
+        nodes.append({"id": f"m{i}", "op": "mul", "inputs": [prev, f"w{i}"]})
+        prev = f"m{i}"
+    g = parse_graph({"schema": "slotplan.graph/1", "name": "chain12", "tensors": tensors, "nodes": nodes,
+                     "outputs": [prev]})
+    res = plan_graph(g, P, PlanOptions(allow_insecure=True))
+    assert res.plan["summary"]["bootstraps"] == 1
+    values = {t: np.ones(S) for t in tensors}
+    values["x"] = -np.ones(S)
+    rep = run_planned(res.plan, res.tables, "lattigo", values=values)
+    assert rep.max_rel_error <= 1e-5, rep.max_rel_error

@@ -330,7 +330,10 @@ func TestBootstrapN14(t *testing.T) {
 // TestBootstrapRange measures what a bootstrap accepts: vectors uniform in [-A, A] for
 // growing A, bootstrapped from the top level and from level 0 (after 9 multiplications by
 // one), and reports the max abs error and the bits of precision relative to A. Slow (two
-// bootstraps per A at log N 14): run with SLOTLATTIGO_BOOT_RANGE=1.
+// bootstraps per A at log N 14): run with SLOTLATTIGO_BOOT_RANGE=1. With
+// SLOTLATTIGO_BOOT_RANGE_CONST=1 every slot holds A: the worst case (EvalMod works on the
+// coefficients, and a constant vector puts all of its energy, A, in one coefficient; random
+// slots spread it, ~A/sqrt(N) per coefficient). boot.max_abs comes from the worst case.
 func TestBootstrapRange(t *testing.T) {
 	if os.Getenv("SLOTLATTIGO_BOOT_RANGE") == "" {
 		t.Skip("set SLOTLATTIGO_BOOT_RANGE=1 to measure the bootstrap's input range")
@@ -356,6 +359,11 @@ func TestBootstrapRange(t *testing.T) {
 			v[i] = amp * (rng.Float64()*2 - 1)
 		}
 		v[0], v[1] = amp, -amp
+		if os.Getenv("SLOTLATTIGO_BOOT_RANGE_CONST") != "" {
+			for i := range v {
+				v[i] = amp
+			}
+		}
 		inputs = append(inputs, v, v)
 		program = append(program,
 			fmt.Sprintf(`{"op": "input", "dst": "t%d", "tensor": "x", "table": "in/x"}`, a),
@@ -391,7 +399,7 @@ func TestBootstrapRange(t *testing.T) {
 			from = "level 0"
 		}
 		amp := amps[i/2]
-		t.Logf("A = %6.1f from %-9s: bootstrap input level %d, max abs error %.3g, log2(A/err) = %.1f bits, log2(1/err) = %.1f bits, %.2f s",
+		t.Logf("A = %-8g from %-9s: bootstrap input level %d, max abs error %.3g, log2(A/err) = %.1f bits, log2(1/err) = %.1f bits, %.2f s",
 			amp, from, r.Stats.BootstrapInLevels[i], maxErr, math.Log2(amp/maxErr), -math.Log2(maxErr), r.Stats.BootstrapSeconds[i])
 	}
 	t.Logf("peak RSS %d MiB (start %d MiB), tracked peak %d MiB", r.Stats.PeakRSSBytes>>20, r.Stats.RSSStartBytes>>20, r.Stats.PeakTrackedBytes>>20)
