@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -221,8 +222,8 @@ def calibrated_graph(
 
     if not samples:
         raise ValueError("calibrated_graph needs at least one input sample")
-    doc = graph.to_json()
-    tensors = dict(doc["tensors"])  # type: ignore[arg-type]
+    doc: dict[str, Any] = graph.to_json()
+    tensors: dict[str, Any] = dict(doc["tensors"])
     for name in graph.weights:
         w = np.asarray(weights[name], dtype=np.float64)
         tensors[name] = {**tensors[name], "range": [float(w.min()), float(w.max())]}
@@ -235,7 +236,7 @@ def calibrated_graph(
             lo[node.id] = min(lo.get(node.id, math.inf), float(v.min()))
             hi[node.id] = max(hi.get(node.id, -math.inf), float(v.max()))
     nodes = []
-    for n in doc["nodes"]:  # type: ignore[union-attr]
+    for n in doc["nodes"]:
         a, b = lo[n["id"]], hi[n["id"]]
         pad = (margin - 1.0) * max(abs(a), abs(b))
         nodes.append({**n, "range": [a - pad, b + pad]})
