@@ -121,6 +121,7 @@ class _Machine:
         self.boot_offsets: frozenset[int] = frozenset(int(k) for k in boot["key_offsets"]) if boot else frozenset()
         self.boot_max_abs: float | None = float(boot["max_abs"]) if boot else None
         self.boot_resident = False
+        self.boot_streamed = False  # a streamed block's keys serve only its bootstraps
         self.bootstraps = 0
         self.out_vals: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
@@ -161,7 +162,7 @@ class _Machine:
         S = self.S
         if not 1 <= k < S:
             raise SimulationError(f"instruction {i} ({op}): offset {k} outside 1..{S - 1}")
-        by_block = self.boot_resident and k in self.boot_offsets
+        by_block = self.boot_resident and not self.boot_streamed and k in self.boot_offsets
         if self.schedule and k not in self.resident and not by_block:
             raise SimulationError(f"instruction {i} ({op}): no key for k={k} resident")
         if self.key_levels and k in self.key_levels and not by_block:
@@ -288,6 +289,7 @@ class _Machine:
                 f"instruction {i}: key block 'boot' {'loaded while already resident' if load else 'dropped but not resident'}"
             )
         self.boot_resident = load
+        self.boot_streamed = load and isinstance(ins, ir.LoadKey) and ins.stream is not None
         if load:
             self.loads += 1
 

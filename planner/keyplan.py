@@ -176,9 +176,13 @@ def modelled_time(
     ready: dict[int, float] = {}
     top = params.rotation_key_bytes()
     prologue = preload_prologue
+    stream = False
     for ins in prog:
         if prologue and not isinstance(ins, ir.Input | ir.LoadKey):
             prologue = False
+        if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
+            stream = isinstance(ins, ir.LoadKey) and ins.stream is not None
+            continue
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
                 continue
@@ -207,6 +211,16 @@ def modelled_time(
         ms = tm.instr_ms(ins, level)
         compute += ms
         clock += ms
+        if stream and ir.is_bootstrap(ins) and params.boot is not None:
+            # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
+            # key once: a lower bound, DFT stages share a few) while it runs
+            read = params.boot.galois_keys * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
+            loads += read
+            start = max(clock - ms, loader_free)
+            loader_free = start + read
+            if loader_free > clock:
+                stall += loader_free - clock
+                clock = loader_free
     return ModelledTime(clock, compute, loads, stall)
 
 

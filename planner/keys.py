@@ -762,24 +762,49 @@ STRATEGIES = KEY_STRATEGIES.names()
 # --------------------------------------------------------------------------------------
 
 
+# A streamed block reads this many of its Galois keys ahead of the bootstrap's requests
+# (load_key {"block": "boot", "stream": D}; D + 1 resident). One key read (39 MB at log N
+# 14, ~15-25 ms from the page cache) is about one of the bootstrap's rotations, and a DFT
+# stage rotates 6-10 times: two ahead keep the reader a step in front without holding
+# a stage's keys.
+BOOT_STREAM_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class BlockSpan:
+    """Where the key block ``boot`` is resident (first and last instruction) and whether
+    its Galois keys are streamed (``stream``: keys read ahead) or all resident (None)."""
+
+    first: int
+    last: int
+    stream: int | None = None
+
+    def covers(self, i: int) -> bool:
+        return self.first <= i <= self.last
+
+
 def _boot_spans(
     prog: Sequence[Mapping[str, Any]], params: Params, keeps_all: bool
-) -> list[tuple[int, int] | None]:
-    """Where the key block ``boot`` may be resident, in order of preference: the whole
-    program, then from the first to the last bootstrap (not for a keep-all strategy);
-    [None] when the program does not bootstrap."""
+) -> list[BlockSpan | None]:
+    """Where the key block ``boot`` may be resident, in order of preference: whole over the
+    whole program, then from the first to the last bootstrap, then the same two streamed
+    (not for a keep-all strategy); [None] when the program does not bootstrap."""
     if params.boot is None:
         return [None]
     at = [i for i, ins in enumerate(prog) if ir.is_bootstrap(ir.decode(ins))]
     if not at:
         return [None]
-    whole = (0, len(prog) - 1)
-    return [whole] if keeps_all or whole == (at[0], at[-1]) else [whole, (at[0], at[-1])]
+    spans = [(0, len(prog) - 1)] if keeps_all or (0, len(prog) - 1) == (at[0], at[-1]) else [
+        (0, len(prog) - 1), (at[0], at[-1])]
+    out: list[BlockSpan | None] = [BlockSpan(a, b) for a, b in spans]
+    if not keeps_all:
+        out += [BlockSpan(a, b, BOOT_STREAM_DEPTH) for a, b in spans]
+    return out
 
 
 def _emit(
     program: Sequence[Mapping[str, Any]], intervals: Iterable[Interval], drop_at_end: bool,
-    block: tuple[int, int] | None = None,
+    block: BlockSpan | None = None,
 ) -> list[dict[str, Any]]:
     n = len(program)
     loads: dict[int, list[int]] = {}
@@ -791,26 +816,27 @@ def _emit(
     out: list[dict[str, Any]] = []
     for i, ins in enumerate(program):
         out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(i - 1, [])))
-        if block is not None and block[1] == i - 1 and (block[1] < n - 1 or drop_at_end):
+        if block is not None and block.last == i - 1 and (block.last < n - 1 or drop_at_end):
             out.append(ir.DropKey(block="boot").to_json())
-        if block is not None and block[0] == i:
-            out.append(ir.LoadKey(block="boot").to_json())
+        if block is not None and block.first == i:
+            out.append(ir.LoadKey(block="boot", stream=block.stream).to_json())
         out.extend(ir.LoadKey(k).to_json() for k in sorted(loads.get(i, [])))
         out.append(dict(ins))
     out.extend(ir.DropKey(k).to_json() for k in sorted(drops.get(n - 1, [])))
-    if block is not None and block[1] == n - 1 and drop_at_end:
+    if block is not None and block.last == n - 1 and drop_at_end:
         out.append(ir.DropKey(block="boot").to_json())
     return out
 
 
 def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping[int, int], cap: int | None) -> dict[str, int]:
     resident: set[int] = set()
-    block = False
+    block = streamed = False
     offsets = frozenset(params.boot.key_offsets) if params.boot is not None else frozenset()
     for i, raw in enumerate(program):
         ins = ir.decode(raw)
         if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
             block = isinstance(ins, ir.LoadKey)
+            streamed = isinstance(ins, ir.LoadKey) and ins.stream is not None
         elif isinstance(ins, ir.LoadKey) and ins.k is not None:
             if ins.k in resident:
                 raise KeyScheduleError(f"internal: key {ins.k} loaded twice (instruction {i})")
@@ -820,7 +846,7 @@ def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping
         else:
             if ir.is_bootstrap(ins) and not block:
                 raise KeyScheduleError(f"internal: instruction {i} bootstraps with the key block 'boot' not resident")
-            missing = [k for k in ins.rot_keys() if k not in resident and not (block and k in offsets)]
+            missing = [k for k in ins.rot_keys() if k not in resident and not (block and not streamed and k in offsets)]
             if missing:
                 raise KeyScheduleError(f"internal: instruction {i} rotates by {missing} with no key resident")
     peak = key_memory_profile(program, params, sizes)
@@ -901,7 +927,7 @@ def schedule_keys(
 
 def _schedule_with_block(
     prog: list[dict[str, Any]], params: Params, cap_bytes: int | None, strategy: str, strat: KeyStrategy,
-    depth: Mapping[str, int], block: tuple[int, int] | None, chosen: list[int] | None,
+    depth: Mapping[str, int], block: BlockSpan | None, chosen: list[int] | None,
     chains: dict[int, list[int]], basis_name: str | None, rotations_before: int, keys_before: int,
     max_keys: int | None, key_levels: bool, merge_window: int, prefetch: int, time_limit_s: float,
     cross_check: bool,
@@ -913,8 +939,9 @@ def _schedule_with_block(
     use_level = rotation_key_levels(prog, L)
     for i, ins in enumerate(prog):
         ks = sorted(set(_rot_keys(ins)))
-        if block is not None and block[0] <= i <= block[1] and params.boot is not None:
-            # the block's own Galois keys serve these offsets while it is resident
+        if block is not None and block.stream is None and block.covers(i) and params.boot is not None:
+            # the block's own Galois keys serve these offsets while it is resident (a
+            # streamed block's serve only its bootstraps)
             ks = [k for k in ks if k not in params.boot.key_offsets]
         need.append(ks)
         for k in ks:
@@ -924,9 +951,9 @@ def _schedule_with_block(
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
-    block_bytes = params.boot.block_bytes if params.boot is not None and block is not None else 0
+    block_bytes = params.boot_block_bytes(block.stream) if block is not None else 0
     if block is not None:
-        for i in range(block[0], block[1] + 1):
+        for i in range(block.first, block.last + 1):
             base[i] += block_bytes
     ctx = _Ctx(len(prog), uses, need, size, base, cap_bytes)
     # smallest cap each strategy can meet, and where it binds
@@ -944,12 +971,14 @@ def _schedule_with_block(
         needs = [base[i] + sum(size[k] for k in need[i]) for i in range(len(prog))]
         i_max = max(range(len(prog)), key=lambda i: needs[i]) if prog else 0
         min_cap = needs[i_max] if prog else 0
-        in_block = block is not None and block[0] <= i_max <= block[1]
+        in_block = block is not None and block.covers(i_max)
         held = (base[i_max] if prog else 0) - (block_bytes if in_block else 0)
         where = (
             f"instruction {i_max} ({ir.op_name(prog[i_max]) if prog else '-'}) alone needs {min_cap} bytes "
             f"(ciphertexts and plaintexts {held}, "
-            + (f"the bootstrapping key block and DFT matrices {block_bytes}, " if in_block else "")
+            + (f"the bootstrapping key block and DFT matrices {block_bytes}"
+               + (f" (its Galois keys streamed, {block.stream} read ahead)" if block is not None and block.stream is not None
+                  else "") + ", " if in_block else "")
             + f"its keys {min_cap - (base[i_max] if prog else 0)})"
         )
     if cap_bytes is not None and cap_bytes < min_cap:

@@ -260,6 +260,7 @@ def memory_series(
                 resident.add(int(ins.k))
             else:
                 block_resident = True
+                block = params.boot_block_bytes(ins.stream)
             keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])

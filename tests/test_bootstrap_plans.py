@@ -177,13 +177,25 @@ def test_key_schedule_with_the_block_and_cap_refusal() -> None:
     res = plan(g, tiny_boot(4))
     params = Params.from_json(res.plan["params"])
     assert params.boot is not None
+    from planner.keys import BOOT_STREAM_DEPTH
+
     block = params.boot.block_bytes
+    streamed = params.boot_block_bytes(BOOT_STREAM_DEPTH)
+    assert streamed == block - (params.boot.galois_keys - BOOT_STREAM_DEPTH - 1) * params.rotation_key_bytes(
+        params.key_max_level)
     with pytest.raises(KeyCapError) as ei:
         schedule_plan(res.plan, block // 2, "exact")
-    assert ei.value.min_cap > block and "bootstrapping key block" in str(ei.value)
+    # below the whole block, the block's Galois keys are streamed (the floor: the streamed
+    # block and one step's working set)
+    assert block > ei.value.min_cap > streamed and "bootstrapping key block" in str(ei.value)
+    assert "streamed" in str(ei.value)
     new, sched = schedule_plan(res.plan, ei.value.min_cap, "exact")
     prog = new["program"]
-    assert sum(1 for i in prog if i["op"] == "load_key" and i.get("block") == "boot") == 1
+    assert [i for i in prog if i["op"] == "load_key" and i.get("block") == "boot"] == [
+        {"op": "load_key", "block": "boot", "stream": BOOT_STREAM_DEPTH}]
+    whole, _ = schedule_plan(res.plan, 2 * block, "exact")
+    assert [i for i in whole["program"] if i["op"] == "load_key" and i.get("block") == "boot"] == [
+        {"op": "load_key", "block": "boot"}]
     assert new["summary"]["peak_bytes"]["total"] <= ei.value.min_cap
     # the schedule runs in the simulator: rotations find their keys (or the block's),
     # bootstraps find the block

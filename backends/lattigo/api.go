@@ -188,6 +188,7 @@ type stats struct {
 	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
 	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
 	BootBlockLoads    int       `json:"boot_block_loads"`
+	BootStreamReads   int       `json:"boot_stream_reads"` // Galois keys of a streamed block read during bootstraps
 	BootKeygenSeconds float64   `json:"boot_keygen_seconds"`
 	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
 	// block), relinearisation key and resident DFT matrices, sampled after every
@@ -425,6 +426,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.KeyLoads, st.KeyLoadSeconds = keys.loads, keys.loadSeconds
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
+	st.BootStreamReads = keys.streamReads
 	if err != nil {
 		return "", err
 	}

@@ -324,7 +324,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		if keys.rlk != nil {
 			st.RelinKeyBytes = keys.rlk.BinarySize()
 		}
-		loads0, loadSec0, blockLoads0 := keys.loads, keys.loadSeconds, keys.blockLoads
+		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
 		ex.ptFile = ptFile
@@ -335,7 +335,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			}
 			if keys.hasBlock() {
 				// the boot block (keys and DFT matrices) resident before the clock too
-				if err := ex.loadBlock(); err != nil {
+				if err := ex.loadBlock(-1); err != nil {
 					return "", fmt.Errorf("keep-all key policy: %w", err)
 				}
 			}
@@ -365,6 +365,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
 		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
+		st.BootStreamReads = keys.streamReads - streamReads0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
 			st.KeyLoads, st.KeyLoadSeconds = len(keys.resident), keepAllLoadSec
 		}

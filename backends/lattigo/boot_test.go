@@ -404,3 +404,71 @@ func TestBootstrapRange(t *testing.T) {
 	}
 	t.Logf("peak RSS %d MiB (start %d MiB), tracked peak %d MiB", r.Stats.PeakRSSBytes>>20, r.Stats.RSSStartBytes>>20, r.Stats.PeakTrackedBytes>>20)
 }
+
+// TestBootstrapStreamedBlock runs two bootstraps with the block streamed (load_key
+// {"block": "boot", "stream": 2}): the result equals the whole block's, and at most 3 of the
+// block's Galois keys are resident at once (plus its relinearisation and encapsulation keys).
+func TestBootstrapStreamedBlock(t *testing.T) {
+	skipWithoutBootMemory(t)
+	const slots = 8192
+	rng := rand.New(rand.NewSource(7))
+	x := make([]float64, slots)
+	half := make([]float64, slots)
+	for i := range x {
+		x[i] = (rng.Float64()*2 - 1) / 16
+		half[i] = 0.5 + 0.5*rng.Float64()
+	}
+	program := []string{`{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"}`}
+	prev := "c0"
+	for i := 1; i <= 9; i++ {
+		program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "m%d", "src": "%s", "pt": "p0"}`, i, prev),
+			fmt.Sprintf(`{"op": "rescale", "dst": "r%d", "src": "m%d"}`, i, i))
+		prev = fmt.Sprintf("r%d", i)
+	}
+	program = append(program,
+		`{"op": "load_key", "block": "boot", "stream": 2}`,
+		fmt.Sprintf(`{"op": "bootstrap", "dst": "b1", "src": "%s"}`, prev),
+		`{"op": "pmul", "dst": "m10", "src": "b1", "pt": "p0"}`,
+		`{"op": "rescale", "dst": "r10", "src": "m10"}`,
+		`{"op": "bootstrap", "dst": "b2", "src": "r10"}`,
+		`{"op": "bootstrap", "dst": "b3", "src": "b2"}`,
+		`{"op": "drop_key", "block": "boot"}`,
+		`{"op": "output", "src": "b3", "tensor": "y", "table": "out/y"}`)
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testBootParams + `,
+	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}}, "keys": {}, "program": [` + strings.Join(program, ",\n") + `]}`
+	res, err := Run(planJSON, packVecs(x), packVecs(half), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r runResult
+	if err := json.Unmarshal([]byte(res), &r); err != nil {
+		t.Fatal(err)
+	}
+	got := decodeOut(t, r.Outputs[0].Data)
+	maxErr := 0.0
+	for s := range got {
+		want := x[s]
+		for i := 0; i < 10; i++ {
+			want *= half[s]
+		}
+		maxErr = math.Max(maxErr, math.Abs(got[s]-want))
+	}
+	st := r.Stats
+	const gk = 39324272 // one Galois key of the block at log N 14 (measured)
+	t.Logf("max abs error %.3g; peak key bytes %d (block fixed %d + %d Galois keys), stream reads %d, bootstraps %v",
+		maxErr, st.PeakKeyBytes, st.BootKeyBytes, (st.PeakKeyBytes-st.BootKeyBytes)/gk, st.BootStreamReads, st.BootstrapSeconds)
+	if maxErr > 1e-6 {
+		t.Fatalf("max abs error %g", maxErr)
+	}
+	// the block's fixed part (relinearisation and two encapsulation keys) and at most
+	// depth + 1 = 3 Galois keys
+	if st.BootKeyBytes > 3*gk || st.PeakKeyBytes > st.BootKeyBytes+3*gk {
+		t.Fatalf("block fixed part %d bytes, peak key bytes %d: more than 3 Galois keys resident", st.BootKeyBytes, st.PeakKeyBytes)
+	}
+	// a bootstrap asks for 55 keys (C2S 4 x 6, conjugation, S2C 3 x 10): the first reads
+	// them in line and learns the order, then 2 are read ahead for the next bootstrap, and
+	// each request of the next two reads the key 2 places on (wrapping around)
+	if st.Bootstraps != 3 || st.BootStreamReads != 55+2+2*55 {
+		t.Fatalf("%d bootstraps, %d streamed key reads (want 55 + 2 + 2 x 55)", st.Bootstraps, st.BootStreamReads)
+	}
+}

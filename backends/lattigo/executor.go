@@ -220,7 +220,7 @@ func (e *executor) run() error {
 			return fmt.Errorf("keep-all key policy: %w", err)
 		}
 		if e.keys.hasBlock() {
-			if err := e.loadBlock(); err != nil {
+			if err := e.loadBlock(-1); err != nil {
 				return fmt.Errorf("keep-all key policy: %w", err)
 			}
 		}
@@ -714,7 +714,11 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
+		e.keys.inBootstrap = true
+		e.keys.beginBootstrap()
 		out, sec, err := bootstrapCt(e.btpEval, ct)
+		e.keys.inBootstrap = false
+		e.keys.endBootstrap()
 		if err != nil {
 			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), ct.Scale.Log2(), err)
 		}
@@ -749,7 +753,11 @@ func (e *executor) step(in instr) error {
 
 	case "load_key":
 		if in.Block != "" {
-			return e.loadBlock()
+			stream := -1
+			if in.Stream != nil {
+				stream = *in.Stream
+			}
+			return e.loadBlock(stream)
 		}
 		return e.keys.load(*in.K)
 
@@ -807,7 +815,7 @@ func (e *executor) notePeak() {
 // loadBlock makes the bootstrapping block resident: the DFT matrices are encoded first
 // (under stand-in keys, boot.go), then the block's keys are read from the key directory
 // and the bootstrapping evaluator is wired to the executor's evaluator.
-func (e *executor) loadBlock() error {
+func (e *executor) loadBlock(stream int) error {
 	if e.btpEval != nil {
 		return nil
 	}
@@ -825,7 +833,7 @@ func (e *executor) loadBlock() error {
 	e.encodeSec += d // encoding public matrices: model preparation, timed apart (runTimed)
 	e.matBytes = matrixBytes(ev)
 	e.st.BootMatrixBytes = e.matBytes
-	if err = e.keys.loadBlock(); err != nil {
+	if err = e.keys.loadBlock(stream); err != nil {
 		return err
 	}
 	wireBootEvaluator(ev, e.eval, e.keys.block)

@@ -40,6 +40,11 @@ type keyStore struct {
 	bootByGalEl map[uint64]manifestKey
 	block       *bootBlock
 	blockLoads  int
+	stream      *bootStream // a streamed block's Galois keys (bootstream.go); nil: whole block
+	inBootstrap bool        // the requests are a bootstrap's (a streamed block serves them)
+	streamSeq   []uint64    // a bootstrap's key requests, as learned (kept across block loads)
+	streamReads int         // streamed block keys read
+	streamWait  float64     // seconds a bootstrap waited for a streamed key (read in line or ahead)
 
 	residentBytes int64
 	peakBytes     int64
@@ -159,7 +164,7 @@ func (s *keyStore) residentKey(k int) *rlwe.GaloisKey {
 
 // residentCount is the number of resident Galois keys (plan keys and the block's).
 func (s *keyStore) residentCount() int {
-	n := len(s.resident)
+	n := len(s.resident) + s.streamCount()
 	if s.block != nil {
 		n += len(s.block.gks)
 	}
@@ -204,8 +209,11 @@ func (s *keyStore) blockHas(k int) bool {
 	return ok
 }
 
-// loadBlock reads the bootstrapping key block (a no-op when it is resident).
-func (s *keyStore) loadBlock() error {
+// loadBlock reads the bootstrapping key block (a no-op when it is resident). With
+// stream >= 0 only its relinearisation and encapsulation keys are read now and its
+// Galois keys are streamed during each bootstrap, at most stream+1 at a time
+// (bootstream.go); stream < 0 reads the whole block.
+func (s *keyStore) loadBlock(stream int) error {
 	if s.block != nil {
 		return nil
 	}
@@ -216,6 +224,9 @@ func (s *keyStore) loadBlock() error {
 	t := time.Now()
 	b := &bootBlock{gks: map[uint64]*rlwe.GaloisKey{}}
 	for _, mk := range bm.Galois {
+		if stream >= 0 {
+			break
+		}
 		gk := new(rlwe.GaloisKey)
 		if err := s.readInto(mk.File, gk); err != nil {
 			return err
@@ -241,6 +252,9 @@ func (s *keyStore) loadBlock() error {
 		b.bytes += int64(f.obj.BinarySize())
 	}
 	s.block = b
+	if stream >= 0 {
+		s.startStream(stream)
+	}
 	s.blockLoads++
 	s.loadSeconds += time.Since(t).Seconds()
 	s.residentBytes += b.bytes
@@ -251,6 +265,7 @@ func (s *keyStore) loadBlock() error {
 // dropBlock forgets the bootstrapping key block (a no-op when it is not resident).
 func (s *keyStore) dropBlock() {
 	if s.block != nil {
+		s.stopStream()
 		s.residentBytes -= s.block.bytes
 		s.block = nil
 	}
@@ -322,6 +337,9 @@ func (s *keyStore) GetGaloisKey(galEl uint64) (*rlwe.GaloisKey, error) {
 	if s.block != nil {
 		if gk, ok := s.block.gks[galEl]; ok {
 			return gk, nil
+		}
+		if _, ok := s.bootByGalEl[galEl]; ok && s.stream != nil && s.inBootstrap {
+			return s.streamKey(galEl)
 		}
 	}
 	if gk, ok := s.resident[galEl]; ok {

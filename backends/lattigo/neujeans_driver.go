@@ -104,7 +104,7 @@ func newNeujeansEnv(setup *evalSetup, dir string, offsets []int) (*neujeansEnv, 
 	}
 	env.BootMatrixSeconds = time.Since(t).Seconds()
 	releaseMemory()
-	if err = env.keys.loadBlock(); err != nil {
+	if err = env.keys.loadBlock(-1); err != nil {
 		return nil, err
 	}
 	wireBootEvaluator(ev, env.eval, env.keys.block)

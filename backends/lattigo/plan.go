@@ -60,7 +60,11 @@ type instr struct {
 	Tensor string    `json:"tensor"`
 	Table  string    `json:"table"`
 	Block  string    `json:"block"`
+	Stream *int      `json:"stream"` // load_key of the block: stream its Galois keys, this many read ahead
 }
+
+// maxStreamDepth bounds a streamed block's read-ahead (keys resident at once: depth + 1).
+const maxStreamDepth = 64
 
 type plan struct {
 	Schema     string                   `json:"schema"`
@@ -269,6 +273,8 @@ func (p *plan) validate(slots int) error {
 					err = fail("unknown key block %q (the only block is \"boot\")", in.Block)
 				} else if in.K != nil {
 					err = fail("names both a key block and a rotation offset")
+				} else if in.Stream != nil && (in.Op != "load_key" || *in.Stream < 0 || *in.Stream > maxStreamDepth) {
+					err = fail("\"stream\" is a read-ahead depth in [0, %d] of a load_key of the block", maxStreamDepth)
 				}
 			} else if in.K == nil {
 				err = fail("missing field \"k\"")

@@ -106,7 +106,7 @@ func (s *keyStore) settle(galEl uint64) error {
 // waitSeconds is the time the evaluation waited for prefetched keys.
 func (s *keyStore) waitSeconds() float64 {
 	if s.pf == nil {
-		return 0
+		return s.streamWait
 	}
-	return s.pf.waitSec
+	return s.pf.waitSec + s.streamWait
 }

@@ -604,11 +604,29 @@ class KeyOp(Instr):
             _check_offset(bad, "k", d.get("k"), slots)
 
 
+# A streamed block's read-ahead depth is at most this (the Go side's maxStreamDepth).
+MAX_STREAM_DEPTH = 64
+
+
 @instruction
 @dataclass(frozen=True, slots=True)
 class LoadKey(KeyOp):
+    """``stream`` (block only): the block's Galois keys are streamed during each bootstrap,
+    ``stream`` of them read ahead, instead of all resident (Params.boot_block_bytes)."""
+
     op: ClassVar[str] = "load_key"
     counter: ClassVar[str | None] = "key_loads"
+    stream: int | None = None
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        KeyOp._check(d, bad, slots)
+        if "stream" in d:
+            v = d["stream"]
+            if "block" not in d:
+                raise bad("stream", "only a load_key of the block 'boot' is streamed")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STREAM_DEPTH:
+                raise bad("stream", f"must be a read-ahead depth, an integer in [0, {MAX_STREAM_DEPTH}]")
 
 
 @instruction

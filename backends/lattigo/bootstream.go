@@ -1,0 +1,256 @@
+package slotlattigo
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+)
+
+// A streamed bootstrapping key block (plan: load_key {"block": "boot", "stream": D}).
+//
+// The whole block holds every Galois key a bootstrap uses (35 at log N 14, 1.3 GiB; 48 at
+// log N 16, 7 GiB), but a bootstrap asks for them one at a time: each DFT stage rotates by
+// its own offsets, each once (one GetGaloisKey per rotation, hoisted or not). A streamed
+// block keeps resident its relinearisation and encapsulation keys and at most D+1 of its
+// Galois keys: the one handed out last (the caller is using it) and the next D of the
+// bootstrap's request sequence, read ahead by a background goroutine. The key the bootstrap
+// asked for before is dropped at the next request (the evaluation is one goroutine, so the
+// previous rotation has finished by then).
+//
+// The sequence is learned: the first bootstrap after the block is loaded reads each key
+// when asked (no read-ahead) and records the order; later bootstraps prefetch along it,
+// wrapping around to the next bootstrap's first keys. A request off the sequence (another
+// kind of bootstrap) is read in line and the sequence is learned again.
+//
+// The block's keys do not serve the plan's own rotations while streamed (the key schedule
+// gives such rotations keys of their own).
+
+type bootStream struct {
+	depth   int
+	seq     []uint64 // the learned request order of one bootstrap
+	learned bool
+	pos     int                 // next expected position in seq (learned)
+	slots   map[int]*streamSlot // by position in seq: resident or in flight
+	last    int                 // position handed out last (-1: none)
+	jobs    chan streamJob      // read-ahead queue (nil: depth 0)
+	learnKs []uint64            // the sequence being learned
+	onlyKey *rlwe.GaloisKey     // learning: the key handed out last
+	onlyEl  uint64
+}
+
+type streamSlot struct {
+	galEl uint64
+	bytes int64
+	gk    *rlwe.GaloisKey
+	done  chan prefetchResult
+}
+
+type streamJob struct {
+	mk   manifestKey
+	done chan prefetchResult
+}
+
+func (s *keyStore) startStream(depth int) {
+	st := &bootStream{depth: depth, slots: map[int]*streamSlot{}, last: -1}
+	defer func() {
+		// a sequence learned while the block was loaded before: read ahead at once
+		if len(s.streamSeq) > 0 {
+			st.seq, st.learned = s.streamSeq, true
+			for p := 0; p < depth && p < len(st.seq); p++ {
+				s.ahead(p)
+			}
+		}
+	}()
+	if depth > 0 {
+		st.jobs = make(chan streamJob, depth+1)
+		go func(dir *keyStore, jobs <-chan streamJob) {
+			for j := range jobs {
+				t := time.Now()
+				gk := new(rlwe.GaloisKey)
+				err := dir.readInto(j.mk.File, gk)
+				if err == nil && gk.GaloisElement != j.mk.GaloisElement {
+					err = fmt.Errorf("key file %s holds Galois element %d, expected %d", j.mk.File, gk.GaloisElement, j.mk.GaloisElement)
+				}
+				j.done <- prefetchResult{gk, err, time.Since(t).Seconds()}
+			}
+		}(s, st.jobs)
+	}
+	s.stream = st
+}
+
+// stopStream waits for reads in flight and forgets every streamed key.
+func (s *keyStore) stopStream() {
+	st := s.stream
+	if st == nil {
+		return
+	}
+	for p := range st.slots {
+		s.freeSlot(p)
+	}
+	s.dropLearnKey()
+	if st.jobs != nil {
+		close(st.jobs)
+	}
+	s.stream = nil
+}
+
+func (s *keyStore) dropLearnKey() {
+	st := s.stream
+	if st.onlyKey != nil {
+		s.residentBytes -= int64(st.onlyKey.BinarySize())
+		st.onlyKey = nil
+	}
+}
+
+// freeSlot forgets the key at sequence position p (waiting for its read if in flight).
+func (s *keyStore) freeSlot(p int) {
+	st := s.stream
+	sl, ok := st.slots[p]
+	if !ok {
+		return
+	}
+	if sl.done != nil {
+		r := <-sl.done
+		s.loadSeconds += r.seconds
+	}
+	s.residentBytes -= sl.bytes
+	delete(st.slots, p)
+}
+
+// ahead queues the read of sequence position p (mod the sequence) unless it is there.
+func (s *keyStore) ahead(p int) {
+	st := s.stream
+	p %= len(st.seq)
+	if _, ok := st.slots[p]; ok || st.jobs == nil {
+		return
+	}
+	mk := s.bootByGalEl[st.seq[p]]
+	sl := &streamSlot{galEl: st.seq[p], bytes: int64(mk.Bytes), done: make(chan prefetchResult, 1)}
+	st.slots[p] = sl
+	s.addResident(sl.bytes, 1)
+	s.streamReads++
+	s.loads++
+	st.jobs <- streamJob{mk, sl.done}
+}
+
+// readNow reads the block key galEl in line.
+func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, error) {
+	mk, ok := s.bootByGalEl[galEl]
+	if !ok {
+		return nil, fmt.Errorf("no bootstrapping key for Galois element %d", galEl)
+	}
+	t := time.Now()
+	gk := new(rlwe.GaloisKey)
+	if err := s.readInto(mk.File, gk); err != nil {
+		return nil, err
+	}
+	s.loadSeconds += time.Since(t).Seconds()
+	s.streamWait += time.Since(t).Seconds()
+	s.streamReads++
+	s.loads++
+	return gk, nil
+}
+
+// beginBootstrap: the requests that follow are a bootstrap's.
+func (s *keyStore) beginBootstrap() {
+	if st := s.stream; st != nil && !st.learned {
+		st.learnKs = st.learnKs[:0]
+	}
+}
+
+// endBootstrap: a bootstrap finished. The first one (or one off the sequence) fixes the
+// sequence; read-ahead then starts on the next bootstrap's first keys.
+func (s *keyStore) endBootstrap() {
+	st := s.stream
+	if st == nil {
+		return
+	}
+	s.dropLearnKey()
+	if !st.learned {
+		if len(st.learnKs) == 0 {
+			return
+		}
+		st.seq = append([]uint64(nil), st.learnKs...)
+		s.streamSeq = st.seq
+		st.learned, st.pos, st.last = true, 0, -1
+		for p := 0; p < st.depth && p < len(st.seq); p++ {
+			s.ahead(p)
+		}
+		return
+	}
+	if st.pos != 0 { // the bootstrap stopped short of the sequence: learn again
+		for p := range st.slots {
+			s.freeSlot(p)
+		}
+		st.learned, st.last = false, -1
+	}
+}
+
+// streamKey hands out the block key galEl to a bootstrap.
+func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
+	st := s.stream
+	if st.learned && st.seq[st.pos] == galEl {
+		p := st.pos
+		if st.last >= 0 && st.last != p {
+			s.freeSlot(st.last)
+		}
+		sl, ok := st.slots[p]
+		if !ok { // not read ahead (depth 0)
+			gk, err := s.readNow(galEl)
+			if err != nil {
+				return nil, err
+			}
+			sl = &streamSlot{galEl: galEl, bytes: int64(gk.BinarySize()), gk: gk}
+			st.slots[p] = sl
+			s.addResident(sl.bytes, 1)
+		} else if sl.done != nil {
+			t := time.Now()
+			r := <-sl.done
+			s.streamWait += time.Since(t).Seconds()
+			s.loadSeconds += r.seconds
+			sl.done = nil
+			if r.err != nil {
+				return nil, r.err
+			}
+			sl.gk = r.gk
+			s.residentBytes += int64(r.gk.BinarySize()) - sl.bytes
+			sl.bytes = int64(r.gk.BinarySize())
+		}
+		st.last = p
+		st.pos = (p + 1) % len(st.seq)
+		if st.depth > 0 {
+			s.ahead(p + st.depth)
+		}
+		s.notePeak()
+		return sl.gk, nil
+	}
+	if st.learned { // off the sequence: drop the read-ahead, read in line, learn again
+		for p := range st.slots {
+			s.freeSlot(p)
+		}
+		st.learned, st.last = false, -1
+		st.learnKs = st.learnKs[:0]
+	}
+	s.dropLearnKey()
+	gk, err := s.readNow(galEl)
+	if err != nil {
+		return nil, err
+	}
+	st.onlyKey, st.onlyEl = gk, galEl
+	s.addResident(int64(gk.BinarySize()), 1)
+	st.learnKs = append(st.learnKs, galEl)
+	return gk, nil
+}
+
+// streamCount is the number of resident streamed keys (for the peak key count).
+func (s *keyStore) streamCount() int {
+	if s.stream == nil {
+		return 0
+	}
+	n := len(s.stream.slots)
+	if s.stream.onlyKey != nil {
+		n++
+	}
+	return n
+}
