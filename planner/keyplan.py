@@ -133,7 +133,9 @@ def time_model(params: Params) -> TimeModel:
                 {int(k): float(v) for k, v in rot.items()},
                 {int(k): float(v) for k, v in hoist.items()},
                 {"pmul": w.pmul, "add": w.add, "cmul": w.cmul, "rescale": w.rescale, "poly": w.poly},
-                float(sum(float(v) for v in load.values())) / float(kb),
+                # the key store reads a key with GaloisKey.ReadFrom, which parses as it
+                # reads: read_file is the whole load (unmarshal, from memory, is another path)
+                float(load.get("read_file", sum(float(v) for v in load.values()))) / float(kb),
                 f"cost table {name}",
             )
     from planner.keybench import KEY_LOAD_MS_PER_BYTE, rotation_ms
