@@ -133,9 +133,14 @@ def time_model(params: Params) -> TimeModel:
                 {int(k): float(v) for k, v in rot.items()},
                 {int(k): float(v) for k, v in hoist.items()},
                 {"pmul": w.pmul, "add": w.add, "cmul": w.cmul, "rescale": w.rescale, "poly": w.poly},
-                # the key store reads a key with GaloisKey.ReadFrom, which parses as it
-                # reads: read_file is the whole load (unmarshal, from memory, is another path)
-                float(load.get("read_file", sum(float(v) for v in load.values()))) / float(kb),
+                # read_file + unmarshal, though GaloisKey.ReadFrom (the key store's read)
+                # parses as it reads: the calibration reads one just-written key from the
+                # page cache (n14: 0.2 ms/MB), while keymeasure's key sets read at ~3 ms/MB
+                # (LoLa at n14: 207 keys, 4658 MiB in 14.7 s). With read_file alone the joint
+                # schedule of LoLa's half cap chose 207 loads (1.32x keep-all measured) over
+                # the 68 it chose with the sum (0.98x). Kept until the calibration measures
+                # reads of a key set as large as a plan's.
+                float(sum(float(v) for v in load.values())) / float(kb),
                 f"cost table {name}",
             )
     from planner.keybench import KEY_LOAD_MS_PER_BYTE, rotation_ms
