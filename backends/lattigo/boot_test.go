@@ -48,6 +48,18 @@ func skipWithoutBootMemory(t *testing.T) {
 	}
 }
 
+// levelChain is the program head input x -> n x (pmul by p0, rescale): n levels spent.
+func levelChain(n int) ([]string, string) {
+	program := []string{`{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"}`}
+	prev := "c0"
+	for i := 1; i <= n; i++ {
+		program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "m%d", "src": "%s", "pt": "p0"}`, i, prev),
+			fmt.Sprintf(`{"op": "rescale", "dst": "r%d", "src": "m%d"}`, i, i))
+		prev = fmt.Sprintf("r%d", i)
+	}
+	return program, prev
+}
+
 func TestBootParamsChecks(t *testing.T) {
 	var pp planParams
 	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
@@ -222,13 +234,7 @@ func TestBootstrapN14(t *testing.T) {
 	}
 	notInBlock--
 	t.Logf("block offsets %v; the plan also rotates by %d", info.offsets, notInBlock)
-	program := []string{`{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"}`}
-	prev := "c0"
-	for i := 1; i <= 9; i++ {
-		program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "m%d", "src": "%s", "pt": "p0"}`, i, prev),
-			fmt.Sprintf(`{"op": "rescale", "dst": "r%d", "src": "m%d"}`, i, i))
-		prev = fmt.Sprintf("r%d", i)
-	}
+	program, prev := levelChain(9)
 	program = append(program,
 		fmt.Sprintf(`{"op": "bootstrap", "dst": "b", "src": "%s"}`, prev),
 		fmt.Sprintf(`{"op": "rot", "dst": "u", "src": "b", "k": %d}`, inBlock),
@@ -418,13 +424,7 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 		x[i] = (rng.Float64()*2 - 1) / 16
 		half[i] = 0.5 + 0.5*rng.Float64()
 	}
-	program := []string{`{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"}`}
-	prev := "c0"
-	for i := 1; i <= 9; i++ {
-		program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "m%d", "src": "%s", "pt": "p0"}`, i, prev),
-			fmt.Sprintf(`{"op": "rescale", "dst": "r%d", "src": "m%d"}`, i, i))
-		prev = fmt.Sprintf("r%d", i)
-	}
+	program, prev := levelChain(9)
 	program = append(program,
 		`{"op": "load_key", "block": "boot", "stream": 2}`,
 		fmt.Sprintf(`{"op": "bootstrap", "dst": "b1", "src": "%s"}`, prev),
@@ -436,14 +436,7 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 		`{"op": "output", "src": "b3", "tensor": "y", "table": "out/y"}`)
 	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testBootParams + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}}, "keys": {}, "program": [` + strings.Join(program, ",\n") + `]}`
-	res, err := Run(planJSON, packVecs(x), packVecs(half), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r runResult
-	if err := json.Unmarshal([]byte(res), &r); err != nil {
-		t.Fatal(err)
-	}
+	r := mustRun(t, planJSON, packVecs(x), packVecs(half))
 	got := decodeOut(t, r.Outputs[0].Data)
 	maxErr := 0.0
 	for s := range got {

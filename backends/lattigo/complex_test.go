@@ -1,7 +1,6 @@
 package slotlattigo
 
 import (
-	"encoding/json"
 	"math"
 	"math/rand"
 	"strings"
@@ -34,14 +33,7 @@ func TestRunComplexPacking(t *testing.T) {
 	  ]}`
 	for _, load := range []string{"", `{"op": "load_key", "k": 3},`} {
 		plan := `{"schema": "slotplan.plan/1", "params": ` + testParams + `, ` + strings.ReplaceAll(body, "%LOAD%", load)
-		res, err := Run(plan, packVecs(x), packVecs(re, im), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r runResult
-		if err := json.Unmarshal([]byte(res), &r); err != nil {
-			t.Fatal(err)
-		}
+		r := mustRun(t, plan, packVecs(x), packVecs(re, im))
 		got := decodeOut(t, r.Outputs[0].Data)
 		maxErr := 0.0
 		for s := 0; s < slots; s++ {

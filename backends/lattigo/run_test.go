@@ -24,6 +24,20 @@ func packVecs(vs ...[]float64) []byte {
 	return out
 }
 
+// mustRun runs a plan through Run (the test fails on an error) and decodes its result.
+func mustRun(t *testing.T, planJSON string, inputs, plaintexts []byte) runResult {
+	t.Helper()
+	res, err := Run(planJSON, inputs, plaintexts, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r runResult
+	if err := json.Unmarshal([]byte(res), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func decodeOut(t *testing.T, s string) []float64 {
 	raw, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
@@ -56,14 +70,7 @@ func TestRunSmall(t *testing.T) {
 	    {"op": "add", "dst": "c6", "a": "c5", "b": "c0"},
 	    {"op": "output", "src": "c6", "tensor": "y", "table": "out/y"}
 	  ]}`
-	res, err := Run(planJSON, packVecs(x), packVecs(w), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r runResult
-	if err := json.Unmarshal([]byte(res), &r); err != nil {
-		t.Fatal(err)
-	}
+	r := mustRun(t, planJSON, packVecs(x), packVecs(w))
 	got := decodeOut(t, r.Outputs[0].Data)
 	maxErr := 0.0
 	for s := 0; s < slots; s++ {
