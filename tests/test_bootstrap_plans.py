@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,17 @@ def tiny_boot(levels: int = 3) -> Params:
         boot=Boot("N16QP1546H192H32", levels, 1.0, (1, 2, 4, 8, 16, 32, 64, 128, 256), True, 10**8, 10**8,
                   (60, *[40] * levels, 50, 50, 50), (61,)),
     )
+
+
+def tiny_boot_keys(levels: int = 3) -> Params:
+    """``tiny_boot`` with the block's bytes those of its keys at this ring (10 Galois keys,
+    relinearisation and encapsulation: 12 of the model's size) and 1 MB of matrices, so
+    that streaming the block's Galois keys matters against a small plan's working set."""
+    p = tiny_boot(levels)
+    assert p.boot is not None
+    gk = p.rotation_key_bytes(p.key_max_level)
+    return Params(p.log_n, p.log_q, p.log_p, p.log_scale, name="tinyboot-keys",
+                  boot=replace(p.boot, key_bytes=(p.boot.galois_keys + 2) * gk, matrix_bytes=10**6))
 
 
 def mul_chain(n: int, weight_range: float | None = 1.0, x_range: tuple[float, float] | None = (-1.0, 1.0),
@@ -215,7 +227,7 @@ def test_key_schedule_with_the_block_and_cap_refusal() -> None:
 
 def test_sim_block_serves_rotations_of_its_offsets() -> None:
     p = tiny_boot(3)
-    plan_doc = {
+    plan_doc: dict[str, Any] = {
         "params": p.to_json(), "plaintexts": {}, "outputs": {"y": [4]},
         "program": [
             {"op": "input", "dst": "a", "tensor": "x", "table": "t"},
@@ -282,7 +294,35 @@ def test_random_networks_with_bootstraps_brute_force_and_solvers(seed: int) -> N
         want = _brute(res.problem.model)
         if want != "skip":
             assert s["solver"]["objective"] == want
+        if s["bootstraps"] and solver == SOLVERS[0]:
+            assert _check_streamed_schedule(res, g), "no streamed schedule at the smallest feasible cap"
     assert len(set(results.values())) == 1, results
+
+
+def _check_streamed_schedule(res: Any, g: Graph) -> bool:
+    """At the smallest feasible cap the schedule streams the block's
+    Galois keys (on params whose key bytes are the model's: ``tiny_boot_keys``), gives the
+    plan's rotations of its offsets keys of their own, stays under the cap and simulates
+    to numpy's result with strict residency. False when no streamed schedule fits there."""
+    from planner.keys import BOOT_STREAM_DEPTH
+
+    boot = Params.from_json(res.plan["params"]).boot
+    assert boot is not None
+    plan_ = {**res.plan, "params": tiny_boot_keys(boot.levels_after).to_json()}
+    with pytest.raises(KeyCapError) as ei:
+        schedule_plan(plan_, 1, "exact")
+    cap = ei.value.min_cap
+    new, sched = schedule_plan(plan_, cap, "exact")
+    block = [i for i in new["program"] if i["op"] == "load_key" and "block" in i]
+    if block != [{"op": "load_key", "block": "boot", "stream": BOOT_STREAM_DEPTH}]:
+        return False
+    assert new["summary"]["peak_bytes"]["total"] <= cap
+    vals = random_values(g, 1)
+    out = simulate(new, res.tables, vals)
+    ref = reference(g, vals)
+    for t in g.outputs:
+        assert np.allclose(out.outputs[t], ref[t], rtol=1e-9, atol=1e-9)
+    return True
 
 
 def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
