@@ -198,6 +198,8 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "clock": raw.get("clock", "wall"),
         "repeat": raw["repeat"],
         "hoist_batch": b,
+        # keys (and baby outputs) the block primitives cycle through (calibrate.go: blockOffsets)
+        "block_keys": raw.get("block_keys"),
         "levels": raw["levels"],
         "top_level": raw["max_level"],
         "rotation_ms_by_level": {lv: v["rotate"] for lv, v in per_level_ms.items()},

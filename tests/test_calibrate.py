@@ -77,6 +77,8 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
         assert m["once_ms"][op] > 0, op
     assert m["encode_ms"] > 0
     assert m["galois_key_bytes"] > 0
+    # the block primitives cycle through keys whose bytes reach 256 MiB (calibrate.go)
+    assert m["block_keys"] == min(64, max(m["hoist_batch"], -(-(256 << 20) // m["galois_key_bytes"])))
     mc = m["machine"]
     assert mc["cpu_model"] and mc["go_version"].startswith("go") and mc["date"]
     assert m["samples_ms"]["once"]["keygen_galois"]

@@ -94,6 +94,7 @@ type calibration struct {
 	Levels         []int                        `json:"levels"`
 	Repeat         int                          `json:"repeat"`
 	HoistBatch     int                          `json:"hoist_batch"`
+	BlockKeys      int                          `json:"block_keys"`
 	GoVersion      string                       `json:"go_version"`
 	LattigoVersion string                       `json:"lattigo_version"`
 	GOOS           string                       `json:"goos"`
@@ -288,6 +289,15 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		return "", err
 	}
 	cal.RelinKeyBytes = rlk.BinarySize()
+	// The fused block's primitives are timed with as many keys (and as many baby outputs)
+	// as a large block touches, so that they leave the caches as a block's do: with the
+	// hoist batch's 8 keys at log N 13 (21 MB) keys and babies stayed in the 32 MiB L3 and
+	// the block primitives read 12-35% under the executor's phases (docs/lattigo.md).
+	bks := blockOffsets(len(ks), cal.GaloisKeyBytes)
+	for _, k := range bks[len(ks):] {
+		gks = append(gks, c.kgen.GenGaloisKeyNew(params.GaloisElement(k), c.sk, evkParams))
+	}
+	cal.BlockKeys = len(bks)
 	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(rlk, gks...))
 	ecd := ckks.NewEncoder(params)
 
@@ -445,7 +455,7 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 				return "", fmt.Errorf("rescale at level %d: %w", l, err)
 			}
 		}
-		if err = calibrateBlock(params, eval, a, ks, opt.Repeat, m); err != nil {
+		if err = calibrateBlock(params, eval, a, bks, opt.Repeat, m); err != nil {
 			return "", fmt.Errorf("fused block at level %d: %w", l, err)
 		}
 		cal.PerLevel[key] = m
@@ -536,8 +546,9 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 // calibrateBlock times the primitives of a fused block (fused.go) at ct's level, one
 // goroutine, with the same Lattigo calls the executor makes, in sequences as a block runs
 // them: the baby rotations and the giant steps cycle through the keys of ks (one key per
-// step, as in a block), the products stream 64 distinct plaintexts and reduce the
-// accumulators as often as the executor does (every QiOverflowMargin/2 products).
+// step and one baby output per key, as in a block; blockOffsets), the products stream
+// ~96 MiB of distinct plaintexts against the babies in turn and reduce the accumulators
+// as often as the executor does (every QiOverflowMargin/2 products).
 func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphertext, ks []int, repeat int, m map[string]timing) error {
 	levelQ, levelP := ct.Level(), params.MaxLevelP()
 	ringQP := params.RingQP().AtLevel(levelQ, levelP)
@@ -614,12 +625,14 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	}
 	qMargin := max(1, params.QiOverflowMargin(levelQ)>>1) // as the executor (fused.go)
 	pMargin := max(1, params.PiOverflowMargin(levelP)>>1)
+	// each product reads its own plaintext and the next baby, as a block's products do
 	tm, err := measure(repeat, func() error {
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[0], acc0)
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], baby.Value[1], acc1)
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], babies[0].Value[0], acc0)
+		ringQP.MulCoeffsMontgomeryLazy(pts[0], babies[0].Value[1], acc1)
 		for j := 1; j < batch; j++ {
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[0], acc0)
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], baby.Value[1], acc1)
+			b := babies[j%len(babies)]
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], b.Value[0], acc0)
+			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], b.Value[1], acc1)
 			if j%qMargin == qMargin-1 {
 				ringQ.Reduce(acc0.Q, acc0.Q)
 				ringQ.Reduce(acc1.Q, acc1.Q)
@@ -697,6 +710,30 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	})
 	m["block_giant"] = perStep(tg, len(ks))
 	return err
+}
+
+// Limits of the block calibration's working set (blockOffsets).
+const (
+	// blockWorkingSetBytes: the Galois keys a calibrated block cycles through, at least;
+	// 8x the 32 MiB L3 of the machines we calibrate on, so keys come from memory as in a
+	// large block (63 babies of a 2048-diagonal block at log N 13 read 165 MB of keys).
+	blockWorkingSetBytes = 256 << 20
+	// blockMaxKeys: the most keys (and baby outputs) generated for it: a large block's
+	// baby count (n1 = 64); at log N 13 that is 168 MB of keys and 42 MB of babies.
+	blockMaxKeys = 64
+)
+
+// blockOffsets returns the rotation offsets a calibrated block cycles through: 1..n with
+// n the fewest keys of keyBytes that reach blockWorkingSetBytes, within
+// [hoistBatch, blockMaxKeys].
+func blockOffsets(hoistBatch int, keyBytes int) []int {
+	n := (blockWorkingSetBytes + keyBytes - 1) / max(1, keyBytes)
+	n = max(hoistBatch, min(blockMaxKeys, n))
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
 }
 
 // perStep divides a timing of n steps by n.
