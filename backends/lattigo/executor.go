@@ -60,6 +60,7 @@ type executor struct {
 	eval     *ckks.Evaluator
 	polyEval *polynomial.Evaluator
 	ecd      *ckks.Encoder
+	emb      *embedder // ecd's Encode and Embed without per-coefficient allocations (encode.go)
 	keys     *keyStore
 	plan     *plan
 	ptValues map[string][]float64
@@ -141,6 +142,7 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		babies:    map[string]*babyCache{},
 		nWorkers:  opt.Workers,
 	}
+	e.emb = newEmbedder(params, e.ecd)
 	if e.cache == nil {
 		// one evaluation (slotplan run): every plaintext is encoded when read and not kept,
 		// as the memory model assumes (a model-wide cache is BenchPlan's, across its runs)
@@ -425,7 +427,7 @@ func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Pl
 	if err != nil {
 		return nil, err
 	}
-	if err := e.ecd.Encode(values, pt); err != nil {
+	if err := e.emb.encode(values, pt); err != nil {
 		return nil, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	d := nowSeconds() - t

@@ -577,7 +577,7 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	md.IsBatched = true
 	md.IsNTT = true
 	md.IsMontgomery = true
-	if err := e.ecd.Embed(vals, md, poly); err != nil {
+	if err := e.emb.embed(vals, md, poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	d := nowSeconds() - t

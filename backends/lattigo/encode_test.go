@@ -1,0 +1,108 @@
+package slotlattigo
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// The embedder's encodings equal Lattigo's, coefficient for coefficient: float64 and
+// complex128 values (zeros, both signs, magnitudes whose scaled value passes 2^64), full
+// and sparse slot counts, Q plaintexts at every level and QP polynomials.
+func TestEmbedderMatchesLattigo(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, LogQ: []int{55, 40, 40, 40}, LogP: []int{50, 50}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecd := newEncoder(params)
+	em := newEmbedder(params, ecd)
+	rng := rand.New(rand.NewSource(1))
+	value := func(i int) float64 {
+		switch i % 7 {
+		case 0:
+			return 0
+		case 1:
+			return -math.Ldexp(1+rng.Float64(), 30) // x 2^40 passes 2^64: the big-integer path
+		case 2:
+			return math.Ldexp(1+rng.Float64(), 26)
+		default:
+			return 2*rng.Float64() - 1
+		}
+	}
+	for _, logSlots := range []int{params.LogMaxSlots(), 5} {
+		slots := 1 << logSlots
+		reals := make([]float64, slots-3) // fewer values than slots: the rest are zeros
+		cplx := make([]complex128, slots)
+		for i := range reals {
+			reals[i] = value(i)
+		}
+		for i := range cplx {
+			cplx[i] = complex(value(i), value(i+3))
+		}
+		for level := 0; level <= params.MaxLevel(); level++ {
+			for _, vals := range []interface{}{reals, cplx} {
+				want, got := ckks.NewPlaintext(params, level), ckks.NewPlaintext(params, level)
+				want.LogDimensions.Cols, got.LogDimensions.Cols = logSlots, logSlots
+				if err := ecd.Encode(vals, want); err != nil {
+					t.Fatal(err)
+				}
+				if err := em.encode(vals, got); err != nil {
+					t.Fatal(err)
+				}
+				if !want.Value.Equal(&got.Value) {
+					t.Fatalf("logSlots %d level %d %T: Q plaintexts differ", logSlots, level, vals)
+				}
+				md := &rlwe.MetaData{}
+				md.Scale = rlwe.NewScale(math.Ldexp(1, 40))
+				md.LogDimensions = params.LogMaxDimensions()
+				md.LogDimensions.Cols = logSlots
+				md.IsBatched, md.IsNTT, md.IsMontgomery = true, true, true
+				rqp := params.RingQP().AtLevel(level, params.MaxLevelP())
+				wq, gq := rqp.NewPoly(), rqp.NewPoly()
+				if err := ecd.Embed(vals, md, wq); err != nil {
+					t.Fatal(err)
+				}
+				if err := em.embed(vals, md, gq); err != nil {
+					t.Fatal(err)
+				}
+				if !wq.Equal(&gq) {
+					t.Fatalf("logSlots %d level %d %T: QP polynomials differ", logSlots, level, vals)
+				}
+			}
+		}
+	}
+	// Lattigo's errors stay Lattigo's
+	if err := em.encode(make([]float64, params.MaxSlots()+1), ckks.NewPlaintext(params, 0)); err == nil {
+		t.Fatal("too many values: no error")
+	}
+}
+
+// BenchmarkEncode: Lattigo's Encode against the embedder at log N 14, top level.
+func BenchmarkEncode(b *testing.B) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 14, LogQ: []int{55, 40, 40, 40, 40, 40, 40, 40, 40}, LogP: []int{55, 55}, LogDefaultScale: 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ecd := newEncoder(params)
+	em := newEmbedder(params, ecd)
+	vals := make([]float64, params.MaxSlots())
+	for i := range vals {
+		vals[i] = 2*rand.Float64() - 1
+	}
+	pt := ckks.NewPlaintext(params, params.MaxLevel())
+	b.Run("lattigo", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_ = ecd.Encode(vals, pt)
+		}
+	})
+	b.Run("embedder", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_ = em.encode(vals, pt)
+		}
+	})
+}
