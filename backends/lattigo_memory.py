@@ -9,8 +9,10 @@ backends/lattigo/memmodel.go, built with the executor's own constructors):
   the lazy baby rotations of a block's base (extended ciphertexts in QP at the base's
   level, held from the first block on that base to its last, then pooled for the next
   block at the same level; a block at another level drops the pool), P*c0 and P*c1 of each
-  cached base, the block's plaintexts encoded in QP while it runs, and from the first block
-  on the workers' buffers (6 QP polys each) and the decomposition buffers;
+  cached base, the block's plaintexts encoded in QP while it runs (with a plaintext cache,
+  and for Q-mode blocks; otherwise each worker encodes one at a time into its buffer), and
+  from the first block on the workers' buffers (7 QP polys each) and the decomposition
+  buffers;
 * ``evaluator``: the buffers of the ckks evaluator and encoder, once per worker of the fused
   blocks (one without fusion);
 * ``relin_key``: the relinearisation key, when the run holds one beside the plan's keys
@@ -69,8 +71,11 @@ def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict
     return dict(json.loads(_call(mod.ExecutorMemory, json.dumps(plan, default=_json_default), json.dumps(opts))))
 
 
-def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> np.ndarray:
-    """Bytes the fused blocks hold at each program step (the module docstring's walk)."""
+def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any], streamed: bool = False) -> np.ndarray:
+    """Bytes the fused blocks hold at each program step (the module docstring's walk).
+    ``streamed``: no plaintext cache (Run; BenchPlan's ``no_plaintext_cache``): a QP-mode
+    block's workers encode one plaintext at a time into their buffer (counted in
+    ``fused_worker_bytes``) instead of holding the block's."""
     prog = ir.decode_program(program)
     n = len(prog)
     out = np.zeros(n, dtype=np.int64)
@@ -115,7 +120,8 @@ def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any]) -> 
                     pool_level, pool = lv, 0
                 pool -= min(pool, new)
             held[r] = (bs | set(betas), lv)
-        out[root] += resident() + int(b["terms"]) * qppoly[lv]
+        held_pts = 0 if streamed and not b.get("qmode") else int(b["terms"]) * qppoly[lv]
+        out[root] += resident() + held_pts
         for r in bases(b):
             remaining[r] -= 1
             if remaining[r] == 0:
@@ -170,7 +176,7 @@ def process_model(
         kb = dict.fromkeys(ir.rot_keys_of(ir.decode_program(program)), int(mem["galois_key_bytes"]))
     ser = memory_series(program, params, key_bytes=kb)
     base = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"]
-    fused = fused_series(program, params, mem)
+    fused = fused_series(program, params, mem, streamed=not cached_plaintexts)
     step = base + fused
     at = int(np.argmax(step)) if len(step) else 0
     workers = int(mem["workers"]) if mem.get("fused") else 1

@@ -96,6 +96,13 @@ def test_fused_walk_cache_pool_and_level_change() -> None:
     s2 = fused_series(prog2, params, _mem(blocks))
     assert s2[5] == 3 * 400 + 2 * 4 + 2 * 40 + fixed  # 2 pooled + 1 taken from the pool + P*c
     assert fused_series(prog, params, _mem([])).tolist() == [0] * len(prog)
+    # streamed plaintexts (no plaintext cache): a QP-mode block holds none of its own, a
+    # Q-mode block still encodes all of them first
+    blocks[1]["qmode"] = True
+    st = fused_series(prog2, params, _mem(blocks), streamed=True)
+    assert st[2] == 2 * 400 + 8 + fixed  # A: no plaintexts
+    assert st[3] == 3 * 400 + 8 + 40 + fixed  # B (Q mode): its one plaintext
+    assert st[5] == s2[5] - 2 * 40  # C: no plaintexts
 
 
 def test_fused_walk_several_bases() -> None:

@@ -532,8 +532,13 @@ type fusedWorker struct {
 	acc0, acc1 ringqp.Poly
 	cQP        *rlwe.Element[ringqp.Poly]
 	started    bool
-	prodSec    float64 // products of the current block (seconds)
+	prodSec    float64 // products of the current block (seconds, without encoding)
 	giantSec   float64 // giant steps of the current block
+	// streamed plaintexts (evalFused without a plaintext cache): the worker's encoder and
+	// the one QP plaintext it encodes each product's diagonal into
+	emb    *embedder
+	ptBuf  ringqp.Poly
+	encSec float64 // encoding in the current block
 }
 
 func (e *executor) workerPool() []*fusedWorker {
@@ -547,7 +552,8 @@ func (e *executor) workerPool() []*fusedWorker {
 		if w > 0 {
 			ev = e.eval.ShallowCopy()
 		}
-		fw := &fusedWorker{eval: ev, tmp0: rqp.NewPoly(), tmp1: rqp.NewPoly(), acc0: rqp.NewPoly(), acc1: rqp.NewPoly()}
+		fw := &fusedWorker{eval: ev, tmp0: rqp.NewPoly(), tmp1: rqp.NewPoly(), acc0: rqp.NewPoly(), acc1: rqp.NewPoly(),
+			emb: newEmbedder(e.params, e.ecd.ShallowCopy()), ptBuf: rqp.NewPoly()}
 		fw.cQP = &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
 		fw.cQP.IsNTT = true
 		e.workers = append(e.workers, fw)
@@ -585,6 +591,24 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	e.encodeSec += d
 	if c.keep(int64(poly.BinarySize())) {
 		c.qp[key] = poly
+	}
+	return poly, nil
+}
+
+// encodeInto encodes plaintext name in QP at (levelQ, levelP) into the worker's buffer
+// (as ptQP, without the cache) and returns it. Safe in parallel with other workers.
+func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
+	vals, err := e.ptVector(name)
+	if err != nil {
+		return ringqp.Poly{}, err
+	}
+	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}, P: ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}}
+	md := &rlwe.MetaData{}
+	md.Scale = scale
+	md.LogDimensions = e.params.LogMaxDimensions()
+	md.IsBatched, md.IsNTT, md.IsMontgomery = true, true, true
+	if err := fw.emb.embed(vals, md, poly); err != nil {
+		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	return poly, nil
 }
@@ -728,9 +752,16 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 			betaSet[t.base][t.beta] = true
 		}
 	}
-	// encode (or fetch) the plaintexts first, serially
+	// Without a plaintext cache (Run, BenchPlan's no_plaintext_cache) a QP-mode block's
+	// workers encode each product's plaintext into their own buffer just before the
+	// product, so a block never holds its plaintexts (LoLa's blocks at n14 held 1.6 GB of
+	// them); otherwise they are encoded (or fetched) first, serially, and cached.
+	stream := e.cache.limit < 0 && !f.qmode
 	pts := map[int][]ringqp.Poly{}
 	for _, g := range gammas {
+		if stream {
+			break
+		}
 		for _, t := range f.groups[g] {
 			p, err := e.ptQP(t.pt, levelQ, ptScale)
 			if err != nil {
@@ -765,16 +796,27 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	var wg sync.WaitGroup
 	for w := range ws {
 		ws[w].started = false
-		ws[w].prodSec, ws[w].giantSec = 0, 0
+		ws[w].prodSec, ws[w].giantSec, ws[w].encSec = 0, 0, 0
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
 			fw := ws[w]
 			for gi := w; gi < len(gammas); gi += len(ws) {
 				g := gammas[gi]
-				tp := nowSeconds()
+				tp, enc := nowSeconds(), fw.encSec
 				for j, t := range f.groups[g] {
-					pt := pts[g][j]
+					var pt ringqp.Poly
+					if stream {
+						te := nowSeconds()
+						var err error
+						if pt, err = e.encodeInto(fw, t.pt, levelQ, levelP, ptScale); err != nil {
+							errs[w] = err
+							return
+						}
+						fw.encSec += nowSeconds() - te
+					} else {
+						pt = pts[g][j]
+					}
 					bc := caches[t.base]
 					if t.beta == 0 {
 						if j == 0 {
@@ -810,7 +852,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
 				ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
 				tg := nowSeconds()
-				fw.prodSec += tg - tp
+				fw.prodSec += tg - tp - (fw.encSec - enc)
 				if g == 0 {
 					if !fw.started {
 						fw.acc0.CopyLvl(levelQ, levelP, fw.tmp0)
@@ -859,6 +901,18 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	if stream {
+		// encoding is model preparation, timed apart (runTimed): the slowest worker's
+		// encoding is its share of the block's wall time (all of it with one worker)
+		enc, sum := 0.0, 0.0
+		for _, fw := range ws {
+			enc, sum = max(enc, fw.encSec), sum+fw.encSec
+		}
+		e.encodeSec += enc
+		e.cache.mu.Lock()
+		e.cache.seconds += sum
+		e.cache.mu.Unlock()
 	}
 	tFinish := nowSeconds()
 	var first *fusedWorker

@@ -23,8 +23,10 @@ import (
 //     (workers > 1 shallow-copy the evaluator);
 //   - fused: a fused linear block's working set (fused.go): the lazy baby rotations of its
 //     base (extended ciphertexts in QP at the base's level), P*c0 and P*c1, the block's
-//     plaintexts encoded in QP, and per worker 6 QP polys plus the decomposition buffers
-//     (allocated at the first block, kept).
+//     plaintexts encoded in QP (with a plaintext cache, and for Q-mode blocks; otherwise
+//     each worker encodes one at a time into its buffer), and per worker 7 QP polys
+//     (accumulators, temporaries, cQP, the plaintext buffer) plus the decomposition
+//     buffers (allocated at the first block, kept).
 //
 // The fusion analysis is the executor's (analyseFusion); the walk over blocks (which baby
 // rotations are held, and the pool they return to) is replayed in Python from the blocks
@@ -43,6 +45,9 @@ type fusedBlockInfo struct {
 	// lazily (empty: the register is multiplied as it is, through P times it)
 	Bases map[string][]int `json:"bases"`
 	Terms int              `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
+	// QMode: evaluated in Q (markQMode); its plaintexts are encoded before it runs even
+	// without a plaintext cache (a QP-mode block then streams them: one per worker)
+	QMode bool `json:"qmode"`
 	// The block's plaintexts (a cache across evaluations, BenchPlan's, keeps them in QP).
 	Plaintexts []string `json:"plaintexts"`
 }
@@ -53,7 +58,7 @@ type executorMemory struct {
 	Workers int `json:"workers"`
 	// Per worker: the ckks evaluator's and encoder's buffers.
 	EvaluatorBytes int64 `json:"evaluator_bytes"`
-	// Once fusion runs: per worker 6 QP polys (accumulators, temporaries, cQP), plus the
+	// Once fusion runs: per worker 7 QP polys (accumulators, temporaries, cQP, plaintext), plus the
 	// shared decomposition buffers.
 	FusedWorkerBytes int64 `json:"fused_worker_bytes"`
 	FusedDecompBytes int64 `json:"fused_decomp_bytes"`
@@ -139,7 +144,7 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	withBlock = withBlock && setup.btp != nil
 	m.RelinResident = p.needsRelin() && (p.hasKeySchedule() || !withBlock) // as run() decides
 	full := qpPolyBytes(params, params.MaxLevel(), levelP)
-	m.FusedWorkerBytes = int64(6 * full)
+	m.FusedWorkerBytes = int64(7 * full) // and the buffer streamed plaintexts are encoded into
 	m.FusedDecompBytes = int64(params.BaseRNSDecompositionVectorSize(params.MaxLevel(), levelP) * full)
 	for l := 0; l <= setup.top; l++ {
 		m.QPElementBytes = append(m.QPElementBytes, rlwe.NewElementExtended(params, 1, l, levelP).BinarySize())
@@ -158,7 +163,7 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	sort.Ints(roots)
 	for _, i := range roots {
 		f := fp.roots[i]
-		bi := fusedBlockInfo{Root: i, First: i, Base: f.base, Terms: f.terms(), Bases: map[string][]int{}}
+		bi := fusedBlockInfo{Root: i, First: i, Base: f.base, Terms: f.terms(), QMode: f.qmode, Bases: map[string][]int{}}
 		for _, j := range f.instrs {
 			bi.First = min(bi.First, j)
 		}
