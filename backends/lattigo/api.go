@@ -569,15 +569,30 @@ func openPlaintextFile(path string, names []string, widths []int) (*plaintextFil
 
 // vector reads the named plaintext's values (a fresh slice).
 func (pf *plaintextFile) vector(name string) ([]float64, error) {
+	var raw []byte
+	var v []float64
+	return pf.vectorInto(name, &raw, &v)
+}
+
+// vectorInto reads the named plaintext's values into *v, reading through *raw (each grown
+// when too short and kept: a caller that keeps them allocates nothing per read). Safe for
+// concurrent use with distinct buffers.
+func (pf *plaintextFile) vectorInto(name string, raw *[]byte, vp *[]float64) ([]float64, error) {
 	i, ok := pf.index[name]
 	if !ok {
 		return nil, fmt.Errorf("plaintext %q is not in the plan", name)
 	}
-	buf := make([]byte, 8*pf.width[i])
+	if cap(*raw) < 8*pf.width[i] {
+		*raw = make([]byte, 8*pf.width[i])
+	}
+	buf := (*raw)[:8*pf.width[i]]
 	if _, err := pf.f.ReadAt(buf, pf.at[i]*8); err != nil {
 		return nil, fmt.Errorf("plaintext_file %s: %w", pf.path, err)
 	}
-	v := make([]float64, pf.width[i])
+	if cap(*vp) < pf.width[i] {
+		*vp = make([]float64, pf.width[i])
+	}
+	v := (*vp)[:pf.width[i]]
 	for s := range v {
 		v[s] = math.Float64frombits(binary.LittleEndian.Uint64(buf[8*s:]))
 		if math.IsNaN(v[s]) || math.IsInf(v[s], 0) {

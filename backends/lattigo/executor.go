@@ -442,10 +442,28 @@ func (e *executor) plaintext(name string, level int, scale rlwe.Scale) (*rlwe.Pl
 // ptVector returns plaintext name's values as the encoder takes them: []float64, or
 // []complex128 for a complex plaintext (packed as 2*slots values: real, then imaginary).
 func (e *executor) ptVector(name string) (any, error) {
+	return e.ptVectorInto(name, nil)
+}
+
+// vecBuffers are a reader's buffers for ptVectorInto (nil: fresh slices).
+type vecBuffers struct {
+	raw  []byte
+	vals []float64
+	cplx []complex128
+}
+
+// ptVectorInto is ptVector reading through b's buffers when b is not nil: the result
+// aliases them and is valid until the next call with b.
+func (e *executor) ptVectorInto(name string, b *vecBuffers) (any, error) {
 	vals, ok := e.ptValues[name]
 	if e.ptFile != nil { // large models pass their plaintexts through a file
 		var err error
-		if vals, err = e.ptFile.vector(name); err != nil {
+		if b == nil {
+			vals, err = e.ptFile.vector(name)
+		} else {
+			vals, err = e.ptFile.vectorInto(name, &b.raw, &b.vals)
+		}
+		if err != nil {
 			return nil, err
 		}
 		ok = true
@@ -460,7 +478,15 @@ func (e *executor) ptVector(name string) (any, error) {
 	if len(vals) != 2*slots {
 		return nil, fmt.Errorf("complex plaintext %q: %d values, expected %d (real, then imaginary parts)", name, len(vals), 2*slots)
 	}
-	cv := make([]complex128, slots)
+	var cv []complex128
+	if b != nil && cap(b.cplx) >= slots {
+		cv = b.cplx[:slots]
+	} else {
+		cv = make([]complex128, slots)
+		if b != nil {
+			b.cplx = cv
+		}
+	}
 	for s := range cv {
 		cv[s] = complex(vals[s], vals[slots+s])
 	}

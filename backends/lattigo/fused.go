@@ -537,6 +537,7 @@ type fusedWorker struct {
 	// streamed plaintexts (evalFused without a plaintext cache): the worker's encoder and
 	// the one QP plaintext it encodes each product's diagonal into
 	emb    *embedder
+	vecs   vecBuffers // the plaintext vectors it reads (no allocation per product)
 	ptBuf  ringqp.Poly
 	encSec float64 // encoding in the current block
 }
@@ -598,7 +599,7 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 // encodeInto encodes plaintext name in QP at (levelQ, levelP) into the worker's buffer
 // (as ptQP, without the cache) and returns it. Safe in parallel with other workers.
 func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
-	vals, err := e.ptVector(name)
+	vals, err := e.ptVectorInto(name, &fw.vecs)
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
