@@ -58,8 +58,12 @@ __all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "executor_memory", "fused_seri
 BASELINE_BYTES = 62 * 2**20
 # Go's soft memory limit during a run: the Go runtime's memory at its start plus the
 # modelled growth times this (the collector then runs before the heap passes the model;
-# Go's GOGC alone, 10 during a run, would let it reach 1.1x the live bytes).
-GC_LIMIT_HEADROOM = 1.03
+# Go's GOGC alone, 10 during a run, would let it reach 1.1x the live bytes). At 1.03 a
+# run whose real need passed the model by 4% (LeNet-5 keep-all at n14boot once blocks
+# stream their plaintexts: RSS 1.044x the model) sat on the limit: the collector ran back
+# to back (sweeping 42% of the CPU profile) and the evaluation took 21-23 s instead of
+# 9.8 s. 1.10 is the acceptance's RSS tolerance.
+GC_LIMIT_HEADROOM = 1.10
 
 
 def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
