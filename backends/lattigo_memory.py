@@ -62,8 +62,11 @@ BASELINE_BYTES = 62 * 2**20
 # run whose real need passed the model by 4% (LeNet-5 keep-all at n14boot once blocks
 # stream their plaintexts: RSS 1.044x the model) sat on the limit: the collector ran back
 # to back (sweeping 42% of the CPU profile) and the evaluation took 21-23 s instead of
-# 9.8 s. 1.10 is the acceptance's RSS tolerance.
-GC_LIMIT_HEADROOM = 1.10
+# 9.8 s. At 1.10 LoLa's capped runs at n14 (RSS 1.23x the model: 170 MiB the model does
+# not explain yet) sat on it in turn (runs of 4.66, 5.80, 5.83 s against 4.42-4.52 s for
+# the same schedule at the quarter cap). GOGC 10 already keeps the heap within 1.1x the
+# live bytes; the limit only has to stop a runaway, so it leaves a quarter of room.
+GC_LIMIT_HEADROOM = 1.25
 
 
 def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
