@@ -17,8 +17,8 @@ The rules are the executor's, on the program's dataflow (no attribute in the pla
 * a form's products may read its origin x or rotations of rotations of it (a key
   schedule's two-hop rotations); a baby rotation that runs as an instruction is multiplied
   as it is (offset 0 on its output register);
-* under a key schedule (``load_key``/``drop_key``) only forms of two or more products are
-  blocks, and a block whose giant keys are dropped before its root is fused group by
+* under a key schedule (``load_key``/``drop_key``) a one-product form is a block only in
+  Q mode (below), and a block whose giant keys are dropped before its root is fused group by
   group: the analysis is repeated with its giant rotations not absorbed (each giant step's
   products are one block, the giant rotations and additions run as written). (The
   executor also splits a block whose giant key was made a level below the base; this
@@ -203,12 +203,14 @@ def _analyse_once(
     roots: list[_Form] = []
     split: set[int] = set()
     for r, f in forms.items():
-        if r in absorbed or not f.worth() or (scheduled and f.terms() < 2):
+        if r in absorbed or not f.worth():
             continue
         if not scheduled or _giant_keys_stay(instrs, f, slots):
             roots.append(f)
         else:
             split.update(i for i in f.instrs if isinstance(instrs[i], ir.Rot))
+    if scheduled:
+        roots = _drop_lone_qp_blocks(roots)
     skip = _absorbed(roots, baby_instr, users)
     for f in roots:
         # a baby the plan computes anyway is multiplied as it is
@@ -289,6 +291,14 @@ def _giant_keys_stay(instrs: list[Any], f: _Form, slots: int) -> bool:
             if isinstance(d, ir.DropKey) and (d.block is not None or (d.k is not None and d.k % slots == rot.k % slots)):
                 return False
     return True
+
+
+def _drop_lone_qp_blocks(roots: list[_Form]) -> list[_Form]:
+    """Under a key schedule, the one-product blocks that run in Q mode (the executor's
+    dropLoneQPBlocks: in QP each would pay two ModDowns where the plan's hoisted rotation
+    pays one; in Q mode they share their base's babies)."""
+    _mark_qmode(roots)
+    return [f for f in roots if f.terms() >= 2 or f.qmode]
 
 
 def _mark_qmode(roots: list[_Form]) -> None:

@@ -74,15 +74,23 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
 
 
 @needs_lattigo
-def test_q_mode_blocks_as_the_model_counts() -> None:
-    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts."""
+@pytest.mark.parametrize("fraction", [None, 0.75])
+def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
+    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts,
+    with and without a key schedule; under one, one-product blocks are fused in Q mode only
+    (fused.go dropLoneQPBlocks), as many as without it."""
     graph = conv_workload("conv2").graph
     params = load_params("n12")
-    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    cap = None if fraction is None else int(_peak_keys(graph, None) * fraction)
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap))
     fc = fused_counts(res.plan["program"], params.slots)
-    st, err = _bench(graph, None, {"repeat": 1})
+    st, err = _bench(graph, None, {"repeat": 1, "memory_cap_bytes": cap})
     assert max(err.values()) < 1e-4, err
     assert fc.q_blocks > 0
+    if cap is not None:
+        assert st["key_mode"] == "scheduled"
+        free = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True)).plan
+        assert fc.q_blocks == fused_counts(free["program"], params.slots).q_blocks
     assert st["fused_q_blocks"] == fc.q_blocks
     assert st["fused_blocks"] == fc.blocks + fc.q_blocks
     assert st["fused_products"] == fc.products + fc.q_products

@@ -277,13 +277,6 @@ func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[in
 		if absorbed[r] || !f.worth() {
 			continue
 		}
-		// under a key schedule only blocks of several products: the schedule's split groups
-		// leave many one-product blocks (a baby rotation and its pmul), which fused pay two
-		// ModDowns where the plan's hoisted rotation pays one (LoLa at n14 under a half cap:
-		// 9181 such blocks, 36.7 s fused against 10.6 s as written)
-		if scheduled && f.terms() < 2 {
-			continue
-		}
 		if keyLevelsFit(f, levels) && (!scheduled || giantKeysStay(prog, f, norm)) {
 			cands[r] = f
 			continue
@@ -293,6 +286,9 @@ func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[in
 				split[i] = true
 			}
 		}
+	}
+	if scheduled {
+		dropLoneQPBlocks(cands)
 	}
 	fp := buildFusion(len(prog), cands, babyInstr, users)
 	if !scheduled {
@@ -376,6 +372,22 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 	}
 	markQMode(chosen)
 	return fp
+}
+
+// dropLoneQPBlocks keeps a key schedule's one-product blocks only where they run in Q
+// mode. A schedule's split groups leave many one-product blocks (a baby rotation and its
+// pmul); in QP each pays two ModDowns where the plan's hoisted rotation pays one (LoLa at
+// n14 under a half cap: 9181 such blocks, 36.7 s fused against 10.6 s as written). In Q
+// mode they share their base's babies as without a schedule (ResNet-20 at n14boot: 2936
+// of its 3068 Q-mode blocks have one product; run as written under a cap they cost
+// 1.16x keep-all). planner/fusion.py applies the same rule.
+func dropLoneQPBlocks(cands map[string]*fForm) {
+	markQMode(cands)
+	for r, f := range cands {
+		if f.terms() < 2 && !f.qmode {
+			delete(cands, r)
+		}
+	}
 }
 
 // markQMode chooses how the giantless blocks of each base are evaluated. In QP (the

@@ -1,6 +1,9 @@
 package slotlattigo
 
 import (
+	"encoding/json"
+	"math"
+	"math/rand"
 	"strconv"
 	"strings"
 	"testing"
@@ -162,5 +165,97 @@ func TestFusionTwoHopBabies(t *testing.T) {
 	}
 	if fp.baseRoots["x"] != 1 || fp.baseRoots["b2"] != 1 || fp.baseRoots["b1"] != 1 {
 		t.Errorf("base roots %v", fp.baseRoots)
+	}
+}
+
+// Under a key schedule a one-product block is fused only in Q mode: blocks of one product
+// that share their base's babies (here two blocks over one baby; the unrotated product is
+// no block) run in Q, with the baby
+// computed where the plan rotates it (its key is dropped right after); a lone one-product
+// block, which in QP would pay two ModDowns for the plan's one, runs as written. Both give
+// the numpy-style reference.
+func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
+	const slots = 2048
+	rng := rand.New(rand.NewSource(3))
+	vec := func() []float64 {
+		v := make([]float64, slots)
+		for i := range v {
+			v[i] = rng.Float64()*2 - 1
+		}
+		return v
+	}
+	x, p0, p1, p2 := vec(), vec(), vec(), vec()
+	head := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
+	                 "p2": {"source": "w", "table": "pt/p2"}},
+	  "program": [
+	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
+	    {"op": "load_key", "k": 1},
+	    {"op": "rot_hoisted", "dsts": ["b1"], "src": "x", "ks": [1]},
+	    {"op": "drop_key", "k": 1},
+	    {"op": "pmul", "dst": "y1", "src": "b1", "pt": "p0"},`
+	cases := []struct {
+		name, tail string
+		blocks     int
+		want       [][]float64 // per output, per slot
+	}{
+		{"three blocks over one baby: Q mode", `
+	    {"op": "pmul", "dst": "y2", "src": "b1", "pt": "p1"},
+	    {"op": "pmul", "dst": "y3", "src": "x", "pt": "p2"},
+	    {"op": "output", "src": "y1", "tensor": "y1", "table": "out/y1"},
+	    {"op": "output", "src": "y2", "tensor": "y2", "table": "out/y2"},
+	    {"op": "output", "src": "y3", "tensor": "y3", "table": "out/y3"}]}`, 2, nil},
+		{"a lone block: as written", `
+	    {"op": "output", "src": "y1", "tensor": "y1", "table": "out/y1"}]}`, 0, nil},
+	}
+	ref := func(pt []float64, k int) []float64 {
+		out := make([]float64, slots)
+		for s := range out {
+			out[s] = x[(s+k)%slots] * pt[s]
+		}
+		return out
+	}
+	cases[0].want = [][]float64{ref(p0, 1), ref(p1, 1), ref(p2, 0)}
+	cases[1].want = [][]float64{ref(p0, 1)}
+	for _, c := range cases {
+		planJSON := head + c.tail
+		p, err := parsePlan(planJSON)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		fp := analyseFusion(p, slots)
+		if len(fp.roots) != c.blocks {
+			t.Fatalf("%s: %d fused blocks, want %d", c.name, len(fp.roots), c.blocks)
+		}
+		for _, f := range fp.roots {
+			if !f.qmode {
+				t.Errorf("%s: a one-product block fused in QP: %+v", c.name, f)
+			}
+		}
+		if c.blocks > 0 && !fp.pre[2] {
+			t.Errorf("%s: the baby is not computed where the plan rotates it", c.name)
+		}
+		out, err := BenchPlan(planJSON, packVecs(x), packVecs(p0, p1, p2), `{"prefetch": true}`)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var r struct {
+			Outputs []outputRecord `json:"outputs"`
+			Stats   map[string]any `json:"stats"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		if got := int(r.Stats["fused_q_blocks"].(float64)); got != c.blocks {
+			t.Errorf("%s: executor fused %d Q-mode blocks, want %d", c.name, got, c.blocks)
+		}
+		for o, want := range c.want {
+			got := decodeOut(t, r.Outputs[o].Data)
+			for s := range want {
+				if math.Abs(got[s]-want[s]) > 1e-5 {
+					t.Fatalf("%s: output %d slot %d: %g, want %g", c.name, o, s, got[s], want[s])
+				}
+			}
+		}
 	}
 }
