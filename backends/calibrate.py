@@ -200,6 +200,8 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "hoist_batch": b,
         # keys (and baby outputs) the block primitives cycle through (calibrate.go: blockOffsets)
         "block_keys": raw.get("block_keys"),
+        # key files key_read_file reads in turn (the block's keys: a set that leaves the caches)
+        "key_read_keys": raw.get("key_read_keys"),
         "levels": raw["levels"],
         "top_level": raw["max_level"],
         "rotation_ms_by_level": {lv: v["rotate"] for lv, v in per_level_ms.items()},

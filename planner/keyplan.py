@@ -134,12 +134,14 @@ def time_model(params: Params) -> TimeModel:
                 {int(k): float(v) for k, v in hoist.items()},
                 {"pmul": w.pmul, "add": w.add, "cmul": w.cmul, "rescale": w.rescale, "poly": w.poly},
                 # read_file + unmarshal, though GaloisKey.ReadFrom (the key store's read)
-                # parses as it reads: the calibration reads one just-written key from the
-                # page cache (n14: 0.2 ms/MB), while keymeasure's key sets read at ~3 ms/MB
-                # (LoLa at n14: 207 keys, 4658 MiB in 14.7 s). With read_file alone the joint
-                # schedule of LoLa's half cap chose 207 loads (1.32x keep-all measured) over
-                # the 68 it chose with the sum (0.98x). Kept until the calibration measures
-                # reads of a key set as large as a plan's.
+                # parses as it reads. Calibrations before key_read_keys read one key file
+                # over and over from the caches (n14: 0.2 ms/MB), while keymeasure's key
+                # sets read at 1.2-3 ms/MB (LoLa at n14: 207 keys, 4658 MiB in 14.7 s);
+                # with read_file alone LoLa's half-cap schedule chose 207 loads (1.32x
+                # keep-all measured) over the 68 it chose with the sum (0.98x). Reading
+                # the block's 35 key files in turn, n14boot calibrates 0.97 ms/MB read and
+                # 1.24 ms/MB with the parse, against 1.2-1.6 ms/MB measured in ResNet-20's
+                # capped runs (docs/lattigo.md), so the sum is kept.
                 float(sum(float(v) for v in load.values())) / float(kb),
                 f"cost table {name}",
             )

@@ -79,6 +79,8 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     assert m["galois_key_bytes"] > 0
     # the block primitives cycle through keys whose bytes reach 256 MiB (calibrate.go)
     assert m["block_keys"] == min(64, max(m["hoist_batch"], -(-(256 << 20) // m["galois_key_bytes"])))
+    # key reads cycle through those keys' files, not one file kept in the caches
+    assert m["key_read_keys"] == m["block_keys"]
     mc = m["machine"]
     assert mc["cpu_model"] and mc["go_version"].startswith("go") and mc["date"]
     assert m["samples_ms"]["once"]["keygen_galois"]
