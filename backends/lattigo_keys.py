@@ -76,10 +76,13 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     inline = len(plan.get("plaintexts") or {}) * slots * 8 <= PLAINTEXT_INLINE_BYTES
     # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
     # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
-    pm = process_model(plan, executor_memory(plan, workers), inline_plaintexts=inline,
-                       cached_plaintexts=plaintext_cache)
+    mem = executor_memory(plan, workers)
+    pm = process_model(plan, mem, inline_plaintexts=inline, cached_plaintexts=plaintext_cache)
+    # Run's GOGC (10): at Go's default 100 the heap grew until the soft limit stopped it and
+    # the peak RSS sat at 1.19-1.25x the model, garbage rather than live bytes
     opts: dict[str, Any] = {
         "repeat": int(repeat), "measure_rss": True, "keep_all_disk": keep_all, "prefetch": True,
+        "gc_percent": int(mem["run_gc_percent"]),
         "preload_prologue": True, "memory_limit_extra_bytes": int(pm["growth"] * GC_LIMIT_HEADROOM),
         "no_plaintext_cache": not plaintext_cache, "no_prepare": not plaintext_cache}
     if workers:

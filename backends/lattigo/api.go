@@ -47,7 +47,7 @@ func Version() (v string) {
 //     directory removed afterwards), "key_level" (level of the generated rotation keys;
 //     default: the top level), "plaintext_file" (the plaintext vectors in a file instead
 //     of the plaintexts argument, read one at a time) and "gc_percent" (Go's GOGC during
-//     the call; default 10 for bootstrapping plans).
+//     the call; default 10, defaultGCPercent; -2 leaves the process's).
 //
 // The client side generates a secret key, only the plan's rotation keys (and the
 // relinearisation key when the plan multiplies ciphertexts) into the key directory, and
@@ -318,10 +318,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if opt.GCPercent != nil {
 		gcPercent = *opt.GCPercent
 	}
-	if gcPercent != -2 {
-		old := debug.SetGCPercent(gcPercent)
-		defer debug.SetGCPercent(old)
-	}
+	defer withGCPercent(gcPercent)()
 	if opt.MemoryLimitExtraBytes > 0 {
 		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
@@ -360,10 +357,9 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		LogN: params.LogN(), Slots: slots, MaxLevel: setup.top,
 		OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
 		KeyMode: "keep_all", KeyLevel: keyLevel,
-		RSSStartBytes: rssStart, PeakRSSReset: rssReset, GCPercent: debug.SetGCPercent(-1),
+		RSSStartBytes: rssStart, PeakRSSReset: rssReset, GCPercent: currentGCPercent(),
 		BootstrapSeconds: []float64{}, BootstrapInLevels: []int{},
 	}
-	debug.SetGCPercent(st.GCPercent)
 	if setup.boot != nil {
 		st.Boot = setup.boot.Literal
 	}

@@ -74,10 +74,13 @@ type benchPlanOptions struct {
 	// heap grow to twice the live keys.
 	MemoryLimitBytes      int64 `json:"memory_limit_bytes"`
 	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
-	Prefetch              *bool `json:"prefetch"`
-	KeepAllDisk           bool  `json:"keep_all_disk"`
-	PreloadPrologue       bool  `json:"preload_prologue"`
-	MeasureRSS            bool  `json:"measure_rss"`
+	// GCPercent: Go's GOGC for the call (absent: the process's, Go's 100 unless set; a
+	// benchmark standing for Run passes Run's, ExecutorMemory's run_gc_percent).
+	GCPercent       *int  `json:"gc_percent"`
+	Prefetch        *bool `json:"prefetch"`
+	KeepAllDisk     bool  `json:"keep_all_disk"`
+	PreloadPrologue bool  `json:"preload_prologue"`
+	MeasureRSS      bool  `json:"measure_rss"`
 	// PlaintextFile: the plaintext vectors in a file (as Run's option: one vector in memory
 	// at a time; reading one is timed with its encoding, model preparation)
 	PlaintextFile string `json:"plaintext_file"`
@@ -90,22 +93,26 @@ type benchPlanOptions struct {
 type benchPlanStats struct {
 	*stats
 	EvalSecondsRuns []float64 `json:"eval_seconds_runs"`
-	EncodeSeconds   float64   `json:"encode_seconds"`
-	PrepareSeconds  float64   `json:"prepare_seconds"`
-	CPUSeconds      float64   `json:"cpu_seconds"`
-	CPUSecondsRuns  []float64 `json:"cpu_seconds_runs"`
-	CachedPtBytes   int64     `json:"cached_plaintext_bytes"`
-	EncryptSeconds  float64   `json:"encrypt_seconds"`
-	DecryptSeconds  float64   `json:"decrypt_seconds"`
-	Repeat          int       `json:"repeat"`
-	KeyStore        string    `json:"key_store"`
-	KeyBytes        int64     `json:"key_bytes"`
-	Prefetch        bool      `json:"prefetch"`
-	KeyWaitSeconds  float64   `json:"key_wait_seconds"`
-	RSSStartBytes   int64     `json:"rss_start_bytes"`
-	RSSPeakBytes    int64     `json:"rss_peak_bytes"`
-	RSSMeasured     bool      `json:"rss_measured"`
-	PrologueLoads   int       `json:"prologue_key_loads"`
+	// PooledStartBytes: per timed run, the pooled baby rotations and ciphertexts it found
+	// at its start (0 without a plaintext cache: each run starts afresh, as Run does)
+	PooledStartBytes []int64   `json:"pooled_start_bytes_runs"`
+	EncodeSeconds    float64   `json:"encode_seconds"`
+	PrepareSeconds   float64   `json:"prepare_seconds"`
+	CPUSeconds       float64   `json:"cpu_seconds"`
+	CPUSecondsRuns   []float64 `json:"cpu_seconds_runs"`
+	CachedPtBytes    int64     `json:"cached_plaintext_bytes"`
+	EncryptSeconds   float64   `json:"encrypt_seconds"`
+	DecryptSeconds   float64   `json:"decrypt_seconds"`
+	Repeat           int       `json:"repeat"`
+	KeyStore         string    `json:"key_store"`
+	KeyBytes         int64     `json:"key_bytes"`
+	Prefetch         bool      `json:"prefetch"`
+	KeyWaitSeconds   float64   `json:"key_wait_seconds"`
+	RSSStartBytes    int64     `json:"rss_start_bytes"`
+	RSSPeakBytes     int64     `json:"rss_peak_bytes"`
+	RSSMeasured      bool      `json:"rss_measured"`
+	PrologueLoads    int       `json:"prologue_key_loads"`
+	GCPercent        int       `json:"gc_percent"`
 }
 
 // benchIO hands pre-encrypted inputs to the executor and keeps the output ciphertexts
@@ -142,6 +149,23 @@ func withMemoryLimit(limit int64) func() {
 	}
 	old := debug.SetMemoryLimit(limit)
 	return func() { debug.SetMemoryLimit(old) }
+}
+
+// withGCPercent sets Go's GOGC (debug.SetGCPercent; -2 leaves it) and returns the function
+// that restores the previous one.
+func withGCPercent(percent int) func() {
+	if percent == -2 {
+		return func() {}
+	}
+	old := debug.SetGCPercent(percent)
+	return func() { debug.SetGCPercent(old) }
+}
+
+// currentGCPercent reads Go's GOGC (debug.SetGCPercent has no getter).
+func currentGCPercent() int {
+	v := debug.SetGCPercent(-1)
+	debug.SetGCPercent(v)
+	return v
 }
 
 // memoryKeyStore generates the given rotation keys (and the relinearisation key) into a
@@ -190,6 +214,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		return "", fmt.Errorf("options: repeat must be in 1..1000, got %d", opt.Repeat)
 	}
 	defer withMemoryLimit(opt.MemoryLimitBytes)()
+	if opt.GCPercent != nil {
+		defer withGCPercent(*opt.GCPercent)()
+	}
 	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
@@ -267,6 +294,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		collectGarbage()
 		bs.RSSStartBytes, bs.RSSMeasured = resetPeakRSS()
 	}
+	bs.GCPercent = currentGCPercent()
 	if opt.MemoryLimitExtraBytes > 0 {
 		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
@@ -301,6 +329,13 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	stopProfile := func() {}
 	defer func() { stopProfile() }()
 	for r := first; r < opt.Repeat; r++ {
+		if opt.NoPlaintextCache {
+			// as Run: each run starts without the previous one's pools (the baby rotations
+			// and ciphertexts ptCache keeps for reuse); carried over, LoLa's capped runs
+			// began the next run with 245 MiB of extended babies and 84 MiB of ciphertexts
+			// still live, and peaked 1.25x the model from the second run on
+			exOpt.Cache = newPtCache(-1)
+		}
 		io := &benchIO{}
 		for _, ct := range cts {
 			io.inputs = append(io.inputs, ct.CopyNew())
@@ -351,6 +386,9 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			if stopProfile, err = startCPUProfile(opt.CPUProfile); err != nil {
 				return "", err
 			}
+		}
+		if r >= 0 {
+			bs.PooledStartBytes = append(bs.PooledStartBytes, exOpt.Cache.pooledBytes())
 		}
 		cpu0 := cpuSeconds()
 		eval, encode, err := ex.runTimed()

@@ -517,6 +517,25 @@ func newPtCache(limit int64) *ptCache {
 		pool: map[int][]*rlwe.Element[ringqp.Poly]{}, cts: map[int][]*rlwe.Ciphertext{}}
 }
 
+// pooledBytes: the bytes of the pooled baby rotations and ciphertexts (what an evaluation
+// that starts with this cache inherits besides the plaintexts).
+func (c *ptCache) pooledBytes() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, es := range c.pool {
+		for _, e := range es {
+			n += int64(e.BinarySize())
+		}
+	}
+	for _, cts := range c.cts {
+		for _, ct := range cts {
+			n += int64(ct.BinarySize())
+		}
+	}
+	return n
+}
+
 func (c *ptCache) keep(n int64) bool {
 	if c.limit < 0 || (c.limit > 0 && c.bytes+n > c.limit) {
 		return false

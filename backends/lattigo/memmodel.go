@@ -76,9 +76,12 @@ type executorMemory struct {
 	// encryptor and decryptor with their buffers): the Go heap it allocates.
 	ClientBytes int64 `json:"client_bytes"`
 	// One rotation key as Run generates it without a key schedule (the plan's top level).
-	GaloisKeyBytes int              `json:"galois_key_bytes"`
-	Fused          bool             `json:"fused"`
-	Blocks         []fusedBlockInfo `json:"blocks"`
+	GaloisKeyBytes int `json:"galois_key_bytes"`
+	// GOGC during Run (defaultGCPercent): a benchmark that stands for Run passes it to
+	// BenchPlan (gc_percent), so that its heap grows as Run's does.
+	RunGCPercent int              `json:"run_gc_percent"`
+	Fused        bool             `json:"fused"`
+	Blocks       []fusedBlockInfo `json:"blocks"`
 }
 
 // ExecutorMemory reports the executor's memory beside the plan's values for one plan
@@ -133,8 +136,8 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	levelP := params.MaxLevelP()
 	m := &executorMemory{
 		LogN: params.LogN(), Top: setup.top, Workers: workers,
-		EvaluatorBytes: evaluatorBytes(params),
-		Blocks:         []fusedBlockInfo{},
+		EvaluatorBytes: evaluatorBytes(params), RunGCPercent: defaultGCPercent,
+		Blocks: []fusedBlockInfo{},
 	}
 	top := setup.top
 	m.RelinKeyBytes = rlwe.NewRelinearizationKey(params, rlwe.EvaluationKeyParameters{LevelQ: &top, LevelP: &levelP}).BinarySize()

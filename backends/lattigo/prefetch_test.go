@@ -36,7 +36,7 @@ func TestPrefetchMatchesInline(t *testing.T) {
 		Stats   map[string]any `json:"stats"`
 	}
 	run := func(prefetch bool) res {
-		opt, _ := json.Marshal(map[string]any{"prefetch": prefetch, "measure_rss": true})
+		opt, _ := json.Marshal(map[string]any{"prefetch": prefetch, "measure_rss": true, "gc_percent": 10})
 		out, err := BenchPlan(planJSON, packVecs(x), nil, string(opt))
 		if err != nil {
 			t.Fatal(err)
@@ -47,7 +47,12 @@ func TestPrefetchMatchesInline(t *testing.T) {
 		}
 		return r
 	}
+	gogc := currentGCPercent()
 	a, b := run(false), run(true)
+	// the call runs at the GOGC it was given (keymeasure passes Run's) and restores the process's
+	if a.Stats["gc_percent"] != float64(10) || currentGCPercent() != gogc {
+		t.Errorf("GOGC during the call %v (want 10), after it %d (want %d)", a.Stats["gc_percent"], currentGCPercent(), gogc)
+	}
 	if a.Stats["prefetch"] != false || b.Stats["prefetch"] != true {
 		t.Fatalf("prefetch flags: %v %v", a.Stats["prefetch"], b.Stats["prefetch"])
 	}
