@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand"
 	"testing"
 )
 
@@ -15,15 +14,8 @@ import (
 // the reference.
 func TestBenchRunsStartAfreshWithoutCache(t *testing.T) {
 	const slots = 2048
-	rng := rand.New(rand.NewSource(5))
-	vec := func() []float64 {
-		v := make([]float64, slots)
-		for i := range v {
-			v[i] = rng.Float64()*2 - 1
-		}
-		return v
-	}
-	x, p0, p1, p2 := vec(), vec(), vec(), vec()
+	v := randVecs(5, 4, slots)
+	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
 	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
 	                 "p2": {"source": "w", "table": "pt/p2"}},

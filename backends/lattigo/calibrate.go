@@ -314,7 +314,8 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	defer os.RemoveAll(dir)
 	keyPaths := make([]string, len(bks))
 	for i := range bks {
-		if keyPaths[i], err = writeKeyFile(dir, i, gks[i]); err != nil {
+		keyPaths[i] = filepath.Join(dir, fmt.Sprintf("rot_%d.key", i))
+		if err = writeKeyFile(keyPaths[i], gks[i]); err != nil {
 			return "", err
 		}
 	}
@@ -709,26 +710,6 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	})
 	m["block_giant"] = perStep(tg, len(ks))
 	return err
-}
-
-// writeKeyFile writes a Galois key to dir/rot_<i>.key as the key store's files are written.
-func writeKeyFile(dir string, i int, gk *rlwe.GaloisKey) (string, error) {
-	path := filepath.Join(dir, fmt.Sprintf("rot_%d.key", i))
-	f, err := os.Create(path)
-	if err != nil {
-		return "", fmt.Errorf("cannot write a key file: %w", err)
-	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	if _, err = gk.WriteTo(w); err == nil {
-		err = w.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return "", fmt.Errorf("cannot write a key file: %w", err)
-	}
-	return path, nil
 }
 
 // Limits of the block calibration's working set (blockOffsets).

@@ -102,6 +102,26 @@ func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int,
 
 // writeKeySet is writeKeys, plus the bootstrapping key block when boot is set (see
 // writeBootKeys).
+// writeKeyFile writes one key object to path through a 1 MiB buffer (mode 0600), as the
+// key store reads it.
+func writeKeyFile(path string, obj io.WriterTo) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("cannot write key file: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	if _, err = obj.WriteTo(w); err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("cannot write key file %s: %w", path, err)
+	}
+	return nil
+}
+
 func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ int, levels map[int]int, boot bool) (m keyManifest, genSec, writeSec float64, err error) {
 	if err = os.MkdirAll(dir, 0o755); err != nil {
 		return m, 0, 0, fmt.Errorf("cannot create key directory %s: %w", dir, err)
@@ -110,22 +130,7 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 	write := func(name string, obj io.WriterTo) error {
 		t := time.Now()
 		defer func() { writeSec += time.Since(t).Seconds() }()
-		path := filepath.Join(dir, name)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			return fmt.Errorf("cannot write key file: %w", err)
-		}
-		w := bufio.NewWriterSize(f, 1<<20)
-		if _, err = obj.WriteTo(w); err == nil {
-			err = w.Flush()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("cannot write key file %s: %w", path, err)
-		}
-		return nil
+		return writeKeyFile(filepath.Join(dir, name), obj)
 	}
 	levelP := c.params.MaxLevelP()
 	for _, k := range offsets {

@@ -3,7 +3,6 @@ package slotlattigo
 import (
 	"encoding/json"
 	"math"
-	"math/rand"
 	"strconv"
 	"strings"
 	"testing"
@@ -176,15 +175,8 @@ func TestFusionTwoHopBabies(t *testing.T) {
 // the numpy-style reference.
 func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
 	const slots = 2048
-	rng := rand.New(rand.NewSource(3))
-	vec := func() []float64 {
-		v := make([]float64, slots)
-		for i := range v {
-			v[i] = rng.Float64()*2 - 1
-		}
-		return v
-	}
-	x, p0, p1, p2 := vec(), vec(), vec(), vec()
+	v := randVecs(3, 4, slots)
+	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
 	head := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
 	                 "p2": {"source": "w", "table": "pt/p2"}},

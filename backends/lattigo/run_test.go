@@ -14,6 +14,19 @@ import (
 
 const testParams = `{"log_n": 12, "slots": 2048, "log_q": [55, 40, 40, 40, 40], "log_p": [55], "log_scale": 40}`
 
+// randVecs returns n vectors of slots values uniform in [-1, 1) from the seed.
+func randVecs(seed int64, n, slots int) [][]float64 {
+	rng := rand.New(rand.NewSource(seed))
+	out := make([][]float64, n)
+	for j := range out {
+		out[j] = make([]float64, slots)
+		for i := range out[j] {
+			out[j][i] = rng.Float64()*2 - 1
+		}
+	}
+	return out
+}
+
 func packVecs(vs ...[]float64) []byte {
 	var out []byte
 	for _, v := range vs {
