@@ -16,11 +16,7 @@ func TestBenchRunsStartAfreshWithoutCache(t *testing.T) {
 	const slots = 2048
 	v := randVecs(5, 4, slots)
 	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
-	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
-	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
-	                 "p2": {"source": "w", "table": "pt/p2"}},
-	  "program": [
-	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
+	planJSON := planHeadXP3 + `
 	    {"op": "rot_hoisted", "dsts": ["b1", "b2", "b3"], "src": "x", "ks": [1, 2, 3]},
 	    {"op": "pmul", "dst": "y1", "src": "b1", "pt": "p0"},
 	    {"op": "pmul", "dst": "y2", "src": "b2", "pt": "p1"},

@@ -177,11 +177,7 @@ func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
 	const slots = 2048
 	v := randVecs(3, 4, slots)
 	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
-	head := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
-	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
-	                 "p2": {"source": "w", "table": "pt/p2"}},
-	  "program": [
-	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
+	head := planHeadXP3 + `
 	    {"op": "load_key", "k": 1},
 	    {"op": "rot_hoisted", "dsts": ["b1"], "src": "x", "ks": [1]},
 	    {"op": "drop_key", "k": 1},

@@ -14,6 +14,13 @@ import (
 
 const testParams = `{"log_n": 12, "slots": 2048, "log_q": [55, 40, 40, 40, 40], "log_p": [55], "log_scale": 40}`
 
+// planHeadXP3 opens a test plan over input x and plaintexts p0, p1, p2 (its program goes on).
+const planHeadXP3 = `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
+	                 "p2": {"source": "w", "table": "pt/p2"}},
+	  "program": [
+	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},`
+
 // randVecs returns n vectors of slots values uniform in [-1, 1) from the seed.
 func randVecs(seed int64, n, slots int) [][]float64 {
 	rng := rand.New(rand.NewSource(seed))
