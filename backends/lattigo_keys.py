@@ -109,6 +109,10 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "eval_seconds_runs": [round(x, 4) for x in st.get("eval_seconds_runs", [])],
         "relin_key_bytes": st.get("relin_key_bytes", 0),
         "key_load_seconds": round(st["key_load_seconds"], 4),
+        # bytes of key files the store read in those seconds: its measured read rate
+        "key_load_bytes": int(st.get("key_load_bytes", 0)),
+        "key_load_ms_per_mb": round(1e3 * st["key_load_seconds"] / (st["key_load_bytes"] / 1e6), 4)
+        if st.get("key_load_bytes") else None,
         "key_wait_seconds": round(st.get("key_wait_seconds", 0.0), 4),
         "prologue_key_loads": st.get("prologue_key_loads", 0),
         "key_loads": st["key_loads"],

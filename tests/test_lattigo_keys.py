@@ -40,6 +40,11 @@ def test_keymeasure_keep_all_and_a_cap() -> None:
         # the key store's measured peak is the plan's modelled one
         assert run["key_bytes_vs_model"] == pytest.approx(1.0, abs=0.05), run
         assert run["rotations"] == run["rotations_planned"] and run["key_loads"] == run["key_loads_planned"]
+        # the store counts the bytes it reads: keep-all reads every key once, the capped
+        # run its loads; each at most a top-level key, so the bytes bound the loads
+        assert 0 < run["key_load_bytes"] <= run["key_loads"] * keep["peak_key_bytes"], run
+        assert run["key_load_ms_per_mb"] > 0
+    assert keep["key_load_bytes"] == keep["peak_key_bytes"]
     assert capped["model_peak_bytes"] <= capped["cap"]
     assert capped["peak_key_bytes"] < keep["peak_key_bytes"] and capped["key_peak_reduction"] > 1
 

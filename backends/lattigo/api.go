@@ -150,6 +150,7 @@ type stats struct {
 	KeyLevel            int                `json:"key_level"`
 	KeyLoads            int                `json:"key_loads"`
 	KeyLoadSeconds      float64            `json:"key_load_seconds"`
+	KeyLoadBytes        int64              `json:"key_load_bytes"` // bytes of key files read in those seconds
 	GaloisKeyBytes      int                `json:"galois_key_bytes"`
 	PeakKeyBytes        int64              `json:"peak_key_bytes"`
 	PeakResidentKeys    int                `json:"peak_resident_keys"`
@@ -419,7 +420,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	t = time.Now()
 	err = ex.run()
 	st.EvalSeconds = time.Since(t).Seconds()
-	st.KeyLoads, st.KeyLoadSeconds = keys.loads, keys.loadSeconds
+	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	st.BootStreamReads = keys.streamReads

@@ -298,14 +298,14 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	if opt.MemoryLimitExtraBytes > 0 {
 		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
-	keepAllLoadSec := 0.0
+	keepAllLoadSec, keepAllBytes := 0.0, int64(0)
 	if !p.hasKeySchedule() && opt.KeepAllDisk {
 		// ANT-ACE's keep-all: every key read before the program starts
-		t := time.Now()
+		t, b0 := time.Now(), keys.readBytes.Load()
 		if err := keys.loadAll(); err != nil {
 			return "", fmt.Errorf("keep-all key policy: %w", err)
 		}
-		keepAllLoadSec = time.Since(t).Seconds()
+		keepAllLoadSec, keepAllBytes = time.Since(t).Seconds(), keys.readBytes.Load()-b0
 	}
 
 	type runRecord struct {
@@ -360,6 +360,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			st.RelinKeyBytes = keys.rlk.BinarySize()
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
+		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
 		ex.ptFile = ptFile
@@ -402,10 +403,11 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
+		st.KeyLoadBytes = keys.readBytes.Load() - readBytes0
 		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
 		st.BootStreamReads = keys.streamReads - streamReads0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
-			st.KeyLoads, st.KeyLoadSeconds = len(keys.resident), keepAllLoadSec
+			st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = len(keys.resident), keepAllLoadSec, keepAllBytes
 		}
 		st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 		if r >= 0 {

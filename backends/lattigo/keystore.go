@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
@@ -51,6 +52,9 @@ type keyStore struct {
 	peakCount     int
 	loads         int
 	loadSeconds   float64
+	// readBytes: bytes of key files read so far (rotation keys, the boot block and its
+	// streamed keys), by any goroutine; with loadSeconds the store's measured read rate
+	readBytes atomic.Int64
 
 	pf *prefetcher // nil: load reads in line
 }
@@ -134,9 +138,11 @@ func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
 		return fmt.Errorf("cannot read key file: %w", err)
 	}
 	defer f.Close()
-	if _, err := obj.ReadFrom(bufio.NewReaderSize(f, 1<<20)); err != nil {
+	n, err := obj.ReadFrom(bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
 		return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
 	}
+	s.readBytes.Add(n)
 	return nil
 }
 

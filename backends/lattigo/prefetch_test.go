@@ -56,6 +56,12 @@ func TestPrefetchMatchesInline(t *testing.T) {
 	if a.Stats["prefetch"] != false || b.Stats["prefetch"] != true {
 		t.Fatalf("prefetch flags: %v %v", a.Stats["prefetch"], b.Stats["prefetch"])
 	}
+	// the store counts the bytes it reads, in line or in the background: three keys
+	for _, r := range []res{a, b} {
+		if got, want := r.Stats["key_load_bytes"], 3*r.Stats["galois_key_bytes"].(float64); got != want {
+			t.Errorf("key_load_bytes %v, want 3 keys of %v", got, r.Stats["galois_key_bytes"])
+		}
+	}
 	for _, f := range []string{"key_loads", "peak_key_bytes", "peak_resident_keys"} {
 		if a.Stats[f] != b.Stats[f] {
 			t.Errorf("%s: in line %v, prefetched %v", f, a.Stats[f], b.Stats[f])
