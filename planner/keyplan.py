@@ -140,8 +140,9 @@ def time_model(params: Params) -> TimeModel:
                 # with read_file alone LoLa's half-cap schedule chose 207 loads (1.32x
                 # keep-all measured) over the 68 it chose with the sum (0.98x). Reading
                 # the block's 35 key files in turn, n14boot calibrates 0.97 ms/MB read and
-                # 1.24 ms/MB with the parse; its capped keymeasure runs imply 0.34-0.49 ms/MB
-                # for the store's reader (rotation and streamed bootstrapping keys), so
+                # 1.24 ms/MB with the parse; its capped keymeasure runs measure 0.43 ms/MB
+                # (key_load_ms_per_mb) for the store's reader (rotation and streamed
+                # bootstrapping keys), so
                 # capped n14boot plans are priced pessimistically (docs/cli.md). The sum is
                 # kept until the calibration reads keys as the store does.
                 float(sum(float(v) for v in load.values())) / float(kb),

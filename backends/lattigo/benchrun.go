@@ -112,7 +112,6 @@ type benchPlanStats struct {
 	RSSPeakBytes     int64     `json:"rss_peak_bytes"`
 	RSSMeasured      bool      `json:"rss_measured"`
 	PrologueLoads    int       `json:"prologue_key_loads"`
-	GCPercent        int       `json:"gc_percent"`
 }
 
 // benchIO hands pre-encrypted inputs to the executor and keeps the output ciphertexts
@@ -294,7 +293,6 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		collectGarbage()
 		bs.RSSStartBytes, bs.RSSMeasured = resetPeakRSS()
 	}
-	bs.GCPercent = currentGCPercent()
 	if opt.MemoryLimitExtraBytes > 0 {
 		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
@@ -344,7 +342,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			LogN: params.LogN(), Slots: slots, MaxLevel: setup.top,
 			OpCounts: map[string]int{}, OpSeconds: map[string]float64{},
 			BootstrapSeconds: []float64{}, BootstrapInLevels: []int{},
-			KeyMode: "keep_all", KeyLevel: params.MaxLevel(),
+			KeyMode: "keep_all", KeyLevel: params.MaxLevel(), GCPercent: currentGCPercent(),
 			RotationKeys: len(offsets), KeygenSeconds: bs.stats.KeygenSeconds, KeyWriteSeconds: bs.stats.KeyWriteSeconds,
 		}
 		if p.hasKeySchedule() {

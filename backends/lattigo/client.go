@@ -100,8 +100,6 @@ func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int,
 	return c.writeKeySet(dir, offsets, relin, keyLevelQ, levels, false)
 }
 
-// writeKeySet is writeKeys, plus the bootstrapping key block when boot is set (see
-// writeBootKeys).
 // writeKeyFile writes one key object to path through a 1 MiB buffer (mode 0600), as the
 // key store reads it.
 func writeKeyFile(path string, obj io.WriterTo) error {
@@ -122,6 +120,8 @@ func writeKeyFile(path string, obj io.WriterTo) error {
 	return nil
 }
 
+// writeKeySet is writeKeys, plus the bootstrapping key block when boot is set (see
+// writeBootKeys).
 func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ int, levels map[int]int, boot bool) (m keyManifest, genSec, writeSec float64, err error) {
 	if err = os.MkdirAll(dir, 0o755); err != nil {
 		return m, 0, 0, fmt.Errorf("cannot create key directory %s: %w", dir, err)
