@@ -30,7 +30,9 @@ bootstrap           bootstrapping presets only (params with ``boot``): Lattigo's
 A bootstrapping preset is timed on the bootstrapping parameters (where its plans run: the
 residual chain followed by the bootstrap's primes, with the bootstrap's own P primes) at
 the residual levels; ``measurements.bootstrap`` also keeps the key generation and DFT matrix
-encoding times, the block's bytes and each bootstrap's max abs error.
+encoding times, the block's bytes, each bootstrap's max abs error, and the memory of one
+bootstrap: the heap's peak above its start (``transient_bytes``) and the bytes it allocates
+(``alloc_bytes``), measured at GOGC 0 (the process model, backends/lattigo_memory.py).
 
 ``measurements`` keeps every median (per level: rotate, rotate_hoisted_1/B, pmul, encode,
 add, cmul_relin, rescale, and encode_prec53 when log_scale > 53, where Lattigo's default
@@ -260,6 +262,10 @@ def _boot_measurements(raw: Mapping[str, Any]) -> dict[str, Any]:
             round(float(once["median"]) / float(raw["per_level"][str(raw["max_level"])]["rotate"]["median"]), 1)
         ),
         "peak_rss_bytes": boot.get("peak_rss_bytes"),
+        # one bootstrap's temporaries (the heap's peak above its start) and the bytes it
+        # allocates (backends/lattigo_memory.py, boot_memory)
+        "transient_bytes": boot.get("transient_bytes"),
+        "alloc_bytes": boot.get("alloc_bytes"),
     }
 
 

@@ -45,7 +45,7 @@ from backends.lattigo_backend import (
     write_plaintexts,
 )
 from backends.lattigo_bench import _scatter
-from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
+from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
 from planner.graph import Graph, load_graph
 from planner.keyplan import modelled_time, time_model
@@ -77,7 +77,8 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     # the process model of this benchmark (backends/lattigo_memory.py; BenchPlan keeps every
     # encoded plaintext): its growth (plus GC_LIMIT_HEADROOM) is Go's soft memory limit
     mem = executor_memory(plan, workers)
-    pm = process_model(plan, mem, inline_plaintexts=inline, cached_plaintexts=plaintext_cache)
+    pm = process_model(plan, mem, inline_plaintexts=inline, cached_plaintexts=plaintext_cache,
+                       boot=boot_memory(Params.from_json(plan["params"])))
     # Run's GOGC (10): at Go's default 100 the heap grew until the soft limit stopped it and
     # the peak RSS sat at 1.19-1.25x the model, garbage rather than live bytes
     opts: dict[str, Any] = {
@@ -130,6 +131,9 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "model_process_terms": {k: v for k, v in pm.items() if k not in ("growth", "total", "baseline", "peak_step")},
         "cached_plaintext_bytes": st.get("cached_plaintext_bytes", 0),
         "rotations": st["rotations"],
+        # where the (median) run spent its time: seconds per operation, and per bootstrap
+        "op_seconds": {k: round(float(v), 4) for k, v in sorted((st.get("op_seconds") or {}).items())},
+        "bootstrap_seconds": [round(float(x), 4) for x in st.get("bootstrap_seconds") or []],
         "workers": st.get("workers"),
         "fused_blocks": st.get("fused_blocks", 0),
         "max_rel_error": rel,

@@ -29,8 +29,22 @@ backends/lattigo/memmodel.go, built with the executor's own constructors):
   as a QP poly at its block's level, every other one as a plaintext at the level it is
   encoded at (the plan's memory model's level), once per (name, level).
 
-``growth`` is the largest sum over program steps of the plan's series and ``fused`` plus the
-constant terms: what the run adds to the process's resident set.  ``total`` adds
+Bootstrapping plans add two terms, from one bootstrap measured by ``slotplan calibrate``
+(``measurements.bootstrap`` of the preset's table, :func:`boot_memory`):
+
+* ``boot_transient``: at a ``bootstrap`` step, the temporaries Lattigo's bootstrapping
+  allocates and holds (baby-step rotations of the DFTs in QP, EvalMod's power basis, the
+  copy of the input): the heap's peak above its start during one bootstrap at GOGC 0
+  (79 MiB at n14boot);
+* ``gc_slack``: garbage.  Go collects when the heap reaches (1 + GOGC/100) times the live
+  bytes of the last collection (GOGC 10 during a run), and a bootstrap leaves all it
+  allocated (297 MiB at n14boot) as garbage, so after the first bootstrap the heap holds up
+  to min(GOGC/100 x its live bytes, the bytes the bootstraps so far allocated) of it.  Plans
+  without a bootstrap allocate little per instruction (in-place operations, pooled
+  buffers): their measured RSS stayed within 2% of the model without this term.
+
+``growth`` is the largest sum over program steps of the plan's series, ``fused``, the
+bootstrap's terms and the constant terms: what the run adds to the process's resident set.  ``total`` adds
 ``baseline``: the resident set of the process when the run starts (Python, numpy, slotplan's
 modules, the plan and the extension with its Go runtime), measured by the run itself
 (``rss_start_bytes``) or, before a run, :data:`BASELINE_BYTES`.
@@ -40,6 +54,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,7 +63,7 @@ from planner import ir
 from planner.params import Params
 from planner.summary import lifetimes, memory_series, plan_key_bytes, register_depths
 
-__all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
+__all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "BootMemory", "boot_memory", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
 
 # Resident set of a process that imported slotplan's command line, runner and the gopy
 # extension and started the Go runtime, before any plan (scripts/process_baseline.py on this
@@ -67,6 +82,56 @@ BASELINE_BYTES = 62 * 2**20
 # the same schedule at the quarter cap). GOGC 10 already keeps the heap within 1.1x the
 # live bytes; the limit only has to stop a runaway, so it leaves a quarter of room.
 GC_LIMIT_HEADROOM = 1.25
+
+
+@dataclass(frozen=True)
+class BootMemory:
+    """One bootstrap's measured memory (``slotplan calibrate``, ``measurements.bootstrap``):
+    the heap's peak above its start (temporaries) and the bytes it allocates."""
+
+    transient_bytes: int
+    alloc_bytes: int
+
+
+def boot_memory(params: Params) -> BootMemory | None:
+    """One bootstrap's memory on ``params``, from the calibrated table of its preset
+    (``data/costs/<preset>-lattigo.json``) when the table was calibrated on the same
+    parameters and measured it; None otherwise (the process model then leaves the
+    bootstrap's terms out, and says so)."""
+    from planner.costs import COST_TABLES
+
+    name = f"{params.name}-lattigo"
+    if params.boot is None or name not in COST_TABLES:
+        return None
+    table = COST_TABLES.create(name)
+    if table.params is None or Params.from_json(dict(table.params)) != params:
+        return None
+    b = (table.measurements or {}).get("bootstrap")
+    if not isinstance(b, Mapping):
+        return None
+    t, a = b.get("transient_bytes"), b.get("alloc_bytes")
+    if not isinstance(t, int) or not isinstance(a, int):
+        return None
+    return BootMemory(t, a)
+
+
+def boot_series(program: list[Any], live: np.ndarray, boot: BootMemory | None, gc_percent: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bootstrap's terms at each program step (module docstring): the temporaries at
+    each ``bootstrap``, and the garbage over ``live`` (the Go heap's live bytes at each step
+    without them) once the first bootstrap ran."""
+    n = len(program)
+    transient = np.zeros(n, dtype=np.int64)
+    slack = np.zeros(n, dtype=np.int64)
+    if boot is None:
+        return transient, slack
+    prog = ir.decode_program(program)
+    boots = np.cumsum([1 if ir.is_bootstrap(ins) else 0 for ins in prog]).astype(np.int64)
+    for i, ins in enumerate(prog):
+        if ir.is_bootstrap(ins):
+            transient[i] = boot.transient_bytes
+    heap = live + transient
+    slack = np.minimum(heap * gc_percent // 100, boots * boot.alloc_bytes)
+    return transient, slack
 
 
 def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
@@ -173,9 +238,12 @@ def process_model(
     cached_plaintexts: bool = False,
     baseline_bytes: int | None = None,
     key_bytes: Mapping[int, int] | None = None,
+    boot: BootMemory | None = None,
 ) -> dict[str, int]:
     """The modelled memory of a Lattigo run of ``plan`` (module docstring): the terms, their
-    ``growth`` over the start of the run and the process ``total``."""
+    ``growth`` over the start of the run and the process ``total``. ``boot``: one
+    bootstrap's measured memory (:func:`boot_memory`; without it a bootstrapping plan's
+    model leaves out the bootstrap's temporaries and garbage)."""
     params = Params.from_json(plan["params"])
     program = plan["program"]
     kb = key_bytes if key_bytes is not None else plan_key_bytes(plan)
@@ -184,23 +252,35 @@ def process_model(
     ser = memory_series(program, params, key_bytes=kb)
     base = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"]
     fused = fused_series(program, params, mem, streamed=not cached_plaintexts)
-    step = base + fused
-    at = int(np.argmax(step)) if len(step) else 0
     workers = int(mem["workers"]) if mem.get("fused") else 1
     slots = int(params.slots)
     # (a complex plaintext's values are 2 * slots numbers: complex packing)
     n_pt = sum(2 if "imag_table" in p else 1 for p in (plan.get("plaintexts") or {}).values())
-    terms = {
-        "keys": int(ser["keys"][at]) if len(step) else 0,
-        "plaintexts": int(ser["plaintexts"][at]) if len(step) else 0,
-        "ciphertexts": int(ser["ciphertexts"][at]) if len(step) else 0,
-        "fused": int(fused[at]) if len(step) else 0,
+    constant = {
         "evaluator": workers * int(mem["evaluator_bytes"]),
         "relin_key": int(mem["relin_key_bytes"]) if mem.get("relin_resident") else 0,
         "client": int(mem.get("client_bytes", 0)),
         "plaintext_values": 8 * slots * (n_pt if inline_plaintexts else 1),
+        "plaintext_cache": plaintext_cache_bytes(program, params, mem) if cached_plaintexts else 0,
     }
-    terms["plaintext_cache"] = plaintext_cache_bytes(program, params, mem) if cached_plaintexts else 0
+    live = base + fused + sum(constant.values())
+    gc_percent = int(mem.get("run_gc_percent", 100))
+    transient, slack = boot_series(program, live, boot if params.boot is not None else None, gc_percent)
+    step = live + transient + slack
+    at = int(np.argmax(step)) if len(step) else 0
+
+    def at_peak(series: np.ndarray) -> int:
+        return int(series[at]) if len(step) else 0
+
+    terms = {
+        "keys": at_peak(ser["keys"]),
+        "plaintexts": at_peak(ser["plaintexts"]),
+        "ciphertexts": at_peak(ser["ciphertexts"]),
+        "fused": at_peak(fused),
+        **constant,
+        "boot_transient": at_peak(transient),
+        "gc_slack": at_peak(slack),
+    }
     growth = sum(terms.values())
     baseline = BASELINE_BYTES if baseline_bytes is None else int(baseline_bytes)
     return {**terms, "peak_step": at, "growth": growth, "baseline": baseline, "total": growth + baseline}

@@ -128,13 +128,13 @@ def _run_lattigo(
 ) -> Execution:
     from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES
     from backends.lattigo_backend import run_plan as lattigo_run
-    from backends.lattigo_memory import GC_LIMIT_HEADROOM, executor_memory, process_model
+    from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 
     # the process's modelled memory (backends/lattigo_memory.py): the plan's series plus the
     # executor's own buffers; its growth is Go's soft memory limit for the run
     mem = executor_memory(plan)
     inline = len(plan.get("plaintexts") or {}) * int(params.slots) * 8 <= PLAINTEXT_INLINE_BYTES
-    pm = process_model(plan, mem, inline_plaintexts=inline)
+    pm = process_model(plan, mem, inline_plaintexts=inline, boot=boot_memory(params))
     lr = lattigo_run(
         dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
         output_shapes={t: graph.shape(t) for t in graph.outputs},

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from backends.lattigo_backend import available, sizes
-from backends.lattigo_memory import executor_memory, fused_series, process_model
-from planner.params import Params
+from backends.lattigo_memory import BootMemory, boot_memory, executor_memory, fused_series, process_model
+from planner.params import Params, load_params
 from planner.summary import memory_series
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +153,59 @@ def test_process_model_adds_up() -> None:
     # through a file: one vector; no relinearisation key held beside the plan's keys
     pm2 = process_model(plan, mem | {"relin_resident": False}, inline_plaintexts=False, baseline_bytes=0)
     assert pm2["plaintext_values"] == 8 * 4096 and pm2["relin_key"] == 0 and pm2["total"] == pm2["growth"]
+
+
+def test_bootstrap_terms_temporaries_and_garbage() -> None:
+    """A bootstrap holds its temporaries at its own step; from the first bootstrap on the heap
+    carries garbage up to GOGC percent of its live bytes, and never more than the bootstraps so
+    far allocated; a plan without a bootstrap, or no measurement, adds neither."""
+    params = load_params("n14boot")
+    prog = [
+        {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},  # 0
+        {"op": "bootstrap", "dst": "b1", "src": "c0"},  # 1
+        {"op": "rot", "dst": "r1", "src": "b1", "k": 1},  # 2
+        {"op": "bootstrap", "dst": "b2", "src": "r1"},  # 3
+        {"op": "output", "src": "b2", "tensor": "y", "table": "out/y"},  # 4
+    ]
+    plan = _plan(prog) | {"params": params.to_json()}
+    mem = _mem([]) | {"evaluator_bytes": 1000, "relin_key_bytes": 77, "relin_resident": False, "galois_key_bytes": 55,
+                      "run_gc_percent": 10, "top": params.max_level}
+    bare = process_model(plan, mem, baseline_bytes=0)
+    assert bare["boot_transient"] == 0 and bare["gc_slack"] == 0
+    # garbage capped by what one bootstrap allocated at step 1, by GOGC's share at step 3
+    alloc = 150 * 2**20  # the keep-all block is ~1.9 GB: its tenth lies between one and two
+    boot = BootMemory(transient_bytes=80 * 2**20, alloc_bytes=alloc)
+    pm = process_model(plan, mem, baseline_bytes=0, boot=boot)
+    ser = memory_series(prog, params, key_bytes={1: 55})
+    live = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"] + 1000  # one evaluator; no plaintexts
+    heap = live + np.array([0, 1, 0, 1, 0]) * boot.transient_bytes
+    slack = np.minimum(heap // 10, np.array([0, 1, 1, 2, 2]) * alloc)
+    assert slack[1] == alloc and slack[3] == heap[3] // 10 < 2 * alloc
+    at = pm["peak_step"]
+    assert at == int(np.argmax(heap + slack)) and prog[at]["op"] == "bootstrap"
+    assert (pm["boot_transient"], pm["gc_slack"]) == (boot.transient_bytes, slack[at])
+    assert pm["growth"] == int((heap + slack)[at]) == bare["growth"] - int(live[bare["peak_step"]]) + int((heap + slack)[at])
+    # no bootstrap: no temporaries and no garbage
+    plain = _plan(prog[:1] + [{"op": "output", "src": "c0", "tensor": "y", "table": "out/y"}]) | {"params": params.to_json()}
+    pm0 = process_model(plain, mem, baseline_bytes=0, boot=boot)
+    assert pm0["boot_transient"] == 0 and pm0["gc_slack"] == 0
+
+
+def test_boot_memory_from_the_calibrated_table() -> None:
+    """n14boot's table measured one bootstrap (calibrate); presets without bootstrapping, or
+    parameters the table was not calibrated on, have none."""
+    import json
+
+    table = json.loads((ROOT / "data/costs/n14boot-lattigo.json").read_text())
+    b = boot_memory(load_params("n14boot"))
+    assert b is not None
+    assert (b.transient_bytes, b.alloc_bytes) == (table["measurements"]["bootstrap"]["transient_bytes"],
+                                                  table["measurements"]["bootstrap"]["alloc_bytes"])
+    # a bootstrap holds tens of MiB of temporaries and allocates more than it holds
+    assert 16 * 2**20 < b.transient_bytes < b.alloc_bytes
+    assert boot_memory(load_params("n13")) is None
+    other = dict(load_params("n14boot").to_json()) | {"log_scale": 39}
+    assert boot_memory(Params.from_json(other)) is None
 
 
 @needs_lattigo

@@ -126,6 +126,11 @@ type bootCalibration struct {
 	OutputLevel        int       `json:"output_level"`
 	MaxAbsError        []float64 `json:"max_abs_error"`
 	PeakRSSBytes       int64     `json:"peak_rss_bytes"`
+	// One more bootstrap under heapPeakDuring (memstat.go): its temporaries (the heap's
+	// peak above its start, with the copy of the input and the output), and the bytes it
+	// allocated in all, which become garbage (the process model, lattigo_memory.py).
+	TransientBytes int64  `json:"transient_bytes"`
+	AllocBytes     uint64 `json:"alloc_bytes"`
 }
 
 func median(xs []float64) float64 {
@@ -479,7 +484,8 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 
 // calibrateBootstrap times one bootstrap (Lattigo's Evaluator.Bootstrap of a ciphertext at
 // level 0 holding a random vector in [-1, 1]) after one untimed warm-up, and records the key
-// generation and DFT matrix encoding times, the block's sizes and each run's max abs error.
+// generation and DFT matrix encoding times, the block's sizes, each run's max abs error and
+// the memory one bootstrap holds and allocates (heapPeakDuring).
 func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randVec func() []float64) error {
 	n := opt.BootstrapRepeat
 	if n == 0 {
@@ -539,6 +545,13 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 	}
 	bc.InputLevel, bc.OutputLevel = ct.Level(), last.Level()
 	bc.PeakRSSBytes = peakRSS()
+	last = nil
+	if bc.TransientBytes, bc.AllocBytes, err = heapPeakDuring(func() error {
+		_, _, err := bootstrapCt(ev, ct)
+		return err
+	}); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
 	cal.Once["bootstrap"] = tm
 	cal.Boot = bc
 	return nil
