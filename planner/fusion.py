@@ -339,6 +339,23 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     return blocks, skip
 
 
+def giant_spans(program: Sequence[Mapping[str, Any]], slots: int) -> list[tuple[int, int, int]]:
+    """The giant rotations of the blocks the executor fuses in ``program`` without a key
+    schedule, as (rotation's index, block root's index, key offset): a key schedule keeps
+    such a block whole only when the key stays resident from the rotation to the root
+    (module docstring; the key schedule's ``keep_giant_keys``)."""
+    instrs = [ir.decode(dict(raw)) for raw in program]
+    roots, _, _ = _analyse_once(instrs, slots, False, set())
+    out: list[tuple[int, int, int]] = []
+    for f in roots:
+        root = f.instrs[-1]
+        for i in f.instrs:
+            rot = instrs[i]
+            if isinstance(rot, ir.Rot) and i < root:
+                out.append((i, root, rot.rot_keys()[0]))
+    return sorted(out)
+
+
 def _absorbed(roots: list[_Form], baby_instr: dict[str, int], users: dict[str, list[int]]) -> set[int]:
     """Instructions the fused roots absorb, with baby rotations whose every use is absorbed
     and that no other baby rotation reads (a two-hop rotation's first hop runs)."""

@@ -115,6 +115,13 @@ class TimeModel:
         return w * self.rot_ms(level) / max(1e-9, self.rot_ms(self.top_level))
 
 
+def _key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:
+    """One key's load in a calibrated table (time_model's comment)."""
+    if isinstance(read_keys, int) and read_keys > 1 and "read_file" in load:
+        return float(load["read_file"])
+    return float(sum(float(v) for v in load.values()))
+
+
 def time_model(params: Params) -> TimeModel:
     from planner.costs import COST_TABLES
 
@@ -133,19 +140,16 @@ def time_model(params: Params) -> TimeModel:
                 {int(k): float(v) for k, v in rot.items()},
                 {int(k): float(v) for k, v in hoist.items()},
                 {"pmul": w.pmul, "add": w.add, "cmul": w.cmul, "rescale": w.rescale, "poly": w.poly},
-                # read_file + unmarshal, though GaloisKey.ReadFrom (the key store's read)
-                # parses as it reads. Calibrations before key_read_keys read one key file
-                # over and over from the caches (n14: 0.2 ms/MB), while keymeasure's key
-                # sets read at 1.2-3 ms/MB (LoLa at n14: 207 keys, 4658 MiB in 14.7 s);
-                # with read_file alone LoLa's half-cap schedule chose 207 loads (1.32x
-                # keep-all measured) over the 68 it chose with the sum (0.98x). Reading
-                # the block's 35 key files in turn, n14boot calibrates 0.97 ms/MB read and
-                # 1.24 ms/MB with the parse; its capped keymeasure runs measure 0.43 ms/MB
-                # (key_load_ms_per_mb) for the store's reader (rotation and streamed
-                # bootstrapping keys), so
-                # capped n14boot plans are priced pessimistically (docs/cli.md). The sum is
-                # kept until the calibration reads keys as the store does.
-                float(sum(float(v) for v in load.values())) / float(kb),
+                # The key store reads a key with GaloisKey.ReadFrom, which parses as it
+                # reads: what read_file times when the calibration cycles through the
+                # block's key files (key_read_keys; n14boot: 0.60 ms/MB against 0.43-0.65
+                # ms/MB measured by keymeasure's runs, key_load_ms_per_mb). Older tables
+                # read one key file over and over from the caches (n14: 0.2 ms/MB against
+                # 1.2-3 ms/MB for LoLa's key sets; with it LoLa's half-cap schedule chose
+                # 207 loads, 1.32x keep-all measured), so their price adds unmarshal (an
+                # in-memory parse, which faults in fresh pages: 2-21 ms at n14boot between
+                # calibrations) as a stand-in for the disk.
+                _key_load_ms(load, meas.get("key_read_keys")) / float(kb),
                 f"cost table {name}",
             )
     from planner.keybench import KEY_LOAD_MS_PER_BYTE, rotation_ms
@@ -513,6 +517,11 @@ def _joint_once(
     new_uses: dict[int, list[int]] = {k: sorted({at[u] for u in us}) for k, us in uses.items()}
     splits = sum(1 for js in joined for v in js if not v)
     ch = JointChoice(new, intervals, size, level, new_uses, {}, None, min_cap, where, solver=info, splits=splits)
+    from planner.keys import keep_giant_keys
+
+    base_new = base_profile(new, params, register_depths(new))
+    ch.intervals, info["blocks_kept_whole"], info["blocks_split"] = keep_giant_keys(
+        new, ch.intervals, size, base_new, cap, params.slots)
     if prefetch > 0:
         ch.intervals = _prefetch(ch, params, cap, tm, prefetch)
     return ch

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.sim import SimulationError, simulate
+from planner import ir
 from planner.graph import Graph, load_graph, parse_graph
 from planner.keys import (
     KEY_STRATEGIES,
@@ -492,3 +493,73 @@ def test_node_spans_survive_key_schedules(strategy: str, max_keys: int | None, c
     out = simulate(new, res.tables, vals)
     for t in g.outputs:
         assert np.allclose(out.outputs[t], ref[t], rtol=1e-9, atol=1e-9)
+
+
+# ------------------------------------------------------------ fused blocks under a schedule
+@pytest.mark.parametrize("strategy", ["exact", "joint"])
+def test_fused_blocks_stay_whole_where_the_cap_allows(mlp: Case, strategy: str) -> None:
+    """The executor runs a baby-step giant-step block whole only when its giant keys stay
+    resident from each giant rotation to the block's root (planner.fusion). This planner's
+    strategies keep them there when the cap allows, a block whole or not at all: at every
+    cap the blocks the schedule reports split are the ones the executor's analysis splits,
+    none at the keep-all peak, and the schedule still fits its cap and runs exactly."""
+    from planner.fusion import _analyse_once, fused_blocks, giant_spans
+
+    _, params, res = mlp
+    prog = res.plan["program"]
+    roots = {r for _, r, _ in giant_spans(prog, params.slots)}
+    assert roots, "the MLP's matvecs have giant steps"
+    whole = len(fused_blocks(prog, params.slots)[0])
+    for cap in _caps(mlp):
+        sched = schedule_keys(prog, params, cap, strategy, time_limit_s=5.0)
+        info = sched.solver or {}
+        assert info["blocks_kept_whole"] + info["blocks_split"] == len(roots), info
+        instrs = [ir.decode(dict(i)) for i in sched.program]
+        refused = _analyse_once(instrs, params.slots, True, set())[2]
+        assert bool(refused) == (info["blocks_split"] > 0), (cap, info)
+        assert sched.peak_bytes["total"] <= cap
+        if info["blocks_split"] == 0:
+            assert len(fused_blocks(sched.program, params.slots)[0]) >= whole
+        _check_run(mlp, sched)
+    top = schedule_keys(prog, params, max(_caps(mlp)), strategy, time_limit_s=5.0)
+    assert (top.solver or {})["blocks_split"] == 0
+
+
+def test_keep_giant_keys_all_or_nothing() -> None:
+    """A block's giant keys are kept to its root together or not at all (one dropped early
+    splits it anyway), and only while the cap holds at every point they cover."""
+    from planner.keys import keep_giant_keys
+
+    # x -> babies r1, r2 (keys 1, 2); products summed per giant step, giant rotations by 4
+    # and 8 (keys 4, 8), the block's root the last add
+    prog = [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},  # 0
+        {"op": "rot", "dst": "r1", "src": "x", "k": 1},  # 1
+        {"op": "pmul", "dst": "a0", "src": "x", "pt": "p0"},  # 2
+        {"op": "pmul", "dst": "a1", "src": "r1", "pt": "p1"},  # 3
+        {"op": "add", "dst": "g0", "a": "a0", "b": "a1"},  # 4
+        {"op": "pmul", "dst": "b0", "src": "x", "pt": "p2"},  # 5
+        {"op": "pmul", "dst": "b1", "src": "r1", "pt": "p3"},  # 6
+        {"op": "add", "dst": "s1", "a": "b0", "b": "b1"},  # 7
+        {"op": "rot", "dst": "g1", "src": "s1", "k": 4},  # 8
+        {"op": "pmul", "dst": "c0", "src": "x", "pt": "p4"},  # 9
+        {"op": "pmul", "dst": "c1", "src": "r1", "pt": "p5"},  # 10
+        {"op": "add", "dst": "s2", "a": "c0", "b": "c1"},  # 11
+        {"op": "rot", "dst": "g2", "src": "s2", "k": 8},  # 12
+        {"op": "add", "dst": "t", "a": "g0", "b": "g1"},  # 13
+        {"op": "add", "dst": "y", "a": "t", "b": "g2"},  # 14
+        {"op": "output", "src": "y", "tensor": "y", "table": "out/y"},  # 15
+    ]
+    from planner.fusion import giant_spans
+
+    assert giant_spans(prog, 64) == [(8, 14, 4), (12, 14, 8)]
+    size = {1: 10, 4: 100, 8: 100}
+    ivs = [(1, 1, 10), (4, 8, 8), (8, 12, 12)]
+    base = [0] * len(prog)
+    out, kept, split = keep_giant_keys(prog, ivs, size, base, None, 64)
+    assert (kept, split) == (1, 0) and (4, 8, 14) in out and (8, 12, 14) in out and (1, 1, 10) in out
+    # room for one giant key beside the other over 12..14, not for both: neither is kept
+    out, kept, split = keep_giant_keys(prog, ivs, size, base, 150, 64)
+    assert (kept, split) == (0, 1) and sorted(out) == sorted(ivs)
+    out, kept, split = keep_giant_keys(prog, ivs, size, base, 200, 64)
+    assert (kept, split) == (1, 0)
