@@ -189,7 +189,8 @@ type stats struct {
 	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
 	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
 	BootBlockLoads    int       `json:"boot_block_loads"`
-	BootStreamReads   int       `json:"boot_stream_reads"` // Galois keys of a streamed block read during bootstraps
+	BootStreamReads   int       `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
+	BootStreamReused  int       `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
 	BootKeygenSeconds float64   `json:"boot_keygen_seconds"`
 	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
 	// block), relinearisation key and resident DFT matrices, sampled after every
@@ -423,7 +424,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
-	st.BootStreamReads = keys.streamReads
+	st.BootStreamReads, st.BootStreamReused = keys.streamReads, keys.streamReused
 	if err != nil {
 		return "", err
 	}

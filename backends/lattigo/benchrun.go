@@ -358,6 +358,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			st.RelinKeyBytes = keys.rlk.BinarySize()
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
+		streamReused0 := keys.streamReused
 		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
@@ -404,6 +405,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.KeyLoadBytes = keys.readBytes.Load() - readBytes0
 		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
 		st.BootStreamReads = keys.streamReads - streamReads0
+		st.BootStreamReused = keys.streamReused - streamReused0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
 			st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = len(keys.resident), keepAllLoadSec, keepAllBytes
 		}

@@ -38,14 +38,15 @@ type keyStore struct {
 
 	// The bootstrapping key block (bootstrapping plans): what the directory holds, and
 	// the resident block (nil when dropped).
-	bootByGalEl map[uint64]manifestKey
-	block       *bootBlock
-	blockLoads  int
-	stream      *bootStream // a streamed block's Galois keys (bootstream.go); nil: whole block
-	inBootstrap bool        // the requests are a bootstrap's (a streamed block serves them)
-	streamSeq   []uint64    // a bootstrap's key requests, as learned (kept across block loads)
-	streamReads int         // streamed block keys read
-	streamWait  float64     // seconds a bootstrap waited for a streamed key (read in line or ahead)
+	bootByGalEl  map[uint64]manifestKey
+	block        *bootBlock
+	blockLoads   int
+	stream       *bootStream // a streamed block's Galois keys (bootstream.go); nil: whole block
+	inBootstrap  bool        // the requests are a bootstrap's (a streamed block serves them)
+	streamSeq    []uint64    // a bootstrap's key requests, as learned (kept across block loads)
+	streamReads  int         // streamed block keys read
+	streamReused int         // of them read into a key a bootstrap had finished with
+	streamWait   float64     // seconds a bootstrap waited for a streamed key (read in line or ahead)
 
 	residentBytes int64
 	peakBytes     int64
