@@ -317,7 +317,15 @@ class Params:
             return 0
         if stream is None:
             return self.boot.block_bytes
-        absent = max(0, self.boot.galois_keys - (stream + 1))
+        return self.boot_stream_bytes(stream + 1)
+
+    def boot_stream_bytes(self, keys: int) -> int:
+        """A streamed block ``boot`` holding ``keys`` of its Galois keys (its DFT matrices,
+        relinearisation and encapsulation keys always): what it holds at a given moment
+        (planner.summary.memory_series), at most :meth:`boot_block_bytes`."""
+        if self.boot is None:
+            return 0
+        absent = max(0, self.boot.galois_keys - keys)
         return self.boot.block_bytes - absent * self.rotation_key_bytes(self.key_max_level)
 
     def relin_key_bytes(self, level: int | None = None) -> int:

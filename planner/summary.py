@@ -254,14 +254,26 @@ def memory_series(
     keys = conj + (0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0))
     resident: set[int] = set()
     live: set[str] = set()
+    # A streamed block (backends/lattigo/bootstream.go) holds no Galois key until its first
+    # bootstrap, which reads each key when asked (one at a time) and learns their order;
+    # from then on D keys are read ahead, and from the next bootstrap on the key handed out
+    # last stays too (D + 1). A block loaded again reads ahead at once (order known).
+    stream: int | None = None
+    learned = False
+    held = 0
     for i, ins in enumerate(program):
         if isinstance(ins, ir.LoadKey):
             if ins.k is not None:
                 resident.add(int(ins.k))
             else:
                 block_resident = True
-                block = params.boot_block_bytes(ins.stream)
+                stream = ins.stream
+                held = ins.stream if ins.stream is not None and learned else 0
+                block = params.boot_block_bytes() if stream is None else params.boot_stream_bytes(held)
             keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
+        if block_resident and stream is not None and ir.is_bootstrap(ins):
+            block = params.boot_stream_bytes(stream + 1 if learned else 1)
+            keys = conj + sum(kb(k) for k in resident) + block
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
         for r in ins.writes():
@@ -275,6 +287,11 @@ def memory_series(
                 live_ct -= params.ciphertext_bytes(level(r))
         for p in pt_end.get(i, []):
             live_pt -= params.plaintext_bytes(pt_level[p])
+        if block_resident and stream is not None and ir.is_bootstrap(ins):
+            held = stream + 1 if learned else stream
+            learned = True
+            block = params.boot_stream_bytes(held)
+            keys = conj + sum(kb(k) for k in resident) + block
         if isinstance(ins, ir.DropKey):
             if ins.k is not None:
                 resident.discard(int(ins.k))

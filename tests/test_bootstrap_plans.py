@@ -357,3 +357,30 @@ def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
     exact = plan(calibrated_graph(g, weights, samples[:1], margin=1.0), tiny_boot(4))
     with pytest.raises(ValuesError, match="outside the range"):
         run_plan(exact.plan, exact.tables, "sim", values={**weights, "x": vals["x"]})
+
+
+def test_streamed_block_memory_follows_the_executor() -> None:
+    """A streamed block holds no Galois key until its first bootstrap, one key during that
+    bootstrap (read when asked, the order learned), D after it (read ahead) and D + 1 from
+    the next bootstrap on; loaded again, it reads D ahead at once (bootstream.go)."""
+    from planner.summary import memory_series
+
+    params = PRESETS["n14boot"]
+    d = 2
+    prog = [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},  # 0
+        {"op": "load_key", "block": "boot", "stream": d},  # 1
+        {"op": "bootstrap", "dst": "b1", "src": "x"},  # 2
+        {"op": "add", "dst": "s1", "a": "b1", "b": "b1"},  # 3
+        {"op": "bootstrap", "dst": "b2", "src": "s1"},  # 4
+        {"op": "add", "dst": "s2", "a": "b2", "b": "b2"},  # 5
+        {"op": "drop_key", "block": "boot"},  # 6
+        {"op": "load_key", "block": "boot", "stream": d},  # 7
+        {"op": "bootstrap", "dst": "b3", "src": "s2"},  # 8
+        {"op": "output", "src": "b3", "tensor": "y", "table": "out/y"},  # 9
+    ]
+    keys = memory_series(prog, params)["keys"]
+    held = [params.boot_stream_bytes(n) for n in range(d + 2)]
+    assert list(keys) == [0, held[0], held[1], held[d], held[d + 1], held[d + 1], held[d + 1], held[d],
+                          held[d + 1], held[d + 1]]
+    assert max(keys) == params.boot_block_bytes(d)
