@@ -151,15 +151,7 @@ def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
     return int(plan_graph(graph, load_params("n12"), opts).plan["summary"]["peak_bytes"]["total"])
 
 
-@needs_lattigo
-@pytest.mark.parametrize("fraction", [0.75, 0.3])
-@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
-def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ...] | None, fraction: float) -> None:
-    """Under a memory cap (a key schedule: hoisted groups split, keys dropped right after
-    their rotations, two-hop rotations) the blocks run fused, whole where their giant keys
-    stay resident until the root, else group by group; babies are computed where the plan
-    rotates. Same outputs (numpy), rotations and key loads as instruction by instruction."""
-    graph = make()
+def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
     cap = int(_peak_keys(graph, kernels) * fraction)
     try:
         plan_graph(graph, load_params("n12"), PlanOptions(input_layout="free", allow_insecure=True,
@@ -173,7 +165,6 @@ def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ..
     assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (name, err_f, err_p)
     assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
     assert plain["fused_blocks"] == 0
-    assert fused["fused_blocks"] >= 1, fused["fused_blocks"]
     # the planner's model of the executor (planner.fusion) finds the same blocks
     params = load_params("n12")
     plan = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
@@ -181,6 +172,33 @@ def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ..
     fc = fused_counts(plan["program"], params.slots)
     assert fused["fused_blocks"] == fc.blocks + fc.q_blocks, (fused["fused_blocks"], fc)
     assert fused["fused_products"] == fc.products + fc.q_products
+    return fused
+
+
+@needs_lattigo
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_under_a_key_schedule_random_shapes(seed: int) -> None:
+    """Random matvec shapes, kernels and caps (between the smallest plan and the keep-all
+    peak) under a key schedule: the fused run matches numpy and the unfused run, and the
+    executor fuses the blocks the planner models (giant keys kept to their roots where the
+    cap allows, planner.keys.keep_giant_keys)."""
+    rng = np.random.default_rng(100 + seed)
+    n, k = (int(v) for v in rng.integers(12, 90, size=2))
+    kernels = [("bsgs", "elementwise"), ("imra", "elementwise"), ("hybrid", "elementwise"), None][int(rng.integers(4))]
+    fraction = float(rng.uniform(0.25, 0.8))
+    _check_fused_schedule(f"mvm {n}x{k} {kernels} at {fraction:.2f}", mvm_graph(n, k), kernels, fraction)
+
+
+@needs_lattigo
+@pytest.mark.parametrize("fraction", [0.75, 0.3])
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
+def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ...] | None, fraction: float) -> None:
+    """Under a memory cap (a key schedule: hoisted groups split, keys dropped right after
+    their rotations, two-hop rotations) the blocks run fused, whole where their giant keys
+    stay resident until the root, else group by group; babies are computed where the plan
+    rotates. Same outputs (numpy), rotations and key loads as instruction by instruction."""
+    fused = _check_fused_schedule(name, make(), kernels, fraction)
+    assert fused["fused_blocks"] >= 1, fused["fused_blocks"]
     if name == "mvm 20x20 hs-diagonal" and fraction < 0.5:
         # its schedule rotates through two hops: blocks read babies of babies
         assert fused["fused_multi_base"] >= 1, fused
