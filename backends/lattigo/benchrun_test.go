@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 )
 
 // Without a plaintext cache (keymeasure --no-plaintext-cache, standing for Run) each timed
@@ -61,5 +63,64 @@ func TestBenchRunsStartAfreshWithoutCache(t *testing.T) {
 				t.Fatalf("streamed %v: slot %d: %g, want %g", streamed, s, got[s], want[s])
 			}
 		}
+	}
+}
+
+// Without a plaintext cache each timed run also learns a streamed boot block's request
+// order anew, as Run does (planner.summary counts no Galois key before the first
+// bootstrap, one during it); with the cache the order learned by the preparing run carries
+// over and the block reads ahead from its load: one key more at the peak (D + 1 against D).
+func TestBenchStreamedBlockLearnsEachRunWithoutCache(t *testing.T) {
+	skipWithoutBootMemory(t)
+	const slots = 8192
+	x := randVecs(6, 1, slots)[0]
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testBootParams + `, "plaintexts": {}, "program": [
+	    {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+	    {"op": "load_key", "block": "boot", "stream": 2},
+	    {"op": "bootstrap", "dst": "b", "src": "c0"},
+	    {"op": "drop_key", "block": "boot"},
+	    {"op": "output", "src": "b", "tensor": "y", "table": "out/y"}]}`
+	peak := map[bool]int64{}
+	for _, streamed := range []bool{true, false} {
+		opt := fmt.Sprintf(`{"repeat": 1, "no_plaintext_cache": %v, "no_prepare": %v}`, streamed, streamed)
+		out, err := BenchPlan(planJSON, packVecs(x), nil, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r struct {
+			Outputs []outputRecord `json:"outputs"`
+			Stats   struct {
+				Peak  int64 `json:"peak_key_block_bytes"`
+				Reads int   `json:"boot_stream_reads"`
+			} `json:"stats"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		// learning: 55 requests read in line, then 2 ahead; learned: 2 at the load, then
+		// one 2 places on per request
+		if r.Stats.Reads != 57 {
+			t.Errorf("streamed %v: %d streamed reads, want 57", streamed, r.Stats.Reads)
+		}
+		got := decodeOut(t, r.Outputs[0].Data)
+		for s := range x {
+			if math.Abs(got[s]-x[s]) > 1e-5 {
+				t.Fatalf("streamed %v: slot %d: %g, want %g", streamed, s, got[s], x[s])
+			}
+		}
+		peak[streamed] = r.Stats.Peak
+	}
+	var pp planParams
+	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
+		t.Fatal(err)
+	}
+	setup, err := pp.setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gk := int64(rlwe.NewGaloisKey(setup.params, rlwe.EvaluationKeyParameters{}).BinarySize())
+	if d := peak[false] - peak[true]; d != gk {
+		t.Errorf("peak key bytes %d with the order carried over, %d learning: %d apart, want one key (%d)",
+			peak[false], peak[true], d, gk)
 	}
 }
