@@ -432,7 +432,7 @@ def _joint_once(
 ) -> JointChoice | tuple[int, str]:
     """Split, solve the joint model, collapse, prefetch.  Returns the smallest feasible cap
     and where it binds when ``cap`` is below it."""
-    from planner.keys import _Ctx, base_profile
+    from planner.keys import _Ctx, base_profile, keep_giant_keys
 
     split = fully_split(prog)
     sp = split.program
@@ -517,8 +517,6 @@ def _joint_once(
     new_uses: dict[int, list[int]] = {k: sorted({at[u] for u in us}) for k, us in uses.items()}
     splits = sum(1 for js in joined for v in js if not v)
     ch = JointChoice(new, intervals, size, level, new_uses, {}, None, min_cap, where, solver=info, splits=splits)
-    from planner.keys import keep_giant_keys
-
     base_new = base_profile(new, params, register_depths(new))
     ch.intervals, info["blocks_kept_whole"], info["blocks_split"] = keep_giant_keys(
         new, ch.intervals, size, base_new, cap, params.slots)

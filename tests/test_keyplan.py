@@ -301,3 +301,22 @@ def test_plan_joint_reports_min_cap() -> None:
     res = plan_graph(g, params, PlanOptions(allow_insecure=True))
     out = plan_joint(res.plan["program"], params, 1)
     assert isinstance(out, tuple) and out[0] > 1 and "split down to one key" in out[1]
+
+
+def test_key_load_price_from_the_calibrated_read() -> None:
+    """A table that read through the block's key files (key_read_keys) prices a load at
+    key_read_file (ReadFrom parses as it reads); an older one-file table adds unmarshal."""
+    import json
+    from pathlib import Path
+
+    from planner.keyplan import time_model
+    from planner.params import load_params
+
+    for preset in ("n14boot", "n14"):
+        meas = json.loads((Path(__file__).resolve().parents[1] / f"data/costs/{preset}-lattigo.json").read_text())[
+            "measurements"]
+        load = meas["key_load_ms"]
+        want = load["read_file"] if meas.get("key_read_keys") else load["read_file"] + load["unmarshal"]
+        assert time_model(load_params(preset)).load_ms_per_byte == pytest.approx(want / meas["galois_key_bytes"])
+    assert json.loads((Path(__file__).resolve().parents[1] / "data/costs/n14boot-lattigo.json").read_text())[
+        "measurements"]["key_read_keys"] > 1
