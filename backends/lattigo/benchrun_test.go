@@ -110,14 +110,7 @@ func TestBenchStreamedBlockLearnsEachRunWithoutCache(t *testing.T) {
 		}
 		peak[streamed] = r.Stats.Peak
 	}
-	var pp planParams
-	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
-		t.Fatal(err)
-	}
-	setup, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := testBootSetup(t)
 	gk := int64(rlwe.NewGaloisKey(setup.params, rlwe.EvaluationKeyParameters{}).BinarySize())
 	if d := peak[false] - peak[true]; d != gk {
 		t.Errorf("peak key bytes %d with the order carried over, %d learning: %d apart, want one key (%d)",

@@ -61,14 +61,7 @@ func levelChain(n int) ([]string, string) {
 }
 
 func TestBootParamsChecks(t *testing.T) {
-	var pp planParams
-	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testBootSetup(t)
 	if s.top != 9 || s.params.MaxLevel() != 24 || s.params.LogDefaultScale() != 40 {
 		t.Fatalf("top %d, bootstrapping max level %d, log scale %d", s.top, s.params.MaxLevel(), s.params.LogDefaultScale())
 	}
@@ -120,7 +113,7 @@ func TestBootParamsChecks(t *testing.T) {
 		t.Errorf("right key_offsets refused: %v", err)
 	}
 	// A plan that bootstraps on plain parameters is refused before any cryptography.
-	_, err = Run(`{"schema": "slotplan.plan/1", "params": `+testParams+`, "program": [
+	_, err := Run(`{"schema": "slotplan.plan/1", "params": `+testParams+`, "program": [
 	   {"op": "input", "dst": "c0", "tensor": "x", "table": "t"},
 	   {"op": "bootstrap", "dst": "c1", "src": "c0"}]}`, packVecs(make([]float64, 2048)), nil, "")
 	if err == nil || !strings.Contains(err.Error(), `instruction 1 (bootstrap): the plan's params carry no "boot" object`) {
@@ -215,14 +208,7 @@ func TestBootstrapN14(t *testing.T) {
 	for i := range half {
 		half[i] = 0.5 + 0.5*rng.Float64() // factors in [0.5, 1): 9 of them keep |x| >= 2^-9
 	}
-	var pp planParams
-	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
-		t.Fatal(err)
-	}
-	setup, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := testBootSetup(t)
 	info := bootKeyInfo(*setup.btp)
 	inBlock := info.offsets[0]
 	notInBlock := 1
@@ -470,4 +456,18 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 	if st.BootStreamReused != 2+2*55-3 {
 		t.Fatalf("%d streamed reads into finished keys, want %d", st.BootStreamReused, 2+2*55-3)
 	}
+}
+
+// testBootSetup is the evaluation setup of testBootParams.
+func testBootSetup(t *testing.T) *evalSetup {
+	t.Helper()
+	var pp planParams
+	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pp.setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

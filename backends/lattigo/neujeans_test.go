@@ -336,14 +336,7 @@ func TestNeujeansN14(t *testing.T) {
 		t.Skip("set SLOTPLAN_NEUJEANS_N14=1 to run the n14boot NeuJeans layers (~3 GB, ~1-2 min)")
 	}
 	skipWithoutBootMemory(t)
-	var pp planParams
-	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
-		t.Fatal(err)
-	}
-	setup, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := testBootSetup(t)
 	logN := setup.params.LogN()
 	slots := setup.params.MaxSlots()
 	const l, w, H = 128, 16, 15
@@ -367,6 +360,7 @@ func TestNeujeansN14(t *testing.T) {
 		if cs.conv {
 			kd = diags
 		}
+		var err error
 		if mats[i], err = buildNeujeans(logN, slots, cs.spec, kd); err != nil {
 			t.Fatal(err)
 		}
