@@ -119,18 +119,11 @@ def boot_series(program: list[Any], live: np.ndarray, boot: BootMemory | None, g
     """The bootstrap's terms at each program step (module docstring): the temporaries at
     each ``bootstrap``, and the garbage over ``live`` (the Go heap's live bytes at each step
     without them) once the first bootstrap ran."""
-    n = len(program)
-    transient = np.zeros(n, dtype=np.int64)
-    slack = np.zeros(n, dtype=np.int64)
     if boot is None:
-        return transient, slack
-    prog = ir.decode_program(program)
-    boots = np.cumsum([1 if ir.is_bootstrap(ins) else 0 for ins in prog]).astype(np.int64)
-    for i, ins in enumerate(prog):
-        if ir.is_bootstrap(ins):
-            transient[i] = boot.transient_bytes
-    heap = live + transient
-    slack = np.minimum(heap * gc_percent // 100, boots * boot.alloc_bytes)
+        return np.zeros(len(program), dtype=np.int64), np.zeros(len(program), dtype=np.int64)
+    at_boot = np.array([ir.is_bootstrap(ins) for ins in ir.decode_program(program)], dtype=np.int64)
+    transient = at_boot * boot.transient_bytes
+    slack = np.minimum((live + transient) * gc_percent // 100, np.cumsum(at_boot) * boot.alloc_bytes)
     return transient, slack
 
 
