@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-installed
 SLOTPLAN:= $(VENV)/bin/slotplan
 
-.PHONY: install lattigo demo test lint gocheck bench golden clean chromium
+.PHONY: install lattigo demo test lint gocheck bench golden clean chromium orion orion-bench
 
 install: $(STAMP) lattigo
 
@@ -52,5 +52,19 @@ golden: install
 bench: install
 	$(SLOTPLAN) bench data/suites/metakernel.json --params n16
 
+# Orion (PyPI orion-fhe, with torch: ~6 GB) in its own venv, for `slotplan orion-bench`.
+# Not part of `make test`.
+ORION_VENV := .venv-orion
+ORION_PIN  := orion-fhe==1.0.2
+orion: $(ORION_VENV)/.installed
+$(ORION_VENV)/.installed:
+	python3 -m venv $(ORION_VENV)
+	$(ORION_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ORION_VENV)/bin/python -m pip install -q '$(ORION_PIN)'
+	touch $@
+
+orion-bench: install orion
+	$(SLOTPLAN) orion-bench --repeat 3
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ORION_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,4 +1,5 @@
-"""Lattigo measurement commands: ``slotplan calibrate`` and ``slotplan lattigo-bench``.
+"""Lattigo measurement commands: ``slotplan calibrate``, ``slotplan lattigo-bench`` and
+``slotplan orion-bench``.
 
 Both run CKKS with Lattigo on this machine (the gopy extension, ``make lattigo``).
 Bad input (unknown preset, bad shape, unknown workload, extension not built) exits 2
@@ -26,6 +27,7 @@ RTOL = 1e-4
 def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate)
     app.command("lattigo-bench")(lattigo_bench)
+    app.command("orion-bench")(orion_bench)
 
 
 # ----------------------------------------------------------------------------- calibrate
@@ -348,3 +350,68 @@ def lattigo_bench(
                 bad.append(f"{r['workload']}/{m}: max relative error {res['max_rel_error']:.2e} > {RTOL:g}")
     if bad:
         raise ExitError("lattigo-bench: " + "; ".join(bad), 1)
+
+
+# --------------------------------------------------------------------------- orion-bench
+def orion_bench(
+    orion_python: Annotated[
+        Path | None,
+        typer.Option("--orion-python", help="Orion's interpreter [default: .venv-orion/bin/python, from `make orion`]"),
+    ] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="timed encrypted inferences per system (median)")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the weights, BatchNorm statistics and input")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the row as JSON")] = False,
+    output: Annotated[Path | None, typer.Option("--out", "-o", help="also write the row as a JSON file")] = None,
+) -> None:
+    """Orion's MLP (784-128-128-10, x^2) encrypted by Orion and by slotplan in one job, on the
+    same weights, input and modulus chain; times, errors against float64, keys."""
+    from api.orion_bench import orion_bench as run_bench
+    from backends.lattigo_backend import LattigoError
+    from planner.errors import SlotplanError
+
+    try:
+        if output is not None and output.suffix.lower() != ".json":
+            raise SlotplanError(f"--out {str(output)!r}: expected a .json file")
+        row = run_bench(orion_python, repeat, seed)
+    except (SlotplanError, LattigoError) as e:
+        raise fail(e) from None
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(row, indent=1, sort_keys=True) + "\n")
+    if as_json:
+        print(json.dumps(row, sort_keys=True))
+    else:
+        _print_orion(row, repeat)
+    bad = [f"{who}: max relative error {row[who]['max_rel_error']:.2e}" for who in ("ours",)
+           if (row[who].get("max_rel_error") or 0.0) > ORION_RTOL]
+    if bad:
+        raise ExitError("orion-bench: " + "; ".join(bad), 1)
+
+
+# Orion's scale is 2^26 over a 29-bit q0: both systems keep ~6-11 bits here (Orion's own
+# example prints its precision in bits). Ours must stay within 1e-2 of the float64 output.
+ORION_RTOL = 1e-2
+
+
+def _print_orion(row: Mapping[str, Any], repeat: int) -> None:
+    o, u = row["orion"], row["ours"]
+    t = Table(title=escape(f"{row['workload']}: encrypted inference, median of {repeat} "
+                           f"({row['affinity_cpus']} CPUs, GOMAXPROCS={row['gomaxprocs'] or 'default'})"))
+    for c in ("system", "eval s (runs)", "rel. error", "argmax", "keys", "prep s", "notes"):
+        t.add_column(c, justify="left" if c in ("system", "notes") else "right")
+    runs = ", ".join(f"{r:.3f}" for r in o["eval_seconds_runs"])
+    t.add_row(
+        f"Orion {escape(str(o['orion_version']))}", f"{o['eval_seconds']:.3f} ({runs})", _fmt_err(o["max_rel_error"]),
+        "ok" if o["argmax_agrees"] else "differs", "-", f"{o['fit_compile_seconds']:.1f}",
+        escape(f"ring {o['config']['ckks_params']['RingType']}, hybrid lintrans; peak RSS {o['max_rss_bytes'] / 2**30:.2f} GiB"),
+    )
+    runs = ", ".join(f"{r:.3f}" for r in (u.get("eval_seconds_runs") or []))
+    t.add_row(
+        "slotplan", f"{_fmt_s(u.get('eval_seconds'))} ({runs})", _fmt_err(u.get("max_rel_error_vs_clear")),
+        "ok" if u.get("argmax_agrees") else "differs", str(u.get("keys")),
+        _fmt_s(u.get("encode_seconds")),
+        escape(f"{','.join(u.get('kernels') or [])}; {u.get('plan_rotations')} rotations, {u.get('pmul')} pmul, "
+               f"depth {u.get('depth')}, {u.get('workers')} workers; model {_fmt_s(u.get('modelled_seconds'))} s"),
+    )
+    out.print(t)
+    out.print(f"Orion / slotplan: {_ratio(row.get('orion_over_ours'))}x  (prep: Orion's fit+compile, our plaintext encoding)")

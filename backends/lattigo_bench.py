@@ -186,8 +186,10 @@ def run_plan_bench(
     repeat: int = 1,
     budget: int | None = None,
     schedule_keys: bool = True,
+    keep_outputs: bool = False,
 ) -> dict[str, Any]:
     """Plan ``graph`` and time the plan encrypted (Go ``BenchPlan``).
+    ``keep_outputs`` adds the decrypted outputs (``outputs``: tensor -> nested lists).
 
     When the plan's rotation keys exceed ``budget`` and ``schedule_keys`` is set, the graph
     is re-planned with ``memory_cap_bytes = budget / 2`` (a load_key/drop_key schedule; the
@@ -280,6 +282,8 @@ def run_plan_bench(
         max_abs_error=max_abs,
         max_rel_error=max_rel,
     )
+    if keep_outputs:
+        row["outputs"] = {t: outs[t].tolist() for t in graph.outputs}
     if cap is not None:
         ops = st["op_seconds"]
         load_s = float(ops.get("load_key", 0.0)) + float(ops.get("drop_key", 0.0))
