@@ -9,8 +9,10 @@ result disagrees with numpy beyond CKKS precision.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -115,6 +117,38 @@ def calibrate(
 
 
 # -------------------------------------------------------------------------- lattigo-bench
+@contextlib.contextmanager
+def _table_now(p: Any, enabled: bool) -> Iterator[Path | None]:
+    """A cost table of preset ``p`` calibrated now, in this job (``--calibrate``), in a
+    temporary directory; None when not asked. The machine's speed drifts between days
+    (here up to ~1.4x), so a model-vs-measured check is fair only against a table measured
+    in the same job; plans are still chosen with the committed table."""
+    if not enabled:
+        yield None
+        return
+    from backends.calibrate import calibrate as run_calibration
+
+    with tempfile.TemporaryDirectory(prefix="slotplan-cal-") as tmp:
+        err.print(f"calibrating {p.name} in this job ...", markup=False, highlight=False)
+        _, path = run_calibration(p, CALIBRATE_NOW_REPEAT, Path(tmp) / f"{p.name}-now.json")
+        yield path
+
+
+# Timed runs per operation of the in-job calibration (the committed tables use 9).
+CALIBRATE_NOW_REPEAT = 5
+
+
+def _progress(name: str, row: Mapping[str, Any], as_json: bool, methods: Sequence[str]) -> None:
+    if as_json:
+        print(json.dumps(row, sort_keys=True), flush=True)
+        return
+    done = ", ".join(
+        f"{m} {row[m]['eval_seconds']:.3f}s" if row[m].get("status") == "ok" else f"{m} {row[m]['status'][:40]}"
+        for m in methods if m in row
+    )
+    err.print(f"lattigo-bench {name}: {row['workload']}: {done}", markup=False, highlight=False)
+
+
 def _fmt_s(x: Any) -> str:
     return "-" if x is None else f"{float(x):.3f}"
 
@@ -171,7 +205,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
     # wall vs CPU time (a loaded machine inflates wall time) and our modelled time
     m = Table(title="ours vs lintrans in wall and process CPU seconds; ours modelled (calibrated table)")
     for c in ("workload", "ours wall", "ours cpu", "lt wall", "lt cpu", "lt/ours wall", "lt/ours cpu",
-              "model", "model/wall", "model/cpu", "blocks", "load"):
+              "model", "model/wall", "model/cpu", "now/wall", "blocks", "load"):
         m.add_column(c, justify="left" if c == "workload" else "right")
     for r in rows:
         ours, lt = r.get("ours") or {}, r.get("lintrans") or {}
@@ -182,6 +216,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
             _fmt_opt(lt.get("cpu_seconds") if lok else None), _ratio(r.get("lintrans_over_ours")),
             _ratio(r.get("lintrans_over_ours_cpu")), _fmt_opt(ours.get("modelled_seconds") if ok else None),
             _ratio(ours.get("model_over_eval")), _ratio(ours.get("model_over_cpu")),
+            _ratio(ours.get("model_now_over_eval")),
             str(ours.get("fused_blocks", "-")), str(r.get("loadavg_1m_at_start", "-")),
         )
     out.print(m)
@@ -241,7 +276,7 @@ def _print_complex(rows: list[dict[str, Any]]) -> None:
     """ours-complex (complex packing) next to ours and the best lintrans."""
     c = Table(title="ours-complex (--packing complex) vs ours and lintrans (best), eval seconds")
     for col in ("workload", "ours-complex kernel", "ours-complex s", "rot", "keys", "pmul", "err", "model",
-                "model/wall", "ours s", "pmul", "lintrans s", "ours/ours-complex", "lintrans/ours-complex",
+                "model/wall", "now/wall", "ours s", "pmul", "lintrans s", "ours/ours-complex", "lintrans/ours-complex",
                 "lintrans/ours"):
         c.add_column(col, justify="left" if col in ("workload", "ours-complex kernel") else "right")
     for r in rows:
@@ -251,7 +286,7 @@ def _print_complex(rows: list[dict[str, Any]]) -> None:
         c.add_row(
             escape(r["workload"]), escape(",".join(oc.get("kernels", [])) or "-"), *cells[:3],
             str(oc.get("pmul", "-")), cells[3], _fmt_opt(oc.get("modelled_seconds") if ok else None),
-            _ratio(oc.get("model_over_eval") if ok else None),
+            _ratio(oc.get("model_over_eval") if ok else None), _ratio(oc.get("model_now_over_eval") if ok else None),
             _fmt_opt(ours.get("eval_seconds") if ours.get("status") == "ok" else None), str(ours.get("pmul", "-")),
             _fmt_opt(lt.get("eval_seconds") if lt.get("status") == "ok" else None),
             _ratio(r.get("ours_over_ours_complex")), _ratio(r.get("lintrans_over_ours_complex")),
@@ -271,6 +306,7 @@ def lattigo_bench(
     memory_budget: Annotated[str | None, typer.Option("--memory-budget", help="skip a method whose keys need more (bytes or KiB/MiB/GiB) [default: 60% of MemAvailable]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write all rows, parameters and machine as one JSON file")] = None,
+    calibrate_now: Annotated[bool, typer.Option("--calibrate", help="calibrate the preset first, in this job, and also price each plan with that table (model now/wall)")] = False,
 ) -> None:
     """Time our plans, Fhelipe-style plans and Lattigo's lintrans encrypted on this machine."""
     import time
@@ -304,16 +340,10 @@ def lattigo_bench(
             raise SlotplanError(f"--log-bsgs-ratio {log_bsgs_ratio!r}: integers 0..16, comma-separated") from None
         if not ratios or any(not 0 <= r <= 16 for r in ratios):
             raise SlotplanError(f"--log-bsgs-ratio {log_bsgs_ratio!r}: integers 0..16, comma-separated")
-        for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, ratios):
-            rows.append(row)
-            if as_json:
-                print(json.dumps(row, sort_keys=True), flush=True)
-            else:
-                done = ", ".join(
-                    f"{m} {row[m]['eval_seconds']:.3f}s" if row[m].get("status") == "ok" else f"{m} {row[m]['status'][:40]}"
-                    for m in lb.METHODS if m in row
-                )
-                err.print(f"lattigo-bench {p.name}: {row['workload']}: {done}", markup=False, highlight=False)
+        with _table_now(p, calibrate_now) as table_now:
+            for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, ratios, table_now):
+                rows.append(row)
+                _progress(p.name, row, as_json, lb.METHODS)
         total = time.perf_counter() - t0
         backend = version()
     except (SlotplanError, LattigoError) as e:
@@ -321,7 +351,8 @@ def lattigo_bench(
     if output is not None:
         doc = {
             "schema": lb.BENCH_SCHEMA,
-            "command": f"slotplan lattigo-bench --params {params} --shapes {shapes} --convs {convs} --repeat {repeat} --seed {seed}",
+            "command": f"slotplan lattigo-bench --params {params} --shapes {shapes} --convs {convs} --repeat {repeat} --seed {seed}"
+            + (" --calibrate" if calibrate_now else ""),
             "params": p.to_json(),
             "shapes": [list(s) for s in shape_list],
             "convs": conv_list,
@@ -362,17 +393,21 @@ def orion_bench(
     seed: Annotated[int, typer.Option("--seed", help="seed of the weights, BatchNorm statistics and input")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the row as JSON")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write the row as a JSON file")] = None,
+    calibrate_now: Annotated[bool, typer.Option("--calibrate", help="calibrate Orion's chain first, in this job, and also price our plan with that table")] = False,
 ) -> None:
     """Orion's MLP (784-128-128-10, x^2) encrypted by Orion and by slotplan in one job, on the
     same weights, input and modulus chain; times, errors against float64, keys."""
+    from api.orion_bench import PARAMS
     from api.orion_bench import orion_bench as run_bench
     from backends.lattigo_backend import LattigoError
     from planner.errors import SlotplanError
+    from planner.params import load_params
 
     try:
         if output is not None and output.suffix.lower() != ".json":
             raise SlotplanError(f"--out {str(output)!r}: expected a .json file")
-        row = run_bench(orion_python, repeat, seed)
+        with _table_now(load_params(str(PARAMS)), calibrate_now) as table_now:
+            row = run_bench(orion_python, repeat, seed, table_now)
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
     if output is not None:
@@ -411,7 +446,8 @@ def _print_orion(row: Mapping[str, Any], repeat: int) -> None:
         "ok" if u.get("argmax_agrees") else "differs", str(u.get("keys")),
         _fmt_s(u.get("encode_seconds")),
         escape(f"{','.join(u.get('kernels') or [])}; {u.get('plan_rotations')} rotations, {u.get('pmul')} pmul, "
-               f"depth {u.get('depth')}, {u.get('workers')} workers; model {_fmt_s(u.get('modelled_seconds'))} s"),
+               f"depth {u.get('depth')}, {u.get('workers')} workers; model {_fmt_s(u.get('modelled_seconds'))} s"
+               + (f" (calibrated now: {_fmt_s(u.get('modelled_seconds_now'))} s)" if u.get("modelled_seconds_now") else "")),
     )
     out.print(t)
     out.print(f"Orion / slotplan: {_ratio(row.get('orion_over_ours'))}x  (prep: Orion's fit+compile, our plaintext encoding)")

@@ -71,7 +71,7 @@ def run_orion(python: Path, repeat: int, seed: int, workdir: Path) -> tuple[dict
     return info, arrays
 
 
-def run_ours(arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
+def run_ours(arrays: dict[str, np.ndarray], repeat: int, table_now: Path | None = None) -> dict[str, Any]:
     """slotplan's plan of the same network on Orion's chain, run on Lattigo (BenchPlan)."""
     from backends.lattigo_bench import run_plan_bench
     from planner.graph import load_graph
@@ -81,10 +81,13 @@ def run_ours(arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
     graph = load_graph(GRAPH)
     params = load_params(str(PARAMS))
     values = {t: arrays[t] for t in TENSORS}
-    return run_plan_bench(graph, params, PlanOptions(), values, repeat=repeat, budget=None, keep_outputs=True)
+    return run_plan_bench(graph, params, PlanOptions(), values, repeat=repeat, budget=None, keep_outputs=True,
+                          table_now=table_now)
 
 
-def orion_bench(python: Path | None = None, repeat: int = 3, seed: int = 0) -> dict[str, Any]:
+def orion_bench(
+    python: Path | None = None, repeat: int = 3, seed: int = 0, table_now: Path | None = None
+) -> dict[str, Any]:
     """Both systems on the same weights and input; one row with times, errors and ratios."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise SlotplanError(f"--repeat must be in 1..{MAX_REPEAT}, got {repeat}")
@@ -96,7 +99,7 @@ def orion_bench(python: Path | None = None, repeat: int = 3, seed: int = 0) -> d
             f"the folded weights do not reproduce Orion's cleartext network (relative {fold:.1e} > {FOLD_RTOL:g}): "
             "the comparison would not be on the same network"
         )
-    ours = run_ours(arrays, repeat)
+    ours = run_ours(arrays, repeat, table_now)
     clear = arrays["y_clear"]
     y_ours = np.asarray(ours["outputs"]["y"], dtype=np.float64) if ours.get("status") == "ok" else None
     orion_err = [_rel(y, clear) for y in arrays["y_orion"]]
@@ -113,6 +116,7 @@ def orion_bench(python: Path | None = None, repeat: int = 3, seed: int = 0) -> d
             **{k: ours.get(k) for k in (
                 "status", "kernels", "plan_rotations", "keys", "key_bytes", "pmul", "depth", "workers",
                 "eval_seconds", "eval_seconds_runs", "cpu_seconds", "modelled_seconds", "model_over_eval",
+                "modelled_seconds_now", "model_now_over_eval",
                 "encode_seconds", "keygen_seconds", "max_rel_error",
             )},
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -187,9 +187,12 @@ def run_plan_bench(
     budget: int | None = None,
     schedule_keys: bool = True,
     keep_outputs: bool = False,
+    table_now: Path | None = None,
 ) -> dict[str, Any]:
     """Plan ``graph`` and time the plan encrypted (Go ``BenchPlan``).
     ``keep_outputs`` adds the decrypted outputs (``outputs``: tensor -> nested lists).
+    ``table_now``: a cost table calibrated in this job; the row then also carries the plan
+    priced with it (``modelled_seconds_now``, ``model_now_over_eval``).
 
     When the plan's rotation keys exceed ``budget`` and ``schedule_keys`` is set, the graph
     is re-planned with ``memory_cap_bytes = budget / 2`` (a load_key/drop_key schedule; the
@@ -282,6 +285,10 @@ def run_plan_bench(
         max_abs_error=max_abs,
         max_rel_error=max_rel,
     )
+    if table_now is not None:
+        now = modelled_seconds(plan, params, table_path=table_now)
+        row["modelled_seconds_now"] = now
+        row["model_now_over_eval"] = round(now / st["eval_seconds"], 3) if now and st["eval_seconds"] else None
     if keep_outputs:
         row["outputs"] = {t: outs[t].tolist() for t in graph.outputs}
     if cap is not None:
@@ -299,18 +306,21 @@ def run_plan_bench(
     return row
 
 
-def modelled_seconds(plan: Mapping[str, Any], params: Params, level_aware: bool = True) -> float | None:
+def modelled_seconds(
+    plan: Mapping[str, Any], params: Params, level_aware: bool = True, table_path: Path | None = None
+) -> float | None:
     """The plan's time under its calibrated cost table (the one ``--objective time`` used;
     the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
     None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
     executor fuses them (``planner.fusion``); by default every instruction and block at
     the level it runs at (``planner.timing``), else (``level_aware=False``) with the
-    top-level weights, as the solver's objective prices candidates."""
+    top-level weights, as the solver's objective prices candidates. ``table_path``: price
+    with that table instead (a calibration made in this job, ``--calibrate``)."""
     from planner.costs import COST_TABLES, load_costs
     from planner.kernels.base import count_program
 
     name = str((plan.get("options") or {}).get("costs") or "default")
-    table = load_costs(name)
+    table = load_costs(table_path if table_path is not None else name)
     if not table.is_time:
         alt = f"{params.name}-lattigo"
         if alt not in COST_TABLES:
@@ -486,8 +496,10 @@ def bench(
     methods: Sequence[str] = METHODS,
     budget: int | None = None,
     log_bsgs_ratios: Sequence[int] = LINTRANS_SWEEP,
+    table_now: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One row per workload (MVM shapes first, then convolutions), as they finish.
+    ``table_now``: a cost table calibrated in this job (``run_plan_bench``).
     lintrans runs at every LogBSGSRatio of ``log_bsgs_ratios``; ``row["lintrans"]`` is the
     fastest (the fair baseline), ``row["lintrans_sweep"]`` every variant's time."""
     if repeat < 1:
@@ -508,14 +520,15 @@ def bench(
             row["shape"] = list(w.shape)
         if "ours" in methods:
             row["ours"] = _guard(
-                partial(run_plan_bench, w.graph, params, PlanOptions(input_layout="free"), values, repeat, budget)
+                partial(run_plan_bench, w.graph, params, PlanOptions(input_layout="free"), values, repeat, budget,
+                        table_now=table_now)
             )
         if "ours-complex" in methods:
             cplx = PlanOptions(input_layout="free", packing="complex")
-            row["ours-complex"] = _guard(partial(run_plan_bench, w.graph, params, cplx, values, repeat, budget))
+            row["ours-complex"] = _guard(partial(run_plan_bench, w.graph, params, cplx, values, repeat, budget, table_now=table_now))
         if w.kind == "mvm" and "fhelipe" in methods:
             fhelipe = PlanOptions(kernels=("fhelipe", "elementwise"), input_layout="free")
-            row["fhelipe"] = _guard(partial(run_plan_bench, w.graph, params, fhelipe, values, repeat, budget))
+            row["fhelipe"] = _guard(partial(run_plan_bench, w.graph, params, fhelipe, values, repeat, budget, table_now=table_now))
         if w.kind == "mvm" and "lintrans" in methods:
             assert w.shape is not None
             # the square embedding always; GAZELLE's hybrid one where the matrix is not square
