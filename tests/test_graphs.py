@@ -64,13 +64,18 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
     return {"schema": "slotplan.graph/1", "name": "rand", "tensors": tensors, "nodes": nodes, "outputs": [cur]}
 
 
+SOLVE_LIMIT_S = 120.0
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=graphs(), layout=st.sampled_from(["free", "row-major"]))
 def test_random_graphs_match_numpy_and_solvers_agree(spec: dict[str, Any], layout: str) -> None:
     g = parse_graph(spec)
     params = small_params(10, levels=12)
     problem = build_problem(g, params, PlanOptions(input_layout=layout))
-    sols = {name: create(name).solve(problem.model, 30.0) for name in SOLVERS}
+    # The limit only has to be out of reach: these models solve in well under a second, but
+    # z3 once stopped FEASIBLE at 30 s on a machine loaded by a concurrent Go test run.
+    sols = {name: create(name).solve(problem.model, SOLVE_LIMIT_S) for name in SOLVERS}
     assert sols["cpsat"].status is Status.OPTIMAL
     if len(g.nodes) <= 6:
         assert sols["z3"].status is Status.OPTIMAL
