@@ -222,6 +222,8 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
     out.print(m)
     if any("ours-complex" in r for r in rows):
         _print_complex(rows)
+    if any("lintrans-interleaved" in r for r in rows):
+        _print_interleaved(rows)
     for r in rows:
         for method in ("ours", "fhelipe", "lintrans", "ours-complex"):
             mres = r.get(method)
@@ -272,6 +274,27 @@ def _print_rows(rows: list[dict[str, Any]], title: str) -> None:
         )
 
 
+def _print_interleaved(rows: list[dict[str, Any]]) -> None:
+    """lintrans given our row-interleaved diagonals (the same products as our hybrid plan)."""
+    t = Table(title="lintrans with our row-interleaved diagonals (lintrans-interleaved) vs ours and lintrans (best of square/hybrid)")
+    for col in ("workload", "ours s", "lintrans s", "lt-interleaved s", "diagonals", "rot b+g+f", "err",
+                "lintrans/ours", "lt-interleaved/ours"):
+        t.add_column(col, justify="left" if col == "workload" else "right")
+    for r in rows:
+        li, ours, lt = r.get("lintrans-interleaved") or {}, r.get("ours") or {}, r.get("lintrans") or {}
+        ok = li.get("status") == "ok"
+        t.add_row(
+            escape(r["workload"]), _fmt_opt(ours.get("eval_seconds") if ours.get("status") == "ok" else None),
+            _fmt_opt(lt.get("eval_seconds") if lt.get("status") == "ok" else None),
+            (f"{li['eval_seconds']:.3f} (r={li['log_bsgs_ratio']})" if ok else _cells(li or None)[0]),
+            str(li.get("diagonals", "-")),
+            f"{li['baby_rotations']}+{li['giant_rotations']}+{li['fold_rotations']}" if ok else "-",
+            _fmt_err(li.get("max_rel_error") if ok else None),
+            _ratio(r.get("lintrans_over_ours")), _ratio(r.get("lintrans_interleaved_over_ours")),
+        )
+    out.print(t)
+
+
 def _print_complex(rows: list[dict[str, Any]]) -> None:
     """ours-complex (complex packing) next to ours and the best lintrans."""
     c = Table(title="ours-complex (--packing complex) vs ours and lintrans (best), eval seconds")
@@ -301,7 +324,7 @@ def lattigo_bench(
     convs: Annotated[str, typer.Option("--convs", help="data/workloads convolutions, comma-separated ('' for none)")] = "conv1,conv2,conv3,conv4",
     repeat: Annotated[int, typer.Option("--repeat", help="timed evaluations per method (median)")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="seed of W, x and the conv data")] = 0,
-    methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans,ours-complex (ours planned with --packing complex)")] = "ours,fhelipe,lintrans",
+    methods: Annotated[str, typer.Option("--methods", help="ours,fhelipe,lintrans,ours-complex (ours planned with --packing complex),lintrans-interleaved (lintrans given our row-interleaved diagonals)")] = "ours,fhelipe,lintrans",
     log_bsgs_ratio: Annotated[str, typer.Option("--log-bsgs-ratio", help="lintrans LogBabyStepGiantStepRatio(s), comma-separated; the fastest is the baseline")] = "0,1,2,3",
     memory_budget: Annotated[str | None, typer.Option("--memory-budget", help="skip a method whose keys need more (bytes or KiB/MiB/GiB) [default: 60% of MemAvailable]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,

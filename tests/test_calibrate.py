@@ -221,6 +221,36 @@ def test_bench_one_tiny_shape(n12) -> None:  # noqa: ANN001
     assert hy and best["eval_seconds"] <= min(hy)
 
 
+@pytest.mark.parametrize(("n", "k"), [(24, 40), (40, 24), (32, 32), (7, 100), (300, 9)])
+def test_lintrans_interleaved_matches_numpy_with_our_diagonal_count(n12, n: int, k: int) -> None:  # noqa: ANN001
+    """lintrans given our row-interleaved diagonals: W @ x, over all slots, with the
+    products of our hybrid kernel (n' kp / slots diagonals) and log2 f folds."""
+    from backends.lattigo_bench import lintrans_matvec
+    from planner.kernels.hybrid import _pow2
+
+    rng = np.random.default_rng(n * 1000 + k)
+    W = rng.uniform(-1, 1, (n, k))
+    x = rng.uniform(-1, 1, k)
+    y, st = lintrans_matvec(n12, W, x, embedding="interleaved", log_bsgs_ratio=1)
+    want = W @ x
+    assert y.shape == (n,) and np.max(np.abs(y - want)) / np.max(np.abs(want)) < 1e-4
+    kp, npad = _pow2(k), _pow2(n)
+    f = min(n12.slots // npad, kp)
+    assert st["embedding"] == "interleaved" and st["replication"] == 1
+    assert st["diagonals"] == kp // f and st["fold_rotations"] == f.bit_length() - 1
+
+
+def test_bench_reports_lintrans_interleaved_apart(n12) -> None:  # noqa: ANN001
+    from backends.lattigo_bench import bench
+
+    (r,) = bench(n12, [(32, 32)], [], methods=("ours", "lintrans", "lintrans-interleaved"), log_bsgs_ratios=(0, 1))
+    li = r["lintrans-interleaved"]
+    assert li["status"] == "ok" and li["embedding"] == "interleaved" and li["max_rel_error"] < 1e-4
+    assert set(r["lintrans_interleaved_sweep"]) == {"interleaved/0", "interleaved/1"}
+    assert r["lintrans"]["embedding"] == "square"  # not folded into the baseline
+    assert r["lintrans_interleaved_over_ours"] > 0
+
+
 def test_bench_conv_and_budget(n12) -> None:  # noqa: ANN001
     from backends.lattigo_bench import bench
 

@@ -69,8 +69,10 @@ type lintransOptions struct {
 	Dimension    int  `json:"dimension"`
 	Level        *int `json:"level"`
 	Repeat       int  `json:"repeat"`
-	// Embedding: "square" (default: W in the corner of a d x d matrix) or "hybrid"
-	// (GAZELLE's hybrid diagonals for a rectangular W, see hybridEmbedding).
+	// Embedding: "square" (default: W in the corner of a d x d matrix), "hybrid"
+	// (GAZELLE's hybrid diagonals for a rectangular W, see hybridEmbedding) or
+	// "interleaved" (slotplan's row-interleaved hybrid diagonals over all slots, any shape,
+	// see interleavedEmbedding).
 	Embedding string `json:"embedding"`
 	// CPUProfile: write a Go CPU profile (pprof) of the timed runs to this file.
 	CPUProfile string `json:"cpu_profile"`
@@ -181,8 +183,8 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	if embedding == "" {
 		embedding = "square"
 	}
-	if embedding != "square" && embedding != "hybrid" {
-		return "", fmt.Errorf("options: embedding must be \"square\" or \"hybrid\", got %q", embedding)
+	if embedding != "square" && embedding != "hybrid" && embedding != "interleaved" {
+		return "", fmt.Errorf("options: embedding must be \"square\", \"hybrid\" or \"interleaved\", got %q", embedding)
 	}
 	d := 1 << bits.Len(uint(max(n, k)-1))
 	if opt.Dimension != 0 {
@@ -191,14 +193,24 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 			return "", fmt.Errorf("options: dimension must be a power of two in [%d, %d], got %d", max(n, k), slots, d)
 		}
 	}
+	if embedding == "interleaved" {
+		if opt.Dimension != 0 && opt.Dimension != slots {
+			return "", fmt.Errorf("options: the interleaved embedding fills all %d slots (dimension %d)", slots, opt.Dimension)
+		}
+		d = slots
+	}
 	logd := bits.Len(uint(d)) - 1
 	dims := ring.Dimensions{Rows: 0, Cols: logd}
 	var diags lintrans.Diagonals[float64]
 	var xs []float64
 	var folds []int
-	if embedding == "hybrid" {
+	stride := 1 // output row r is read at slot r * stride
+	switch embedding {
+	case "hybrid":
 		diags, xs, folds = hybridEmbedding(W, x, n, k, d)
-	} else {
+	case "interleaved":
+		diags, xs, folds, stride = interleavedEmbedding(W, x, n, k, slots)
+	default:
 		diags, xs = squareEmbedding(W, n, k, d), make([]float64, d)
 		copy(xs, x)
 	}
@@ -316,7 +328,7 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 			return "", fmt.Errorf("rescale: %w", err)
 		}
 		rs := time.Since(t).Seconds()
-		// hybrid: log2(d/m) rotate-and-adds sum the partial rows (after the rescale)
+		// hybrid, interleaved: rotate-and-adds sum the partial rows (after the rescale)
 		t = time.Now()
 		for _, f := range folds {
 			rot, err := eval.RotateNew(resc, f)
@@ -342,6 +354,9 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 	ys := make([]float64, d)
 	if err = ecd.Decode(dec.DecryptNew(res), ys); err != nil {
 		return "", fmt.Errorf("cannot decode the result: %w", err)
+	}
+	for r := 0; r < n; r++ {
+		ys[r] = ys[r*stride]
 	}
 	st.DecryptSeconds = time.Since(t).Seconds()
 	st.TotalSeconds = time.Since(t0).Seconds()
@@ -450,4 +465,48 @@ func hybridEmbedding(W, x []float64, n, k, d int) (lintrans.Diagonals[float64], 
 		}
 	}
 	return diags, xs, nil
+}
+
+// interleavedEmbedding gives lintrans the diagonals of slotplan's row-interleaved hybrid
+// kernel (planner/kernels/hybrid.py), so that lintrans evaluates the same products:
+// kp = 2^ceil(log2 k), n' = 2^ceil(log2 n), f = min(slots / n', kp) slots per row and
+// D = kp / f diagonals at offsets f t (t < D), diag_(f t)[s] = W[s / f, (s + f t) mod kp];
+// the input is x repeated with period kp; log2 f rotate-and-adds (offsets f/2, ..., 1)
+// sum each row's f partial sums into slot row * f. Returns the diagonals, the input (all
+// slots), the fold offsets and the output stride f. lintrans chooses its own baby and giant
+// steps over the offsets f t (its BSGS ratio, swept by the bench).
+func interleavedEmbedding(W, x []float64, n, k, slots int) (lintrans.Diagonals[float64], []float64, []int, int) {
+	kp := 1 << bits.Len(uint(k-1))
+	np := 1 << bits.Len(uint(n-1))
+	f := min(slots/np, kp)
+	xs := make([]float64, slots)
+	for s := range xs {
+		if c := s & (kp - 1); c < k {
+			xs[s] = x[c]
+		}
+	}
+	diags := lintrans.Diagonals[float64]{}
+	for t := 0; t < kp/f; t++ {
+		var diag []float64
+		for s := 0; s < slots; s++ {
+			r, c := s/f, (s+f*t)&(kp-1)
+			if r >= n || c >= k {
+				continue
+			}
+			if v := W[r*k+c]; v != 0 {
+				if diag == nil {
+					diag = make([]float64, slots)
+				}
+				diag[s] = v
+			}
+		}
+		if diag != nil {
+			diags[f*t] = diag
+		}
+	}
+	var folds []int
+	for o := f / 2; o >= 1; o /= 2 {
+		folds = append(folds, o)
+	}
+	return diags, xs, folds, f
 }

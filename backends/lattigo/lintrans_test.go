@@ -18,7 +18,9 @@ func TestLintransMatvecSmall(t *testing.T) {
 		emb              string
 	}{{5, 12, 0, 1, ""}, {12, 5, 0, 1, ""}, {16, 16, 2048, 1, ""}, {7, 9, 0, -1, ""}, {30, 20, 0, 0, ""},
 		{5, 12, 0, 1, "hybrid"}, {12, 5, 0, 2, "hybrid"}, {3, 40, 0, 1, "hybrid"}, {40, 3, 0, -1, "hybrid"},
-		{16, 64, 256, 1, "hybrid"}, {64, 16, 0, 0, "hybrid"}, {9, 9, 0, 1, "hybrid"}} {
+		{16, 64, 256, 1, "hybrid"}, {64, 16, 0, 0, "hybrid"}, {9, 9, 0, 1, "hybrid"},
+		{16, 16, 0, 1, "interleaved"}, {9, 9, 0, 2, "interleaved"}, {5, 12, 0, 0, "interleaved"},
+		{40, 3, 0, 1, "interleaved"}, {3, 40, 0, -1, "interleaved"}, {64, 64, 0, 3, "interleaved"}} {
 		W := make([]float64, tc.n*tc.k)
 		for i := range W {
 			W[i] = 2*rng.Float64() - 1
