@@ -375,24 +375,30 @@ func lintransMatvec(paramsJSON string, matrix []byte, n, k int, vec []byte, opti
 func squareEmbedding(W []float64, n, k, d int) lintrans.Diagonals[float64] {
 	diags := lintrans.Diagonals[float64]{}
 	for i := 0; i < d; i++ {
-		var diag []float64
-		for r := 0; r < n; r++ {
-			c := (r + i) & (d - 1)
-			if c >= k {
-				continue
-			}
-			if v := W[r*k+c]; v != 0 {
-				if diag == nil {
-					diag = make([]float64, d)
-				}
-				diag[r] = v
-			}
-		}
-		if diag != nil {
+		if diag := diagonalOf(W, n, k, d, func(s int) (int, int) { return s, (s + i) & (d - 1) }); diag != nil {
 			diags[i] = diag
 		}
 	}
 	return diags
+}
+
+// diagonalOf is the vector v[s] = W[r, c] with (r, c) = at(s) for s < length (0 where
+// r >= n or c >= k), or nil when it is all zero (lintrans then has no such diagonal).
+func diagonalOf(W []float64, n, k, length int, at func(s int) (int, int)) []float64 {
+	var diag []float64
+	for s := 0; s < length; s++ {
+		r, c := at(s)
+		if r >= n || c >= k {
+			continue
+		}
+		if v := W[r*k+c]; v != 0 {
+			if diag == nil {
+				diag = make([]float64, length)
+			}
+			diag[s] = v
+		}
+	}
+	return diag
 }
 
 // hybridEmbedding is GAZELLE's hybrid diagonal method (Juvekar et al. 2018) for a
@@ -418,20 +424,7 @@ func hybridEmbedding(W, x []float64, n, k, d int) (lintrans.Diagonals[float64], 
 		m := 1 << bits.Len(uint(n-1))
 		copy(xs, x)
 		for i := 0; i < m; i++ {
-			var diag []float64
-			for s := 0; s < d; s++ {
-				r, c := s&(m-1), (s+i)&(d-1)
-				if r >= n || c >= k {
-					continue
-				}
-				if v := W[r*k+c]; v != 0 {
-					if diag == nil {
-						diag = make([]float64, d)
-					}
-					diag[s] = v
-				}
-			}
-			if diag != nil {
+			if diag := diagonalOf(W, n, k, d, func(s int) (int, int) { return s & (m - 1), (s + i) & (d - 1) }); diag != nil {
 				diags[i] = diag
 			}
 		}
@@ -447,20 +440,7 @@ func hybridEmbedding(W, x []float64, n, k, d int) (lintrans.Diagonals[float64], 
 		}
 	}
 	for i := 0; i < m; i++ {
-		var diag []float64
-		for s := 0; s < n; s++ {
-			c := (s + i) & (m - 1)
-			if c >= k {
-				continue
-			}
-			if v := W[s*k+c]; v != 0 {
-				if diag == nil {
-					diag = make([]float64, d)
-				}
-				diag[s] = v
-			}
-		}
-		if diag != nil {
+		if diag := diagonalOf(W, n, k, d, func(s int) (int, int) { return s, (s + i) & (m - 1) }); diag != nil {
 			diags[i] = diag
 		}
 	}
@@ -487,20 +467,7 @@ func interleavedEmbedding(W, x []float64, n, k, slots int) (lintrans.Diagonals[f
 	}
 	diags := lintrans.Diagonals[float64]{}
 	for t := 0; t < kp/f; t++ {
-		var diag []float64
-		for s := 0; s < slots; s++ {
-			r, c := s/f, (s+f*t)&(kp-1)
-			if r >= n || c >= k {
-				continue
-			}
-			if v := W[r*k+c]; v != 0 {
-				if diag == nil {
-					diag = make([]float64, slots)
-				}
-				diag[s] = v
-			}
-		}
-		if diag != nil {
+		if diag := diagonalOf(W, n, k, slots, func(s int) (int, int) { return s / f, (s + f*t) & (kp - 1) }); diag != nil {
 			diags[f*t] = diag
 		}
 	}
