@@ -44,11 +44,6 @@ FOLD_RTOL = 1e-4
 TENSORS = ("x", "W1", "b1", "W2", "b2", "W3", "b3")
 
 
-def _rel(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want|: one number for both systems."""
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-300))
-
-
 def run_orion(python: Path, repeat: int, seed: int, workdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Orion's own run (subprocess in Orion's interpreter): its JSON summary and arrays."""
     if not python.exists():
@@ -99,10 +94,12 @@ def orion_bench(
             f"the folded weights do not reproduce Orion's cleartext network (relative {fold:.1e} > {FOLD_RTOL:g}): "
             "the comparison would not be on the same network"
         )
+    from backends.lattigo_bench import rel_error
+
     ours = run_ours(arrays, repeat, table_now)
     clear = arrays["y_clear"]
     y_ours = np.asarray(ours["outputs"]["y"], dtype=np.float64) if ours.get("status") == "ok" else None
-    orion_err = [_rel(y, clear) for y in arrays["y_orion"]]
+    orion_err = [rel_error(y, clear)[1] for y in arrays["y_orion"]]
     row: dict[str, Any] = {
         "workload": "orion_mlp 784-128-128-10 (BatchNorm, x^2)",
         "affinity_cpus": len(os.sched_getaffinity(0)),
@@ -120,7 +117,7 @@ def orion_bench(
                 "encode_seconds", "keygen_seconds", "max_rel_error",
             )},
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "max_rel_error_vs_clear": None if y_ours is None else _rel(y_ours, clear),
+            "max_rel_error_vs_clear": None if y_ours is None else rel_error(y_ours, clear)[1],
             "argmax_agrees": None if y_ours is None else int(np.argmax(y_ours)) == int(np.argmax(clear)),
         },
         "clear_output": [float(v) for v in clear],

@@ -156,7 +156,8 @@ def _size(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
-def _rel_error(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+def rel_error(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """(max |got - want|, that over max |want|): the error every bench row reports."""
     if want.size == 0:
         return 0.0, 0.0
     err = float(np.max(np.abs(got - want)))
@@ -251,7 +252,7 @@ def run_plan_bench(
     for t in graph.outputs:
         if t not in outs or np.isnan(outs[t]).any():
             raise LattigoError(f"output {t!r} is not fully written by the plan")
-        a, r = _rel_error(outs[t], ref[t])
+        a, r = rel_error(outs[t], ref[t])
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
     model = modelled_seconds(plan, params)
     row.update(
@@ -412,7 +413,7 @@ def run_lintrans(
             f"> memory budget {_size(budget)}"
         }
     y, st = lintrans_matvec(params, W, x, repeat=repeat, log_bsgs_ratio=log_bsgs_ratio, embedding=embedding)
-    max_abs, max_rel = _rel_error(y, W @ x)
+    max_abs, max_rel = rel_error(y, W @ x)
     st.pop("galois_elements", None)
     return {
         "status": "ok",

@@ -17,6 +17,7 @@ decrypted outputs ``y_orion`` (one row per run); and ``OUT.json``: times and siz
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import resource
@@ -125,7 +126,8 @@ def main() -> None:
     y_clear = _clear(weights, x)
     np.savez(args.out + ".npz", x=x, y_clear=y_clear, y_torch=y_torch, y_orion=np.stack(outs), **weights)
     info = {
-        "orion_version": getattr(orion, "__version__", "?"),
+        # the installed distribution (orion-fhe 1.0.2 says __version__ = "1.0.1")
+        "orion_version": importlib.metadata.version("orion-fhe"),
         "torch_version": torch.__version__,
         "config": CONFIG,
         "input_level": int(input_level),
