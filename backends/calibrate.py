@@ -189,6 +189,8 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
     machine = machine_info() | {
         "go_version": raw.get("go_version"),
         "lattigo_version": raw.get("lattigo_version"),
+        # the fused blocks' product kernel (backends/lattigo/product.go): avx512ifma or lattigo
+        "product_kernel": raw.get("product_kernel", "lattigo"),
         "goos": raw.get("goos"),
         "goarch": raw.get("goarch"),
         "gomaxprocs": raw.get("gomaxprocs"),

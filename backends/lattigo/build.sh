@@ -56,7 +56,7 @@ fingerprint() {
   {
     cd "$here"
     # Sources that go into the extension, the tool pins, this script.
-    ls ./*.go go.mod go.sum tools/go.mod tools/go.sum build.sh | grep -v '_test\.go$' | sort | xargs sha256sum
+    ls ./*.go ./*.s go.mod go.sum tools/go.mod tools/go.sum build.sh | grep -v '_test\.go$' | sort | xargs sha256sum
     go version
     "$py" -c 'import sys; print(sys.version, sys.executable)'
   } | sha256sum | cut -d' ' -f1

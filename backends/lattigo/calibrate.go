@@ -49,7 +49,7 @@ import (
 //	block_finish      the two final ModDowns of a fused block
 //	block_fixed       a fused block's fixed part (fused.go): decompose c1, P*c0 and P*c1,
 //	                  the two final ModDowns
-//	block_baby        one lazy hoisted baby rotation (AutomorphismHoistedLazy, in QP)
+//	block_baby        one lazy hoisted baby rotation (hoistedBaby, product.go, in QP)
 //	block_product     one plaintext product accumulated lazily in QP (both polynomials)
 //	block_giant       one giant step: ModDown of c1, key switch, add, automorphisms in QP
 //	block_baby_q      a Q-mode block's baby brought down to Q: the two ModDowns of a lazy
@@ -99,6 +99,7 @@ type calibration struct {
 	KeyReadKeys    int                          `json:"key_read_keys"`
 	GoVersion      string                       `json:"go_version"`
 	LattigoVersion string                       `json:"lattigo_version"`
+	ProductKernel  string                       `json:"product_kernel"`
 	GOOS           string                       `json:"goos"`
 	GOARCH         string                       `json:"goarch"`
 	NumCPU         int                          `json:"num_cpu"`
@@ -253,7 +254,8 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	cal := &calibration{
 		LogN: params.LogN(), Slots: slots, MaxLevel: top, Levels: lv, Repeat: opt.Repeat,
 		HoistBatch: opt.HoistBatch, GoVersion: runtime.Version(), LattigoVersion: LattigoVersion,
-		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+		ProductKernel: ProductKernelName(),
+		GOOS:          runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		PerLevel: map[string]map[string]timing{}, Once: map[string]timing{},
 		CtBytesTop:   ckks.NewCiphertext(params, 1, top).BinarySize(),
 		EncodingPrec: params.EncodingPrecision(), Clock: measureClock,
@@ -613,7 +615,7 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	galEl := params.GaloisElement(1)
 	tb, err := measure(repeat, func() error {
 		for i, k := range ks {
-			if err := eval.AutomorphismHoistedLazy(levelQ, ct, decomp, params.GaloisElement(k), babies[i]); err != nil {
+			if err := hoistedBaby(eval, params, ct, decomp, pc0, params.GaloisElement(k), babies[i]); err != nil {
 				return err
 			}
 		}
@@ -623,7 +625,7 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		return err
 	}
 	m["block_baby"] = perStep(tb, len(ks))
-	if err = eval.AutomorphismHoistedLazy(levelQ, ct, decomp, galEl, baby); err != nil {
+	if err = hoistedBaby(eval, params, ct, decomp, pc0, galEl, baby); err != nil {
 		return err
 	}
 	// distinct plaintexts (as in a block: each product streams its own from memory, the
@@ -636,26 +638,25 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		for i := range pts[j].Q.Coeffs {
 			copy(pts[j].Q.Coeffs[i], baby.Value[j%2].Q.Coeffs[i])
 		}
+		ringQP.RingQ.Reduce(pts[j].Q, pts[j].Q) // plaintexts are reduced (product.go)
 	}
 	qMargin := max(1, params.QiOverflowMargin(levelQ)>>1) // as the executor (fused.go)
 	pMargin := max(1, params.PiOverflowMargin(levelP)>>1)
 	// each product reads its own plaintext and the next baby, as a block's products do
+	prods := newQPProducts(ringQP) // the executor's kernel (product.go)
 	tm, err := measure(repeat, func() error {
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], babies[0].Value[0], acc0)
-		ringQP.MulCoeffsMontgomeryLazy(pts[0], babies[0].Value[1], acc1)
-		for j := 1; j < batch; j++ {
+		for j := range batch {
 			b := babies[j%len(babies)]
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], b.Value[0], acc0)
-			ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pts[j], b.Value[1], acc1)
+			prods.mulAdd(pts[j], b.Value[0], b.Value[1], acc0, acc1, j == 0)
 			if j%qMargin == qMargin-1 {
-				ringQ.Reduce(acc0.Q, acc0.Q)
-				ringQ.Reduce(acc1.Q, acc1.Q)
+				prods.q.reduce(acc0.Q, acc1.Q)
 			}
 			if j%pMargin == pMargin-1 {
-				ringQP.RingP.Reduce(acc0.P, acc0.P)
-				ringQP.RingP.Reduce(acc1.P, acc1.P)
+				prods.p.reduce(acc0.P, acc1.P)
 			}
 		}
+		prods.q.finish(acc0.Q, acc1.Q)
+		prods.p.finish(acc0.P, acc1.P)
 		return nil
 	})
 	if err != nil {
@@ -679,16 +680,13 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		return err
 	}
 	tq, err := measure(repeat, func() error {
-		ringQ.MulCoeffsMontgomeryLazy(pts[0].Q, out.Value[0], acc0.Q)
-		ringQ.MulCoeffsMontgomeryLazy(pts[0].Q, out.Value[1], acc1.Q)
-		for j := 1; j < batch; j++ {
-			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, out.Value[0], acc0.Q)
-			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, out.Value[1], acc1.Q)
+		for j := range batch {
+			prods.q.mulAdd(pts[j].Q, out.Value[0], out.Value[1], acc0.Q, acc1.Q, j == 0)
 			if j%qMargin == qMargin-1 {
-				ringQ.Reduce(acc0.Q, acc0.Q)
-				ringQ.Reduce(acc1.Q, acc1.Q)
+				prods.q.reduce(acc0.Q, acc1.Q)
 			}
 		}
+		prods.q.finish(acc0.Q, acc1.Q)
 		return nil
 	})
 	if err != nil {

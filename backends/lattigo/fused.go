@@ -707,7 +707,7 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 			defer wg.Done()
 			for j := w; j < len(todo); j += len(ws) {
 				b := todo[j]
-				if err := ws[w].eval.AutomorphismHoistedLazy(levelQ, ct, e.decomp, e.params.GaloisElement(b), bc.rot[b]); err != nil {
+				if err := hoistedBaby(ws[w].eval, e.params, ct, e.decomp, bc.pc0, e.params.GaloisElement(b), bc.rot[b]); err != nil {
 					errs[w] = err
 					return
 				}
@@ -822,6 +822,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
+	prods := newQPProducts(ringQP)
 	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
 	pMargin := max(1, e.params.PiOverflowMargin(levelP)>>1)
 	errs := make([]error, len(ws))
@@ -851,38 +852,24 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					}
 					bc := caches[t.base]
 					if t.beta == 0 {
+						prods.q.mulAdd(pt.Q, bc.pc0, bc.pc1, fw.tmp0.Q, fw.tmp1.Q, j == 0)
 						if j == 0 {
-							ringQ.MulCoeffsMontgomeryLazy(pt.Q, bc.pc0, fw.tmp0.Q)
-							ringQ.MulCoeffsMontgomeryLazy(pt.Q, bc.pc1, fw.tmp1.Q)
 							fw.tmp0.P.Zero()
 							fw.tmp1.P.Zero()
-						} else {
-							ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pt.Q, bc.pc0, fw.tmp0.Q)
-							ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pt.Q, bc.pc1, fw.tmp1.Q)
 						}
 					} else {
 						r := bc.rot[t.beta]
-						if j == 0 {
-							ringQP.MulCoeffsMontgomeryLazy(pt, r.Value[0], fw.tmp0)
-							ringQP.MulCoeffsMontgomeryLazy(pt, r.Value[1], fw.tmp1)
-						} else {
-							ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pt, r.Value[0], fw.tmp0)
-							ringQP.MulCoeffsMontgomeryLazyThenAddLazy(pt, r.Value[1], fw.tmp1)
-						}
+						prods.mulAdd(pt, r.Value[0], r.Value[1], fw.tmp0, fw.tmp1, j == 0)
 					}
 					if j%qMargin == qMargin-1 {
-						ringQ.Reduce(fw.tmp0.Q, fw.tmp0.Q)
-						ringQ.Reduce(fw.tmp1.Q, fw.tmp1.Q)
+						prods.q.reduce(fw.tmp0.Q, fw.tmp1.Q)
 					}
 					if j%pMargin == pMargin-1 {
-						ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
-						ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
+						prods.p.reduce(fw.tmp0.P, fw.tmp1.P)
 					}
 				}
-				ringQ.Reduce(fw.tmp0.Q, fw.tmp0.Q)
-				ringQ.Reduce(fw.tmp1.Q, fw.tmp1.Q)
-				ringP.Reduce(fw.tmp0.P, fw.tmp0.P)
-				ringP.Reduce(fw.tmp1.P, fw.tmp1.P)
+				prods.q.finish(fw.tmp0.Q, fw.tmp1.Q)
+				prods.p.finish(fw.tmp0.P, fw.tmp1.P)
 				tg := nowSeconds()
 				fw.prodSec += tg - tp - (fw.encSec - enc)
 				if g == 0 {
@@ -1041,25 +1028,18 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
 	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
+	prods := newProductKernel(ringQ)
 	for j, t := range terms {
 		src := cts[t.base]
 		if t.beta != 0 {
 			src = caches[t.base].rotQ[t.beta]
 		}
-		if j == 0 {
-			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[0], out.Value[0])
-			ringQ.MulCoeffsMontgomeryLazy(pts[j].Q, src.Value[1], out.Value[1])
-		} else {
-			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[0], out.Value[0])
-			ringQ.MulCoeffsMontgomeryLazyThenAddLazy(pts[j].Q, src.Value[1], out.Value[1])
-		}
+		prods.mulAdd(pts[j].Q, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
 		if j%qMargin == qMargin-1 {
-			ringQ.Reduce(out.Value[0], out.Value[0])
-			ringQ.Reduce(out.Value[1], out.Value[1])
+			prods.reduce(out.Value[0], out.Value[1])
 		}
 	}
-	ringQ.Reduce(out.Value[0], out.Value[0])
-	ringQ.Reduce(out.Value[1], out.Value[1])
+	prods.finish(out.Value[0], out.Value[1])
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
 	tProducts := nowSeconds()

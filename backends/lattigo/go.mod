@@ -5,6 +5,7 @@ go 1.24.0
 require (
 	github.com/go-python/gopy v0.4.10
 	github.com/tuneinsight/lattigo/v6 v6.1.1
+	golang.org/x/sys v0.16.0
 )
 
 require (
@@ -16,6 +17,5 @@ require (
 	github.com/stretchr/testify v1.8.0 // indirect
 	golang.org/x/crypto v0.18.0 // indirect
 	golang.org/x/exp v0.0.0-20230321023759-10a507213a29 // indirect
-	golang.org/x/sys v0.16.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
