@@ -18,9 +18,9 @@ virtual environment and its Go extension are made under ``--work`` (default
 ``backends/lattigo/build.sh`` with ``VENV``. ``--after`` defaults to this checkout and its
 ``.venv`` (run ``make install`` first).
 
-What ``eval_seconds`` counts differs between versions: before issue 18 the executor
-encoded every plaintext inside each evaluation; after it, plaintexts are encoded once per
-model (``encode_seconds``, reported apart). The table shows both.
+``eval_seconds`` excludes plaintext encoding in both: before issue 18 the executor encoded
+every plaintext again in each evaluation and subtracted that time (``encode_seconds``);
+after it, plaintexts are encoded once per model.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ print("ROW " + json.dumps({k: row.get(k) for k in keep if k in row}))
 
 def _run(cmd: list[str], **kw: object) -> None:
     print("+", " ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+    subprocess.run(cmd, check=True, stdout=sys.stderr, **kw)  # type: ignore[call-overload]
 
 
 def prepare(rev: str, work: Path) -> tuple[Path, Path]:
