@@ -96,22 +96,21 @@ def main() -> int:
         print("bench_commits: --repeat must be at least 1", file=sys.stderr)
         return 2
     specs = [w.strip() for w in a.workloads.split(",") if w.strip()]
-    names = [w.split("@")[0] for w in specs]
-    presets = {w.split("@")[0]: (w.split("@", 1)[1] if "@" in w else a.params) for w in specs}
-    for w in names:
+    todo = [(w.split("@")[0], w.split("@", 1)[1] if "@" in w else a.params) for w in specs]
+    for w, _ in todo:
         if not (ROOT / "data" / "workloads" / f"{w}.json").exists():
             print(f"bench_commits: unknown workload {w!r} (no data/workloads/{w}.json)", file=sys.stderr)
             return 2
     work = a.work or Path(f"/tmp/slotplan-before-{a.before}")
     before = prepare(a.before, work)
     after = (ROOT, ROOT / ".venv" / "bin" / "python")
-    for w in names:
+    for w, preset in todo:
         graph = ROOT / "data" / "workloads" / f"{w}.json"
         runs: dict[str, list[dict[str, object]]] = {"before": [], "after": []}
         for _ in range(a.repeat):
             for tag, (src, py) in (("before", before), ("after", after)):
-                runs[tag].append(one(src, py, graph, presets[w], a.seed))
-        row: dict[str, object] = {"workload": w, "params": presets[w], "before_rev": a.before}
+                runs[tag].append(one(src, py, graph, preset, a.seed))
+        row: dict[str, object] = {"workload": w, "params": preset, "before_rev": a.before}
         for tag, rs in runs.items():
             ok = [r for r in rs if r.get("status", "ok") == "ok" and r.get("eval_seconds") is not None]
             if not ok:
@@ -131,7 +130,7 @@ def main() -> int:
                 enc = x.get("encode_seconds")
                 return (f"{x['eval_seconds']:.3f} s ({', '.join(f'{v:.3f}' for v in x['eval_seconds_runs'])})"
                         f" rot {x.get('rotations')}" + (f" enc {enc:.3f}" if isinstance(enc, float) else ""))
-            print(f"{w + '@' + presets[w]:28} before {cell(b)} | after {cell(f)} | before/after {row.get('before_over_after')}",
+            print(f"{w + '@' + preset:28} before {cell(b)} | after {cell(f)} | before/after {row.get('before_over_after')}",
                   flush=True)
     return 0
 
