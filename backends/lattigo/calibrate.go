@@ -648,15 +648,9 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		for j := range batch {
 			b := babies[j%len(babies)]
 			prods.mulAdd(pts[j], b.Value[0], b.Value[1], acc0, acc1, j == 0)
-			if j%qMargin == qMargin-1 {
-				prods.q.reduce(acc0.Q, acc1.Q)
-			}
-			if j%pMargin == pMargin-1 {
-				prods.p.reduce(acc0.P, acc1.P)
-			}
+			prods.margins(j, qMargin, pMargin, acc0, acc1)
 		}
-		prods.q.finish(acc0.Q, acc1.Q)
-		prods.p.finish(acc0.P, acc1.P)
+		prods.finish(acc0, acc1)
 		return nil
 	})
 	if err != nil {

@@ -861,15 +861,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 						r := bc.rot[t.beta]
 						prods.mulAdd(pt, r.Value[0], r.Value[1], fw.tmp0, fw.tmp1, j == 0)
 					}
-					if j%qMargin == qMargin-1 {
-						prods.q.reduce(fw.tmp0.Q, fw.tmp1.Q)
-					}
-					if j%pMargin == pMargin-1 {
-						prods.p.reduce(fw.tmp0.P, fw.tmp1.P)
-					}
+					prods.margins(j, qMargin, pMargin, fw.tmp0, fw.tmp1)
 				}
-				prods.q.finish(fw.tmp0.Q, fw.tmp1.Q)
-				prods.p.finish(fw.tmp0.P, fw.tmp1.P)
+				prods.finish(fw.tmp0, fw.tmp1)
 				tg := nowSeconds()
 				fw.prodSec += tg - tp - (fw.encSec - enc)
 				if g == 0 {

@@ -139,6 +139,24 @@ func (k qpProducts) mulAdd(pt, a0, a1, acc0, acc1 ringqp.Poly, first bool) {
 	k.p.mulAdd(pt.P, a0.P, a1.P, acc0.P, acc1.P, first)
 }
 
+// margins: after the j-th term of a lazy sum, the reductions its overflow margins ask
+// for (every qMargin terms in Q, pMargin in P: QiOverflowMargin/2 and PiOverflowMargin/2,
+// as Lattigo's own sums).
+func (k qpProducts) margins(j, qMargin, pMargin int, acc0, acc1 ringqp.Poly) {
+	if j%qMargin == qMargin-1 {
+		k.q.reduce(acc0.Q, acc1.Q)
+	}
+	if j%pMargin == pMargin-1 {
+		k.p.reduce(acc0.P, acc1.P)
+	}
+}
+
+// finish ends a sum in QP (productKernel.finish on both parts).
+func (k qpProducts) finish(acc0, acc1 ringqp.Poly) {
+	k.q.finish(acc0.Q, acc1.Q)
+	k.p.finish(acc0.P, acc1.P)
+}
+
 // hoistedBaby is Lattigo's AutomorphismHoistedLazy for an NTT ciphertext with the key's
 // inner product (sum_i decomp_i * evk_i, in QP) on the product kernel, and P*c0 taken
 // from the base's cache instead of recomputed per rotation: out = phi_galEl(sum_i decomp_i
@@ -164,15 +182,9 @@ func hoistedBaby(ev *ckks.Evaluator, params ckks.Parameters, ct *rlwe.Ciphertext
 	for i := range params.BaseRNSDecompositionVectorSize(levelQ, levelP) {
 		g := evk.Value[i][0]
 		k.mulAdd(decomp[i], g[0], g[1], c0, c1, i == 0)
-		if i%qMargin == qMargin-1 {
-			k.q.reduce(c0.Q, c1.Q)
-		}
-		if i%pMargin == pMargin-1 {
-			k.p.reduce(c0.P, c1.P)
-		}
+		k.margins(i, qMargin, pMargin, c0, c1)
 	}
-	k.q.finish(c0.Q, c1.Q)
-	k.p.finish(c0.P, c1.P)
+	k.finish(c0, c1)
 	idx := ev.AutomorphismIndex(galEl)
 	ringQP.AutomorphismNTTWithIndex(c1, idx, out.Value[1])
 	ringQP.RingQ.Add(c0.Q, pc0, c0.Q)

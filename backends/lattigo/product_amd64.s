@@ -29,6 +29,18 @@
 	VPBROADCASTQ AX, Z31; \
 	XORQ BX, BX
 
+// one step: 8 coefficients of both products, added to Z4, Z5 and stored; flags for JLT
+#define STEP \
+	VMOVDQU64 (R10)(BX*8), Z1; \
+	VMOVDQU64 (R8)(BX*8), Z2; \
+	VMOVDQU64 (R9)(BX*8), Z3; \
+	PROD(Z1, Z2, Z4, Z6, Z7); \
+	PROD(Z1, Z3, Z5, Z8, Z9); \
+	VMOVDQU64 Z4, (DI)(BX*8); \
+	VMOVDQU64 Z5, (SI)(BX*8); \
+	ADDQ $8, BX; \
+	CMPQ BX, CX
+
 // func mulAddLazy52(acc0, acc1, a0, a1, w *uint64, n int, q, qinv uint64)
 // acc{0,1}[i] += r(a{0,1}[i], w[i]) for i < n (n a positive multiple of 8)
 TEXT ·mulAddLazy52(SB), NOSPLIT, $0-64
@@ -36,15 +48,7 @@ TEXT ·mulAddLazy52(SB), NOSPLIT, $0-64
 addloop:
 	VMOVDQU64 (DI)(BX*8), Z4
 	VMOVDQU64 (SI)(BX*8), Z5
-	VMOVDQU64 (R10)(BX*8), Z1
-	VMOVDQU64 (R8)(BX*8), Z2
-	VMOVDQU64 (R9)(BX*8), Z3
-	PROD(Z1, Z2, Z4, Z6, Z7)
-	PROD(Z1, Z3, Z5, Z8, Z9)
-	VMOVDQU64 Z4, (DI)(BX*8)
-	VMOVDQU64 Z5, (SI)(BX*8)
-	ADDQ $8, BX
-	CMPQ BX, CX
+	STEP
 	JLT addloop
 	VZEROUPPER
 	RET
@@ -56,15 +60,7 @@ TEXT ·mulLazy52(SB), NOSPLIT, $0-64
 setloop:
 	VPXORQ Z4, Z4, Z4
 	VPXORQ Z5, Z5, Z5
-	VMOVDQU64 (R10)(BX*8), Z1
-	VMOVDQU64 (R8)(BX*8), Z2
-	VMOVDQU64 (R9)(BX*8), Z3
-	PROD(Z1, Z2, Z4, Z6, Z7)
-	PROD(Z1, Z3, Z5, Z8, Z9)
-	VMOVDQU64 Z4, (DI)(BX*8)
-	VMOVDQU64 Z5, (SI)(BX*8)
-	ADDQ $8, BX
-	CMPQ BX, CX
+	STEP
 	JLT setloop
 	VZEROUPPER
 	RET
