@@ -640,15 +640,13 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 		}
 		ringQP.RingQ.Reduce(pts[j].Q, pts[j].Q) // plaintexts are reduced (product.go)
 	}
-	qMargin := max(1, params.QiOverflowMargin(levelQ)>>1) // as the executor (fused.go)
-	pMargin := max(1, params.PiOverflowMargin(levelP)>>1)
 	// each product reads its own plaintext and the next baby, as a block's products do
 	prods := newQPProducts(ringQP) // the executor's kernel (product.go)
 	tm, err := measure(repeat, func() error {
 		for j := range batch {
 			b := babies[j%len(babies)]
 			prods.mulAdd(pts[j], b.Value[0], b.Value[1], acc0, acc1, j == 0)
-			prods.margins(j, qMargin, pMargin, acc0, acc1)
+			prods.afterTerm(j, acc0, acc1)
 		}
 		prods.finish(acc0, acc1)
 		return nil
@@ -676,9 +674,7 @@ func calibrateBlock(params ckks.Parameters, eval *ckks.Evaluator, ct *rlwe.Ciphe
 	tq, err := measure(repeat, func() error {
 		for j := range batch {
 			prods.q.mulAdd(pts[j].Q, out.Value[0], out.Value[1], acc0.Q, acc1.Q, j == 0)
-			if j%qMargin == qMargin-1 {
-				prods.q.reduce(acc0.Q, acc1.Q)
-			}
+			prods.q.afterTerm(j, acc0.Q, acc1.Q)
 		}
 		prods.q.finish(acc0.Q, acc1.Q)
 		return nil

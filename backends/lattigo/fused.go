@@ -823,8 +823,6 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
 	prods := newQPProducts(ringQP)
-	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
-	pMargin := max(1, e.params.PiOverflowMargin(levelP)>>1)
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for w := range ws {
@@ -861,7 +859,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 						r := bc.rot[t.beta]
 						prods.mulAdd(pt, r.Value[0], r.Value[1], fw.tmp0, fw.tmp1, j == 0)
 					}
-					prods.margins(j, qMargin, pMargin, fw.tmp0, fw.tmp1)
+					prods.afterTerm(j, fw.tmp0, fw.tmp1)
 				}
 				prods.finish(fw.tmp0, fw.tmp1)
 				tg := nowSeconds()
@@ -1021,7 +1019,6 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	}
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
-	qMargin := max(1, e.params.QiOverflowMargin(levelQ)>>1)
 	prods := newProductKernel(ringQ)
 	for j, t := range terms {
 		src := cts[t.base]
@@ -1029,9 +1026,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 			src = caches[t.base].rotQ[t.beta]
 		}
 		prods.mulAdd(pts[j].Q, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
-		if j%qMargin == qMargin-1 {
-			prods.reduce(out.Value[0], out.Value[1])
-		}
+		prods.afterTerm(j, out.Value[0], out.Value[1])
 	}
 	prods.finish(out.Value[0], out.Value[1])
 	*out.MetaData = *ct.MetaData

@@ -1,6 +1,7 @@
 package slotlattigo
 
 import (
+	"math"
 	"os"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
@@ -50,24 +51,32 @@ type limbKernel struct {
 	fix    uint64 // 2^52 mod q: a Montgomery product by it multiplies by 2^-12
 }
 
-// productKernel holds the limb kernels of one ring (Q or P at a level); immutable, shared
-// by the workers of a block.
-type productKernel []limbKernel
+// productKernel holds the limb kernels of one ring (Q or P at a level) and its overflow
+// margin; immutable, shared by the workers of a block.
+type productKernel struct {
+	limbs []limbKernel
+	// margin: lazy terms a sum may hold before a reduction, Lattigo's QiOverflowMargin/2
+	// (PiOverflowMargin/2 for P), 2^64 / max q / 2, as Lattigo's own lazy sums use
+	margin int
+}
 
 func newProductKernel(r *ring.Ring) productKernel {
 	if r == nil {
-		return nil
+		return productKernel{margin: 1}
 	}
 	subs := r.SubRings[:r.Level()+1] // AtLevel keeps every subring and sets the level
-	k := make(productKernel, len(subs))
+	k := productKernel{limbs: make([]limbKernel, len(subs))}
+	maxQ := uint64(0)
 	for i, s := range subs {
 		q := s.Modulus
-		k[i] = limbKernel{s: s, ifma: ifmaEnabled && q < MaxIFMAModulus && s.N%8 == 0}
-		if k[i].ifma {
-			k[i].qinv52 = inverse52(q)
-			k[i].fix = (uint64(1) << 52) % q
+		maxQ = max(maxQ, q)
+		k.limbs[i] = limbKernel{s: s, ifma: ifmaEnabled && q < MaxIFMAModulus && s.N%8 == 0}
+		if k.limbs[i].ifma {
+			k.limbs[i].qinv52 = inverse52(q)
+			k.limbs[i].fix = (uint64(1) << 52) % q
 		}
 	}
+	k.margin = max(1, int(math.Exp2(64)/float64(maxQ))>>1)
 	return k
 }
 
@@ -83,7 +92,7 @@ func inverse52(q uint64) uint64 {
 // mulAdd sets (first) or adds to acc0, acc1 the lazy products pt * a0, pt * a1
 // (pt below q, a0 and a1 below 2q).
 func (k productKernel) mulAdd(pt, a0, a1, acc0, acc1 ring.Poly, first bool) {
-	for i, l := range k {
+	for i, l := range k.limbs {
 		if l.ifma {
 			f := mulAddLazy52
 			if first {
@@ -103,10 +112,18 @@ func (k productKernel) mulAdd(pt, a0, a1, acc0, acc1 ring.Poly, first bool) {
 	}
 }
 
-// reduce brings lazy sums below q on every limb (within a sum, as the overflow margin
-// asks); the IFMA limbs stay scaled by 2^12 until finish.
+// afterTerm: after the j-th term (from 0) of a lazy sum, the reduction its overflow
+// margin asks for.
+func (k productKernel) afterTerm(j int, acc0, acc1 ring.Poly) {
+	if j%k.margin == k.margin-1 {
+		k.reduce(acc0, acc1)
+	}
+}
+
+// reduce brings lazy sums below q on every limb; the IFMA limbs stay scaled by 2^12
+// until finish.
 func (k productKernel) reduce(acc0, acc1 ring.Poly) {
-	for i, l := range k {
+	for i, l := range k.limbs {
 		l.s.Reduce(acc0.Coeffs[i], acc0.Coeffs[i])
 		l.s.Reduce(acc1.Coeffs[i], acc1.Coeffs[i])
 	}
@@ -114,7 +131,7 @@ func (k productKernel) reduce(acc0, acc1 ring.Poly) {
 
 // finish ends a sum: every limb reduced below q and equal to sum_j pt_j * a_j mod q.
 func (k productKernel) finish(acc0, acc1 ring.Poly) {
-	for i, l := range k {
+	for i, l := range k.limbs {
 		if l.ifma {
 			l.s.MulScalarMontgomery(acc0.Coeffs[i], l.fix, acc0.Coeffs[i])
 			l.s.MulScalarMontgomery(acc1.Coeffs[i], l.fix, acc1.Coeffs[i])
@@ -139,16 +156,10 @@ func (k qpProducts) mulAdd(pt, a0, a1, acc0, acc1 ringqp.Poly, first bool) {
 	k.p.mulAdd(pt.P, a0.P, a1.P, acc0.P, acc1.P, first)
 }
 
-// margins: after the j-th term of a lazy sum, the reductions its overflow margins ask
-// for (every qMargin terms in Q, pMargin in P: QiOverflowMargin/2 and PiOverflowMargin/2,
-// as Lattigo's own sums).
-func (k qpProducts) margins(j, qMargin, pMargin int, acc0, acc1 ringqp.Poly) {
-	if j%qMargin == qMargin-1 {
-		k.q.reduce(acc0.Q, acc1.Q)
-	}
-	if j%pMargin == pMargin-1 {
-		k.p.reduce(acc0.P, acc1.P)
-	}
+// afterTerm: productKernel.afterTerm on both parts.
+func (k qpProducts) afterTerm(j int, acc0, acc1 ringqp.Poly) {
+	k.q.afterTerm(j, acc0.Q, acc1.Q)
+	k.p.afterTerm(j, acc0.P, acc1.P)
 }
 
 // finish ends a sum in QP (productKernel.finish on both parts).
@@ -177,12 +188,10 @@ func hoistedBaby(ev *ckks.Evaluator, params ckks.Parameters, ct *rlwe.Ciphertext
 	ringQP := params.RingQP().AtLevel(levelQ, levelP)
 	k := newQPProducts(ringQP)
 	c0, c1 := ev.BuffQP[0], ev.BuffQP[1]
-	qMargin := max(1, params.QiOverflowMargin(levelQ)>>1)
-	pMargin := max(1, params.PiOverflowMargin(levelP)>>1)
 	for i := range params.BaseRNSDecompositionVectorSize(levelQ, levelP) {
 		g := evk.Value[i][0]
 		k.mulAdd(decomp[i], g[0], g[1], c0, c1, i == 0)
-		k.margins(i, qMargin, pMargin, c0, c1)
+		k.afterTerm(i, c0, c1)
 	}
 	k.finish(c0, c1)
 	idx := ev.AutomorphismIndex(galEl)

@@ -85,7 +85,7 @@ func TestProductKernelMatchesLattigo(t *testing.T) {
 			k := newProductKernel(r)
 			ifmaEnabled = saved
 			nIFMA := 0
-			for _, l := range k {
+			for _, l := range k.limbs {
 				if l.ifma {
 					nIFMA++
 				}
@@ -175,6 +175,11 @@ func TestHoistedBabyMatchesLattigo(t *testing.T) {
 		ev := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(nil, kgen.GenGaloisKeysNew(galEls, sk)...))
 		enc := rlwe.NewEncryptor(params, sk)
 		for _, level := range []int{params.MaxLevel(), 1} {
+			// the kernel's overflow margins are Lattigo's (its sums reduce as often)
+			k := newQPProducts(params.RingQP().AtLevel(level, params.MaxLevelP()))
+			if wq, wp := max(1, params.QiOverflowMargin(level)>>1), max(1, params.PiOverflowMargin(params.MaxLevelP())>>1); k.q.margin != wq || k.p.margin != wp {
+				t.Fatalf("logP %v level %d: margins %d, %d; Lattigo's %d, %d", lit.LogP, level, k.q.margin, k.p.margin, wq, wp)
+			}
 			ct := rlwe.NewCiphertext(params, 1, level)
 			if err := enc.EncryptZero(ct); err != nil {
 				t.Fatal(err)
