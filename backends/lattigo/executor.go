@@ -11,7 +11,6 @@ import (
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
-	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils/bignum"
 )
@@ -90,9 +89,8 @@ type executor struct {
 	cache        *ptCache
 	fusion       *fusionPlan
 	babies       map[string]*babyCache
-	workers      []*fusedWorker
 	nWorkers     int
-	decomp       []ringqp.Poly
+	sc           *evalScratch // eval, polyEval, ecd, emb, the workers and decomposition (kept in cache)
 	fusedEvalSec float64
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 }
@@ -120,14 +118,10 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 	if len(opts) > 0 {
 		opt = opts[0]
 	}
-	eval := ckks.NewEvaluator(params, keys)
 	e := &executor{
 		params:    params,
 		top:       setup.top,
 		setup:     setup,
-		eval:      eval,
-		polyEval:  polynomial.NewEvaluator(params, eval),
-		ecd:       newEncoder(params),
 		keys:      keys,
 		plan:      p,
 		ptValues:  ptValues,
@@ -142,12 +136,13 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		babies:    map[string]*babyCache{},
 		nWorkers:  opt.Workers,
 	}
-	e.emb = newEmbedder(params, e.ecd)
 	if e.cache == nil {
 		// one evaluation (slotplan run): every plaintext is encoded when read and not kept,
 		// as the memory model assumes (a model-wide cache is BenchPlan's, across its runs)
 		e.cache = newPtCache(-1)
 	}
+	e.sc = e.cache.scratchFor(params, keys)
+	e.eval, e.polyEval, e.ecd, e.emb = e.sc.eval, e.sc.polyEval, e.sc.ecd, e.sc.emb
 	if e.nWorkers <= 0 {
 		e.nWorkers = runtime.GOMAXPROCS(0)
 	}
