@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
 // Without a plaintext cache (keymeasure --no-plaintext-cache, standing for Run) each timed
@@ -115,5 +116,41 @@ func TestBenchStreamedBlockLearnsEachRunWithoutCache(t *testing.T) {
 	if d := peak[false] - peak[true]; d != gk {
 		t.Errorf("peak key bytes %d with the order carried over, %d learning: %d apart, want one key (%d)",
 			peak[false], peak[true], d, gk)
+	}
+}
+
+// A model's cache keeps the evaluation's working state (evalScratch) for its next
+// evaluation with the same key set, and makes a new one for another key set; the cached
+// runs of TestBenchRunsStartAfreshWithoutCache compute on the kept state and match the
+// reference.
+func TestEvalScratchKeptPerKeySet(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, LogQ: []int{55, 40, 40}, LogP: []int{50}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newPtCache(0)
+	k1, k2 := &keyStore{}, &keyStore{}
+	s1 := c.scratchFor(params, k1)
+	if s1.eval == nil || s1.ecd == nil || s1.emb == nil || s1.polyEval == nil {
+		t.Fatalf("incomplete scratch %+v", s1)
+	}
+	if c.scratchFor(params, k1) != s1 {
+		t.Error("the same key set got a new scratch")
+	}
+	if s2 := c.scratchFor(params, k2); s2 == s1 || s2.keys != k2 {
+		t.Error("another key set reused the scratch of the first")
+	}
+	// an executor on the cache takes the cached state, and its workers stay for the next
+	on := func(workers int) *executor {
+		sc := c.scratchFor(params, k2)
+		return &executor{params: params, nWorkers: workers, sc: sc, eval: sc.eval, ecd: sc.ecd}
+	}
+	ws := on(2).workerPool()
+	if w2 := on(2).workerPool(); len(w2) != 2 || w2[0] != ws[0] {
+		t.Error("the next executor made its workers anew")
+	}
+	if w3 := on(1).workerPool(); len(w3) != 1 {
+		t.Errorf("%d workers for one", len(w3))
 	}
 }
