@@ -518,11 +518,12 @@ type ptCache struct {
 // evalScratch is the Lattigo state an evaluation works in besides its registers: the
 // evaluator (with its key-switching buffers), the encoder, the fused blocks' workers and
 // the base decomposition. A model evaluated again and again keeps it in its ptCache, as a
-// server keeps its evaluator. Made anew per evaluation, its buffers (~180 MiB at log N 16,
-// ~5 MiB at 13) were fresh memory each time, and the first touch of every page is a page
-// fault: 21,000 of them (0.2 s of system time) in one base decomposition of the n16
-// 2048x2048 plan, 0.21-0.37 s against 0.15 s without them, and a run-to-run spread that
-// depended on whether a collection had freed the previous evaluation's buffers.
+// server keeps its evaluator. Made anew per evaluation, its buffers (7 QP polys per worker
+// and 4 for the decomposition: 165 MiB at n16, 3.4 MiB at n13, besides the evaluator's own)
+// were fresh memory each time, and the first touch of every page is a page fault: 21,000
+// of them (0.2 s of system time) in one base decomposition of the n16 2048x2048 plan,
+// 0.21-0.37 s against 0.15 s without them, and a run-to-run spread that depended on
+// whether a collection had freed the previous evaluation's buffers.
 type evalScratch struct {
 	keys     *keyStore
 	eval     *ckks.Evaluator
