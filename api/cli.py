@@ -207,7 +207,7 @@ def run(
     if as_json:
         out.print_json(json.dumps(rep.to_json()))
     else:
-        status = "[green]OK[/green]" if rep.ok else "[red]MISMATCH[/red]"
+        status = "[green]OK[/green]" if rep.ok else "[red]FAILED[/red]" if rep.domain_exits else "[red]MISMATCH[/red]"
         out.print(
             f"{status} backend={rep.backend} max_abs_error={rep.max_abs_error:.3e} "
             f"max_rel_error={rep.max_rel_error:.3e} (tolerance {rep.tolerance:g})"
@@ -238,7 +238,7 @@ def run(
         if out_file is not None:
             out.print(escape(f"wrote {out_file}: {', '.join(rep.outputs)}"))
     if not rep.ok:
-        raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
+        raise ExitError(rep.failure() or "run failed", 1)
 
 
 @app.command()
