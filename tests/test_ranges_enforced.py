@@ -161,3 +161,86 @@ def test_sim_register_check_catches_what_the_reference_does_not() -> None:
     assert res.domain_exits == []
     res = simulate(plan, tables, {"x": np.array([0.5, -0.5, 1.5, 0.0])})
     assert [(e["instruction"], e["count"], e["max"]) for e in res.domain_exits] == [(1, 1, 1.5)]
+
+
+# ------------------------------------------------------------------ the issue's ReLU CNN
+def _lattigo_available() -> bool:
+    from backends.lattigo_backend import available
+
+    return available()
+
+
+@pytest.fixture(scope="module")
+def relu_cnn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Issue 32's case: a ReLU CNN (two convolutions) imported with calibration on digit
+    images in [0, 1] (its input `range` becomes [-0.1, 1.1]), planned at n14."""
+    pytest.importorskip("onnx", reason="onnx is not installed")
+    from tests import onnx_models as M
+
+    b = M.Builder(seed=3)
+    h = b.op("Conv", ["image", b.rand("c1.w", (4, 1, 3, 3)), b.rand("c1.b", (4,))], pads=[1, 1, 1, 1])
+    h = b.op("Relu", [h], out="relu1")
+    h = b.op("Conv", [h, b.rand("c2.w", (4, 4, 3, 3)), b.rand("c2.b", (4,))], pads=[1, 1, 1, 1])
+    h = b.op("Flatten", [h])
+    b.op("Gemm", [h, b.rand("fc.w", (10, 256)), b.rand("fc.b", (10,))], out="logits", transB=1)
+    d = tmp_path_factory.mktemp("cnn")
+    model = M.save(b.model({"image": [1, 1, 8, 8]}, {"logits": [1, 10]}, name="cnn"), d / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 17, size=(32, 1, 8, 8)) / 16.0  # digit-like pixels in [0, 1]
+    images[:, :, :, 0] = 0.0  # as digits: empty border columns
+    np.savez(d / "cal.npz", image=images.astype(np.float32))
+    from api.commands_import import write_weights
+    from planner.importers.onnx_import import import_model
+
+    res = import_model(model, None, d / "cal.npz")
+    write_weights(d / "w.npz", res.weights)
+    (d / "g.json").write_text(json.dumps(res.graph_json))
+    wide = json.loads(json.dumps(res.graph_json))
+    wide["tensors"]["image"]["range"] = [-10.0, 10.0]  # the range check out of the way
+    (d / "g_wide.json").write_text(json.dumps(wide))
+    return {"dir": d, "graph": d / "g.json", "wide": d / "g_wide.json", "weights": d / "w.npz"}
+
+
+def _cnn_run(tmp_path: Path, cli: Cli, graph: Path, weights: Path, image: np.ndarray, backend: str
+             ) -> tuple[int, str, str]:
+    plan, tables = tmp_path / "p.json", tmp_path / "t.npz"
+    code, _, err = cli("plan", graph, "--params", "n14", "-o", plan, "--tables", tables)
+    assert code == 0, err
+    X = _save(tmp_path / "x.npz", image=image)
+    return cli("run", plan, "--tables", tables, "--inputs", X, "--weights", weights, "--backend", backend, "--json")
+
+
+def _digit(scale: float) -> np.ndarray:
+    img = np.random.default_rng(5).integers(0, 17, size=(1, 1, 8, 8)) / 16.0
+    return img * scale
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("lattigo", marks=pytest.mark.skipif(
+    not _lattigo_available(), reason="Lattigo extension not built (make lattigo)"))])
+def test_relu_cnn_out_of_range_image_refused_then_poly_domain_fails(
+        tmp_path: Path, cli: Cli, relu_cnn: dict[str, Path], backend: str) -> None:
+    g = json.loads(relu_cnn["graph"].read_text())
+    assert g["tensors"]["image"]["range"] == pytest.approx([-0.1, 1.1])
+    relu = next(n for n in g["nodes"] if n["op"] == "poly")
+    if backend == "sim":  # an image inside the calibrated range runs OK (one Lattigo run below)
+        code, out, err = _cnn_run(tmp_path, cli, relu_cnn["graph"], relu_cnn["weights"], _digit(1.0), backend)
+        assert code == 0, err
+        assert json.loads(out)["poly_domain_exits"] == []
+    # slightly outside (pixels up to 1.25): refused before anything runs, one line
+    code, out, err = _cnn_run(tmp_path, cli, relu_cnn["graph"], relu_cnn["weights"], _digit(1.25), backend)
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln]
+    assert "tensor 'image': input outside its declared range [-0.1, 1.1]" in line
+    # with a wide declared range the ReLU polynomial's argument leaves its domain: a failure
+    # naming the poly node (was: OK max_abs_error=1.4e+73)
+    code, out, err = _cnn_run(tmp_path, cli, relu_cnn["wide"], relu_cnn["weights"], _digit(8.0), backend)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert doc["ok"] is False
+    ref = next(e for e in doc["poly_domain_exits"] if e["where"] == "reference")
+    assert ref["node"] == relu["id"] and ref["domain"] == pytest.approx(relu["domain"])
+    assert ref["beyond"] > 0
+    assert f"slotplan: poly {relu['id']!r}: its argument left the Chebyshev domain" in err
+    if backend == "sim":  # the simulator's own register check sees it too
+        assert any(e["where"] == "simulator's registers" and e["node"] == relu["id"]
+                   for e in doc["poly_domain_exits"])
