@@ -108,7 +108,7 @@ def report_lines(res: Any, console: Console) -> None:
     else:
         console.print("no approximated activations (the model is polynomial)")
     for note in res.notes[:5]:
-        console.print(f"note: {escape(note)}")
+        console.print(f"note: {escape(note)}", soft_wrap=True)
     if len(res.notes) > 5:
         folded = sum("folded into" in n for n in res.notes)
         console.print(f"note: ... {len(res.notes) - 5} more ({folded} BatchNormalization folded in all; "

@@ -200,3 +200,23 @@ def _have(mod: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(mod) is not None
+
+
+def test_string_labels_head_stripped(tmp_path: Path, cli: Cli, digits_mlp: dict[str, Any]) -> None:
+    """Class names as labels: skl2onnx's label output is a string tensor (ZipMap keyed by
+    strings); stripped all the same, the model ends at the logits."""
+    from skl2onnx import to_onnx
+    from sklearn.neural_network import MLPClassifier
+
+    names = np.array(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
+    X, y = digits_mlp["X"], digits_mlp["y"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MLPClassifier(hidden_layer_sizes=(16,), max_iter=5, random_state=0).fit(X[:500], names[y[:500]])
+    m = tmp_path / "str.onnx"
+    onnx.save(to_onnx(clf, X[:1]), str(m))
+    g, w = tmp_path / "g.json", tmp_path / "w.npz"
+    code, out, err = cli("import", m, "-o", g, "--weights-out", w, "--calibrate", digits_mlp["cal"])
+    assert code == 0, err
+    assert json.loads(g.read_text())["outputs"] == ["add_result1"]
+    assert "ZipMap (ai.onnx.ml)" in out and "'output_label'" in out

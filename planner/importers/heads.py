@@ -55,7 +55,6 @@ def cut_model(model: Any, outputs: Sequence[str]) -> Any:
             near = [k for k in known if name.lower() in k.lower()][:5] or known[-8:]
             raise ModelError(f"--output {name!r}: the model has no value of that name (values: "
                              f"{', '.join(near)}{', ...' if len(known) > len(near) else ''})")
-    prod = _producers(model)
     need = set(outputs)
     keep: list[Any] = []
     for node in reversed(list(g.node)):
@@ -75,10 +74,8 @@ def cut_model(model: Any, outputs: Sequence[str]) -> Any:
     for name in outputs:
         if name in infos:
             outs.append(infos[name])
-        else:
-            elem = onnx.TensorProto.FLOAT
-            outs.append(helper.make_tensor_value_info(name, elem, None))
-    del prod
+        else:  # a value shape inference does not reach (after a custom op): float, shape unknown
+            outs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     graph = helper.make_graph(
         keep, g.name, [i for i in g.input if i.name in need or i.name in outputs],
         outs, [i for i in g.initializer if i.name in need],
