@@ -245,12 +245,24 @@ def poly_domain_exits(graph: Graph, values: Mapping[str, np.ndarray], ref: Mappi
     return out
 
 
+# The simulator's register check: a slot outside a Chebyshev domain fails the run when the
+# polynomial's value there exceeds this factor of the series' bound on its domain (the sum
+# of |coefficients|): the series has blown up (T_d(t) ~ (2t)^d / 2), which corrupts a whole
+# CKKS ciphertext whatever the slot holds.  Slots outside by less (a clean layout's zero
+# padding, partial sums left in free slots) are masked before any output; the tensor's own
+# elements are held to the domain exactly by the reference check.
+REGISTER_GROWTH = 2.0**10
+
+
 def _name_register_exits(plan: Mapping[str, Any], graph: Graph, exits: list[dict[str, Any]]
                          ) -> list[dict[str, Any]]:
-    """The simulator's register exits named after the graph node whose instructions
-    (the plan's ``nodes[].span``, half-open) hold the poly, else after the graph's poly
-    node with the same series, else after the instruction.  The domain reported is the
-    instruction's (the planner may fold an affine map into it, e.g. to [-1, 1])."""
+    """The simulator's register exits where the series blew up (``REGISTER_GROWTH``), named
+    after the graph node whose instructions (the plan's ``nodes[].span``, half-open) hold the
+    poly, else after the graph's poly node with the same series, else after the instruction.
+    The domain reported is the instruction's (the planner may fold an affine map into it,
+    e.g. to [-1, 1]); ``tame_slots`` counts the slots outside it that did not blow up."""
+    from planner.ir import Poly
+
     spans = [(str(n["id"]), int(n["span"][0]), int(n["span"][1])) for n in plan.get("nodes", [])
              if isinstance(n.get("span"), list) and len(n["span"]) == 2]
     poly_ids = {n.id for n in graph.nodes if n.op == "poly"}
@@ -262,12 +274,28 @@ def _name_register_exits(plan: Mapping[str, Any], graph: Graph, exits: list[dict
     named = []
     for e in exits:
         i = int(e["instruction"])
+        c, d = (float(v) for v in e["domain"])
+        outside = np.asarray(e["_outside"], dtype=np.float64)
+        series = Poly(dst="p", src="s", coeffs=tuple(float(x) for x in e["coeffs"]), basis="chebyshev", domain=(c, d))
+        bound = float(np.sum(np.abs(e["coeffs"]))) or 1.0
+        with np.errstate(all="ignore"):
+            grown = ~(np.abs(np.asarray(series.evaluate(outside), dtype=np.float64)) <= REGISTER_GROWTH * bound)
+        if not np.any(grown):
+            continue
+        out = outside[grown]
         owners = [nid for nid, a, z in spans if a <= i < z]
         owners = [o for o in owners if o in poly_ids] or owners
-        ids = owners or by_series.get((tuple(float(c) for c in e["coeffs"]), tuple(e["domain"]))) or []
+        ids = owners or by_series.get((tuple(float(x) for x in e["coeffs"]), (c, d))) or []
         label = "/".join(ids) if ids else f"instruction {i} ({e['dst']})"
-        named.append({"node": label, "where": "simulator's registers",
-                      **{k: v for k, v in e.items() if k != "coeffs"}})
+        with np.errstate(all="ignore"):
+            beyond = float(np.nanmax(np.maximum(c - out, out - d))) if np.any(~np.isnan(out)) else float("inf")
+        named.append({
+            "node": label, "where": "simulator's registers", "instruction": i, "dst": e["dst"], "domain": [c, d],
+            "min": float(np.nanmin(out)) if np.any(~np.isnan(out)) else float("nan"),
+            "max": float(np.nanmax(out)) if np.any(~np.isnan(out)) else float("nan"),
+            "count": int(out.size), "size": e["size"], "beyond": beyond, "beyond_halfwidths": beyond / (0.5 * (d - c)),
+            "tame_slots": int(outside.size - out.size),
+        })
     return named
 
 

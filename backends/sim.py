@@ -296,9 +296,15 @@ class _Machine:
             # a Chebyshev series explodes outside its domain (T_d(t) ~ (2t)^d / 2), on
             # Lattigo too: every slot's argument must be inside (padding slots included:
             # a huge value in one slot overflows the whole ciphertext)
-            exit_ = domain_exit(np.real(x), (float(ins.domain[0]), float(ins.domain[1])))
+            xr = np.real(x)
+            exit_ = domain_exit(xr, (float(ins.domain[0]), float(ins.domain[1])))
             if exit_ is not None:
-                self.domain_exits.append({"instruction": i, "dst": ins.dst, "coeffs": list(ins.coeffs), **exit_})
+                a, b = float(ins.domain[0]), float(ins.domain[1])
+                tol = DOMAIN_RTOL * 0.5 * (b - a)
+                out = ~((xr >= a - tol) & (xr <= b + tol))
+                # the slots' values outside (backends.runner tells zero padding from elements)
+                self.domain_exits.append({"instruction": i, "dst": ins.dst, "coeffs": list(ins.coeffs),
+                                          "_outside": xr[out].copy(), **exit_})
         y = ins.evaluate(x)
         self.put(ins.dst, np.asarray(y, dtype=np.complex128 if np.iscomplexobj(y) else np.float64).reshape(self.S), i)
 

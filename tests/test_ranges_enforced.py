@@ -244,3 +244,46 @@ def test_relu_cnn_out_of_range_image_refused_then_poly_domain_fails(
     if backend == "sim":  # the simulator's own register check sees it too
         assert any(e["where"] == "simulator's registers" and e["node"] == relu["id"]
                    for e in doc["poly_domain_exits"])
+
+
+def test_wrong_plan_caught_by_the_register_check(tmp_path: Path, cli: Cli) -> None:
+    """A plan whose Chebyshev instruction reads its register on the wrong scale (its domain
+    shrunk 20x): the reference stays inside the graph's domain, the simulator's registers
+    blow up, and the run fails naming the node."""
+    from backends.runner import run_plan
+    from planner.io import load_plan, load_tables
+
+    plan_path, tables_path = _plan(tmp_path, cli, _graph([-1.0, 1.0]))
+    plan = load_plan(plan_path)
+    tables = load_tables(tables_path, plan)
+    values = {"x": np.full((2, 4), 0.5), "W": np.full((4, 8), 0.2)}  # h = 0.8 inside [-2, 2]
+    rep = run_plan(plan, tables, "sim", values=values)
+    assert rep.ok and rep.domain_exits == []
+    (k,) = [i for i, ins in enumerate(plan["program"]) if ins["op"] == "poly"]
+    a, b = plan["program"][k]["domain"]
+    plan["program"][k] = {**plan["program"][k], "domain": [a / 20, b / 20]}
+    rep = run_plan(plan, tables, "sim", values=values)
+    assert not rep.ok
+    (e,) = rep.domain_exits
+    assert e["where"] == "simulator's registers" and e["node"] == "act" and e["instruction"] == k
+    assert e["beyond_halfwidths"] == pytest.approx(7.0)  # t = 0.4 read as 8 on [-1, 1]
+    assert rep.failure() is not None and rep.failure().startswith("poly 'act'")  # type: ignore[union-attr]
+
+
+def test_free_slots_outside_a_positive_domain_are_not_exits(tmp_path: Path, cli: Cli) -> None:
+    """A reciprocal on [0.4, 2.2] after a matvec: the register's free slots (zero padding,
+    partial sums) lie outside the domain, tamely; the run is OK."""
+    from planner.importers.approx import FUNCTIONS, fit
+
+    f = fit(FUNCTIONS["reciprocal"], (0.4, 2.2), degree=7, samples=None)
+    doc = {"schema": "slotplan.graph/1", "name": "recip",
+           "tensors": {"x": {"shape": [16], "role": "input", "range": [0.5, 1.0]},
+                       "W": {"shape": [16, 16], "role": "weight", "range": [0.0, 0.2]}},
+           "nodes": [{"id": "h", "op": "matvec", "inputs": ["W", "x"]},
+                     {"id": "r", "op": "poly", "inputs": ["h"], "basis": "chebyshev", "domain": [0.4, 2.2],
+                      "coeffs": list(f.coeffs)}],
+           "outputs": ["r"]}
+    plan, tables = _plan(tmp_path, cli, doc)
+    code, out, err = cli("run", plan, "--tables", tables, "--seed", "0", "--json")
+    assert code == 0, err
+    assert json.loads(out)["poly_domain_exits"] == []
