@@ -220,3 +220,23 @@ def test_string_labels_head_stripped(tmp_path: Path, cli: Cli, digits_mlp: dict[
     assert code == 0, err
     assert json.loads(g.read_text())["outputs"] == ["add_result1"]
     assert "ZipMap (ai.onnx.ml)" in out and "'output_label'" in out
+
+
+def test_normalisation_at_the_end_warned(tmp_path: Path, cli: Cli) -> None:
+    """exp(z) / ReduceSum(exp(z)) written out by hand is a probability too."""
+    from tests import onnx_models as M
+
+    b = M.Builder(seed=1)
+    z = b.op("Gemm", ["x", b.rand("w", (4, 8)), b.rand("b", (4,))], out="logits", transB=1)
+    e = b.op("Exp", [z])
+    s = b.op("ReduceSum", [e, b.ints("axes", [1])], keepdims=1)
+    b.op("Div", [e, s], out="p")
+    m = M.save(b.model({"x": [1, 8]}, {"p": [1, 4]}), tmp_path / "norm.onnx")
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, x=np.random.default_rng(0).uniform(-1, 1, (16, 8)).astype(np.float32))
+    code, out, err = cli("import", m, "-o", tmp_path / "g.json", "--weights-out", tmp_path / "w.npz",
+                         "--calibrate", cal)
+    assert code == 0, err
+    (warning,) = _lines(err, "warning:")
+    assert "output 'p' is a probability (Div by its ReduceSum" in warning
+    assert warning.endswith("cut at the logits with --output logits")

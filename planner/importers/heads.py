@@ -186,12 +186,34 @@ class Probability:
     logits: str  # the value to cut at instead
 
 
+def _through(prod: dict[str, Any], name: str) -> str:
+    """``name`` followed back through pass-through ops to the value they pass on."""
+    for _ in range(64):
+        n = prod.get(name)
+        if n is None or n.op_type not in PASS_THROUGH or not n.input:
+            return name
+        name = n.input[0]
+    return name
+
+
 def probability_outputs(model: Any) -> list[Probability]:
-    """Model outputs computed by a Softmax/LogSoftmax (through pass-through ops only)."""
+    """Model outputs that are probabilities: computed by a Softmax/LogSoftmax, or by a row
+    normalisation ``Div(e, ReduceSum(e))`` (through pass-through ops only)."""
     prod = _producers(model)
     found = []
     for o in model.graph.output:
         sm = _behind(prod, o.name, NORMALISERS)
         if sm is not None:
             found.append(Probability(o.name, node_label(sm), sm.op_type, sm.input[0]))
+            continue
+        div = _behind(prod, o.name, frozenset({"Div"}))
+        if div is None or len(div.input) != 2:
+            continue
+        total = prod.get(_through(prod, div.input[1]))
+        if total is not None and total.op_type == "ReduceSum" and total.input and \
+                _through(prod, total.input[0]) == _through(prod, div.input[0]):
+            e = prod.get(_through(prod, div.input[0]))
+            # exp(z) / sum(exp(z)): the logits are z; else the normalised values themselves
+            logits = e.input[0] if e is not None and e.op_type == "Exp" and e.input else div.input[0]
+            found.append(Probability(o.name, node_label(div), "Div by its ReduceSum", logits))
     return found

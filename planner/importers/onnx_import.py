@@ -1235,9 +1235,9 @@ def _model_end(model: Any, opts: ImportOptions) -> tuple[Any, list[str], list[st
         model, stripped = heads.strip_heads(model)
         notes.extend(stripped)
     warnings = [
-        f"output {p.output!r} is a probability ({p.op} {p.node!r} at the end of the model): an encrypted "
-        f"{p.op} adds an exponential and a reciprocal of the row sum (deep, and inexact over a wide range) and "
-        f"does not change which class wins; cut at the logits with --output {p.logits}"
+        f"output {p.output!r} is a probability ({p.op} {p.node!r} at the end of the model): normalising under "
+        "encryption costs a reciprocal of the row sum (deep, and inexact over a wide range) and does not change "
+        f"which class wins; cut at the logits with --output {p.logits}"
         for p in heads.probability_outputs(model)
     ]
     return model, notes, warnings
