@@ -34,7 +34,7 @@ def plan(
     solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
     wall_limit: Annotated[float | None, typer.Option("--wall-limit", min=0.1, help="bound the whole planning (candidates, solve, lowering, key schedule) to this many seconds of wall time; past it, exit 3 naming the step")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan file to write")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--plan-out", help="plan file to write")] = None,
     tables: Annotated[Path | None, typer.Option("--tables", help="npz tables file to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print {summary, nodes} as JSON")] = False,
     kernels: Annotated[str | None, typer.Option("--kernels", help=f"allowed kernels, comma-separated: {KERNEL_FAMILIES.help(',')}")] = None,
@@ -55,6 +55,8 @@ def plan(
     max_error: Annotated[float | None, typer.Option("--max-error", help="MODEL.onnx only: choose each activation's degree for this error")] = None,
     weights_out: Annotated[Path | None, typer.Option("--weights-out", help="MODEL.onnx only: write the imported weights (.npz)")] = None,
     graph_out: Annotated[Path | None, typer.Option("--graph-out", help="MODEL.onnx only: write the imported graph (JSON)")] = None,
+    cut: Annotated[list[str] | None, typer.Option("--output", help="MODEL.onnx only: cut the model at this value (see slotplan import --output); the plan file is -o")] = None,
+    allow_error: Annotated[bool, typer.Option("--allow-error", help="MODEL.onnx only: an approximation that misses its error target is a warning, not a refusal")] = False,
 ) -> None:
     """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
@@ -65,7 +67,7 @@ def plan(
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
     try:
-        g = _graph_or_model(graph, calibrate, degree, max_error, weights_out, graph_out)
+        g = _graph_or_model(graph, calibrate, degree, max_error, weights_out, graph_out, cut, allow_error)
         p = load_params(params) if params != AUTO else None
         cap = parse_size(memory_cap) if memory_cap is not None else None
         limit = parse_size(max_table_bytes)
@@ -148,15 +150,18 @@ def plan(
 
 
 def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
-                    weights_out: Path | None, graph_out: Path | None) -> Any:
+                    weights_out: Path | None, graph_out: Path | None, cut: list[str] | None = None,
+                    allow_error: bool = False) -> Any:
     """``plan``'s graph: a graph file, or an ONNX model imported (its report on stderr)."""
     from api.commands_import import import_for_plan, is_onnx
     from planner.graph import load_graph
 
     if is_onnx(path):
-        return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err)
+        return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err, cut, allow_error)
     given = [n for n, v in (("--calibrate", calibrate), ("--degree", degree), ("--max-error", max_error),
-                            ("--weights-out", weights_out), ("--graph-out", graph_out)) if v is not None]
+                            ("--weights-out", weights_out), ("--graph-out", graph_out),
+                            ("--output (the plan file is -o)", cut or None),
+                            ("--allow-error", allow_error or None)) if v is not None]
     if given:
         raise SlotplanError(f"{', '.join(given)}: only for an ONNX model (MODEL.onnx), not a graph file")
     return load_graph(path)
@@ -207,7 +212,7 @@ def run(
     if as_json:
         out.print_json(json.dumps(rep.to_json()))
     else:
-        status = "[green]OK[/green]" if rep.ok else "[red]MISMATCH[/red]"
+        status = "[green]OK[/green]" if rep.ok else "[red]FAILED[/red]" if rep.domain_exits else "[red]MISMATCH[/red]"
         out.print(
             f"{status} backend={rep.backend} max_abs_error={rep.max_abs_error:.3e} "
             f"max_rel_error={rep.max_rel_error:.3e} (tolerance {rep.tolerance:g})"
@@ -238,7 +243,7 @@ def run(
         if out_file is not None:
             out.print(escape(f"wrote {out_file}: {', '.join(rep.outputs)}"))
     if not rep.ok:
-        raise ExitError(f"mismatch: max relative error {rep.max_rel_error:.3e} > {rep.tolerance:g}", 1)
+        raise ExitError(rep.failure() or "run failed", 1)
 
 
 @app.command()

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from api.common import fail, out
+from api.common import err, fail, out
 from planner.errors import SlotplanError
 
 __all__ = ["import_for_plan", "is_onnx", "register"]
@@ -31,7 +31,8 @@ def is_onnx(path: Path) -> bool:
     return path.suffix.lower() == ".onnx"
 
 
-def _options(degree: int | None, max_error: float | None, margin: float, newton: int) -> Any:
+def _options(degree: int | None, max_error: float | None, margin: float, newton: int,
+             cut: list[str] | None = None, allow_error: bool = False) -> Any:
     from planner.importers.onnx_import import ImportOptions
 
     if degree is not None and max_error is not None:
@@ -40,7 +41,20 @@ def _options(degree: int | None, max_error: float | None, margin: float, newton:
         raise SlotplanError(f"--margin must be in 0..10, got {margin}")
     if not 0 <= newton <= 4:
         raise SlotplanError(f"--newton must be in 0..4, got {newton}")
-    return ImportOptions(degree=degree, max_error=max_error, margin=margin, newton=newton)
+    return ImportOptions(degree=degree, max_error=max_error, margin=margin, newton=newton,
+                         outputs=tuple(dict.fromkeys(cut or ())), allow_error=allow_error)
+
+
+def stderr_lines(res: Any, margin: float, console: Console) -> None:
+    """What a user must not miss, on stderr: the calibration margin (the ranges ``run``
+    enforces), what ran the model in float, and every warning."""
+    if res.calibrated:
+        console.print(
+            f"note: calibrated ranges (inputs, nodes, activation domains) widened by {margin:g} x their width on "
+            f"each side (--margin); run and encrypt refuse inputs outside the inputs' ranges; "
+            f"float runs by {res.calibrator}", markup=False, highlight=False, soft_wrap=True)
+    for w in res.warnings:
+        console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
 
 
 def write_weights(path: Path, weights: dict[str, np.ndarray]) -> None:
@@ -71,7 +85,8 @@ def report_lines(res: Any, console: Console) -> None:
     from planner.importers import approx
 
     if res.calibrated:
-        console.print(f"calibrated on {res.calibrated} sample(s); ranges widened by the margin on each side")
+        console.print(f"calibrated on {res.calibrated} sample(s) with {escape(str(res.calibrator))}; ranges widened "
+                      "by the margin on each side")
     elif res.approximations:
         lo, hi = approx.DEFAULT_DOMAIN
         console.print(
@@ -93,28 +108,32 @@ def report_lines(res: Any, console: Console) -> None:
     else:
         console.print("no approximated activations (the model is polynomial)")
     for note in res.notes[:5]:
-        console.print(f"note: {escape(note)}")
+        console.print(f"note: {escape(note)}", soft_wrap=True)
     if len(res.notes) > 5:
         folded = sum("folded into" in n for n in res.notes)
         console.print(f"note: ... {len(res.notes) - 5} more ({folded} BatchNormalization folded in all; "
                       "--json lists every note)")
     if res.end_to_end_error is not None:
-        console.print(f"end-to-end max |graph reference - onnx reference evaluator| on the samples: "
+        console.print(f"end-to-end max |graph reference - model in float| on the samples: "
                       f"{res.end_to_end_error:.3e}")
 
 
 def _run_import(model: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
-                margin: float, newton: int) -> Any:
+                margin: float, newton: int, cut: list[str] | None = None, allow_error: bool = False) -> Any:
     from planner.importers.onnx_import import import_model
 
-    opts = _options(degree, max_error, margin, newton)
+    opts = _options(degree, max_error, margin, newton, cut, allow_error)
     return import_model(model, opts, calibrate)
 
 
 def import_for_plan(model: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
-                    weights_out: Path | None, graph_out: Path | None, console: Console) -> Any:
+                    weights_out: Path | None, graph_out: Path | None, console: Console,
+                    cut: list[str] | None = None, allow_error: bool = False) -> Any:
     """``plan MODEL.onnx``: import (report on ``console``), write what was asked, return the graph."""
-    res = _run_import(model, calibrate, degree, max_error, 0.1, 1)
+    from planner.importers.onnx_import import DEFAULT_MARGIN
+
+    res = _run_import(model, calibrate, degree, max_error, DEFAULT_MARGIN, 1, cut, allow_error)
+    stderr_lines(res, DEFAULT_MARGIN, console)
     if graph_out is not None:
         _atomic_write(graph_out, (json.dumps(res.graph_json, indent=1) + "\n").encode())
     if weights_out is not None:
@@ -125,29 +144,33 @@ def import_for_plan(model: Path, calibrate: Path | None, degree: int | None, max
 
 def import_(
     model: Annotated[Path, typer.Argument(metavar="MODEL.onnx", help="ONNX model file")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="graph file to write (slotplan.graph/1)")],
+    output: Annotated[Path, typer.Option("-o", "--graph-out", help="graph file to write (slotplan.graph/1)")],
     weights_out: Annotated[Path, typer.Option("--weights-out", help="weights .npz to write (BatchNorm folded), named as the graph's weight tensors")],
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="calibration samples .npz named as the model's inputs (stacked along the batch dimension when it is 1, else along a new leading one)")] = None,
     degree: Annotated[int | None, typer.Option("--degree", help="degree of every activation polynomial (default 15)")] = None,
     max_error: Annotated[float | None, typer.Option("--max-error", help="choose each activation's degree (3, 7, 15, 31, 63, 127) for this max error on the samples")] = None,
     margin: Annotated[float, typer.Option("--margin", help="widen each measured range by this fraction of its width on each side")] = 0.1,
     newton: Annotated[int, typer.Option("--newton", help="Newton steps after the reciprocal / inverse square root polynomials (softmax, layer norm)")] = 1,
+    cut: Annotated[list[str] | None, typer.Option("--output", help="cut the model at this value (e.g. the logits before ArgMax/Softmax); repeat for several outputs. Without it a classifier head (ArgMax, ZipMap, ai.onnx.ml ops) is stripped")] = None,
+    allow_error: Annotated[bool, typer.Option("--allow-error", help="write the files with a warning when an approximation misses its error target (--max-error, else 10 percent of the function's largest value) instead of refusing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the import report as JSON")] = False,
 ) -> None:
     """Import an ONNX model: graph + weights, activations as Chebyshev polynomials."""
     try:
-        res = _run_import(model, calibrate, degree, max_error, margin, newton)
+        res = _run_import(model, calibrate, degree, max_error, margin, newton, cut, allow_error)
         _atomic_write(output, (json.dumps(res.graph_json, indent=1) + "\n").encode())
         write_weights(weights_out, res.weights)
     except SlotplanError as e:
         raise fail(e) from None
+    stderr_lines(res, margin, err)
     if as_json:
         doc = {
             "graph": str(output), "weights": str(weights_out), "nodes": len(res.graph.nodes),
             "inputs": res.input_map, "outputs": res.output_map, "calibrated": res.calibrated,
             "approximations": [r.to_json() for r in res.approximations],
             "ranges": {k: list(v) for k, v in res.ranges.items()}, "notes": res.notes,
-            "end_to_end_error": res.end_to_end_error,
+            "end_to_end_error": res.end_to_end_error, "warnings": res.warnings, "calibrator": res.calibrator,
+            "margin": margin,
         }
         out.print_json(json.dumps(doc))
         return

@@ -15,7 +15,7 @@ from planner.errors import SlotplanError
 from planner.graph import Graph, parse_graph
 from planner.params import Params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
-from planner.ranges import check_values
+from planner.ranges import check_input_ranges, check_values
 from planner.reference import random_values, reference
 from solver.registry import Registry
 
@@ -42,6 +42,25 @@ class RunReport:
     memory: dict[str, Any] = field(default_factory=dict)
     # the decrypted outputs, named and shaped as the graph's outputs (not in to_json)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # Chebyshev polys whose argument left their domain (see poly_domain_exits): a failure
+    domain_exits: list[dict[str, Any]] = field(default_factory=list)
+
+    def failure(self) -> str | None:
+        """One line saying why the run failed (None when it is OK)."""
+        if self.domain_exits:
+            e = self.domain_exits[0]
+            others = len({x["node"] for x in self.domain_exits} - {e["node"]})
+            more = f" (and {others} more poly node(s); --json lists them)" if others else ""
+            return (
+                f"poly {e['node']!r}: its argument left the Chebyshev domain [{e['domain'][0]:.6g}, "
+                f"{e['domain'][1]:.6g}] in the {e['where']}: values in [{e['min']:.6g}, {e['max']:.6g}], "
+                f"{e['count']} of {e['size']} outside, up to {e['beyond']:.4g} beyond an end "
+                f"({e['beyond_halfwidths']:.3g} half-widths): the polynomial is not the function there"
+                f"{more}"
+            )
+        if not self.ok:
+            return f"mismatch: max relative error {self.max_rel_error:.3e} > {self.tolerance:g}"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +76,7 @@ class RunReport:
             "seconds": round(self.seconds, 6),
             "bootstraps": self.bootstraps,
             "memory": self.memory,
+            "poly_domain_exits": self.domain_exits,
             "stats": self.stats,
         }
 
@@ -97,6 +117,8 @@ class Execution:
     peak_key_bytes: int
     tolerance: float
     stats: dict[str, Any] = field(default_factory=dict)
+    # the simulator's check of Chebyshev arguments on the registers (backends.sim.domain_exit)
+    domain_exits: list[dict[str, Any]] = field(default_factory=list)
 
 
 # Execution back ends by name: each runs a plan on the given values (inputs and weights).
@@ -118,7 +140,8 @@ def _run_sim(
     # what the client would see beyond the answer: non-zero slots of the output ciphertexts
     # that hold no output element (0 for clean outputs)
     stats = {"leaked_slots": dict(sorted(res.leaked_slots.items()))}
-    return Execution(res.outputs, res.counts, res.rotations, res.key_loads, peak_keys, SIM_RTOL, stats)
+    return Execution(res.outputs, res.counts, res.rotations, res.key_loads, peak_keys, SIM_RTOL, stats,
+                     res.domain_exits)
 
 
 @EXECUTION_BACKENDS.register("lattigo")
@@ -202,6 +225,80 @@ def memory_report(plan: Mapping[str, Any], stats: Mapping[str, Any], peak_key_by
     return out
 
 
+def poly_domain_exits(graph: Graph, values: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]
+                      ) -> list[dict[str, Any]]:
+    """Every Chebyshev ``poly`` node whose argument, in the graph's numpy reference (the same
+    on every back end), leaves its ``domain``: one dict per node (``where: "reference"``)."""
+    from backends.sim import domain_exit
+
+    out: list[dict[str, Any]] = []
+    for node in graph.nodes:
+        if node.op != "poly" or node.basis != "chebyshev" or node.domain is None:
+            continue
+        src = node.inputs[0]
+        arg = ref[src] if src in ref else values.get(src)
+        if arg is None:
+            continue
+        e = domain_exit(np.asarray(arg), (float(node.domain[0]), float(node.domain[1])))
+        if e is not None:
+            out.append({"node": node.id, "where": "reference", **e})
+    return out
+
+
+# The simulator's register check: a slot outside a Chebyshev domain fails the run when the
+# polynomial's value there exceeds this factor of the series' bound on its domain (the sum
+# of |coefficients|): the series has blown up (T_d(t) ~ (2t)^d / 2), which corrupts a whole
+# CKKS ciphertext whatever the slot holds.  Slots outside by less (a clean layout's zero
+# padding, partial sums left in free slots) are masked before any output; the tensor's own
+# elements are held to the domain exactly by the reference check.
+REGISTER_GROWTH = 2.0**10
+
+
+def _name_register_exits(plan: Mapping[str, Any], graph: Graph, exits: list[dict[str, Any]]
+                         ) -> list[dict[str, Any]]:
+    """The simulator's register exits where the series blew up (``REGISTER_GROWTH``), named
+    after the graph node whose instructions (the plan's ``nodes[].span``, half-open) hold the
+    poly, else after the graph's poly node with the same series, else after the instruction.
+    The domain reported is the instruction's (the planner may fold an affine map into it,
+    e.g. to [-1, 1]); ``tame_slots`` counts the slots outside it that did not blow up."""
+    from planner.ir import Poly
+
+    spans = [(str(n["id"]), int(n["span"][0]), int(n["span"][1])) for n in plan.get("nodes", [])
+             if isinstance(n.get("span"), list) and len(n["span"]) == 2]
+    poly_ids = {n.id for n in graph.nodes if n.op == "poly"}
+    by_series: dict[tuple[Any, ...], list[str]] = {}
+    for node in graph.nodes:
+        if node.op == "poly" and node.basis == "chebyshev" and node.domain is not None:
+            key = (tuple(float(c) for c in node.coeffs or ()), tuple(float(d) for d in node.domain))
+            by_series.setdefault(key, []).append(node.id)
+    named = []
+    for e in exits:
+        i = int(e["instruction"])
+        c, d = (float(v) for v in e["domain"])
+        outside = np.asarray(e["_outside"], dtype=np.float64)
+        series = Poly(dst="p", src="s", coeffs=tuple(float(x) for x in e["coeffs"]), basis="chebyshev", domain=(c, d))
+        bound = float(np.sum(np.abs(e["coeffs"]))) or 1.0
+        with np.errstate(all="ignore"):
+            grown = ~(np.abs(np.asarray(series.evaluate(outside), dtype=np.float64)) <= REGISTER_GROWTH * bound)
+        if not np.any(grown):
+            continue
+        out = outside[grown]
+        owners = [nid for nid, a, z in spans if a <= i < z]
+        owners = [o for o in owners if o in poly_ids] or owners
+        ids = owners or by_series.get((tuple(float(x) for x in e["coeffs"]), (c, d))) or []
+        label = "/".join(ids) if ids else f"instruction {i} ({e['dst']})"
+        with np.errstate(all="ignore"):
+            beyond = float(np.nanmax(np.maximum(c - out, out - d))) if np.any(~np.isnan(out)) else float("inf")
+        named.append({
+            "node": label, "where": "simulator's registers", "instruction": i, "dst": e["dst"], "domain": [c, d],
+            "min": float(np.nanmin(out)) if np.any(~np.isnan(out)) else float("nan"),
+            "max": float(np.nanmax(out)) if np.any(~np.isnan(out)) else float("nan"),
+            "count": int(out.size), "size": e["size"], "beyond": beyond, "beyond_halfwidths": beyond / (0.5 * (d - c)),
+            "tame_slots": int(outside.size - out.size),
+        })
+    return named
+
+
 def check_assumed_ranges(plan: Mapping[str, Any], ref: Mapping[str, np.ndarray]) -> None:
     """A bootstrapping plan scaled its bootstrap inputs for the ranges it assumed (inputs,
     weights, nodes' promised ranges): refuse values outside them, naming the tensor (the
@@ -250,9 +347,13 @@ def run_plan(
     if tables is None:
         tables = regenerate_tables(plan)
     if values is None:
-        values = random_values(graph, seed, init)
+        values = random_values(graph, seed, init)  # declared ranges respected
+    # every plan, not only bootstrapping ones (SPEC section 9): an input outside its
+    # declared range is refused before anything runs
+    check_input_ranges(graph, {k: values[k] for k in graph.inputs if k in values})
     ref = reference(graph, values)
     check_assumed_ranges(plan, ref)
+    exits = poly_domain_exits(graph, values, ref)
     execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
     ex = execute(plan, tables, values, graph, params)
@@ -273,8 +374,11 @@ def run_plan(
         scale = float(np.max(np.abs(want))) if want.size else 1.0
         max_abs = max(max_abs, err)
         max_rel = max(max_rel, err / scale if scale > 0 else err)
-    ok = bool(np.isfinite(max_rel) and max_rel <= tol)
+    exits += _name_register_exits(plan, graph, ex.domain_exits)
+    # a poly evaluated outside its domain is a failure even when the back end matches the
+    # reference (both are then far from the function the polynomial stands for)
+    ok = bool(np.isfinite(max_rel) and max_rel <= tol) and not exits
     return RunReport(
         backend, ok, max_abs, max_rel, tol, counts, rotations, loads, peak_keys, seconds, stats,
-        bootstrap_report(counts, stats), memory_report(plan, stats, peak_keys), decrypted,
+        bootstrap_report(counts, stats), memory_report(plan, stats, peak_keys), decrypted, exits,
     )

@@ -42,6 +42,9 @@ class SimResult:
     leaked_slots: dict[str, int] = field(default_factory=dict)
     # the registers asked for with ``keep`` (layout checks read intermediate values)
     registers: dict[str, np.ndarray] = field(default_factory=dict)
+    # Chebyshev ``poly`` instructions whose argument left their domain (any slot): one
+    # dict per instruction (backends.runner names the graph node); empty for a sound run
+    domain_exits: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _table(tables: Mapping[str, np.ndarray], name: str, slots: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -88,6 +91,36 @@ def plaintext_vector(
     return re + 1j * (vi * coef_i if coef_i is not None else vi)
 
 
+# Round-off allowed at a Chebyshev domain's ends, relative to its half-width.
+DOMAIN_RTOL = 1e-9
+
+
+def domain_exit(x: np.ndarray, domain: tuple[float, float]) -> dict[str, Any] | None:
+    """How values ``x`` leave ``domain`` [a, b] (None when every one is inside, up to
+    ``DOMAIN_RTOL`` of the half-width): the domain, the values' min/max, how many are out,
+    the index of the first, and the largest distance beyond an end (absolute, and in
+    half-widths: the Chebyshev argument ``t`` then has ``|t| = 1 + beyond_halfwidths``)."""
+    a, b = domain
+    half = 0.5 * (b - a)
+    v = np.asarray(x, dtype=np.float64).ravel()
+    if v.size == 0:
+        return None
+    tol = DOMAIN_RTOL * half
+    out = ~((v >= a - tol) & (v <= b + tol))  # NaN is out
+    count = int(np.count_nonzero(out))
+    if not count:
+        return None
+    with np.errstate(invalid="ignore"):
+        beyond = float(np.nanmax(np.maximum(a - v, v - b))) if np.any(~np.isnan(v)) else float("nan")
+    if np.any(np.isnan(v)):
+        beyond = float("inf")
+    return {
+        "domain": [float(a), float(b)], "min": float(np.nanmin(v)) if np.any(~np.isnan(v)) else float("nan"),
+        "max": float(np.nanmax(v)) if np.any(~np.isnan(v)) else float("nan"), "count": count, "size": int(v.size),
+        "first_index": int(np.argmax(out)), "beyond": beyond, "beyond_halfwidths": beyond / half,
+    }
+
+
 class _Machine:
     """State of one simulation; one ``exec_*`` method per instruction class (:data:`_EXEC`)."""
 
@@ -126,6 +159,7 @@ class _Machine:
         self.out_vals: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
         self.leaked: dict[str, int] = {}
+        self.domain_exits: list[dict[str, Any]] = []
 
     def get(self, r: str, i: int) -> np.ndarray:
         try:
@@ -258,6 +292,19 @@ class _Machine:
     def exec_poly(self, ins: ir.Poly, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
+        if ins.chebyshev and ins.domain is not None:
+            # a Chebyshev series explodes outside its domain (T_d(t) ~ (2t)^d / 2), on
+            # Lattigo too: every slot's argument must be inside (padding slots included:
+            # a huge value in one slot overflows the whole ciphertext)
+            xr = np.real(x)
+            exit_ = domain_exit(xr, (float(ins.domain[0]), float(ins.domain[1])))
+            if exit_ is not None:
+                a, b = float(ins.domain[0]), float(ins.domain[1])
+                tol = DOMAIN_RTOL * 0.5 * (b - a)
+                out = ~((xr >= a - tol) & (xr <= b + tol))
+                # the slots' values outside (backends.runner tells zero padding from elements)
+                self.domain_exits.append({"instruction": i, "dst": ins.dst, "coeffs": list(ins.coeffs),
+                                          "_outside": xr[out].copy(), **exit_})
         y = ins.evaluate(x)
         self.put(ins.dst, np.asarray(y, dtype=np.complex128 if np.iscomplexobj(y) else np.float64).reshape(self.S), i)
 
@@ -414,4 +461,5 @@ def simulate(
         outputs=outputs, counts=dict(counts), rotations=m.rotations, key_loads=m.loads,
         peak_resident_keys=peak_keys, seconds=time.perf_counter() - t0, written=m.written,
         leaked_slots=m.leaked, registers={**kept, **{r: m.regs[r] for r in keep if r in m.regs}},
+        domain_exits=m.domain_exits,
     )

@@ -52,6 +52,7 @@ __all__ = [
     "RangeReport",
     "boot_scale",
     "calibrated_graph",
+    "check_input_ranges",
     "check_values",
     "graph_ranges",
     "operand_bound",
@@ -182,6 +183,67 @@ def check_values(
                 "give the tensor a `range` in the graph that holds its values and plan again",
                 tensor=name,
             )
+
+
+def _fmt_index(shape: tuple[int, ...], flat: int) -> str:
+    idx = np.unravel_index(flat, shape) if shape else ()
+    return "[" + ", ".join(str(int(i)) for i in idx) + "]"
+
+
+def _nanmin(v: np.ndarray) -> float:
+    finite = v[~np.isnan(v)]
+    return float(finite.min()) if finite.size else math.nan
+
+
+def _nanmax(v: np.ndarray) -> float:
+    finite = v[~np.isnan(v)]
+    return float(finite.max()) if finite.size else math.nan
+
+
+def check_input_ranges(graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse an input outside its tensor's declared ``range`` (SPEC section 9): ``run``,
+    ``encrypt`` and the REST evaluation call this before packing anything.
+
+    ``inputs`` maps input tensor names to arrays of any shape holding the tensor's number of
+    elements, or ``N`` times that (a leading sample dimension: the first index reported is
+    then ``[sample, ...]`` within the declared shape).  Names that are not inputs of
+    ``graph`` or tensors without a ``range`` are not checked (other functions check
+    presence and shapes); NaN is outside every range.
+
+    Raises :class:`ValuesError` with one line naming the tensor, its declared range and the
+    offending values: their min/max, how many are outside and the first one's index."""
+    for name in graph.inputs:
+        declared = graph.tensor(name).range
+        if declared is None or name not in inputs:
+            continue
+        lo, hi = float(declared[0]), float(declared[1])
+        arr = np.asarray(inputs[name])
+        if arr.dtype.kind not in "biuf":
+            raise ValuesError(f"values of dtype {arr.dtype} are not real numbers", tensor=name)
+        v = arr.astype(np.float64, copy=False).ravel()
+        shape = tuple(int(d) for d in graph.shape(name))
+        numel = int(np.prod(shape)) if shape else 1
+        if v.size == 0:
+            continue
+        if v.size % numel:
+            raise ValuesError(
+                f"{v.size} values are not a multiple of the tensor's {numel} elements {list(shape)}", tensor=name)
+        bad = ~((v >= lo) & (v <= hi))  # NaN is outside
+        count = int(np.count_nonzero(bad))
+        if not count:
+            continue
+        first = int(np.argmax(bad))
+        where = _fmt_index(shape, first % numel)
+        if v.size > numel:
+            where = f"sample {first // numel} index {where}"
+        else:
+            where = f"index {where}"
+        raise ValuesError(
+            f"input outside its declared range [{lo:g}, {hi:g}]: values in [{_nanmin(v):.6g}, {_nanmax(v):.6g}], "
+            f"{count} of {v.size} outside, the first at {where} = {float(v[first]):.6g}; "
+            "scale the data into the range, or widen the tensor's range in the graph and plan again",
+            tensor=name,
+        )
 
 
 def operand_bound(graph: Graph, node: Node, report: RangeReport) -> float | None:

@@ -334,13 +334,18 @@ def test_max_error_chooses_degrees(tmp_path: Path) -> None:
     b.op("Relu", [b.op("Tanh", ["x"])], out="y")
     model = b.model({"x": [1, 50]}, {"y": None})
     calib = {"x": np.random.default_rng(0).normal(size=(20, 50))}
-    res = _import(tmp_path, model, calib, ImportOptions(max_error=1e-4))
+    # the ReLU's kink misses 1e-4 even at degree 127: refused naming its node (SPEC section 9)
+    with pytest.raises(ModelError, match=r"onnx node '/Relu_2'.*at degree 127, over --max-error 0.0001"):
+        _import(tmp_path, model, calib, ImportOptions(max_error=1e-4))
+    res = _import(tmp_path, model, calib, ImportOptions(max_error=1e-4, allow_error=True))
     tanh, relu = res.approximations
     assert tanh.max_error <= 1e-4 and tanh.degree in approx.DEGREES
     smaller = approx.DEGREES[approx.DEGREES.index(tanh.degree) - 1]
     f = approx.fit(np.tanh, tanh.domain, degree=smaller, samples=calib["x"])
     assert f.max_error > 1e-4  # the chosen degree is the smallest that reaches the error
-    assert relu.degree == approx.DEGREES[-1] or relu.max_error <= 1e-4
+    assert relu.degree == approx.DEGREES[-1] and relu.max_error > 1e-4
+    (warning,) = res.warnings  # --allow-error: written with a warning naming the node
+    assert warning.startswith("onnx node '/Relu_2': the relu polynomial") and "degree 127" in warning
 
 
 def test_uncalibrated_defaults(tmp_path: Path) -> None:

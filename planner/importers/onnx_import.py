@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,8 @@ class ImportOptions:
     newton: int = DEFAULT_NEWTON  # Newton steps after the reciprocal / inverse square root polynomial
     domain: tuple[float, float] = approx.DEFAULT_DOMAIN  # uncalibrated activation domain
     name: str | None = None
+    outputs: tuple[str, ...] = ()  # cut the model at these values (--output); () strips classifier heads
+    allow_error: bool = False  # a missed error target is a warning instead of a refusal (--allow-error)
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,14 @@ class ApproxRow:
     max_error: float  # on the samples (or the domain when uncalibrated)
     on_samples: bool
     newton: int = 0
+    scale: float = 0.0  # the largest |function value| where max_error was measured
 
     def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node, "onnx_node": self.onnx_node, "function": self.function,
             "measured": list(self.measured) if self.measured else None, "domain": list(self.domain),
             "degree": self.degree, "depth": self.depth, "newton": self.newton,
-            "max_error": self.max_error, "on_samples": self.on_samples,
+            "max_error": self.max_error, "on_samples": self.on_samples, "output_scale": self.scale,
         }
 
 
@@ -137,6 +140,8 @@ class ImportResult:
     end_to_end_error: float | None = None  # max |graph reference - onnx| on the samples
     input_map: dict[str, str] = field(default_factory=dict)  # onnx input -> graph input
     output_map: dict[str, str] = field(default_factory=dict)  # onnx output -> graph output
+    warnings: list[str] = field(default_factory=list)  # printed on stderr (the file is still written)
+    calibrator: str | None = None  # what ran the model in float on the samples
 
 
 @dataclass
@@ -310,8 +315,11 @@ class Importer:
                             "coefficient over 2**20", hint="calibrate, or lower --degree")
         node = self.emit("poly", [x.name], base, x.shape, coeffs=list(f.coeffs), basis="chebyshev",
                          domain=[float(domain[0]), float(domain[1])])
+        check = np.ravel(xs) if xs is not None and xs.size else np.linspace(domain[0], domain[1], 2001)
+        with np.errstate(all="ignore"):
+            scale = float(np.max(np.abs(np.asarray(g(check), dtype=np.float64))))
         self.rows.append(ApproxRow(node.name, node_label(self.node), function, measured, f.domain,
-                                   f.degree, f.depth, f.max_error, f.on_samples))
+                                   f.degree, f.depth, f.max_error, f.on_samples, scale=scale))
         return node, f
 
     # -- the walk -----------------------------------------------------------------------------
@@ -791,8 +799,7 @@ def _inverse(im: Importer, x: Dyn, xs: Array | None, function: str, default: tup
             y = im.emit("sub", [lin.name, t3.name], name, x.shape)
         row = im.rows[-1]
         err = _newton_error(function, g, f, steps, xs, f.domain, pre)
-        im.rows[-1] = ApproxRow(row.node, row.onnx_node, row.function, row.measured, row.domain, row.degree,
-                                row.depth + (3 if half else 2) * steps, err, row.on_samples, steps)
+        im.rows[-1] = replace(row, depth=row.depth + (3 if half else 2) * steps, max_error=err, newton=steps)
     return y
 
 
@@ -833,8 +840,7 @@ def _softmax(im: Importer) -> list[Value]:
 
 
 def _renamed(row: ApproxRow, function: str) -> ApproxRow:
-    return ApproxRow(row.node, row.onnx_node, function, row.measured, row.domain, row.degree, row.depth,
-                     row.max_error, row.on_samples, row.newton)
+    return replace(row, function=function)
 
 
 @handles("LayerNormalization")
@@ -1141,16 +1147,19 @@ def import_model(
     if opts.max_error is not None and not opts.max_error > 0:
         raise ModelError(f"--max-error must be > 0, got {opts.max_error}")
     model = load_model(model_path)
+    model, end_notes, warnings = _model_end(model, opts)
     og = OnnxGraph.from_model(model)
+    og.notes[:0] = end_notes
     samples_in: list[dict[str, Array]] = []
     recorded: dict[str, Array] | None = None
+    calibrator = None
     if calibrate is not None:
         where = f"calibration file {str(calibrate)!r}" if isinstance(calibrate, str | Path) else "calibration data"
         data = _load_samples(calibrate) if isinstance(calibrate, str | Path) else {
             k: np.asarray(v) for k, v in calibrate.items()}
         samples_in = calibration_samples(og, data, where)
         names = list(dict.fromkeys(o for n in model.graph.node for o in n.output if o))
-        recorded = run_float(model, samples_in, names)
+        recorded, calibrator = run_float(model, samples_in, names)
         recorded.update({k: np.stack([s[k] for s in samples_in]) for k in og.inputs})
     im = Importer(og, opts, recorded)
     im.run()
@@ -1167,7 +1176,8 @@ def import_model(
         im.tensors[wname]["range"] = [float(np.min(w)), float(np.max(w))]
     graph = _parse(doc)
     res = ImportResult(doc, graph, im.weights, im.rows, len(samples_in), og.notes, ranges,
-                       input_map=im.input_map, output_map=outputs)
+                       input_map=im.input_map, output_map=outputs, warnings=warnings, calibrator=calibrator)
+    res.warnings.extend(_judge_fits(im.rows, opts))
     if recorded is not None:
         res.end_to_end_error, node_ranges = _sample_pass(res, samples_in, recorded)
         for n in im.nodes:  # every node's range on the samples, widened by the margin
@@ -1175,6 +1185,62 @@ def import_model(
                 n["range"] = list(im.widen(*node_ranges[n["id"]]))
         res.graph = _parse(doc)
     return res
+
+
+# Without --max-error, a fit whose largest error exceeds this fraction of the largest |value|
+# of the function it stands for (where the error was measured) carries no information.
+USELESS_FIT_FRACTION = 0.1
+
+
+def _judge_fits(rows: Sequence[ApproxRow], opts: ImportOptions) -> list[str]:
+    """Each approximation against its error target: ``--max-error`` when given (met or
+    refused), else ``USELESS_FIT_FRACTION`` of the function's largest |value|.  A miss is
+    a :class:`ModelError` naming the ONNX node, or with ``allow_error`` a warning line."""
+    warnings: list[str] = []
+    for r in rows:
+        if opts.max_error is not None:
+            target, what = opts.max_error, f"--max-error {opts.max_error:g}"
+        else:
+            target = USELESS_FIT_FRACTION * r.scale
+            what = (f"{USELESS_FIT_FRACTION:g} x its largest |value| {r.scale:.4g} (a useless fit; "
+                    "set a target with --max-error)")
+        if r.max_error <= target:
+            continue
+        where = "on the calibration samples" if r.on_samples else "on the domain"
+        rule = (f"the {r.function} polynomial on [{r.domain[0]:.4g}, {r.domain[1]:.4g}] reaches a largest error of "
+                f"{r.max_error:.4g} {where} at degree {r.degree}" + (f" with {r.newton} Newton step(s)" if r.newton
+                                                                        else "") + f", over {what}")
+        if opts.allow_error:
+            warnings.append(f"onnx node {r.onnx_node!r}: {rule}; written anyway (--allow-error)")
+            continue
+        hint = ("calibrate on representative samples (a narrower range), cut the model before this node "
+                "(--output NAME), or pass --allow-error to write it with a warning")
+        if opts.max_error is not None and r.degree < approx.MAX_DEGREE:
+            hint = "a larger --degree, or " + hint
+        raise ModelError(rule, node=r.onnx_node, hint=hint)
+    return warnings
+
+
+def _model_end(model: Any, opts: ImportOptions) -> tuple[Any, list[str], list[str]]:
+    """Where the imported model ends: cut at ``opts.outputs`` when given, else with any
+    classifier head stripped (planner.importers.heads); the notes saying so, and a warning
+    per output that is a probability (a Softmax at the end)."""
+    from planner.importers import heads
+
+    notes: list[str] = []
+    if opts.outputs:
+        model = heads.cut_model(model, opts.outputs)
+        notes.append(f"cut the model at {', '.join(repr(o) for o in opts.outputs)} (--output)")
+    else:
+        model, stripped = heads.strip_heads(model)
+        notes.extend(stripped)
+    warnings = [
+        f"output {p.output!r} is a probability ({p.op} {p.node!r} at the end of the model): normalising under "
+        "encryption costs a reciprocal of the row sum (deep, and inexact over a wide range) and does not change "
+        f"which class wins; cut at the logits with --output {p.logits}"
+        for p in heads.probability_outputs(model)
+    ]
+    return model, notes, warnings
 
 
 def _outputs(im: Importer) -> dict[str, str]:
@@ -1238,8 +1304,8 @@ def _refolded(row: ApproxRow, c0: float, c1: float, domain: tuple[float, float])
     if row.measured is not None:
         m = sorted(((row.measured[0] - c0) / c1, (row.measured[1] - c0) / c1))
         measured = (m[0], m[1])
-    return ApproxRow(row.node, row.onnx_node, f"{row.function} of {c1:.4g}x" + (f" + {c0:.4g}" if c0 else ""),
-                     measured, domain, row.degree, row.depth, row.max_error, row.on_samples, row.newton)
+    return replace(row, function=f"{row.function} of {c1:.4g}x" + (f" + {c0:.4g}" if c0 else ""),
+                   measured=measured, domain=domain)
 
 
 def _rename(im: Importer, old: str, new: str) -> None:
