@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import SlotplanError
+from planner.ranges import check_input_ranges, check_values
 
 __all__ = [
     "CT_FORMAT",
@@ -49,7 +50,6 @@ __all__ = [
     "InferenceError",
     "KeygenReport",
     "SecretKeyHeader",
-    "check_input_ranges_local",
     "ciphertext_header",
     "decrypt",
     "encrypt",
@@ -260,31 +260,13 @@ def _call(fn: Any, *args: Any) -> dict[str, Any]:
 # Input ranges
 
 
-def check_input_ranges_local(graph: Any, plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray]) -> None:
-    """Refuse inputs outside the ranges the graph declares (a tensor's ``range``) or the plan
-    assumed (a bootstrapping plan's ``summary.bootstrapping.assumed_ranges``), naming the
-    tensor. LOCAL STAND-IN for ``planner.ranges.check_input_ranges(graph, inputs)`` (added by
-    the ranges work, issue 32): the lead replaces this call by that one when both are on
-    main."""
-    from planner.ranges import check_values
-
-    declared: dict[str, tuple[float, float]] = {}
-    for name in graph.inputs:
-        r = graph.tensor(name).range
-        if r is not None:
-            declared[name] = (float(r[0]), float(r[1]))
-    check_values(declared, inputs, "the graph")
+def _check_input_ranges(graph: Any, plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse inputs outside the ranges the graph declares (``planner.ranges.check_input_ranges``,
+    SPEC section 9) or a bootstrapping plan assumed (``summary.bootstrapping.assumed_ranges``),
+    with one line naming the tensor."""
+    check_input_ranges(graph, inputs)
     assumed = plan.get("summary", {}).get("bootstrapping", {}).get("assumed_ranges") or {}
     check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items() if k in graph.inputs}, inputs)
-
-
-def _check_input_ranges(graph: Any, plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray]) -> None:
-    try:
-        from planner.ranges import check_input_ranges  # type: ignore[attr-defined]
-    except ImportError:
-        check_input_ranges_local(graph, plan, inputs)
-        return
-    check_input_ranges(graph, inputs)  # pragma: no cover - once issue 32's helper is on main
 
 
 def _samples(graph: Any, inputs: Mapping[str, np.ndarray]) -> tuple[int, bool, list[dict[str, np.ndarray]]]:
