@@ -195,7 +195,7 @@ def test_files_that_do_not_belong_together_are_refused(
     refused("holds inputs", lambda: inf.decrypt(plan, tmp_path / "A", ct, tables=tables))
     refused("not a slotplan ciphertext", lambda: inf.evaluate(plan, tmp_path / "A" / "eval", weights, b"junk",
                                                               tables=tables))
-    refused("outside the range", lambda: inf.encrypt(plan, tmp_path / "A", {"x": x * 3}, tables=tables))
+    refused("outside its declared range", lambda: inf.encrypt(plan, tmp_path / "A", {"x": x * 3}, tables=tables))
     refused("never overwrites", lambda: inf.keygen(plan, tmp_path / "A"))
     # the commands: one line, exit 2, nothing written
     (tmp_path / "p.json").write_text(json.dumps(plan))
