@@ -94,9 +94,11 @@ def test_resnet20_folds_batchnorm_and_matches(tmp_path: Path) -> None:
 
 
 def test_relu_mlp_predicts_the_float_class(tmp_path: Path) -> None:
+    """The direct fit (--relu direct; auto's choice is tested in tests/test_composite_relu.py)."""
     model = M.mlp("Relu", seed=3)
     rng = np.random.default_rng(5)
-    res = _import(tmp_path, model, {"input": rng.normal(size=(64, 64)).astype(np.float32)})
+    res = _import(tmp_path, model, {"input": rng.normal(size=(64, 64)).astype(np.float32)},
+                  ImportOptions(relu="direct"))
     assert [r.function for r in res.approximations] == ["relu", "relu"]
     ev = ReferenceEvaluator(model)
     same = 0
