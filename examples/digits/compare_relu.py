@@ -31,10 +31,13 @@ from planner.pipeline import plan_graph
 from planner.reference import reference
 
 MODES: dict[str, ImportOptions] = {
-    "direct-15": ImportOptions(relu="direct"),
+    "direct-15": ImportOptions(relu="direct"),  # the importer's fit before --relu
     "direct-63": ImportOptions(relu="direct", degree=63),
-    "auto": ImportOptions(relu="auto"),
-    "composite": ImportOptions(relu="composite"),
+    "auto": ImportOptions(relu="auto"),  # the default: target B / 64
+    "composite": ImportOptions(relu="composite"),  # the shallowest composite for B / 64
+    "auto-0.01": ImportOptions(relu="auto", max_error=0.01),
+    "composite-0.01": ImportOptions(relu="composite", max_error=0.01),
+    "auto-0.001": ImportOptions(relu="auto", max_error=0.001),
 }
 
 
