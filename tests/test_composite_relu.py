@@ -148,3 +148,60 @@ def test_cli_relu_option(tmp_path: Path, cli) -> None:  # type: ignore[no-untype
     code, _, err = cli("import", path, "-o", tmp_path / "g2.json", "--weights-out", tmp_path / "w2.npz",
                        "--relu", "exact")
     assert code == 2 and "--relu must be one of" in err and not (tmp_path / "g2.json").exists()
+
+
+def _pool_model(op: str, shape: list[int], **attrs: object) -> onnx.ModelProto:
+    b = M.Builder(dtype=np.float64)
+    c = b.op("Conv", ["x", b.rand("w", [3, shape[1], 3, 3]), b.rand("bias", [3])], pads=[1, 1, 1, 1],
+             kernel_shape=[3, 3])
+    b.op(op, [c], out="y", **attrs)
+    return b.model({"x": shape}, {"y": None})
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ("GlobalMaxPool", {}),
+])
+@pytest.mark.parametrize("relu", ["composite", "direct"])
+def test_maxpool_against_float(tmp_path: Path, op: str, attrs: dict[str, object], relu: str) -> None:
+    """max(a, b) = b + relu(a - b) over each window: the graph's reference against onnx within
+    the reductions' summed ReLU errors (each level adds one), every poly inside its domain."""
+    model = _pool_model(op, [1, 2, 6, 6], **attrs)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    rng = np.random.default_rng(4)
+    calib = {"x": rng.normal(size=(16, 2, 6, 6))}
+    opts = ImportOptions(relu=relu, max_error=1e-2) if relu == "composite" else ImportOptions(relu="direct")
+    res = import_model(path, opts, calib)
+    assert res.approximations and all(r.function.startswith("max") for r in res.approximations)
+    k = 36 if op == "GlobalMaxPool" else int(np.prod(attrs["kernel_shape"]))  # type: ignore[arg-type]
+    assert len(res.approximations) == k - 1  # a pairwise reduction: k - 1 maxima
+    levels = math.ceil(math.log2(k))
+    bound = levels * max(r.max_error for r in res.approximations)
+    ev = ReferenceEvaluator(model)
+    for i in range(4):
+        x = calib["x"][i]
+        want = ev.run(None, {"x": x[None]})[0].reshape(-1)
+        got = reference(res.graph, {**res.weights, "x": x})
+        assert np.max(np.abs(got["y"].reshape(-1) - want)) <= bound + 1e-9
+        for n in res.graph.nodes:
+            if n.op == "poly" and n.domain is not None:
+                v = got[n.inputs[0]]
+                assert n.domain[0] <= v.min() and v.max() <= n.domain[1], n.id
+    if relu == "composite":
+        assert res.end_to_end_error is not None and res.end_to_end_error <= bound + 1e-9
+
+
+def test_maxpool_simulated(tmp_path: Path) -> None:
+    """A 2x2 MaxPool (direct ReLU fits) planned at n15 and simulated: equals the reference."""
+    model = _pool_model("MaxPool", [1, 1, 4, 4], kernel_shape=[2, 2], strides=[2, 2])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    calib = {"x": np.random.default_rng(5).normal(size=(8, 1, 4, 4))}
+    res = import_model(path, ImportOptions(relu="direct"), calib)
+    plan = plan_graph(res.graph, preset("n15"))
+    x = calib["x"][0]
+    got = simulate(plan.plan, plan.tables, {**res.weights, "x": x}).outputs["y"]
+    ref = reference(res.graph, {**res.weights, "x": x})["y"]
+    np.testing.assert_allclose(got.reshape(-1), ref.reshape(-1), rtol=1e-9, atol=1e-9)

@@ -396,9 +396,9 @@ def _refused(tmp_path: Path, model: onnx.ModelProto | bytes, *needles: str,
     return text
 
 
-def test_maxpool_refused_with_hint(tmp_path: Path) -> None:
-    _refused(tmp_path, _single("MaxPool", [1, 1, 4, 4], {"kernel_shape": [2, 2]}), "onnx node '/MaxPool_1'",
-             "(MaxPool)", "unsupported op MaxPool", "hint: use AveragePool")
+def test_padded_maxpool_refused_with_hint(tmp_path: Path) -> None:
+    _refused(tmp_path, _single("MaxPool", [1, 1, 4, 4], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}),
+             "onnx node '/MaxPool_1'", "(MaxPool)", "padding [1, 1, 1, 1] is not supported", "hint: use pads 0")
 
 
 def test_unknown_op_refused_listing_supported(tmp_path: Path) -> None:

@@ -402,18 +402,30 @@ def choose(domain: tuple[float, float], samples: Array | None, mode: str, target
 
 
 def emit(im: Any, function: str, slope: float) -> Any:
-    """The importer's hook for Relu / LeakyRelu under ``--relu auto|composite``: choose on the
-    measured range widened by the margin (else the default domain), emit the nodes (a direct
-    Chebyshev ``poly``, or the sign's ``poly`` chain ``.sgn1`` ... and a ``mul``), and record
-    the choice as a row of the calibration table. ``im`` is the
+    """The importer's hook for Relu / LeakyRelu under ``--relu auto|composite``, on the ONNX
+    node's input (see :func:`emit_relu`). ``im`` is the
     :class:`planner.importers.onnx_import.Importer`."""
-    from planner.importers.onnx_import import ApproxRow, Dyn
-    from planner.importers.onnx_model import node_label
+    from planner.importers.onnx_import import Dyn
 
     x = im.dyn_inputs()[0]
     if not isinstance(x, Dyn):
         raise im.fail("input 0 must be computed from the model's input")
-    xs = im.measured(im.node.input[0])
+    return emit_relu(im, x, im.measured(im.node.input[0]), function, slope, im.out_name())
+
+
+def emit_relu(im: Any, x: Any, xs: Array | None, function: str, slope: float, base: str) -> Any:
+    """``x -> x if x >= 0 else slope x`` on the graph tensor of ``x`` (a ``Dyn``) whose values
+    on the calibration samples are ``xs``: the plain fit under ``--relu direct`` (or ``auto``
+    with ``--degree``); else chosen by :func:`choose` on the measured range widened by the
+    margin (the default domain uncalibrated) and emitted: a direct Chebyshev ``poly``, or the
+    sign's ``poly`` chain ``BASE.sgn1`` ... and a ``mul``. The choice is a row of the
+    calibration table."""
+    from planner.importers.onnx_import import ApproxRow
+    from planner.importers.onnx_model import node_label
+
+    if im.opts.relu == "direct" or (im.opts.relu == "auto" and im.opts.degree is not None):
+        y, _ = im.approximate(x, function, lambda v: np.where(v >= 0, v, slope * v), xs, im.opts.domain, base)
+        return y
     measured = None
     if xs is not None and xs.size:
         measured = (float(np.min(xs)), float(np.max(xs)))
@@ -424,7 +436,6 @@ def emit(im: Any, function: str, slope: float) -> Any:
         c = choose(domain, xs, im.opts.relu, im.opts.max_error, im.opts.degree, slope)
     except ValueError as exc:
         raise im.fail(str(exc)) from None
-    base = im.out_name()
     if c.ladder is None:
         y = im.emit("poly", [x.name], base, x.shape, coeffs=list(c.coeffs), basis="chebyshev",
                     domain=[float(domain[0]), float(domain[1])])
@@ -439,3 +450,92 @@ def emit(im: Any, function: str, slope: float) -> Any:
     im.rows.append(ApproxRow(y.name, node_label(im.node), label, measured, domain, c.degree, c.depth,
                              c.max_error, False))
     return y
+
+
+def _pool_shape(im: Any, x: Any) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+    """(kernel, strides, Ho, Wo) of a MaxPool / GlobalMaxPool on ``x`` [1, C, H, W]."""
+    node = im.node
+    h, w = int(x.shape[2]), int(x.shape[3])
+    if node.op_type == "GlobalMaxPool":
+        return (h, w), (1, 1), 1, 1
+    from planner.importers.onnx_model import attr
+
+    k = tuple(int(v) for v in attr(node, "kernel_shape"))
+    s = tuple(int(v) for v in attr(node, "strides", [1, 1]))
+    pads = [int(v) for v in attr(node, "pads", [0, 0, 0, 0])]
+    if any(pads) or attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise im.fail(f"padding {pads} is not supported (max pooling pads with -infinity)", hint="use pads 0")
+    if any(int(d) != 1 for d in attr(node, "dilations", [1, 1])):
+        raise im.fail("dilations other than 1 are not supported", hint="use dilations 1")
+    if len(k) != 2 or len(s) != 2 or min(*k, *s) < 1:
+        raise im.fail(f"kernel_shape {list(k)} / strides {list(s)}: only 2-D pooling is supported")
+    ho, wo = (h - k[0]) // s[0] + 1, (w - k[1]) // s[1] + 1
+    if int(attr(node, "ceil_mode", 0)) and ((h - k[0]) % s[0] or (w - k[1]) % s[1]):
+        raise im.fail("ceil_mode 1 with a partial last window is not supported", hint="use ceil_mode 0")
+    if ho < 1 or wo < 1:
+        raise im.fail(f"kernel {list(k)} is larger than the input {h}x{w}")
+    return (k[0], k[1]), (s[0], s[1]), ho, wo
+
+
+def emit_maxpool(im: Any) -> Any:
+    """MaxPool / GlobalMaxPool on [1, C, H, W] without padding: the window's elements reduced
+    pairwise by ``max(a, b) = b + relu(a - b)``. A pair of window elements is two depthwise
+    ``conv2d`` nodes (kernels ``e_a - e_b`` and ``e_b``, the pooling's stride), later pairs a
+    ``sub`` and an ``add``; each ReLU is chosen as for Relu (``--relu``), on the range of
+    ``a - b`` measured on the samples. Depth: 1 + ceil(log2(k1 k2)) ReLUs."""
+    from planner.importers.onnx_import import Dyn
+
+    x = im.dyn_inputs()[0]
+    if not isinstance(x, Dyn) or len(x.shape) != 4 or x.shape[0] != 1:
+        raise im.fail(f"{im.node.op_type} expects an encrypted [1, C, H, W] input")
+    if len(im.node.output) > 1 and im.node.output[1]:
+        raise im.fail("the Indices output is not supported")
+    (k1, k2), (s1, s2), ho, wo = _pool_shape(im, x)
+    c = int(x.shape[1])
+    base = im.out_name()
+    oshape = (1, c, ho, wo)
+    xs = im.measured(im.node.input[0])
+
+    def window(di: int, dj: int) -> Array | None:
+        if xs is None:
+            return None
+        return np.asarray(xs[..., di:di + s1 * (ho - 1) + 1:s1, dj:dj + s2 * (wo - 1) + 1:s2])
+
+    def conv(kernel: Array, name: str) -> Any:
+        wn = im.weight(f"{base}.{name}", np.broadcast_to(kernel, (c, 1, k1, k2)))
+        return im.emit("conv2d", [x.name, wn], f"{base}.{name}", oshape, stride=[s1, s2], padding=[0, 0],
+                       groups=c)
+
+    def onehot(i: int) -> Array:
+        e = np.zeros((k1, k2))
+        e[divmod(i, k2)] = 1.0
+        return e
+
+    # items: (window index or None, graph value or None, sample values)
+    items: list[tuple[int | None, Any, Array | None]] = [(i, None, window(*divmod(i, k2))) for i in range(k1 * k2)]
+    if len(items) == 1:
+        return conv(onehot(0), "pick")
+    step = 0
+    while len(items) > 1:
+        nxt: list[tuple[int | None, Any, Array | None]] = []
+        for j in range(0, len(items) - 1, 2):
+            (ia, va, xa), (ib, vb, xb) = items[j], items[j + 1]
+            step += 1
+            if ia is not None and ib is not None:
+                diff = conv(onehot(ia) - onehot(ib), f"d{step}")
+                vb = conv(onehot(ib), f"b{step}")
+            else:
+                if va is None:
+                    va = conv(onehot(ia), f"a{step}")  # type: ignore[arg-type]
+                if vb is None:
+                    vb = conv(onehot(ib), f"b{step}")  # type: ignore[arg-type]
+                diff = im.emit("sub", [va.name, vb.name], f"{base}.d{step}", oshape)
+            xd = None if xa is None or xb is None else xa - xb
+            r = emit_relu(im, diff, xd, "max (b + relu(a - b))", 0.0, f"{base}.r{step}")
+            last = len(items) == 2
+            m = im.emit("add", [vb.name, r.name], base if last else f"{base}.m{step}", oshape)
+            nxt.append((None, m, None if xa is None or xb is None else np.maximum(xa, xb)))
+        if len(items) % 2:
+            nxt.append(items[-1])
+        items = nxt
+    return items[0][1]

@@ -56,12 +56,10 @@ VAR_LO, VAR_HI = 1e-2, 16.0
 SUPPORTED = (
     "Gemm, MatMul, Conv, BatchNormalization, Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Erf (GELU pattern), SiLU "
     "(x*Sigmoid(x)), Exp, Sqrt, Reciprocal, Softmax, LayerNormalization, Add, Sub, Mul, Div, Neg, Pow (2, 3), "
-    "AveragePool, GlobalAveragePool, ReduceMean, ReduceSum, Flatten, Reshape, Transpose, Squeeze, Unsqueeze, "
+    "AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool, ReduceMean, ReduceSum, Flatten, Reshape, Transpose, Squeeze, Unsqueeze, "
     "Identity, Dropout, Cast, Slice, Concat, Split, and constant subgraphs (Shape, Gather, Constant, ...)"
 )
 HINTS = {
-    "MaxPool": "use AveragePool (a max is not a polynomial)",
-    "GlobalMaxPool": "use GlobalAveragePool (a max is not a polynomial)",
     "ReduceMax": "use ReduceMean or a polynomial activation",
     "ArgMax": "take the arg max of the decrypted output on the client",
     "Resize": "use a transposed convolution or reshape",
@@ -705,6 +703,12 @@ def _relu(im: Importer) -> list[Value]:
 def _leaky(im: Importer) -> list[Value]:
     alpha = float(attr(im.node, "alpha", 0.01))
     return _relu_like(im, f"leaky_relu({alpha:g})", alpha)
+
+
+@handles("MaxPool", "GlobalMaxPool")
+def _maxpool(im: Importer) -> list[Value]:
+    """max(a, b) = b + relu(a - b) over each window (planner.importers.composite)."""
+    return [composite.emit_maxpool(im)]
 
 
 @handles("Sigmoid")
