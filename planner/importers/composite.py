@@ -349,34 +349,48 @@ class ReluApprox:
 
 
 def _check_points(domain: tuple[float, float], samples: Array | None) -> Array:
+    """CHECK_POINTS points of the domain and the samples' distinct values (at most
+    CHECK_POINTS of them, evenly spaced in sorted order, the extremes included)."""
     pts = np.linspace(domain[0], domain[1], CHECK_POINTS)
     if samples is not None and samples.size:
-        pts = np.concatenate([pts, np.ravel(samples)])
+        u = np.unique(np.ravel(samples))
+        if len(u) > CHECK_POINTS:
+            u = u[np.linspace(0, len(u) - 1, CHECK_POINTS).round().astype(int)]
+        pts = np.concatenate([pts, u])
     return pts
 
 
-def candidates(domain: tuple[float, float], samples: Array | None, slope: float = 0.0,
-               degrees: Sequence[int] | None = None) -> list[ReluApprox]:
-    """Every candidate: the direct fits of ``degrees`` (default: approx.DEGREES) and the
-    composite of every stored ladder, each with its measured error."""
+def _unmeasured(domain: tuple[float, float], slope: float, degrees: Sequence[int]) -> list[ReluApprox]:
+    """The candidates without their errors, shallowest first (the direct fit first on a tie)."""
     from planner.importers import approx
-
-    pts = _check_points(domain, samples)
-    exact = np.where(pts >= 0, pts, slope * pts)
 
     def relu(v: Array) -> Array:
         return np.where(v >= 0, v, slope * v)
 
-    out: list[ReluApprox] = []
-    for d in degrees if degrees is not None else approx.DEGREES:
+    out = []
+    for d in degrees:
         f = approx.fit(relu, domain, degree=d, samples=None)
-        c = ReluApprox(domain, slope, f.depth, 0.0, f.coeffs, d)
-        out.append(ReluApprox(domain, slope, f.depth, float(np.max(np.abs(c(pts) - exact))), f.coeffs, d))
+        out.append(ReluApprox(domain, slope, f.depth, math.nan, f.coeffs, d))
     for lad in ladders():
-        c = ReluApprox(domain, slope, lad.depth + 1, 0.0, ladder=lad, degree=math.prod(lad.degrees))
-        err = float(np.max(np.abs(c(pts) - exact)))
-        out.append(ReluApprox(domain, slope, lad.depth + 1, err, ladder=lad, degree=c.degree))
-    return out
+        out.append(ReluApprox(domain, slope, lad.depth + 1, math.nan, ladder=lad, degree=math.prod(lad.degrees)))
+    return sorted(out, key=lambda c: (c.depth, c.ladder is not None, c.degree))
+
+
+def _measured(c: ReluApprox, pts: Array, exact: Array) -> ReluApprox:
+    err = float(np.max(np.abs(c(pts) - exact)))
+    return ReluApprox(c.domain, c.slope, c.depth, err, c.coeffs, c.degree, c.ladder)
+
+
+def candidates(domain: tuple[float, float], samples: Array | None, slope: float = 0.0,
+               degrees: Sequence[int] | None = None) -> list[ReluApprox]:
+    """Every candidate, shallowest first: the direct fits of ``degrees`` (default:
+    approx.DEGREES) and the composite of every stored ladder, each with its error measured on
+    CHECK_POINTS points of the domain and the samples."""
+    from planner.importers import approx
+
+    pts = _check_points(domain, samples)
+    exact = np.where(pts >= 0, pts, slope * pts)
+    return [_measured(c, pts, exact) for c in _unmeasured(domain, slope, degrees or approx.DEGREES)]
 
 
 def choose(domain: tuple[float, float], samples: Array | None, mode: str, target: float | None,
@@ -387,18 +401,25 @@ def choose(domain: tuple[float, float], samples: Array | None, mode: str, target
     accurate composite. ``auto``: the shallowest of all candidates meeting the target, the
     direct fit on ties; when none does, the most accurate. The target is ``target``
     (--max-error) or ``DEFAULT_RELU_TARGET * B``; with ``degree`` given the direct candidate is
-    that degree alone. (``direct`` is the importer's plain Chebyshev fit, not chosen here.)"""
+    that degree alone. (``direct`` is the importer's plain Chebyshev fit, not chosen here.)
+    Candidates are measured shallowest first and the first to meet the target is taken."""
+    from planner.importers import approx
+
     if mode not in ("auto", "composite"):
         raise ValueError(f"choose() takes --relu auto or composite, got {mode!r}")
     bound = max(abs(domain[0]), abs(domain[1]))
     goal = target if target is not None else DEFAULT_RELU_TARGET * bound
-    cands = candidates(domain, samples, slope, None if degree is None else [degree])
-    if mode == "composite":
-        cands = [c for c in cands if c.ladder is not None]
-    met = [c for c in cands if c.max_error <= goal]
-    if met:
-        return min(met, key=lambda c: (c.depth, c.ladder is not None, c.degree))
-    return min(cands, key=lambda c: (c.max_error, c.depth))
+    pts = _check_points(domain, samples)
+    exact = np.where(pts >= 0, pts, slope * pts)
+    seen: list[ReluApprox] = []
+    for c in _unmeasured(domain, slope, [degree] if degree is not None else approx.DEGREES):
+        if mode == "composite" and c.ladder is None:
+            continue
+        m = _measured(c, pts, exact)
+        if m.max_error <= goal:
+            return m
+        seen.append(m)
+    return min(seen, key=lambda c: (c.max_error, c.depth))
 
 
 def emit(im: Any, function: str, slope: float) -> Any:
