@@ -35,6 +35,7 @@ MODES: dict[str, ImportOptions] = {
     "direct-63": ImportOptions(relu="direct", degree=63),
     "auto": ImportOptions(relu="auto"),  # the default: target B / 64
     "composite": ImportOptions(relu="composite"),  # the shallowest composite for B / 64
+    "auto-0.1": ImportOptions(relu="auto", max_error=0.1),
     "auto-0.01": ImportOptions(relu="auto", max_error=0.01),
     "composite-0.01": ImportOptions(relu="composite", max_error=0.01),
     "auto-0.001": ImportOptions(relu="auto", max_error=0.001),
