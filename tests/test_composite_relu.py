@@ -205,3 +205,14 @@ def test_maxpool_simulated(tmp_path: Path) -> None:
     got = simulate(plan.plan, plan.tables, {**res.weights, "x": x}).outputs["y"]
     ref = reference(res.graph, {**res.weights, "x": x})["y"]
     np.testing.assert_allclose(got.reshape(-1), ref.reshape(-1), rtol=1e-9, atol=1e-9)
+
+
+def test_composite_depth_is_priced_in_bootstraps(tmp_path: Path) -> None:
+    """The composite's chain is planned as any poly/mul chain: deeper than a bootstrap's
+    levels, it costs bootstraps on n14boot where the direct fit needs none."""
+    path, calib = _relu_model(tmp_path)
+    deep = import_model(path, ImportOptions(relu="composite", max_error=1e-3), calib)
+    flat = import_model(path, ImportOptions(relu="direct"), calib)
+    assert sum(r.depth for r in deep.approximations) > 9  # more than n14boot's 9 levels
+    boots = [plan_graph(r.graph, preset("n14boot")).plan["summary"]["bootstraps"] for r in (deep, flat)]
+    assert boots[0] >= 1 and boots[1] == 0
