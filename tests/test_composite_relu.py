@@ -62,7 +62,7 @@ def test_remez_is_minimax() -> None:
         assert worst(c + rng.normal(scale=1e-3 * err, size=c.shape)) >= err * (1 - 1e-9)
 
 
-@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("slope", [0.0, 0.1, -1.0])
 def test_composite_relu_error_bound(slope: float) -> None:
     """|x (a + b s(x/B)) - relu(x)| <= (1 - slope) max(eps B, B d / 2) on random points."""
     rng = np.random.default_rng(2)

@@ -262,7 +262,7 @@ def test_polynomial_ops_are_exact(tmp_path: Path, name: str) -> None:
 ACTIVATIONS = [
     ("Relu", {}, "relu"), ("Sigmoid", {}, "sigmoid"), ("Tanh", {}, "tanh"), ("Gelu", {}, "gelu"),
     ("Gelu", {"approximate": "tanh"}, "gelu_tanh"), ("LeakyRelu", {"alpha": 0.1}, "leaky_relu(0.1)"),
-    ("Exp", {}, "exp"), ("Erf", {}, "erf"),
+    ("Exp", {}, "exp"), ("Erf", {}, "erf"), ("Abs", {}, "abs"),
 ]
 
 

@@ -14,7 +14,8 @@ polynomials ``s = p_k o ... o p_1 (x / B)``:
   the image of the previous stage, so the errors shrink stage after stage (roughly squaring
   once the values are near +-1) and ``|s(x) - sgn(x)| <= d_k`` for ``|x| >= eps B``.
 
-Then ``ReLU(x) = x (1 + s) / 2``, ``|x| = x s`` and ``max(a, b) = (a + b) / 2 + |a - b| / 2``:
+Then ``ReLU(x) = x (1 + s) / 2``, ``|x| = x s`` and ``max(a, b) = (a + b) / 2 + |a - b| / 2
+= b + ReLU(a - b)`` (the form MaxPool uses):
 the error is at most ``B d_k / 2`` where ``|x| >= eps B`` and at most ``|x| <= eps B`` inside.
 Each stage is a ``poly`` node in the Chebyshev basis on the symmetric domain that holds its
 argument, the last one carrying the affine ``(1 + p_k) / 2`` (no extra level), then one

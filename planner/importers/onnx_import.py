@@ -54,7 +54,7 @@ DEFAULT_NEWTON = 1
 VAR_LO, VAR_HI = 1e-2, 16.0
 
 SUPPORTED = (
-    "Gemm, MatMul, Conv, BatchNormalization, Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Erf (GELU pattern), SiLU "
+    "Gemm, MatMul, Conv, BatchNormalization, Relu, LeakyRelu, Abs, Sigmoid, Tanh, Gelu, Erf (GELU pattern), SiLU "
     "(x*Sigmoid(x)), Exp, Sqrt, Reciprocal, Softmax, LayerNormalization, Add, Sub, Mul, Div, Neg, Pow (2, 3), "
     "AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool, ReduceMean, ReduceSum, Flatten, Reshape, Transpose, Squeeze, Unsqueeze, "
     "Identity, Dropout, Cast, Slice, Concat, Split, and constant subgraphs (Shape, Gather, Constant, ...)"
@@ -65,7 +65,6 @@ HINTS = {
     "Resize": "use a transposed convolution or reshape",
     "Upsample": "use a transposed convolution or reshape",
     "ConvTranspose": "use Conv",
-    "Abs": "use x*x or a polynomial activation",
     "Pad": "use the pads attribute of Conv / AveragePool",
     "Gather": "use Slice (a constant index on an encrypted value)",
     "Expand": "let Add/Mul broadcast instead",
@@ -703,6 +702,12 @@ def _relu(im: Importer) -> list[Value]:
 def _leaky(im: Importer) -> list[Value]:
     alpha = float(attr(im.node, "alpha", 0.01))
     return _relu_like(im, f"leaky_relu({alpha:g})", alpha)
+
+
+@handles("Abs")
+def _abs(im: Importer) -> list[Value]:
+    """|x| = x sgn(x): a leaky ReLU of slope -1."""
+    return _relu_like(im, "abs", -1.0)
 
 
 @handles("MaxPool", "GlobalMaxPool")
