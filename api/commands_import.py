@@ -82,8 +82,6 @@ def report_lines(res: Any, console: Console) -> None:
     if res.approximations:
         t = Table(title="approximated activations")
         where = " (samples)" if res.calibrated else " (domain)"
-        if res.calibrated and any(not r.on_samples for r in res.approximations):
-            where = " (samples) [relu: domain]"
         for col in ("activation", "onnx node", "measured range", "domain", "degree", "newton", "depth",
                     "max error" + where):
             t.add_column(col)
@@ -93,6 +91,9 @@ def report_lines(res: Any, console: Console) -> None:
                       f"[{r.domain[0]:.4g}, {r.domain[1]:.4g}]", str(r.degree), str(r.newton), str(r.depth),
                       f"{r.max_error:.3e}")
         console.print(t)
+        if res.calibrated and any(not r.on_samples for r in res.approximations):
+            console.print("relu, leaky_relu, abs and max rows chosen by --relu: max error on the widened domain "
+                          "and the samples")
     else:
         console.print("no approximated activations (the model is polynomial)")
     for note in res.notes[:5]:
