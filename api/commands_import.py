@@ -32,7 +32,7 @@ def is_onnx(path: Path) -> bool:
 
 
 def _options(degree: int | None, max_error: float | None, margin: float, newton: int,
-             cut: list[str] | None = None, allow_error: bool = False) -> Any:
+             cut: list[str] | None = None, allow_error: bool = False, relu: str = "auto") -> Any:
     from planner.importers.onnx_import import ImportOptions
 
     if degree is not None and max_error is not None:
@@ -42,7 +42,7 @@ def _options(degree: int | None, max_error: float | None, margin: float, newton:
     if not 0 <= newton <= 4:
         raise SlotplanError(f"--newton must be in 0..4, got {newton}")
     return ImportOptions(degree=degree, max_error=max_error, margin=margin, newton=newton,
-                         outputs=tuple(dict.fromkeys(cut or ())), allow_error=allow_error)
+                         outputs=tuple(dict.fromkeys(cut or ())), allow_error=allow_error, relu=relu)
 
 
 def stderr_lines(res: Any, margin: float, console: Console) -> None:
@@ -96,8 +96,9 @@ def report_lines(res: Any, console: Console) -> None:
         )
     if res.approximations:
         t = Table(title="approximated activations")
+        where = " (samples)" if res.calibrated else " (domain)"
         for col in ("activation", "onnx node", "measured range", "domain", "degree", "newton", "depth",
-                    "max error" + (" (samples)" if res.calibrated else " (domain)")):
+                    "max error" + where):
             t.add_column(col)
         for r in res.approximations:
             measured = f"[{r.measured[0]:.4g}, {r.measured[1]:.4g}]" if r.measured else "-"
@@ -105,6 +106,9 @@ def report_lines(res: Any, console: Console) -> None:
                       f"[{r.domain[0]:.4g}, {r.domain[1]:.4g}]", str(r.degree), str(r.newton), str(r.depth),
                       f"{r.max_error:.3e}")
         console.print(t)
+        if res.calibrated and any(not r.on_samples for r in res.approximations):
+            console.print("relu, leaky_relu, abs and max rows chosen by --relu: max error on the widened domain "
+                          "and the samples")
     else:
         console.print("no approximated activations (the model is polynomial)")
     for note in res.notes[:5]:
@@ -119,10 +123,11 @@ def report_lines(res: Any, console: Console) -> None:
 
 
 def _run_import(model: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
-                margin: float, newton: int, cut: list[str] | None = None, allow_error: bool = False) -> Any:
+                margin: float, newton: int, cut: list[str] | None = None, allow_error: bool = False,
+                relu: str = "auto") -> Any:
     from planner.importers.onnx_import import import_model
 
-    opts = _options(degree, max_error, margin, newton, cut, allow_error)
+    opts = _options(degree, max_error, margin, newton, cut, allow_error, relu)
     return import_model(model, opts, calibrate)
 
 
@@ -154,10 +159,11 @@ def import_(
     cut: Annotated[list[str] | None, typer.Option("--output", help="cut the model at this value (e.g. the logits before ArgMax/Softmax); repeat for several outputs. Without it a classifier head (ArgMax, ZipMap, ai.onnx.ml ops) is stripped")] = None,
     allow_error: Annotated[bool, typer.Option("--allow-error", help="write the files with a warning when an approximation misses its error target (--max-error, else 10 percent of the function's largest value) instead of refusing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the import report as JSON")] = False,
+    relu: Annotated[str, typer.Option("--relu", help="Relu/LeakyRelu: auto (the shallowest of the direct fit and the composite sign polynomial that meets the error target), direct, composite")] = "auto",
 ) -> None:
     """Import an ONNX model: graph + weights, activations as Chebyshev polynomials."""
     try:
-        res = _run_import(model, calibrate, degree, max_error, margin, newton, cut, allow_error)
+        res = _run_import(model, calibrate, degree, max_error, margin, newton, cut, allow_error, relu)
         _atomic_write(output, (json.dumps(res.graph_json, indent=1) + "\n").encode())
         write_weights(weights_out, res.weights)
     except SlotplanError as e:
