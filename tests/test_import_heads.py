@@ -127,7 +127,7 @@ def test_probability_output_warned(tmp_path: Path, cli: Cli, digits_mlp: dict[st
 def test_missed_max_error_refused_naming_the_node(tmp_path: Path, cli: Cli, digits_mlp: dict[str, Any]) -> None:
     g, w = tmp_path / "g.json", tmp_path / "w.npz"
     args = ("import", digits_mlp["plain"], "-o", g, "--weights-out", w, "--calibrate", digits_mlp["cal"],
-            "--max-error", "0.001")
+            "--max-error", "0.001", "--relu", "direct")
     code, out, err = cli(*args)
     assert code == 2
     (line,) = [ln for ln in err.splitlines() if ln]
@@ -139,6 +139,11 @@ def test_missed_max_error_refused_naming_the_node(tmp_path: Path, cli: Cli, digi
     (warning,) = _lines(err, "warning:")
     assert warning.startswith("warning: onnx node 'Relu': the relu polynomial") and "--allow-error" in warning
     assert g.exists() and w.exists()
+    # --relu auto (the default) meets the same target with the composite sign polynomial
+    code, out, err = cli(*args[:-2], "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)["approximations"]
+    assert "composite" in row["function"] and row["max_error"] <= 0.001 and json.loads(out)["warnings"] == []
     # a target the fit meets: the smallest degree that meets it
     code, out, err = cli("import", digits_mlp["plain"], "-o", g, "--weights-out", w, "--calibrate",
                          digits_mlp["cal"], "--max-error", "0.05", "--json")

@@ -336,10 +336,14 @@ def test_max_error_chooses_degrees(tmp_path: Path) -> None:
     b.op("Relu", [b.op("Tanh", ["x"])], out="y")
     model = b.model({"x": [1, 50]}, {"y": None})
     calib = {"x": np.random.default_rng(0).normal(size=(20, 50))}
-    # the ReLU's kink misses 1e-4 even at degree 127: refused naming its node (SPEC section 9)
+    # the direct fit of the ReLU's kink misses 1e-4 even at degree 127: refused naming its
+    # node (SPEC section 9); --relu auto meets it with a composite sign polynomial
     with pytest.raises(ModelError, match=r"onnx node '/Relu_2'.*at degree 127, over --max-error 0.0001"):
-        _import(tmp_path, model, calib, ImportOptions(max_error=1e-4))
-    res = _import(tmp_path, model, calib, ImportOptions(max_error=1e-4, allow_error=True))
+        _import(tmp_path, model, calib, ImportOptions(max_error=1e-4, relu="direct"))
+    auto = _import(tmp_path, model, calib, ImportOptions(max_error=1e-4))
+    assert "composite" in auto.approximations[1].function and auto.approximations[1].max_error <= 1e-4
+    assert auto.warnings == []
+    res = _import(tmp_path, model, calib, ImportOptions(max_error=1e-4, allow_error=True, relu="direct"))
     tanh, relu = res.approximations
     assert tanh.max_error <= 1e-4 and tanh.degree in approx.DEGREES
     smaller = approx.DEGREES[approx.DEGREES.index(tanh.degree) - 1]

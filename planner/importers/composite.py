@@ -469,8 +469,11 @@ def emit_relu(im: Any, x: Any, xs: Array | None, function: str, slope: float, ba
                         domain=[dom[0], dom[1]])
         y = im.emit("mul", [x.name, v.name], base, x.shape)
         label = f"{function} (composite {'-'.join(map(str, c.ladder.degrees))}, eps 2^-{c.ladder.alpha})"
+    # the largest |value| of the function on the domain (its end points: the function is
+    # piecewise linear through 0), for the import's useless-fit rule
+    scale = max(abs(float(e)) if e >= 0 else abs(slope * float(e)) for e in domain)
     im.rows.append(ApproxRow(y.name, node_label(im.node), label, measured, domain, c.degree, c.depth,
-                             c.max_error, False))
+                             c.max_error, False, scale=scale))
     return y
 
 
