@@ -11,7 +11,7 @@ install: $(STAMP) lattigo
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,all]'
 	touch $(STAMP)
 
 # Builds the Lattigo extension with gopy into .venv (skips when up to date).
