@@ -276,30 +276,6 @@ func pack(v []float64) string {
 	return base64.StdEncoding.EncodeToString(buf)
 }
 
-type runIO struct {
-	c       *client
-	p       *plan
-	inputs  [][]float64
-	outputs []outputRecord
-	outIdx  []int // program index of each output instruction
-}
-
-func (r *runIO) input(n int) (*rlwe.Ciphertext, error) {
-	return r.c.encrypt(r.inputs[n])
-}
-
-func (r *runIO) output(n int, ct *rlwe.Ciphertext) error {
-	v, err := r.c.decrypt(ct)
-	if err != nil {
-		return err
-	}
-	in := r.p.Program[r.outIdx[n]]
-	r.outputs = append(r.outputs, outputRecord{
-		Tensor: in.Tensor, Table: in.Table, Level: ct.Level(), Log2Scale: ct.Scale.Log2(), Data: pack(v),
-	})
-	return nil
-}
-
 func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) (string, error) {
 	t0 := time.Now()
 	var opt runOptions
@@ -312,10 +288,6 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", err
 	}
 	params := setup.params
-	withBlock := false
-	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
-		withBlock = true
-	}
 	gcPercent := defaultGCPercent // memmodel.go
 	if opt.GCPercent != nil {
 		gcPercent = *opt.GCPercent
@@ -324,13 +296,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if opt.MemoryLimitExtraBytes > 0 {
 		defer withMemoryLimit(goMappedBytes() + opt.MemoryLimitExtraBytes)()
 	}
-	io := &runIO{p: p}
-	for i, in := range p.Program {
-		if in.Op == "output" {
-			io.outIdx = append(io.outIdx, i)
-		}
-	}
-	if io.inputs, err = unpack("inputs", inputs, p.count("input"), slots); err != nil {
+	inVecs, err := unpack("inputs", inputs, p.count("input"), slots)
+	if err != nil {
 		return "", err
 	}
 	ptValues, ptFile, err := planPlaintexts(p, plaintexts, opt.PlaintextFile, slots)
@@ -372,28 +339,13 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	// Client: secret key and evaluation keys into the key directory.
 	t := time.Now()
 	c := newSetupClient(setup)
-	io.c = c
 	skSec := time.Since(t).Seconds()
-	offsets := p.rotationOffsets()
-	if withBlock {
-		offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
-	}
-	levels, err := p.keyLevels()
+	ks, err := planKeySet(p, setup, opt.KeyLevel != nil)
 	if err != nil {
 		return "", err
 	}
-	if opt.KeyLevel != nil {
-		levels = nil // an explicit key_level option overrides the plan's per-key levels
-	}
-	for k, l := range levels {
-		if l < 0 || l > params.MaxLevel() {
-			return "", fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, params.MaxLevel())
-		}
-	}
-	// Without a key schedule the boot block stays resident and its relinearisation key
-	// serves the plan's multiplications.
-	relin := p.needsRelin() && (p.hasKeySchedule() || !withBlock)
-	m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, keyLevel, levels, withBlock)
+	offsets := ks.offsets
+	m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, ks.relin, keyLevel, ks.levels, ks.withBlock)
 	if err != nil {
 		return "", err
 	}
@@ -407,6 +359,17 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		st.GaloisKeyBytes = m.Rotations[0].Bytes
 	}
 	st.RelinKeyBytes = m.RelinSize
+
+	// The client encrypts the inputs (at the top level, default scale); the evaluation side
+	// gets only the key directory and these ciphertexts (ctIO: no path to the client).
+	io := &ctIO{}
+	for _, v := range inVecs {
+		ct, err := c.encrypt(v)
+		if err != nil {
+			return "", err
+		}
+		io.inputs = append(io.inputs, ct)
+	}
 
 	// Evaluation side: only the key directory and ciphertexts.
 	t = time.Now()
@@ -428,9 +391,14 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err != nil {
 		return "", err
 	}
+	// The client decrypts the outputs.
+	outs, err := c.decryptOutputs(p, io.outputs)
+	if err != nil {
+		return "", err
+	}
 	st.PeakRSSBytes = peakRSS()
 	st.TotalSeconds = time.Since(t0).Seconds()
-	data, err := json.Marshal(runResult{Outputs: io.outputs, Stats: st})
+	data, err := json.Marshal(runResult{Outputs: outs, Stats: st})
 	if err != nil {
 		return "", fmt.Errorf("cannot encode the result: %w", err)
 	}

@@ -28,17 +28,28 @@ type manifestKey struct {
 	LevelQ        int    `json:"level_q"`
 	LevelP        int    `json:"level_p"`
 	Conjugation   bool   `json:"conjugation,omitempty"`
+	// Kind: "rotation", "conjugation" (complex packing) or "boot_galois" (a key of the
+	// bootstrapping block)
+	Kind string `json:"kind,omitempty"`
 }
 
 // keyManifest describes a key directory; Q and P identify the parameters the keys belong to.
+// A directory written by keygen (inference.go) also names its format, the key set and the
+// plan and parameters it was generated for (the evaluator refuses ciphertexts of another).
 type keyManifest struct {
-	LogN      int           `json:"log_n"`
-	Q         []uint64      `json:"q"`
-	P         []uint64      `json:"p"`
-	Relin     string        `json:"relin,omitempty"`
-	RelinSize int           `json:"relin_bytes,omitempty"`
-	Rotations []manifestKey `json:"rotations"`
-	Boot      *bootManifest `json:"boot,omitempty"`
+	Format       string        `json:"format,omitempty"`
+	Version      int           `json:"version,omitempty"`
+	KeySetID     string        `json:"key_set_id,omitempty"`
+	PlanDigest   string        `json:"plan_digest,omitempty"`
+	ParamsDigest string        `json:"params_digest,omitempty"`
+	LogN         int           `json:"log_n"`
+	Q            []uint64      `json:"q"`
+	P            []uint64      `json:"p"`
+	Relin        string        `json:"relin,omitempty"`
+	RelinSize    int           `json:"relin_bytes,omitempty"`
+	RelinLevel   *int          `json:"relin_level_q,omitempty"`
+	Rotations    []manifestKey `json:"rotations"`
+	Boot         *bootManifest `json:"boot,omitempty"`
 }
 
 // bootManifest describes the bootstrapping key block of a key directory: the keys of
@@ -90,6 +101,82 @@ func newSetupClient(s *evalSetup) *client {
 	c.enc = rlwe.NewEncryptor(params, c.sk)
 	c.dec = rlwe.NewDecryptor(params, c.sk)
 	return c
+}
+
+// clientWithSecret is the client of a plan's setup around a secret key read back from a
+// secret key file (encrypt and decrypt; keygen made it with newSetupClient). It cannot
+// generate bootstrapping keys (that needs the residual secret, used only by keygen).
+func clientWithSecret(s *evalSetup, sk *rlwe.SecretKey) *client {
+	c := &client{params: s.params, top: s.top, sk: sk, btp: s.btp, boot: s.boot}
+	c.ecd = newEncoder(s.params)
+	c.enc = rlwe.NewEncryptor(s.params, sk)
+	c.dec = rlwe.NewDecryptor(s.params, sk)
+	return c
+}
+
+// planKeys is what a plan needs generated: rotation offsets (for a bootstrapping plan those
+// its boot block does not hold, and those it loads), each key's level (nil: every key at
+// the key level), the relinearisation key, the bootstrapping block.
+type planKeys struct {
+	offsets   []int
+	levels    map[int]int
+	relin     bool
+	withBlock bool
+}
+
+// planKeySet derives a plan's key set; fixedLevel drops the plan's per-key levels (an
+// explicit key_level option of Run).
+func planKeySet(p *plan, setup *evalSetup, fixedLevel bool) (planKeys, error) {
+	var ks planKeys
+	if _, uses := p.usesBootBlock(); uses && setup.btp != nil {
+		ks.withBlock = true
+	}
+	ks.offsets = p.rotationOffsets()
+	if ks.withBlock {
+		ks.offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+	}
+	levels, err := p.keyLevels()
+	if err != nil {
+		return ks, err
+	}
+	if fixedLevel {
+		levels = nil // an explicit key_level option overrides the plan's per-key levels
+	}
+	for k, l := range levels {
+		if l < 0 || l > setup.params.MaxLevel() {
+			return ks, fmt.Errorf("keys: level %d of key %d outside 0..%d", l, k, setup.params.MaxLevel())
+		}
+	}
+	ks.levels = levels
+	// Without a key schedule the boot block stays resident and its relinearisation key
+	// serves the plan's multiplications.
+	ks.relin = p.needsRelin() && (p.hasKeySchedule() || !ks.withBlock)
+	return ks, nil
+}
+
+// decryptOutputs decrypts one evaluation's output ciphertexts (one per "output"
+// instruction, program order) into Run's output records.
+func (c *client) decryptOutputs(p *plan, cts []*rlwe.Ciphertext) ([]outputRecord, error) {
+	var outs []outputRecord
+	for _, in := range p.Program {
+		if in.Op != "output" {
+			continue
+		}
+		n := len(outs)
+		if n >= len(cts) {
+			return nil, fmt.Errorf("%d output ciphertexts, the plan has more output instructions", len(cts))
+		}
+		v, err := c.decrypt(cts[n])
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, outputRecord{Tensor: in.Tensor, Table: in.Table, Level: cts[n].Level(),
+			Log2Scale: cts[n].Scale.Log2(), Data: pack(v)})
+	}
+	if len(outs) != len(cts) {
+		return nil, fmt.Errorf("%d output ciphertexts for %d output instructions", len(cts), len(outs))
+	}
+	return outs, nil
 }
 
 // writeKeys generates one Galois key per rotation offset (at levels[k] when given, else at
@@ -150,9 +237,13 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 		if err = write(name, gk); err != nil {
 			return m, genSec, writeSec, err
 		}
+		kind := "rotation"
+		if k == conjOffset {
+			kind = "conjugation"
+		}
 		m.Rotations = append(m.Rotations, manifestKey{
 			K: k, GaloisElement: galEl, File: name, Bytes: gk.BinarySize(),
-			LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: k == conjOffset,
+			LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: k == conjOffset, Kind: kind,
 		})
 	}
 	if relin {
@@ -164,6 +255,8 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 			return m, genSec, writeSec, err
 		}
 		m.Relin, m.RelinSize = "relin.key", rlk.BinarySize()
+		rl := rlk.LevelQ()
+		m.RelinLevel = &rl
 	}
 	if boot {
 		var g float64
@@ -176,14 +269,19 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 			return m, genSec, writeSec, err
 		}
 	}
+	return m, genSec, writeSec, writeManifest(dir, m)
+}
+
+// writeManifest writes a key directory's manifest.json.
+func writeManifest(dir string, m keyManifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, manifestName), data, 0o644)
 	}
 	if err != nil {
-		return m, genSec, writeSec, fmt.Errorf("cannot write %s: %w", manifestName, err)
+		return fmt.Errorf("cannot write %s: %w", manifestName, err)
 	}
-	return m, genSec, writeSec, nil
+	return nil
 }
 
 // writeBootKeys generates the bootstrapping keys once (GenEvaluationKeys, from the
@@ -214,7 +312,7 @@ func (c *client) writeBootKeys(write func(string, io.WriterTo) error) (bm *bootM
 			return nil, genSec, err
 		}
 		bm.Galois = append(bm.Galois, manifestKey{K: info.byGalEl[g], GaloisElement: g, File: name,
-			Bytes: gk.BinarySize(), LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: g == conj})
+			Bytes: gk.BinarySize(), LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: g == conj, Kind: "boot_galois"})
 		bm.Bytes += int64(gk.BinarySize())
 	}
 	if len(evk.GaloisKeys) != len(info.galEls) {

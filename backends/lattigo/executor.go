@@ -64,7 +64,7 @@ type executor struct {
 	plan     *plan
 	ptValues map[string][]float64
 	ptFile   *plaintextFile // when set, plaintext vectors are read from it instead
-	io       clientIO
+	io       *ctIO          // input ciphertexts in, output ciphertexts out: nothing else
 
 	scheduled bool
 	regs      map[string]*rlwe.Ciphertext
@@ -105,14 +105,46 @@ type executorOptions struct {
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
-// clientIO is how the evaluation side reaches the client: it asks for the n-th input
-// ciphertext and hands over the n-th output ciphertext.
-type clientIO interface {
-	input(n int) (*rlwe.Ciphertext, error)
-	output(n int, ct *rlwe.Ciphertext) error
+// ctIO is all the evaluation side exchanges with the client: the input ciphertexts (one per
+// "input" instruction, program order) and the output ciphertexts it hands back (one per
+// "output" instruction). It is a concrete type holding ciphertexts only, so that nothing
+// the executor holds can reach the client or its secret key (inference.go; the
+// reflection test TestEvaluatorReachesNoSecret walks the types).
+type ctIO struct {
+	inputs  []*rlwe.Ciphertext
+	outputs []*rlwe.Ciphertext
 }
 
-func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io clientIO, st *stats, opts ...executorOptions) *executor {
+func (b *ctIO) input(n int) (*rlwe.Ciphertext, error) {
+	if n >= len(b.inputs) {
+		return nil, fmt.Errorf("no input ciphertext %d (%d given)", n, len(b.inputs))
+	}
+	return b.inputs[n], nil
+}
+
+func (b *ctIO) output(_ int, ct *rlwe.Ciphertext) error {
+	b.outputs = append(b.outputs, ct)
+	return nil
+}
+
+// reset prepares an executor for another evaluation of the same plan (the next sample of
+// an evaluate call): fresh registers, io and stats; the evaluator, the plaintext cache, the
+// fusion analysis and a resident bootstrapping block are kept.
+func (e *executor) reset(io *ctIO, st *stats) {
+	e.io, e.st = io, st
+	e.regs = map[string]*rlwe.Ciphertext{}
+	e.refs = map[*rlwe.Ciphertext]int{}
+	e.owned = map[*rlwe.Ciphertext]bool{}
+	e.babies = map[string]*babyCache{}
+	e.liveBytes, e.nInput, e.nOutput, e.cur = 0, 0, 0, 0
+	st.Workers = e.nWorkers
+	if e.btpEval != nil {
+		st.BootMatrixBytes = e.matBytes
+		st.BootKeyBytes = e.keys.block.bytes
+	}
+}
+
+func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string][]float64, io *ctIO, st *stats, opts ...executorOptions) *executor {
 	params := setup.params
 	var opt executorOptions
 	if len(opts) > 0 {
