@@ -16,18 +16,39 @@ the field and the rule).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from backends.inference import InferenceError
 from planner.errors import GraphError, ModelError, ParamsError, PlanFileError, SlotplanError, ValuesError
+from slotplan._inference import Ciphertext, Client, EvalKeys, Server
 from slotplan._plan import Plan, plan
 from slotplan._version import __version__
 
+
+def run(plan: Plan, inputs: Mapping[str, Any] | None = None, weights: Mapping[str, Any] | None = None, *,
+        backend: str = "sim", seed: int = 0) -> dict[str, np.ndarray]:
+    """Run a plan in one process (``sim``: the numpy slot simulator; ``lattigo``: encrypted)
+    and return its outputs, checked against the graph's numpy reference: :meth:`Plan.simulate`."""
+    return plan.simulate(inputs, weights, seed=seed, backend=backend)
+
+
 __all__ = [
+    "Ciphertext",
+    "Client",
+    "EvalKeys",
     "GraphError",
+    "InferenceError",
     "ModelError",
     "ParamsError",
     "Plan",
     "PlanFileError",
     "SlotplanError",
+    "Server",
     "ValuesError",
     "__version__",
     "plan",
+    "run",
 ]

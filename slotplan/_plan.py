@@ -53,14 +53,21 @@ class Plan:
         return plan_digest(self.document)
 
     @property
+    def graph(self) -> Any:
+        """The graph the plan was made for (:class:`planner.graph.Graph`, from the plan)."""
+        from planner.graph import parse_graph
+
+        return parse_graph(self.document["graph"]["spec"])
+
+    @property
     def inputs(self) -> list[str]:
         """Names of the graph's encrypted inputs."""
-        return [str(t) for t in self.document["graph"]["inputs"]]
+        return [str(t) for t in self.graph.inputs]
 
     @property
     def outputs(self) -> list[str]:
         """Names of the graph's outputs."""
-        return [str(t) for t in self.document["graph"]["outputs"]]
+        return [str(t) for t in self.graph.outputs]
 
     def to_json(self) -> str:
         """The plan file's text (deterministic)."""
