@@ -139,3 +139,24 @@ def test_version_names_slotplan_and_lattigo() -> None:
         assert "lattigo v6." in lines[1]
     else:
         assert "not built" in lines[1]
+
+
+def test_missing_optional_dependencies_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib ([viz]) and ray ([ray]) missing: one SlotplanError line naming the extra; the
+    plan page renders with a note instead of its pictures."""
+    import slotplan
+    from api import plan_page, show
+    from api.commands_ops import run_batch_items_ray
+    from planner.pipeline import PlanOptions
+
+    plan = slotplan.plan(SMALL_GRAPH, params="n12")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(slotplan.SlotplanError, match=r"needs matplotlib, an optional dependency: pip install 'slotplan\[viz\]'"):
+        show.render_png(plan.document, "/tmp/never-written.png")
+    assert not Path("/tmp/never-written.png").exists()
+    page = plan_page.render_page("0" * 64, plan.document)
+    assert "charts not available: the server needs matplotlib" in page and "<img" not in page
+    with pytest.raises(slotplan.SlotplanError, match=r"--engine ray needs ray, an optional dependency: pip install 'slotplan\[ray\]'"):
+        next(iter(run_batch_items_ray([], plan.document["params"], PlanOptions(), 1)))

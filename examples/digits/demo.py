@@ -152,6 +152,7 @@ def run_demo(out: Path, model: str = "mlp", params: str | None = None, images: i
     from planner.reference import reference
 
     params = params or DEFAULT_PARAMS[model]
+    out = out.resolve()  # the server process runs in out/server
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     numbers: dict[str, Any] = {"model": model, "params": params, "images": images}
