@@ -273,7 +273,7 @@ def check_input_ranges_local(graph: Any, plan: Mapping[str, Any], inputs: Mappin
         r = graph.tensor(name).range
         if r is not None:
             declared[name] = (float(r[0]), float(r[1]))
-    check_values(declared, inputs, "the graph's declared range")
+    check_values(declared, inputs, "the graph")
     assumed = plan.get("summary", {}).get("bootstrapping", {}).get("assumed_ranges") or {}
     check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items() if k in graph.inputs}, inputs)
 
