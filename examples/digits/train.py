@@ -42,13 +42,14 @@ TEST_SIZE = 450
 SEED = 0
 
 
-def load_split(train_limit: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Digits scaled to [0, 1]: (train_x, train_y, test_x, test_y), images (N, 8, 8)."""
+def load_split(train_limit: int | None = None, raw: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Digits scaled to [0, 1] (``raw``: the pixel values 0..16 as shipped): (train_x,
+    train_y, test_x, test_y), images (N, 8, 8)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     d = load_digits()
-    x = d.images.astype(np.float64) / 16.0
+    x = d.images.astype(np.float64) / (1.0 if raw else 16.0)
     y = d.target.astype(np.int64)
     tx, vx, ty, vy = train_test_split(x, y, test_size=TEST_SIZE, random_state=0, stratify=y)
     if train_limit is not None:
@@ -202,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--train-limit", type=int, default=None, help="train on the first N training images")
     ap.add_argument("--calib", type=int, default=256, help="calibration images (from the training set)")
+    ap.add_argument("--raw-pixels", action="store_true",
+                    help="train on the pixel values 0..16 as shipped (wider activation ranges)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    tx, ty, vx, vy = load_split(args.train_limit)
+    tx, ty, vx, vy = load_split(args.train_limit, args.raw_pixels)
     p = train(args.model, tx, ty, args.epochs)
     model = export(args.model, p)
     shape = (1, 8, 8) if args.model == "cnn" else (64,)
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     np.savez(args.out / "calib.npz", x=calib)
     np.savez(args.out / "test_x.npz", x=test_x)
     np.save(args.out / "test_y.npy", vy)
-    info = {"model": args.model, "epochs": args.epochs, "train": len(tx), "test": len(vx),
+    info = {"model": args.model, "epochs": args.epochs, "raw_pixels": args.raw_pixels, "train": len(tx), "test": len(vx),
             "calibration": len(calib), "float_top1": acc,
             "split": "train_test_split(test_size=450, random_state=0, stratify=y)"}
     (args.out / "float.json").write_text(json.dumps(info, indent=1) + "\n")
