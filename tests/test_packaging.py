@@ -96,6 +96,7 @@ def sysconfig_purelib() -> str:
     return str(sysconfig.get_paths()["purelib"])
 
 
+@pytest.mark.slow
 def test_build_without_go_names_the_tool_and_the_switch(tmp_path: Path) -> None:
     """With no Go toolchain (GO pointing nowhere) the build stops at once with one line naming
     the missing tool and the switch; with the switch the wheel builds, without the extension."""
@@ -117,6 +118,26 @@ def test_build_without_go_names_the_tool_and_the_switch(tmp_path: Path) -> None:
     assert whl.name.endswith("-py3-none-any.whl")
     assert not any(n.startswith("slotlattigo/") for n in names)
     assert "slotplan/__init__.py" in names and "slotplan/data/costs/n13-lattigo.json" in names
+    # installed, slotplan works and says the extension is not built
+    target = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(target)
+    py = target / "bin" / "python"
+    inst = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)],
+                          capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stderr[-3000:]
+    site = subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   text=True).strip()
+    (Path(site) / "zz_deps.pth").write_text(sysconfig_purelib() + "\n")
+    cli = subprocess.run([str(target / "bin" / "slotplan"), "--version"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert cli.stdout.splitlines()[0] == f"slotplan {_project_version()}"
+    assert "Lattigo extension: not built" in cli.stdout.splitlines()[1]
+    probe = ("import slotplan\n"
+             f"p = slotplan.plan({SMALL_GRAPH!r}, params='n12')\n"
+             "try:\n    slotplan.Client(p, 'k').keygen()\nexcept slotplan.InferenceError as e:\n    print(e)\n")
+    got = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.startswith("the Lattigo extension is not built"), got.stdout
 
 
 def _project_version() -> str:
