@@ -20,7 +20,7 @@ from planner.errors import PlanFileError, SlotplanError
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
                  "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing")
 # the options that only an ONNX model takes (as `slotplan import`)
-_IMPORT_OPTIONS = ("calibrate", "degree", "max_error")
+_IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton")
 
 GraphSource = str | Path | Mapping[str, Any]
 
@@ -145,8 +145,9 @@ def _graph(src: GraphSource | Any, import_opts: dict[str, Any]) -> tuple[Any, di
             from api.commands_import import _options
             from planner.importers.onnx_import import import_model
 
-            res = import_model(path, _options(import_opts.get("degree"), import_opts.get("max_error"), 0.1, 1),
-                               import_opts.get("calibrate"))
+            opts = _options(import_opts.get("degree"), import_opts.get("max_error"), import_opts.get("margin", 0.1),
+                            import_opts.get("newton", 1), import_opts.get("relu", "auto"))
+            res = import_model(path, opts, import_opts.get("calibrate"))
             return res.graph, {k: np.asarray(v) for k, v in res.weights.items()}
         if not path.is_file():
             raise SlotplanError(f"graph file {str(path)!r}: no such file")
@@ -169,8 +170,9 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
     ``options`` are the CLI's planning options with their JSON names (``solver``,
     ``time_limit_s``, ``memory_cap_bytes`` (int, or a string such as ``"2GiB"``), ``kernels``,
     ``input_layout``, ``costs``, ``objective``, ``clean_outputs``, ``allow_insecure``,
-    ``cins``, ``cins_decompose``, ``packing``), plus for ONNX models ``calibrate`` (a ``.npz``
-    path or a dict of arrays), ``degree`` and ``max_error``.  Every bad value raises a
+    ``cins``, ``cins_decompose``, ``packing``), plus for ONNX models the import options of
+    ``slotplan import``: ``calibrate`` (a ``.npz`` path or a dict of arrays), ``degree``,
+    ``max_error``, ``relu`` (``auto``/``direct``/``composite``), ``margin`` and ``newton``.  Every bad value raises a
     :class:`SlotplanError` subclass whose message names the field and the rule."""
     import time
 

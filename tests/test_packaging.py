@@ -44,7 +44,7 @@ def test_wheel_carries_the_extension(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLOTPLAN_NO_LATTIGO"}
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
-        capture_output=True, text=True, env=env, timeout=1200,
+        capture_output=True, text=True, env=env, timeout=840,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (whl,) = wheels.glob("slotplan-*.whl")

@@ -148,3 +148,20 @@ def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
     assert (tmp_path / "keys" / "secret.key").is_file()
     assert os.stat(tmp_path / "keys" / "secret.key").st_mode & 0o777 == 0o600
+
+
+def test_plan_from_onnx_keeps_the_weights(tmp_path: Path) -> None:
+    """An .onnx path is imported (as `slotplan import`), its weights come back in Plan.weights,
+    and the simulated outputs with them equal the graph's numpy reference."""
+    from tests import onnx_models as M
+
+    path = M.save(M.mlp("square", sizes=(16, 8, 4)), tmp_path / "m.onnx")
+    p = slotplan.plan(path, params="n13")
+    assert p.weights and set(p.weights) <= set(p.graph.weights)
+    (gin,) = p.inputs
+    x = np.random.default_rng(0).uniform(-1, 1, p.graph.shape(gin))
+    out = slotplan.run(p, {gin: x})
+    assert set(out) == set(p.outputs)
+    with pytest.raises(slotplan.SlotplanError) as e:
+        slotplan.plan(path, params="n13", relu="bogus")
+    assert "relu" in str(e.value).lower() and "\n" not in str(e.value)
