@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 lattigo: $(STAMP)
 	bash backends/lattigo/build.sh
 
-# A private inference of a digits CNN (examples/digits/demo.py): train, plan, keygen,
+# A private inference of a digits MLP (examples/digits/demo.py): train, plan, keygen,
 # encrypt, evaluate in a separate process without the secret key, decrypt, accuracy.
 demo: install
 	$(PY) examples/digits/demo.py --out $(VENV)/demo-digits
