@@ -8,7 +8,7 @@ REST use, plan, and keep the plan document with its tables.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ _IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton
 GraphSource = str | Path | Mapping[str, Any]
 
 
-@dataclass
+@dataclass(eq=False)
 class Plan:
     """A plan (``slotplan.plan/1``) and its slot tables.
 
@@ -37,7 +37,7 @@ class Plan:
     document: dict[str, Any]
     tables: Mapping[str, np.ndarray]
     weights: dict[str, np.ndarray] | None = None
-    seconds: float | None = field(default=None, compare=False)
+    seconds: float | None = None
     """Planning time in seconds (not part of the document)."""
 
     @property
