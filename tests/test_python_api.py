@@ -112,6 +112,16 @@ def test_client_server_over_bytes(tmp_path: Path) -> None:
     server_keys = slotplan.EvalKeys.from_bytes(blob, tmp_path / "server" / "eval")
     assert server_keys.key_set_id == keys.key_set_id and server_keys.nbytes() == keys.nbytes()
     assert not [q for q in (tmp_path / "server").rglob("*") if q.name == "secret.key"]
+    # the tar tool's two spellings of the same upload (SPEC section 7's body)
+    import shutil
+    import subprocess
+
+    if shutil.which("tar"):
+        for i, args in enumerate((["-C", str(tmp_path / "client"), "eval"], ["-C", str(tmp_path / "client" / "eval"), "."])):
+            made = subprocess.run(["tar", "-cf", "-", *args], capture_output=True, check=True).stdout
+            again = slotplan.EvalKeys.from_bytes(made, tmp_path / f"tar{i}")
+            assert again.key_set_id == keys.key_set_id and again.nbytes() == keys.nbytes()
+            assert again.to_bytes() == blob
 
     rng = np.random.default_rng(7)
     W, b = rng.uniform(-1, 1, (4, 8)), rng.uniform(-1, 1, 4)
