@@ -11,16 +11,17 @@ install: $(STAMP) lattigo
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,all]'
 	touch $(STAMP)
 
 # Builds the Lattigo extension with gopy into .venv (skips when up to date).
 lattigo: $(STAMP)
 	bash backends/lattigo/build.sh
 
+# A private inference of a digits MLP (examples/digits/demo.py): train, plan, keygen,
+# encrypt, evaluate in a separate process without the secret key, decrypt, accuracy.
 demo: install
-	$(SLOTPLAN) plan data/workloads/conv2.json --params n16 -o $(VENV)/demo-plan.json --tables $(VENV)/demo-tables.npz
-	$(SLOTPLAN) run $(VENV)/demo-plan.json --tables $(VENV)/demo-tables.npz --backend sim --seed 1
+	$(PY) examples/digits/demo.py --out $(VENV)/demo-digits
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

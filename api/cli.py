@@ -25,6 +25,22 @@ from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout
 from solver import SOLVER_BACKENDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Layout planner for CKKS tensor programs.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from slotplan._version import version_lines
+
+        out.print("\n".join(version_lines()), markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="print slotplan's version (and the Lattigo extension's) and exit")] = False,
+) -> None:
+    """Layout planner for CKKS tensor programs."""
 _fail = fail
 @app.command()
 def plan(

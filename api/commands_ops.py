@@ -221,7 +221,7 @@ def run_batch_items_ray(
         import ray
         from ray import exceptions as rex
     except ImportError:
-        raise SlotplanError("--engine ray needs the ray package (pip install ray)") from None
+        raise SlotplanError("--engine ray needs ray, an optional dependency: pip install 'slotplan[ray]'") from None
     started = False
     if not ray.is_initialized():
         try:

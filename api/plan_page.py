@@ -33,7 +33,9 @@ from api.show import (
     LEGEND,
     NODE_FIELDS,
     SHOWN_PARAMS,
+    VIZ_HINT,
     _fmt_bytes,
+    have_matplotlib,
     layout_views,
     node_numbers,
     peak_breakdown,
@@ -156,15 +158,21 @@ def render_page(plan_id: str, plan: Mapping[str, Any]) -> str:
               f"<td class=n>{_e(_fmt_bytes(g.bytes))}</td></tr>" for g in groups]
     parts.append("</table></section>")
 
-    # charts
-    uri = _png_uri(lambda p: render_png(plan, p))
-    parts.append('<section id="charts"><h2>Cost per node, key residency, modelled memory</h2>'
-                 f'<img id="overview-chart" alt="cost per node, key residency and memory over the program" '
-                 f'src="{uri}"></section>')
+    # charts (matplotlib is the optional `viz` extra: without it the page says so)
+    if not have_matplotlib():
+        parts.append('<section id="charts"><h2>Cost per node, key residency, modelled memory</h2>'
+                     f'<p class="note">charts not available: the server {_e(VIZ_HINT)}</p></section>')
+    else:
+        uri = _png_uri(lambda p: render_png(plan, p))
+        parts.append('<section id="charts"><h2>Cost per node, key residency, modelled memory</h2>'
+                     f'<img id="overview-chart" alt="cost per node, key residency and memory over the program" '
+                     f'src="{uri}"></section>')
 
     # layouts
     parts.append('<section id="layouts"><h2>Layouts: which tensor element sits in which slot</h2>')
-    if replanned is None:
+    if not have_matplotlib():
+        parts.append(f'<p class="note">layout pictures not available: the server {_e(VIZ_HINT)}</p>')
+    elif replanned is None:
         parts.append(f'<p class="note">layout pictures not available: {_e(note)}</p>')
     else:
         views = layout_views(plan, None, None, replanned)

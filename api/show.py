@@ -433,9 +433,27 @@ def _memory_panel(
     ax_mem.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
 
 
+
+VIZ_HINT = "needs matplotlib, an optional dependency: pip install 'slotplan[viz]'"
+
+
+def have_matplotlib() -> bool:
+    """True when matplotlib (the ``viz`` extra) imports."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def need_matplotlib(what: str) -> None:
+    """Refuse with one line (a :class:`SlotplanError`) when matplotlib is missing."""
+    if not have_matplotlib():
+        raise SlotplanError(f"{what} {VIZ_HINT}")
+
+
 def save_figure(fig: Any, out: Path, fmt: str) -> Path:
     """Write a figure deterministically (SVG without a date, fixed hash salt) and close it.
     Library callers get the directory made; the CLI refuses a missing one before drawing."""
+    need_matplotlib("drawing a figure")
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -451,6 +469,7 @@ def save_figure(fig: Any, out: Path, fmt: str) -> Path:
 
 def render_png(plan: Mapping[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Draw the three panels into ``path`` (PNG, or SVG when the name ends in .svg)."""
+    need_matplotlib("drawing a plan (--png/--svg)")
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -616,6 +635,7 @@ def render_layouts(views: Sequence[LayoutView], path: str | Path, fmt: str | Non
     """One section per layout: its ciphertexts as slot grids coloured by tensor element
     (PNG or SVG by ``fmt`` or the file suffix).  At most ``max_ct`` ciphertexts per layout
     are drawn (said on the picture)."""
+    need_matplotlib("drawing layouts (--png/--svg)")
     import matplotlib
 
     matplotlib.use("Agg", force=True)

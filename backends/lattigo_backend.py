@@ -48,7 +48,8 @@ __all__ = [
 _EXT = "slotlattigo.slotlattigo"
 # Above this many bytes of plaintext vectors, run_plan hands them to Go through a file.
 PLAINTEXT_INLINE_BYTES = 64 << 20
-_BUILD_HINT = "the Lattigo extension is not built: run `make lattigo` (backends/lattigo/build.sh)"
+_BUILD_HINT = ("the Lattigo extension is not built: run `make lattigo` in a checkout, or install with Go and a "
+               "C compiler present and without SLOTPLAN_NO_LATTIGO (docs/install.md)")
 
 
 class LattigoError(Exception):

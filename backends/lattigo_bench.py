@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from backends.lattigo_backend import LattigoError, _call, _ext, _json_default, pack_vectors
+from planner.costs import DATA_DIR
 from planner.errors import SlotplanError
 from planner.graph import Graph, load_graph, parse_graph
 from planner.params import Params
@@ -78,7 +79,7 @@ __all__ = [
 DEFAULT_SHAPES = "512x512,1024x1024,2048x2048,1024x4096,4096x1024"
 DEFAULT_CONVS = "conv1,conv2,conv3,conv4"
 METHODS = ("ours", "fhelipe", "lintrans", "ours-complex", "lintrans-interleaved")
-WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "data" / "workloads"
+WORKLOADS_DIR = DATA_DIR / "workloads"
 MAX_DIM = 1 << 16
 BENCH_SCHEMA = "slotplan.lattigo-bench/1"
 

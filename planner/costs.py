@@ -18,7 +18,10 @@ from planner.errors import SlotplanError
 from planner.kernels.base import CostVector
 from solver.registry import Registry
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# data/ at the repository root (a source checkout or the editable install); a wheel
+# (`pip install .`) carries a copy as slotplan/data (setup.py)
+_REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = _REPO_DATA if _REPO_DATA.is_dir() else Path(__file__).resolve().parent.parent / "slotplan" / "data"
 COSTS_DIR = DATA_DIR / "costs"
 # Costs are scaled to integers for the solvers; 1000 keeps 0.001-unit weights exact.
 OBJECTIVE_SCALE = 1000

@@ -17,13 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from planner.costs import DATA_DIR
 from planner.diff import DIGEST_SCHEMA, DiffReport, diff_digests, plan_digest
 from planner.errors import SlotplanError
 from planner.graph import load_graph
 from planner.params import load_params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanResult, PlanTimeout, plan_graph
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "data" / "golden"
+GOLDEN_DIR = DATA_DIR / "golden"
 MANIFEST_SCHEMA = "slotplan.golden-manifest/1"
 
 

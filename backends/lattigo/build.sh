@@ -20,6 +20,9 @@
 # and a slotplan_lattigo.pth in the venv's site-packages pointing at _gen.
 #
 # Usage: bash backends/lattigo/build.sh [--force]     (env VENV=... to use another venv)
+#        bash backends/lattigo/build.sh --package DEST  (env PYTHON=...: the interpreter to build
+#            for; builds under _genpkg, copies the package to DEST/slotlattigo, writes no .pth
+#            and installs nothing: what `pip install .` runs through setup.py's build_py)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,12 +33,23 @@ bin=$here/build/bin
 gen=$here/_gen
 stamp=$here/build/stamp
 force=0
+package=
 [ "${1:-}" = "--force" ] && force=1
+if [ "${1:-}" = "--package" ]; then
+  package=${2:?--package needs a destination directory}
+  py=${PYTHON:?--package needs PYTHON=the interpreter to build for}
+  gen=$here/_genpkg
+  stamp=$here/build/pkg-stamp
+fi
 
 say() { echo "lattigo: $*"; }
 die() { echo "lattigo: error: $*" >&2; exit 1; }
 
-[ -x "$py" ] || die "no Python at $py: create the virtual environment first (make install)"
+if [ -n "$package" ]; then
+  command -v "$py" >/dev/null 2>&1 || die "no Python at $py"
+else
+  [ -x "$py" ] || die "no Python at $py: create the virtual environment first (make install)"
+fi
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
   export PATH="/usr/local/go/bin:$PATH"
 fi
@@ -46,11 +60,20 @@ export CGO_ENABLED=1
 export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod"
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
-# Make the generated package importable from the venv (cheap; also repairs a moved repo).
-site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$gen" > "$site/slotplan_lattigo.pth"
+if [ -z "$package" ]; then
+  # Make the generated package importable from the venv (cheap; also repairs a moved repo).
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$gen" > "$site/slotplan_lattigo.pth"
+fi
 
-smoke() { "$py" -c 'from slotlattigo import slotlattigo as m; print(m.Version())' 2>/dev/null; }
+smoke() { PYTHONPATH="$gen${PYTHONPATH:+:$PYTHONPATH}" "$py" -c 'from slotlattigo import slotlattigo as m; print(m.Version())' 2>/dev/null; }
+copy_package() {
+  [ -n "$package" ] || return 0
+  mkdir -p "$package"
+  rm -rf "$package/slotlattigo"
+  cp -R "$gen/slotlattigo" "$package/slotlattigo"
+  say "copied the extension package to $package/slotlattigo"
+}
 
 fingerprint() {
   {
@@ -65,6 +88,7 @@ want=$(fingerprint)
 
 if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && version=$(smoke); then
   say "up to date ($version)"
+  copy_package
   exit 0
 fi
 
@@ -75,6 +99,7 @@ mkdir -p "$bin"
                   && go build -o "$bin/goimports" golang.org/x/tools/cmd/goimports)
 
 if ! "$py" -c 'import pybindgen' 2>/dev/null; then
+  [ -z "$package" ] || die "pybindgen is not importable from $py (it is a build requirement: pip install pybindgen)"
   say "installing pybindgen into $venv"
   "$py" -m pip install -q 'pybindgen>=0.22'
 fi
@@ -95,3 +120,4 @@ rm -f "$gen/slotlattigo/"*.c "$gen/slotlattigo/"*.h "$gen/slotlattigo/"*.go \
 version=$(smoke) || die "the extension was built but does not import from $py (see $log)"
 echo "$want" > "$stamp"
 say "built $version in $(( $(date +%s) - start )) s -> $gen/slotlattigo"
+copy_package
