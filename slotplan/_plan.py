@@ -20,7 +20,7 @@ from planner.errors import PlanFileError, SlotplanError
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
                  "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing")
 # the options that only an ONNX model takes (as `slotplan import`)
-_IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton")
+_IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton", "output", "allow_error")
 
 GraphSource = str | Path | Mapping[str, Any]
 
@@ -145,8 +145,11 @@ def _graph(src: GraphSource | Any, import_opts: dict[str, Any]) -> tuple[Any, di
             from api.commands_import import _options
             from planner.importers.onnx_import import import_model
 
+            output = import_opts.get("output")
+            cut = [output] if isinstance(output, str) else list(output or [])
             opts = _options(import_opts.get("degree"), import_opts.get("max_error"), import_opts.get("margin", 0.1),
-                            import_opts.get("newton", 1), import_opts.get("relu", "auto"))
+                            import_opts.get("newton", 1), cut=cut, allow_error=bool(import_opts.get("allow_error")),
+                            relu=import_opts.get("relu", "auto"))
             res = import_model(path, opts, import_opts.get("calibrate"))
             return res.graph, {k: np.asarray(v) for k, v in res.weights.items()}
         if not path.is_file():
@@ -172,7 +175,8 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
     ``input_layout``, ``costs``, ``objective``, ``clean_outputs``, ``allow_insecure``,
     ``cins``, ``cins_decompose``, ``packing``), plus for ONNX models the import options of
     ``slotplan import``: ``calibrate`` (a ``.npz`` path or a dict of arrays), ``degree``,
-    ``max_error``, ``relu`` (``auto``/``direct``/``composite``), ``margin`` and ``newton``.  Every bad value raises a
+    ``max_error``, ``relu`` (``auto``/``direct``/``composite``), ``margin``, ``newton``, ``output`` (a value
+    name or a list of them: cut the model there) and ``allow_error``.  Every bad value raises a
     :class:`SlotplanError` subclass whose message names the field and the rule."""
     import time
 
