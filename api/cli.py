@@ -320,7 +320,8 @@ def _register_extensions() -> None:
     """Commands that live in their own modules (batch, diff, serve, show, calibrate, ...)."""
     import importlib
 
-    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import"):
+    for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import",
+                "api.commands_accuracy"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
