@@ -177,6 +177,10 @@ class NoisyMachine(sim._Machine):
         self.added: dict[str, float] = {}  # variance added per op class (summed over slots)
         self.last_pt: tuple[str, np.ndarray] = ("", np.zeros(0))
         self.unres: set[str] = set()  # registers carrying an unrescaled product
+        # fused linear blocks (backends/lattigo/fused.go), recognised as the executor does:
+        # the ciphertext a baby step rotates, and the ciphertext a linear form multiplies
+        self.base: dict[str, str] = {}
+        self.form: dict[str, str] = {}
 
     def noise(self, dst: str, sigma: float, op: str, base: np.ndarray) -> None:
         v = self.regs[dst]
@@ -211,12 +215,22 @@ class NoisyMachine(sim._Machine):
     def ks_sigma(self, src: str) -> float:
         # a key switch adds its error at the ciphertext's scale: negligible on an unrescaled
         # product (scale ~ 2^(2 log_scale))
-        return 0.0 if src in self.unres else self.model.sigma.rot
+        # a giant step of a fused block (a rotation of a sum of products of one ciphertext,
+        # rescaled or not) runs in QP before the block's ModDown and rescale on Lattigo
+        # (backends/lattigo/fused.go): the same
+        return 0.0 if src in self.unres or src in self.form else self.model.sigma.rot
 
     def exec_rot(self, ins: ir.Rot, i: int) -> None:
         super().exec_rot(ins, i)
         self.noise(ins.dst, self.ks_sigma(ins.src), "rot", self.rotated_var(ins.src, int(ins.k)))
         self.inherit(ins.dst, ins.src)
+        self.track_rot(ins.dst, ins.src)
+
+    def track_rot(self, dst: str, src: str) -> None:
+        if src in self.form:
+            self.form[dst] = self.form[src]  # a giant step: still one block
+        else:
+            self.base[dst] = self.base.get(src, src)
 
     def inherit(self, dst: str, *srcs: str) -> None:
         if any(s in self.unres for s in srcs):
@@ -232,6 +246,7 @@ class NoisyMachine(sim._Machine):
         for dst, k in zip(ins.dsts, ins.ks, strict=True):
             self.noise(dst, self.ks_sigma(ins.src), "rot", self.rotated_var(ins.src, int(k)))
             self.inherit(dst, ins.src)
+            self.track_rot(dst, ins.src)
 
     def exec_ct_ct(self, ins: ir.Add | ir.Sub | ir.CMul, i: int) -> None:
         ua, ub = ins.a in self.unres, ins.b in self.unres
@@ -247,6 +262,9 @@ class NoisyMachine(sim._Machine):
         else:
             self.var[ins.dst] = va + vb
             self.inherit(ins.dst, ins.a, ins.b)
+            fa, fb = self.form.get(ins.a), self.form.get(ins.b)
+            if fa is not None and fa == fb:
+                self.form[ins.dst] = fa
 
     def exec_ct_pt(self, ins: ir.PMul | ir.PAdd | ir.PSub, i: int) -> None:
         if isinstance(ins, ir.PMul):
@@ -259,6 +277,8 @@ class NoisyMachine(sim._Machine):
             base = vx * w2 if dom is None else cins.negacyclic(vx, w2, dom).real
             self.noise(ins.dst, self.model.sigma.pmul, "pmul", np.asarray(base, dtype=np.float64))
             self.unres.add(ins.dst)
+            if ins.src not in self.form:
+                self.form[ins.dst] = self.base.get(ins.src, ins.src)
         else:
             self.var[ins.dst] = vx
             self.inherit(ins.dst, ins.src)
@@ -283,6 +303,8 @@ class NoisyMachine(sim._Machine):
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         super().exec_rescale(ins, i)
         if ins.src in self.unres:  # a real rescale; otherwise Lattigo passes the value through
+            if ins.src in self.form:
+                self.form[ins.dst] = self.form[ins.src]
             self.noise(ins.dst, self.model.sigma.rescale, "rescale", self.v(ins.src))
         else:
             self.var[ins.dst] = self.v(ins.src)
