@@ -31,7 +31,7 @@ def is_onnx(path: Path) -> bool:
     return path.suffix.lower() == ".onnx"
 
 
-def _options(degree: int | None, max_error: float | None, margin: float, newton: int) -> Any:
+def _options(degree: int | None, max_error: float | None, margin: float, newton: int, relu: str = "auto") -> Any:
     from planner.importers.onnx_import import ImportOptions
 
     if degree is not None and max_error is not None:
@@ -40,7 +40,7 @@ def _options(degree: int | None, max_error: float | None, margin: float, newton:
         raise SlotplanError(f"--margin must be in 0..10, got {margin}")
     if not 0 <= newton <= 4:
         raise SlotplanError(f"--newton must be in 0..4, got {newton}")
-    return ImportOptions(degree=degree, max_error=max_error, margin=margin, newton=newton)
+    return ImportOptions(degree=degree, max_error=max_error, margin=margin, newton=newton, relu=relu)
 
 
 def write_weights(path: Path, weights: dict[str, np.ndarray]) -> None:
@@ -81,8 +81,11 @@ def report_lines(res: Any, console: Console) -> None:
         )
     if res.approximations:
         t = Table(title="approximated activations")
+        where = " (samples)" if res.calibrated else " (domain)"
+        if res.calibrated and any(not r.on_samples for r in res.approximations):
+            where = " (samples) [relu: domain]"
         for col in ("activation", "onnx node", "measured range", "domain", "degree", "newton", "depth",
-                    "max error" + (" (samples)" if res.calibrated else " (domain)")):
+                    "max error" + where):
             t.add_column(col)
         for r in res.approximations:
             measured = f"[{r.measured[0]:.4g}, {r.measured[1]:.4g}]" if r.measured else "-"
@@ -104,10 +107,10 @@ def report_lines(res: Any, console: Console) -> None:
 
 
 def _run_import(model: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
-                margin: float, newton: int) -> Any:
+                margin: float, newton: int, relu: str = "auto") -> Any:
     from planner.importers.onnx_import import import_model
 
-    opts = _options(degree, max_error, margin, newton)
+    opts = _options(degree, max_error, margin, newton, relu)
     return import_model(model, opts, calibrate)
 
 
@@ -133,10 +136,11 @@ def import_(
     margin: Annotated[float, typer.Option("--margin", help="widen each measured range by this fraction of its width on each side")] = 0.1,
     newton: Annotated[int, typer.Option("--newton", help="Newton steps after the reciprocal / inverse square root polynomials (softmax, layer norm)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the import report as JSON")] = False,
+    relu: Annotated[str, typer.Option("--relu", help="Relu/LeakyRelu: auto (the shallowest of the direct fit and the composite sign polynomial that meets the error target), direct, composite")] = "auto",
 ) -> None:
     """Import an ONNX model: graph + weights, activations as Chebyshev polynomials."""
     try:
-        res = _run_import(model, calibrate, degree, max_error, margin, newton)
+        res = _run_import(model, calibrate, degree, max_error, margin, newton, relu)
         _atomic_write(output, (json.dumps(res.graph_json, indent=1) + "\n").encode())
         write_weights(weights_out, res.weights)
     except SlotplanError as e:

@@ -82,7 +82,7 @@ def test_plan_graph_refuses_import_options(tmp_path: Path, cli: Cli) -> None:
 
 def _bad_cases(tmp_path: Path) -> list[tuple[list[object], str]]:
     b = M.Builder()
-    b.op("MaxPool", ["x"], out="y", kernel_shape=[2, 2])
+    b.op("MaxPool", ["x"], out="y", kernel_shape=[2, 2], pads=[1, 1, 1, 1])
     maxpool = M.save(b.model({"x": [1, 1, 4, 4]}, {"y": None}), tmp_path / "maxpool.onnx")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x08\x07garbage" * 20)
@@ -90,7 +90,8 @@ def _bad_cases(tmp_path: Path) -> list[tuple[list[object], str]]:
     bad_calib = tmp_path / "bad.npz"
     np.savez(bad_calib, other=np.zeros(3))
     return [
-        ([maxpool], "onnx node '/MaxPool_1' (MaxPool): unsupported op MaxPool; hint: use AveragePool"),
+        ([maxpool], "onnx node '/MaxPool_1' (MaxPool): padding [1, 1, 1, 1] is not supported (max pooling "
+                    "pads with -infinity); hint: use pads 0"),
         ([junk], "is not an ONNX model"),
         ([tmp_path / "none.onnx"], "cannot read model file"),
         ([ok, "--calibrate", bad_calib], "has no array 'input'"),

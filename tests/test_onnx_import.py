@@ -94,9 +94,11 @@ def test_resnet20_folds_batchnorm_and_matches(tmp_path: Path) -> None:
 
 
 def test_relu_mlp_predicts_the_float_class(tmp_path: Path) -> None:
+    """The direct fit (--relu direct; auto's choice is tested in tests/test_composite_relu.py)."""
     model = M.mlp("Relu", seed=3)
     rng = np.random.default_rng(5)
-    res = _import(tmp_path, model, {"input": rng.normal(size=(64, 64)).astype(np.float32)})
+    res = _import(tmp_path, model, {"input": rng.normal(size=(64, 64)).astype(np.float32)},
+                  ImportOptions(relu="direct"))
     assert [r.function for r in res.approximations] == ["relu", "relu"]
     ev = ReferenceEvaluator(model)
     same = 0
@@ -394,9 +396,9 @@ def _refused(tmp_path: Path, model: onnx.ModelProto | bytes, *needles: str,
     return text
 
 
-def test_maxpool_refused_with_hint(tmp_path: Path) -> None:
-    _refused(tmp_path, _single("MaxPool", [1, 1, 4, 4], {"kernel_shape": [2, 2]}), "onnx node '/MaxPool_1'",
-             "(MaxPool)", "unsupported op MaxPool", "hint: use AveragePool")
+def test_padded_maxpool_refused_with_hint(tmp_path: Path) -> None:
+    _refused(tmp_path, _single("MaxPool", [1, 1, 4, 4], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}),
+             "onnx node '/MaxPool_1'", "(MaxPool)", "padding [1, 1, 1, 1] is not supported", "hint: use pads 0")
 
 
 def test_unknown_op_refused_listing_supported(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from planner.errors import GraphError, ModelError
 from planner.graph import MAX_RANK, SCHEMA, Graph, parse_graph
-from planner.importers import approx
+from planner.importers import approx, composite
 from planner.importers.onnx_model import (
     FUSED_DOMAIN,
     OnnxGraph,
@@ -56,12 +56,10 @@ VAR_LO, VAR_HI = 1e-2, 16.0
 SUPPORTED = (
     "Gemm, MatMul, Conv, BatchNormalization, Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Erf (GELU pattern), SiLU "
     "(x*Sigmoid(x)), Exp, Sqrt, Reciprocal, Softmax, LayerNormalization, Add, Sub, Mul, Div, Neg, Pow (2, 3), "
-    "AveragePool, GlobalAveragePool, ReduceMean, ReduceSum, Flatten, Reshape, Transpose, Squeeze, Unsqueeze, "
+    "AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool, ReduceMean, ReduceSum, Flatten, Reshape, Transpose, Squeeze, Unsqueeze, "
     "Identity, Dropout, Cast, Slice, Concat, Split, and constant subgraphs (Shape, Gather, Constant, ...)"
 )
 HINTS = {
-    "MaxPool": "use AveragePool (a max is not a polynomial)",
-    "GlobalMaxPool": "use GlobalAveragePool (a max is not a polynomial)",
     "ReduceMax": "use ReduceMean or a polynomial activation",
     "ArgMax": "take the arg max of the decrypted output on the client",
     "Resize": "use a transposed convolution or reshape",
@@ -99,6 +97,7 @@ class ImportOptions:
     newton: int = DEFAULT_NEWTON  # Newton steps after the reciprocal / inverse square root polynomial
     domain: tuple[float, float] = approx.DEFAULT_DOMAIN  # uncalibrated activation domain
     name: str | None = None
+    relu: str = "auto"  # Relu/LeakyRelu: auto | direct | composite (planner.importers.composite)
 
 
 @dataclass(frozen=True)
@@ -687,15 +686,29 @@ def _activation(im: Importer, function: str, g: Callable[[Array], Array] | None 
     return [y]
 
 
+def _relu_like(im: Importer, function: str, slope: float) -> list[Value]:
+    """Relu / LeakyRelu: the direct fit under ``--relu direct`` or a fixed ``--degree`` (with
+    ``auto``), else chosen between the direct fit and the composite sign polynomial."""
+    if im.opts.relu == "direct" or (im.opts.relu == "auto" and im.opts.degree is not None):
+        return _activation(im, function, lambda x: np.where(x >= 0, x, slope * x))
+    return [composite.emit(im, function, slope)]
+
+
 @handles("Relu")
 def _relu(im: Importer) -> list[Value]:
-    return _activation(im, "relu")
+    return _relu_like(im, "relu", 0.0)
 
 
 @handles("LeakyRelu")
 def _leaky(im: Importer) -> list[Value]:
     alpha = float(attr(im.node, "alpha", 0.01))
-    return _activation(im, f"leaky_relu({alpha:g})", lambda x: np.where(x >= 0, x, alpha * x))
+    return _relu_like(im, f"leaky_relu({alpha:g})", alpha)
+
+
+@handles("MaxPool", "GlobalMaxPool")
+def _maxpool(im: Importer) -> list[Value]:
+    """max(a, b) = b + relu(a - b) over each window (planner.importers.composite)."""
+    return [composite.emit_maxpool(im)]
 
 
 @handles("Sigmoid")
@@ -1140,6 +1153,8 @@ def import_model(
         raise ModelError(f"--degree must be in 1..{approx.MAX_DEGREE}, got {opts.degree}")
     if opts.max_error is not None and not opts.max_error > 0:
         raise ModelError(f"--max-error must be > 0, got {opts.max_error}")
+    if opts.relu not in composite.RELU_MODES:
+        raise ModelError(f"--relu must be one of {', '.join(composite.RELU_MODES)}, got {opts.relu!r}")
     model = load_model(model_path)
     og = OnnxGraph.from_model(model)
     samples_in: list[dict[str, Array]] = []
