@@ -112,3 +112,31 @@ def test_accuracy_on_lattigo(case: dict[str, Path]) -> None:
     rep = json.loads(r.stdout)
     assert rep["samples"] == 2 and rep["argmax_agreement"]["reference~backend"] == 1.0
     assert 0 < rep["max_abs_error"] < 1e-5
+
+
+def test_accuracy_on_digits_images(tmp_path: Path) -> None:
+    """examples/digits: a ReLU CNN trained on a subset, imported (degree-3 ReLU fits), planned
+    at n14 and scored on 8 held-out images by the float model, the graph and the noisy
+    simulator: the encrypted-path argmax follows the polynomial graph's on every image."""
+    pytest.importorskip("sklearn")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("digits_train", ROOT / "examples" / "digits" / "train.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "cnn"
+    assert mod.main([str(out), "--model", "cnn", "--epochs", "6", "--train-limit", "400", "--calib", "64"]) == 0
+    r = _run("import", str(out / "model.onnx"), "-o", str(out / "g.json"), "--weights-out", str(out / "w.npz"),
+             "--calibrate", str(out / "calib.npz"), "--degree", "3")
+    assert r.returncode == 0, r.stderr
+    r = _run("plan", str(out / "g.json"), "--params", "n14", "-o", str(out / "p.json"), "--tables", str(out / "t.npz"))
+    assert r.returncode == 0, r.stderr
+    r = _run("accuracy", str(out / "p.json"), "--tables", str(out / "t.npz"), "--weights", str(out / "w.npz"),
+             "--data", str(out / "test_x.npz"), "--labels", str(out / "test_y.npy"), "--model",
+             str(out / "model.onnx"), "--backend", "noisy", "--limit", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["samples"] == 8 and set(rep["top1"]) == {"float", "reference", "backend"}
+    assert rep["argmax_agreement"]["reference~backend"] == 1.0
+    assert 0 < rep["max_abs_error"] < 1e-3
