@@ -42,13 +42,15 @@ def test_variance_propagation_is_exact_on_a_product_chain() -> None:
             {"op": "pmul", "dst": "p", "src": "x", "pt": "w"},
             {"op": "rot", "dst": "r", "src": "p", "k": 3},  # on an unrescaled product: no key-switch error
             {"op": "rescale", "dst": "q", "src": "r"},
-            {"op": "rot", "dst": "s", "src": "q", "k": 1},
+            {"op": "input", "dst": "z", "tensor": "z", "table": "in"},
+            {"op": "add", "dst": "u", "a": "q", "b": "z"},  # no longer a fused block's form
+            {"op": "rot", "dst": "s", "src": "u", "k": 1},
             {"op": "output", "src": "s", "tensor": "y", "table": "out"}]
     m = _model()
     nr = noise.simulate_noisy(_plan(prog, {"w": {"source": "const", "table": "w"}}), tables,
-                              {"x": rng.uniform(-1, 1, S)}, m, rng)
+                              {"x": rng.uniform(-1, 1, S), "z": rng.uniform(-1, 1, S)}, m, rng)
     sg = m.sigma
-    want = np.roll(np.roll(w**2 * sg.fresh**2 + sg.pmul**2, -3) + sg.rescale**2, -1) + sg.rot**2
+    want = np.roll(np.roll(w**2 * sg.fresh**2 + sg.pmul**2, -3) + sg.rescale**2 + sg.fresh**2, -1) + sg.rot**2
     np.testing.assert_allclose(nr.variances["y"], want, rtol=1e-12)
 
 
