@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from backends import sim
 from planner import cins, ir
 from planner.errors import SlotplanError
+from planner.summary import register_depths
 
 NOISE_DIR = Path(__file__).resolve().parent.parent / "data" / "noise"
 SCHEMA = "slotplan.noise/1"
@@ -58,6 +59,9 @@ class Sigmas(BaseModel):
     poly: float
     boot_floor: float | None = None
     boot_cube: float | None = None
+    # a bootstrap whose input is at level 0 (measured separately: much larger)
+    boot0_floor: float | None = None
+    boot0_cube: float | None = None
 
 
 class NoiseFile(BaseModel):
@@ -73,8 +77,8 @@ class NoiseModel:
     sigma: Sigmas
     source: str
 
-    def boot(self, x: np.ndarray) -> float:
-        return boot_sigma(self.sigma, x)
+    def boot(self, x: np.ndarray, level0: bool = False) -> float:
+        return boot_sigma(self.sigma, x, level0)
 
 
 def load_model(params: Mapping[str, Any], path: str | Path | None = None) -> NoiseModel:
@@ -121,10 +125,13 @@ def plaintext_coefficients(slots: np.ndarray) -> np.ndarray:
     return np.asarray(m.real)
 
 
-def boot_sigma(s: Sigmas, x: np.ndarray) -> float:
-    """The error one bootstrap adds: a floor plus EvalMod's, ~ cube of the largest coefficient."""
-    floor = s.boot_floor or 0.0
-    cube = s.boot_cube or 0.0
+def boot_sigma(s: Sigmas, x: np.ndarray, level0: bool = False) -> float:
+    """The error one bootstrap adds: a floor plus EvalMod's, ~ cube of the largest coefficient
+    (with the level-0 constants when the input is at level 0 and they were measured)."""
+    if level0 and s.boot0_floor is not None:
+        floor, cube = s.boot0_floor, s.boot0_cube or 0.0
+    else:
+        floor, cube = s.boot_floor or 0.0, s.boot_cube or 0.0
     vals = np.asarray(x)
     a = float(np.max(np.abs(plaintext_coefficients(vals)))) if vals.size else 0.0
     return math.hypot(floor, cube * a**3)
@@ -177,6 +184,7 @@ class NoisyMachine(sim._Machine):
         self.added: dict[str, float] = {}  # variance added per op class (summed over slots)
         self.last_pt: tuple[str, np.ndarray] = ("", np.zeros(0))
         self.unres: set[str] = set()  # registers carrying an unrescaled product
+        self.depths = register_depths([p for p in a[4] if p is not None]) if len(a) > 4 else {}
         # fused linear blocks (backends/lattigo/fused.go), recognised as the executor does:
         # the ciphertext a baby step rotates, and the ciphertext a linear form multiplies
         self.base: dict[str, str] = {}
@@ -191,6 +199,9 @@ class NoisyMachine(sim._Machine):
             self.regs[dst] = v + e
         self.var[dst] = base + sigma**2
         self.added[op] = self.added.get(op, 0.0) + sigma**2 * v.size
+
+    def level(self, r: str) -> int:
+        return self.max_level - self.depths.get(r, 0)
 
     def pt_vector(self, name: str) -> np.ndarray:
         v = super().pt_vector(name)
@@ -319,14 +330,14 @@ class NoisyMachine(sim._Machine):
         self.rescale_in_place(ins.src)
         x = self.get(ins.src, i)
         super().exec_bootstrap(ins, i)
-        self.noise(ins.dst, self.model.boot(x), "bootstrap", self.v(ins.src))
+        self.noise(ins.dst, self.model.boot(x, self.level(ins.src) == 0), "bootstrap", self.v(ins.src))
 
     def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
         self.rescale_in_place(ins.src)
         x = self.get(ins.src, i)
         vx = self.v(ins.src)
         super().exec_bootstrap_cins(ins, i)
-        s = self.model.boot(x[: self.S])
+        s = self.model.boot(x[: self.S], self.level(ins.src) == 0)
         re_v, im_v = cins.bootstrap_cins(vx, int(ins.l))
         self.noise(ins.dsts[0], s, "bootstrap", re_v)
         self.noise(ins.dsts[1], s, "bootstrap", im_v)

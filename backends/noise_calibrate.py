@@ -45,7 +45,7 @@ def _poly_a(levels: int) -> list[float]:
     return [float(c) for c in np.polynomial.chebyshev.chebfit(t, np.maximum(t, 0.0), deg)]
 
 
-def calibration_plan(params: Params, rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.ndarray],
+def calibration_plan(params: Params, rng: np.random.Generator, level0: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray],
                                                                          dict[str, np.ndarray]]:
     S = params.slots
     L = params.max_level if params.boot is None else params.boot.levels_after
@@ -90,6 +90,21 @@ def calibration_plan(params: Params, rng: np.random.Generator) -> tuple[dict[str
                  {"op": "output", "src": "bu", "tensor": "boot_uniform", "table": "out"},
                  {"op": "bootstrap", "dst": "bk", "src": "k"},
                  {"op": "output", "src": "bk", "tensor": "boot_const", "table": "out"}]
+    if params.boot is not None and level0:
+        # the same two bootstraps from level 0 (Lattigo's ScaleDown cannot set the scale
+        # there: the message enters EvalMod at the operand's own scale)
+        pts["one"] = {"source": "const", "table": "pt/one"}
+        tables["pt/one.idx"] = ar
+        tables["pt/one.coef"] = np.ones(S)
+        for src in ("u", "k"):
+            prev = src
+            for j in range(1, L + 1):
+                prog += [{"op": "pmul", "dst": f"{src}p{j}", "src": prev, "pt": "one"},
+                         {"op": "rescale", "dst": f"{src}q{j}", "src": f"{src}p{j}"}]
+                prev = f"{src}q{j}"
+            prog += [{"op": "bootstrap", "dst": f"{src}b0", "src": prev},
+                     {"op": "output", "src": f"{src}b0", "tensor": f"boot0_{'uniform' if src == 'u' else 'const'}",
+                      "table": "out"}]
     plan = {"schema": "slotplan.plan/1", "graph": {"name": "noise-calibration", "sha256": "0" * 64},
             "params": params.to_json(), "plaintexts": pts, "program": prog}
     return plan, tables, values
@@ -135,6 +150,13 @@ def _fit(params: Params, plan: Mapping[str, Any], values: Mapping[str, np.ndarra
         out["boot_cube"] = math.sqrt(max(const2 - floor2, 0.0)) / A**3
         detail["boot_const_max_abs_error"] = float(np.max(np.abs(errs["boot_const"])))
         detail["boot_uniform_max_abs_error"] = float(np.max(np.abs(errs["boot_uniform"])))
+        if "boot0_const" in errs:
+            # from level 0 (rms of the input's own error, 9 rescales, subtracted)
+            f0 = max(ms("boot0_uniform") - ms(f"pmul{L}"), 0.0)
+            out["boot0_floor"] = math.sqrt(f0)
+            out["boot0_cube"] = math.sqrt(max(ms("boot0_const") - ms(f"pmul{L}") - f0, 0.0)) / A**3
+            detail["boot0_const_max_abs_error"] = float(np.max(np.abs(errs["boot0_const"])))
+            detail["boot0_uniform_max_abs_error"] = float(np.max(np.abs(errs["boot0_uniform"])))
     return {"sigma": out, "detail": detail}
 
 

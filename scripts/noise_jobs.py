@@ -54,17 +54,17 @@ def _probed(plan: dict[str, Any], tables: dict[str, np.ndarray], S: int) -> dict
     return plan
 
 
-def prepare(out: Path, local: Path, cnn: list[str] | None) -> None:
+def prepare(out: Path, local: Path, cnn: list[str] | None, only: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     meta: dict[str, Any] = {}
-    for spec in CAL:
+    for spec in only or CAL:
         p = load_params(spec)
         plan, tables, values = calibration_plan(p, rng)
         ins, pts = pack_vectors(plan, values, {}, tables)
         _write(out / f"cal_{p.name}", plan, ins, pts)
         meta[f"cal_{p.name}"] = {"kind": "cal", "spec": spec, "plan": plan, "tables": tables, "values": values}
     p = load_params("n14boot")
-    for name, g, init in (("chain12", chain12(p.slots), "ones"), ("squarings12", squarings12(p.slots), "near1"),
+    for name, g, init in [] if only else (("chain12", chain12(p.slots), "ones"), ("squarings12", squarings12(p.slots), "near1"),
                           ("squarings12const", squarings12(p.slots), "const")):
         res = plan_graph(g, p, PlanOptions(allow_insecure=True))
         tables = dict(res.tables.items())
@@ -188,7 +188,9 @@ def collect(results: Path, local: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "prepare":
+    if sys.argv[1] == "prepare-cal":  # calibration jobs only: DIR LOCAL PRESET...
+        prepare(Path(sys.argv[2]), Path(sys.argv[3]), None, sys.argv[4:])
+    elif sys.argv[1] == "prepare":
         prepare(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[5:10] if len(sys.argv) > 4 and sys.argv[4] == "--cnn"
                 else None)
     else:
