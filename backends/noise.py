@@ -62,6 +62,12 @@ class Sigmas(BaseModel):
     # a bootstrap whose input is at level 0 (measured separately: much larger)
     boot0_floor: float | None = None
     boot0_cube: float | None = None
+    # relative error of a bootstrap from level 0 of a value whose scale drifted from the
+    # default (a product of ciphertexts: s_a s_b / q): Lattigo's ScaleDown multiplies by the
+    # integer part of (q0 / scale) / MessageRatio and cannot rescale at level 0; the default
+    # Evaluate drops the resulting scale error (errScale), so the value comes back multiplied
+    # by it. rms of frac(r) / r, r ~ q0 / (scale 2^8): 1 / (sqrt(3) 2^(log q0 - log_scale - 8))
+    boot0_scale_rel: float | None = None
 
 
 class NoiseFile(BaseModel):
@@ -184,6 +190,7 @@ class NoisyMachine(sim._Machine):
         self.added: dict[str, float] = {}  # variance added per op class (summed over slots)
         self.last_pt: tuple[str, np.ndarray] = ("", np.zeros(0))
         self.unres: set[str] = set()  # registers carrying an unrescaled product
+        self.drift: set[str] = set()  # registers whose scale drifted (from a cmul, until a bootstrap)
         self.depths = register_depths([p for p in a[4] if p is not None]) if len(a) > 4 else {}
         # fused linear blocks (backends/lattigo/fused.go), recognised as the executor does:
         # the ciphertext a baby step rotates, and the ciphertext a linear form multiplies
@@ -199,6 +206,14 @@ class NoisyMachine(sim._Machine):
             self.regs[dst] = v + e
         self.var[dst] = base + sigma**2
         self.added[op] = self.added.get(op, 0.0) + sigma**2 * v.size
+
+    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str) -> None:
+        # the plan's values were checked against boot.max_abs; CKKS noise may push a value
+        # at the bound just past it (Lattigo does not fail on that): allow a 1e-6 margin
+        if self.boot_max_abs is not None:
+            m = self.boot_max_abs
+            x = np.where(np.abs(x) <= m * (1 + 1e-6), np.clip(np.real(x), -m, m), x)
+        super().check_boot_input(x, i, what, where)
 
     def level(self, r: str) -> int:
         return self.max_level - self.depths.get(r, 0)
@@ -246,6 +261,8 @@ class NoisyMachine(sim._Machine):
     def inherit(self, dst: str, *srcs: str) -> None:
         if any(s in self.unres for s in srcs):
             self.unres.add(dst)
+        if any(s in self.drift for s in srcs):
+            self.drift.add(dst)
 
     def rotated_var(self, src: str, k: int) -> np.ndarray:
         v = self.v(src)
@@ -270,6 +287,7 @@ class NoisyMachine(sim._Machine):
             a, b = np.abs(self.regs[ins.a]) ** 2, np.abs(self.regs[ins.b]) ** 2
             self.noise(ins.dst, self.model.sigma.cmul, "cmul", b * va + a * vb + va * vb)
             self.unres.add(ins.dst)
+            self.drift.add(ins.dst)
         else:
             self.var[ins.dst] = va + vb
             self.inherit(ins.dst, ins.a, ins.b)
@@ -288,6 +306,8 @@ class NoisyMachine(sim._Machine):
             base = vx * w2 if dom is None else cins.negacyclic(vx, w2, dom).real
             self.noise(ins.dst, self.model.sigma.pmul, "pmul", np.asarray(base, dtype=np.float64))
             self.unres.add(ins.dst)
+            if ins.src in self.drift:
+                self.drift.add(ins.dst)
             if ins.src not in self.form:
                 self.form[ins.dst] = self.base.get(ins.src, ins.src)
         else:
@@ -313,6 +333,8 @@ class NoisyMachine(sim._Machine):
 
     def exec_rescale(self, ins: ir.Rescale, i: int) -> None:
         super().exec_rescale(ins, i)
+        if ins.src in self.drift:
+            self.drift.add(ins.dst)
         if ins.src in self.unres:  # a real rescale; otherwise Lattigo passes the value through
             if ins.src in self.form:
                 self.form[ins.dst] = self.form[ins.src]
@@ -330,7 +352,15 @@ class NoisyMachine(sim._Machine):
         self.rescale_in_place(ins.src)
         x = self.get(ins.src, i)
         super().exec_bootstrap(ins, i)
-        self.noise(ins.dst, self.model.boot(x, self.level(ins.src) == 0), "bootstrap", self.v(ins.src))
+        level0 = self.level(ins.src) == 0
+        base = self.v(ins.src)
+        rel = self.model.sigma.boot0_scale_rel
+        if level0 and rel and ins.src in self.drift:
+            # one factor for the whole ciphertext (a scale error), drawn once
+            eps = float(self.rng.normal(0.0, rel))
+            self.regs[ins.dst] = self.regs[ins.dst] * (1.0 + eps)
+            base = base + np.abs(x) ** 2 * rel**2
+        self.noise(ins.dst, self.model.boot(x, level0), "bootstrap", base)
 
     def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
         self.rescale_in_place(ins.src)

@@ -148,6 +148,9 @@ def _fit(params: Params, plan: Mapping[str, Any], values: Mapping[str, np.ndarra
         out["boot_floor"] = math.sqrt(floor2)
         const2 = max(ms("boot_const") - f2, 0.0)
         out["boot_cube"] = math.sqrt(max(const2 - floor2, 0.0)) / A**3
+        # Lattigo's ScaleDown at level 0 (backends/noise.py, Sigmas.boot0_scale_rel): derived
+        # from the moduli and the default message ratio 2^8; measured on the squaring chain
+        out["boot0_scale_rel"] = 1.0 / (math.sqrt(3.0) * 2.0 ** (params.log_q[0] - params.log_scale - 8))
         detail["boot_const_max_abs_error"] = float(np.max(np.abs(errs["boot_const"])))
         detail["boot_uniform_max_abs_error"] = float(np.max(np.abs(errs["boot_uniform"])))
         if "boot0_const" in errs:
