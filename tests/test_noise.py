@@ -84,7 +84,7 @@ def test_plaintext_coefficients_invert_the_embedding() -> None:
 
 
 def test_calibrated_models_load_and_unknown_presets_are_refused() -> None:
-    for name in ("n12", "n13", "n14", "orion-n13", "n14boot"):
+    for name in ("n12", "n13", "n14", "orion-n13", "n15", "n16", "n14boot"):
         m = noise.load_model({"name": name})
         assert m.sigma.fresh > 0 and m.sigma.rescale > 0, name
     assert noise.load_model({"name": "n14boot", "boot": {}}).sigma.boot_floor
