@@ -120,3 +120,37 @@ def test_prediction_within_4x_of_lattigo_at_n12() -> None:
     pred = run_plan(res.plan, res.tables, "noisy", seed=2).stats["noise"]["predicted_max_abs_error"]
     got = run_plan(res.plan, res.tables, "lattigo", seed=2).max_abs_error
     assert 0.25 < pred / got < 4, (pred, got)
+
+
+def test_bootstrap_from_level_0_after_a_ciphertext_product_carries_the_scale_error() -> None:
+    """n14boot: a value that went through a cmul (drifted scale) and is bootstrapped from
+    level 0 gets the per-ciphertext relative term boot0_scale_rel; the same value without a
+    cmul does not (measured on Lattigo: 9.7e-5 relative against 3.9e-7, docs/noise.md)."""
+    p = load_params("n14boot")
+    S = p.slots
+    ar = np.arange(S)
+    tables = {"in.idx": ar, "out.idx": ar, "one.idx": ar, "one.coef": np.ones(S)}
+    m = noise.load_model(p.to_json())
+    rel = m.sigma.boot0_scale_rel
+    assert rel is not None and 1e-4 < rel < 2e-4
+
+    def run(first: str) -> np.ndarray:
+        prog: list[dict[str, Any]] = [{"op": "input", "dst": "x", "tensor": "x", "table": "in"},
+                                      {"op": "input", "dst": "y", "tensor": "y", "table": "in"},
+                                      {"op": first, "dst": "a0", "a": "x", "b": "y"} if first == "cmul" else
+                                      {"op": "pmul", "dst": "a0", "src": "x", "pt": "one"},
+                                      {"op": "rescale", "dst": "r0", "src": "a0"}]
+        prev = "r0"
+        for j in range(1, p.boot.levels_after if p.boot else 0):
+            prog += [{"op": "pmul", "dst": f"a{j}", "src": prev, "pt": "one"},
+                     {"op": "rescale", "dst": f"r{j}", "src": f"a{j}"}]
+            prev = f"r{j}"
+        prog += [{"op": "bootstrap", "dst": "b", "src": prev}, {"op": "output", "src": "b", "tensor": "o", "table": "out"}]
+        plan = {"schema": "slotplan.plan/1", "graph": {"name": "t", "sha256": "0" * 64}, "params": p.to_json(),
+                "plaintexts": {"one": {"source": "const", "table": "one"}}, "program": prog}
+        vals = {"x": np.full(S, 0.0625), "y": np.ones(S)}
+        return noise.simulate_noisy(plan, tables, vals, m, np.random.default_rng(0)).variances["o"]
+
+    with_cmul, without = run("cmul"), run("pmul")
+    assert np.sqrt(with_cmul.max()) > 0.0625 * rel * 0.99
+    assert np.sqrt(without.max()) < 0.0625 * rel * 0.01
