@@ -77,6 +77,9 @@ def read_labels(path: Path, n: int) -> np.ndarray:
         y = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise SlotplanError(f"--labels {path}: cannot read a .npy array ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(y, np.ndarray):
+        y.close()
+        raise SlotplanError(f"--labels {path}: an .npz archive; labels are one .npy array")
     if y.ndim != 1 or y.dtype.kind not in "iu":
         raise SlotplanError(f"--labels {path}: must be a 1-D integer array, got {y.dtype} {tuple(y.shape)}")
     if y.shape[0] != n:

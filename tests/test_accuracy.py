@@ -93,6 +93,8 @@ def test_accuracy_bad_input_one_line(case: dict[str, Path], tmp_path: Path) -> N
         (["--data", str(tmp_path / "bad.npz")], "'z'"),
         (["--data", str(tmp_path / "shape.npz")], "expected (samples, 16)"),
         (["--backend", "gpu"], "unknown --backend"),
+        (["--labels", str(case["x"])], "labels are one .npy array"),
+        (["--labels", str(tmp_path / "missing.npy")], "cannot read a .npy array"),
     ]
     for extra, msg in cases:
         base = {"--labels": str(case["y"]), "--data": str(case["x"])}
