@@ -342,7 +342,7 @@ def _register_extensions() -> None:
     import importlib
 
     for mod in ("api.commands_ops", "api.commands_keys", "api.commands_lattigo", "api.commands_import",
-                "api.commands_inference"):
+                "api.commands_inference", "api.commands_accuracy"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.sim import simulate
+from backends.sim import SimResult, simulate
 from planner.errors import SlotplanError
 from planner.graph import Graph, parse_graph
 from planner.params import Params
@@ -23,6 +23,8 @@ from solver.registry import Registry
 SIM_RTOL = 1e-9
 # CKKS is approximate: agreement "to CKKS precision" at the presets' 2^40+ scales.
 LATTIGO_RTOL = 1e-4
+# the noisy simulator's draws (backends/noise.py)
+NOISY_SEED = 20261126
 
 
 @dataclass
@@ -131,7 +133,10 @@ def _run_sim(
     params: Params,
 ) -> Execution:
     key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
-    res = simulate(plan, tables, values, key_levels=key_levels)
+    return _run_sim_result(plan, simulate(plan, tables, values, key_levels=key_levels), params)
+
+
+def _run_sim_result(plan: Mapping[str, Any], res: SimResult, params: Params) -> Execution:
     if plan.get("keys") or params.boot is not None:
         # keys at their own levels; a bootstrapping plan's block 'boot' (its own size)
         peak_keys = int(plan["summary"]["peak_bytes"]["keys"])
@@ -142,6 +147,25 @@ def _run_sim(
     stats = {"leaked_slots": dict(sorted(res.leaked_slots.items()))}
     return Execution(res.outputs, res.counts, res.rotations, res.key_loads, peak_keys, SIM_RTOL, stats,
                      res.domain_exits)
+
+
+@EXECUTION_BACKENDS.register("noisy")
+def _run_noisy(
+    plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
+    params: Params,
+) -> Execution:
+    """The simulator plus the CKKS error model of the plan's preset (backends/noise.py); the
+    run is judged with Lattigo's tolerance, and ``stats.noise`` holds the predicted error."""
+    from backends.noise import load_model, noise_report, simulate_noisy
+
+    model = load_model(plan["params"])
+    key_levels = {int(k): int(v["level"]) for k, v in plan.get("keys", {}).items()} or None
+    nr = simulate_noisy(plan, tables, values, model, np.random.default_rng(NOISY_SEED), key_levels=key_levels)
+    ex = _run_sim_result(plan, nr.result, params)
+    ex.tolerance = LATTIGO_RTOL
+    ex.stats.pop("leaked_slots", None)  # every slot carries noise: see the sim backend
+    ex.stats["noise"] = noise_report(nr, model)
+    return ex
 
 
 @EXECUTION_BACKENDS.register("lattigo")

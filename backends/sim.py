@@ -247,13 +247,16 @@ class _Machine:
                 f"instruction {i} ({ins.op}): plaintext {ins.pt!r} (l={pt.get('l')}) does not match the "
                 f"register's domain ({'slot' if dom is None else f'cins(l={dom})'})"
             )
-        v = plaintext_vector(pt, self.tables, self.values, self.S)
+        v = self.pt_vector(ins.pt)
         x = self.get(ins.src, i)
         if isinstance(ins, ir.PMul):
             r = x * v if dom is None else cins.negacyclic(x, v, dom)
         else:
             r = x + v if isinstance(ins, ir.PAdd) else x - v
         self.put(ins.dst, r, i, dom)
+
+    def pt_vector(self, name: str) -> np.ndarray:
+        return plaintext_vector(self.pts[name], self.tables, self.values, self.S)
 
     def exec_to_cins(self, ins: ir.ToCins, i: int) -> None:
         for r in ins.reads():
@@ -416,12 +419,14 @@ def simulate(
     values: Mapping[str, np.ndarray],
     key_levels: Mapping[int, int] | None = None,
     keep: Collection[str] = (),
+    machine: Callable[..., _Machine] | None = None,
 ) -> SimResult:
     """Execute ``plan`` on ``values`` (inputs and weights by tensor name).  The registers
-    named in ``keep`` are returned in ``SimResult.registers``."""
+    named in ``keep`` are returned in ``SimResult.registers``; ``machine`` makes the machine
+    (a subclass adds the CKKS error model, backends/noise.py)."""
     t0 = time.perf_counter()
     program = [ir.try_decode(d) for d in plan["program"]]
-    m = _Machine(plan, tables, values, key_levels, program)
+    m = (machine or _Machine)(plan, tables, values, key_levels, program)
     counts: Counter[str] = Counter()
     last_use: dict[str, int] = {}
     for i, ins in enumerate(program):
@@ -430,12 +435,12 @@ def simulate(
     keep = frozenset(keep)
     kept: dict[str, np.ndarray] = {}
     for i, ins in enumerate(program):
-        run = _EXEC.get(type(ins)) if ins is not None else None
+        run = getattr(m, _EXEC[type(ins)].__name__) if ins is not None and type(ins) in _EXEC else None
         if ins is None or run is None:
             counts[ir.op_name(plan["program"][i])] += 1
             raise SimulationError(f"instruction {i}: unknown op {ir.op_name(plan['program'][i])!r}")
         counts[ins.op] += 1
-        run(m, ins, i)
+        run(ins, i)
         # free registers after their last use (keeps large plans within memory); a
         # register nobody reads is dropped at once (a plan full of dead adds stays small)
         for r in ins.reads():
