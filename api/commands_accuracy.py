@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +34,8 @@ from planner.errors import SlotplanError, ValuesError
 
 BACKENDS = ("sim", "noisy", "lattigo")
 WORST = 5
+# samples encrypted, evaluated and decrypted together by --backend lattigo (one key set for all)
+LATTIGO_CHUNK = 10
 
 
 def register(app: typer.Typer) -> None:
@@ -159,13 +161,36 @@ def float_model(path: Path, graph: Any, n_out: int) -> Callable[[Mapping[str, np
     return f
 
 
+def _lattigo_outputs(
+    plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+    data: Mapping[str, np.ndarray], n: int, out_t: str,
+) -> Generator[np.ndarray, None, None]:
+    """The decrypted output of each of the first ``n`` samples, encrypted on Lattigo: keys
+    generated once (client), the samples encrypted, evaluated by one evaluator and decrypted
+    in chunks of ``LATTIGO_CHUNK`` (backends/inference.py: the split a deployment runs)."""
+    import tempfile
+
+    from backends import inference
+
+    with tempfile.TemporaryDirectory(prefix="slotplan-accuracy-") as tmp:
+        key_dir = Path(tmp) / "keys"
+        inference.keygen(plan, key_dir)
+        for start in range(0, n, LATTIGO_CHUNK):
+            stop = min(n, start + LATTIGO_CHUNK)
+            ct = inference.encrypt(plan, key_dir, {k: v[start:stop] for k, v in data.items()}, tables=tables)
+            out = inference.evaluate(plan, key_dir / "eval", weights, ct, tables=tables)
+            ys = np.asarray(inference.decrypt(plan, key_dir, out, tables=tables)[out_t])
+            for j in range(stop - start):
+                yield ys[j].ravel()
+
+
 # ----------------------------------------------------------------------------- the run
 def evaluate(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray] | None, weights: Mapping[str, np.ndarray],
     data: Mapping[str, np.ndarray], labels: np.ndarray, backend: str, model: Path | None, limit: int | None,
     tick: Callable[[], None] = lambda: None, seed: int = 0,
 ) -> dict[str, Any]:
-    from backends.runner import regenerate_tables, run_plan
+    from backends.runner import regenerate_tables
     from backends.sim import simulate
     from planner.graph import parse_graph
     from planner.reference import reference
@@ -190,8 +215,8 @@ def evaluate(
     errs: list[float] = []
     predicted: list[float] = []
     margins: list[float] = []
-    t0 = time.perf_counter()
-    for s in range(n):
+
+    def _sample(s: int) -> None:
         values = {**weights, **{k: v[s] for k, v in data.items()}}
         ref = np.asarray(reference(graph, values)[out_t], dtype=np.float64).ravel()
         if backend == "sim":
@@ -204,7 +229,8 @@ def evaluate(
             got = np.asarray(nr.result.outputs[out_t]).ravel()
             predicted.append(predicted_max_error(nr.variances, seed=s))
         else:
-            got = np.asarray(run_plan(plan, tables, "lattigo", values=values).outputs[out_t]).ravel()
+            assert lattigo is not None
+            got = next(lattigo)
         preds["reference"].append(int(np.argmax(ref)))
         preds["backend"].append(int(np.argmax(got)))
         if fm is not None:
@@ -213,6 +239,15 @@ def evaluate(
         srt = np.sort(ref)
         margins.append(float(srt[-1] - srt[-2]) if srt.size > 1 else float("inf"))
         tick()
+
+    t0 = time.perf_counter()
+    lattigo = _lattigo_outputs(plan, tables, weights, data, n, out_t) if backend == "lattigo" else None
+    try:
+        for s in range(n):
+            _sample(s)
+    finally:
+        if lattigo is not None:
+            lattigo.close()
     y = labels[:n]
     rep: dict[str, Any] = {"samples": n, "backend": backend, "output": out_t, "seconds": round(time.perf_counter() - t0, 3)}
     acc = {}
@@ -226,6 +261,7 @@ def evaluate(
         for b in names[i + 1:]:
             agree[f"{a}~{b}"] = float(np.mean(np.asarray(preds[a]) == np.asarray(preds[b])))
     rep["argmax_agreement"] = agree
+    rep["predictions"] = {k: p for k, p in preds.items() if p}  # per sample: the argmax of each
     rep["max_abs_error"] = max(errs) if errs else 0.0
     if predicted:
         rep["predicted_max_abs_error"] = {"mean": float(np.mean(predicted)), "max": float(np.max(predicted))}
