@@ -432,6 +432,10 @@ def serve(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="wall-time limit of one planning job, seconds (candidates, solve, lowering)")] = 120.0,
     worker_memory: Annotated[str, typer.Option("--worker-memory", help="resident memory limit of one planning worker")] = "3GiB",
     max_work: Annotated[int, typer.Option("--max-work", min=1, help="largest planning work of a graph (slot blocks per node summed)")] = 20_000,
+    admin_keys: Annotated[Path | None, typer.Option("--admin-keys", help="file with admin API keys (one per line): they may list every key's plans (GET /v1/plans?all=true) and read or delete any")] = None,
+    trust_proxy: Annotated[str | None, typer.Option("--trust-proxy", help="address of the reverse proxy whose X-Forwarded-For names the client (default: the header is ignored)")] = None,
+    auth_fail_limit: Annotated[int, typer.Option("--auth-fail-limit", min=0, help="failed authentications per minute per client address before 429; 0: unlimited")] = 10,
+    worker_idle_memory: Annotated[str, typer.Option("--worker-idle-memory", help="a planning worker holding more than this after a job is replaced")] = "1GiB",
 ) -> None:
     """REST service: POST /v1/plans, GET /v1/plans, GET /v1/plans/ID, GET /v1/plans/ID/tables,
     GET /v1/plans/ID/view, DELETE /v1/plans/ID, GET /v1/jobs/ID, POST /v1/diff, GET /healthz,
@@ -445,6 +449,15 @@ def serve(
         keys_file = api_keys or (Path(os.environ["SLOTPLAN_API_KEYS_FILE"])
                                  if os.environ.get("SLOTPLAN_API_KEYS_FILE") else None)
         keys = read_api_keys(keys_file) if keys_file is not None else frozenset()
+        admins = read_api_keys(admin_keys) if admin_keys is not None else frozenset()
+        keys = keys | admins
+        if trust_proxy is not None:
+            import ipaddress
+
+            try:
+                trust_proxy = str(ipaddress.ip_address(trust_proxy.strip("[]")))
+            except ValueError:
+                raise SlotplanError(f"--trust-proxy {trust_proxy!r}: an IP address (the proxy's)") from None
         if not is_loopback(host) and not keys:
             raise SlotplanError(f"--host {host} is not loopback: API keys are required (--api-keys FILE or "
                                 "SLOTPLAN_API_KEYS_FILE)")
@@ -455,7 +468,9 @@ def serve(
         limits = RestLimits(workers=workers, max_time_limit_s=max_time_limit, max_body_bytes=parse_size(max_body),
                             max_table_bytes=parse_size(max_table_bytes), api_keys=keys, allowed_hosts=hosts,
                             rate_limit_per_min=rate_limit or None, request_timeout_s=request_timeout,
-                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work)
+                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work,
+                            admin_keys=admins, trust_proxy=trust_proxy, auth_fail_per_min=auth_fail_limit,
+                            worker_idle_memory_bytes=parse_size(worker_idle_memory))
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None

@@ -449,4 +449,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, db_path: str | Path | None 
         lg.addHandler(h)
         lg.setLevel(log_level.upper())
         lg.propagate = False
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, log_config=None)
+    # proxy headers are the guard's business (RestLimits.trust_proxy): uvicorn's own default
+    # would believe X-Forwarded-For from any loopback peer
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, log_config=None,
+                proxy_headers=False, server_header=False)
