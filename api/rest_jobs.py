@@ -39,7 +39,7 @@ from api.workers import JobKilled, WorkerPool
 from planner.costs import COST_TABLES
 from planner.errors import ParamsError, SlotplanError
 from planner.graph import Graph, parse_graph
-from planner.params import PRESETS, Params
+from planner.params import AUTO, PRESETS, Params
 from planner.pipeline import PlanOptions, PlanTimeout
 
 
@@ -47,7 +47,7 @@ from planner.pipeline import PlanOptions, PlanTimeout
 class ValidRequest:
     id: str
     graph: Graph
-    params: Params
+    params: Params | None  # None: "auto", chosen by the planning job
     options: PlanOptions
     canonical: dict[str, Any]
 
@@ -101,9 +101,15 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
         raise _err(413, "too_large", f"graph declares {len(tensors)} tensors, over the limit of {limits.max_tensors}",
                    field="tensors", rule=f"at most {limits.max_tensors} tensors")
     graph = parse_graph(raw)
-    if isinstance(req.params, str):
+    auto = req.params == AUTO
+    if auto:
+        # "auto" (as plan --params auto): the preset is chosen in the planning worker; the
+        # limits below are checked at the largest preset without bootstrapping
+        params = PRESETS["n16"]
+    elif isinstance(req.params, str):
         if req.params not in PRESETS:
-            raise ParamsError(f"unknown preset {req.params!r} (presets: {', '.join(PRESETS)}; or give an object)")
+            raise ParamsError(f"unknown preset {req.params!r} (presets: {', '.join(PRESETS)}, auto; "
+                              "or give an object)")
         params = PRESETS[req.params]
     else:
         params = Params.from_json(req.params)
@@ -137,11 +143,24 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
     except SlotplanError as e:
         raise _err(422, "options", f"options.kernels: {e}", field="options.kernels",
                    rule=getattr(e, "rule", str(e))) from None
-    graph_json, params_json, options_json = graph.to_json(), params.to_json(), options.to_json()
+    graph_json, options_json = graph.to_json(), options.to_json()
+    params_json: dict[str, Any] = {"auto": True} if auto else params.to_json()
     canonical: dict[str, Any] = {"api": API_VERSION, "graph": graph_json, "params": params_json,
                                  "options": options_json}
     rid = request_id(graph_json, params_json, options_json)
-    return ValidRequest(rid, graph, params, options, canonical)
+    return ValidRequest(rid, graph, None if auto else params, options, canonical)
+
+
+def progress_exceeded() -> type[Exception]:
+    from solver import progress
+
+    return progress.DeadlineExceeded
+
+
+def progress_deadline(wall_limit_s: float | None, started: float) -> Any:
+    from solver import progress
+
+    return progress.deadline(wall_limit_s, started)
 
 
 # --------------------------------------------------------------------------------------
@@ -157,14 +176,21 @@ JobResult = tuple[Literal["ok"], str, float] | tuple[Literal["error"], int, dict
 PLANNER_WALL_SHARE = 0.8
 
 
-def plan_job(graph_json: dict[str, Any], params: Params, options: PlanOptions,
+def plan_job(graph_json: dict[str, Any], params: Params | None, options: PlanOptions,
              wall_limit_s: float | None = None) -> JobResult:
-    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body)."""
-    from planner.pipeline import PlanWallTimeout, plan_graph
+    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body).
+    ``params`` None: "auto" (the smallest secure preset that fits, else n16boot)."""
+    from planner.pipeline import PlanWallTimeout, auto_params, plan_graph
 
     t0 = time.monotonic()
     try:
         graph = parse_graph(graph_json)
+        if params is None:
+            try:
+                with progress_deadline(wall_limit_s, t0):
+                    params = auto_params(graph, options)
+            except progress_exceeded() as e:
+                raise PlanWallTimeout(str(e)) from None
         res = plan_graph(graph, params, options, wall_limit_s=wall_limit_s, wall_started=t0)
         plan = res.plan
         check_memory_cap(plan)

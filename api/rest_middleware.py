@@ -174,7 +174,12 @@ class BodyLimitMiddleware:
             if declared > self.max_bytes:
                 await _send_json(send, 413, too_big)
                 return
-        ctype = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
+        given_type = _header(scope, b"content-type")
+        if given_type is None:
+            # a body without Content-Type is read as JSON (documented in docs/rest.md): the
+            # app is told so, instead of answering 422 for a body it never looked at
+            scope["headers"] = [*scope.get("headers", []), (b"content-type", b"application/json")]
+        ctype = (given_type or "application/json").split(";")[0].strip().lower()
         if ctype != "application/json" and not ctype.endswith("+json"):
             await _send_json(send, 415, {"error": "request", "field": "Content-Type", "rule": "application/json",
                                          "message": f"the body must be application/json, not {ctype[:60]}"})

@@ -82,7 +82,8 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     graph: dict[str, Any] = Field(description="a slotplan.graph/1 document")
     params: str | dict[str, Any] = Field(
-        default="n16", description="preset name (n12..n16) or a CKKS parameter object"
+        default="n16", description="preset name (n12..n16, n14boot, n16boot), \"auto\" (the smallest secure "
+                                   "preset that fits without bootstrapping, else n16boot) or a CKKS parameter object"
     )
     options: PlanOptionsLiteral = Field(default_factory=PlanOptionsLiteral)
 
