@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 import os
 import re
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
