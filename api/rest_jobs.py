@@ -494,6 +494,7 @@ class PlanService:
             return None
         explain = await run_in_threadpool(self.store.get_explain, ref)
         self.pages_rendered += 1
+        self.metrics.page_renders.inc()
         res = await self._run(page_job, stored.plan_json, explain)
         if res[0] == "error":
             raise ApiError(res[1], res[2])

@@ -47,6 +47,8 @@ class Metrics:
                               ["limit"], registry=self.registry)
         self.rate_limited = Counter("slotplan_rate_limited_total", "requests refused with 429",
                                     registry=self.registry)
+        self.page_renders = Counter("slotplan_page_renders_total", "plan pages rendered (in a planning worker)",
+                                    registry=self.registry)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
