@@ -7,8 +7,8 @@
 # graphs (paths relative to the repository root) with each commit's own slotplan
 # (`python -m api.cli batch`), and writes `slotplan diff --format md` of the two results
 # to $GITHUB_STEP_SUMMARY (stdout when unset).  Exits 1 when the head regresses (more
-# rotations or key loads, a larger peak, a worse solver status, parameters that became
-# insecure, a graph that stopped planning), 0 otherwise, 2 on bad input.
+# rotations or key loads, a larger modelled peak, outputs no longer clean, parameters that
+# became insecure, a graph that stopped planning), 0 otherwise, 2 on bad input.
 #
 # Environment: PLAN_DIFF_PARAMS (default n13), PLAN_DIFF_TIME_LIMIT (solver seconds per
 # graph, default 30), PYTHON (default python3), PLAN_DIFF_OUT (also keep base.jsonl,
