@@ -39,8 +39,14 @@ async def run(base: str, pid: int, n: int, params: str, views: int) -> None:
         r = await http.post("/v1/plans", json={"graph": graph(n), "params": params, "options": {"time_limit_s": 30}})
         print(f"POST /v1/plans: HTTP {r.status_code} in {time.perf_counter() - t0:.1f} s; server RSS "
               f"{rss_bytes(pid) / 2**20:.0f} MiB")
-        r.raise_for_status()
         plan_id = r.json()["id"]
+        while r.status_code == 202:  # planning took longer than the server's wait: poll the job
+            await asyncio.sleep(2)
+            r = await http.get(f"/v1/jobs/{plan_id}")
+            if r.json().get("status") != "running":
+                print(f"job: {r.json().get('status')} after {time.perf_counter() - t0:.1f} s")
+                break
+        r.raise_for_status()
         samples: list[tuple[float, float]] = []
         done = asyncio.Event()
 
