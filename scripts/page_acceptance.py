@@ -61,6 +61,8 @@ async def run(base: str, pid: int, n: int, params: str, views: int) -> None:
         async def view() -> tuple[int, float, int]:
             t = time.perf_counter()
             v = await http.get(f"/v1/plans/{plan_id}/view")
+            if v.status_code != 200:
+                print(f"view: {v.text[:300]}")
             return v.status_code, time.perf_counter() - t, len(v.content)
 
         rss0 = rss_bytes(pid)
@@ -89,12 +91,14 @@ def main() -> int:
     ap.add_argument("--params", default="n16")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--worker-memory", default="3GiB", help="the server's --worker-memory (growth of one job)")
     args = ap.parse_args()
     port = free_port()
     base = f"http://{HOST}:{port}"
     with tempfile.TemporaryDirectory(prefix="slotplan-page-") as tmp:
         cmd = [sys.executable, "-c", "from api.cli import main; main()", "serve", "--port", str(port), "--db",
                str(Path(tmp) / "db.sqlite3"), "--workers", str(args.workers), "--request-timeout", "600",
+               "--worker-memory", args.worker_memory,
                "--rate-limit", "0"]
         with open(Path(tmp) / "log", "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
