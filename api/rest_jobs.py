@@ -277,6 +277,7 @@ class PlanService:
         self._owners: dict[str, set[str]] = {}
         self._jobs: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._page_inflight: dict[str, asyncio.Task[str | None]] = {}
+        self._page_failed: dict[str, ApiError] = {}  # pages refused over a limit, by content id
         self.pages_rendered = 0  # page renders actually run (once per plan is tested on it)
         self._pending = 0
         self.jobs_started = 0  # planning jobs actually run (single-flight is tested on it)
@@ -410,6 +411,11 @@ class PlanService:
             self._failed.pop(next(iter(self._failed)))
         self._failed[key] = {**body, "status": status}
 
+    def _remember_page_failure(self, ref: str, e: ApiError) -> None:
+        if len(self._page_failed) >= 10_000:
+            self._page_failed.pop(next(iter(self._page_failed)))
+        self._page_failed[ref] = e
+
     def _remember_job(self, oid: str, owner: str, ref: str) -> None:
         self._jobs[oid] = (owner, ref)
         self._jobs.move_to_end(oid)
@@ -470,6 +476,9 @@ class PlanService:
         if ref is None:
             return None
         html = await run_in_threadpool(self.store.get_page, ref)
+        failed = self._page_failed.get(ref)
+        if html is None and failed is not None:
+            raise failed  # the same plan under the same limits: the same answer, without a new render
         if html is None:
             task = self._page_inflight.get(ref)
             if task is None or task.done():
@@ -495,9 +504,16 @@ class PlanService:
         explain = await run_in_threadpool(self.store.get_explain, ref)
         self.pages_rendered += 1
         self.metrics.page_renders.inc()
-        res = await self._run(page_job, stored.plan_json, explain)
+        try:
+            res = await self._run(page_job, stored.plan_json, explain)
+        except ApiError as e:
+            if e.status == 413:  # over a limit: remembered (bounded), not rendered again
+                self._remember_page_failure(ref, e)
+            raise
         if res[0] == "error":
-            raise ApiError(res[1], res[2])
+            err = ApiError(res[1], res[2])
+            self._remember_page_failure(ref, err)
+            raise err
         html, explain_json = json.loads(res[1])
         await run_in_threadpool(self.store.put_page, ref, html, explain_json)
         return str(html)

@@ -177,6 +177,9 @@ def test_page_runs_in_a_worker_under_the_memory_limit(db: Path) -> None:
         r = c.get(f"/v1/plans/{pid}/view")
         assert r.status_code == 413 and r.json()["field"] == "limits.worker_memory_bytes"
         assert c.get("/healthz").status_code == 200
+        again = c.get(f"/v1/plans/{pid}/view")  # the same answer, without rendering again
+        assert again.status_code == 413 and again.json() == r.json()
+        assert c.app.state.service.pages_rendered == 1  # type: ignore[attr-defined]
     limits = RestLimits(executor="process", workers=1)
     with TestClient(create_app(db, limits), raise_server_exceptions=False) as c:
         r = c.get(f"/v1/plans/{pid}/view")
