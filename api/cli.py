@@ -122,6 +122,11 @@ def plan(
         raise _fail(ValueError(f"option {loc}: {first['msg']}")) from None
     except SlotplanError as e:
         raise _fail(e) from None
+    if summary.get("insecure"):  # SPEC section 9: said wherever a plan is shown (stderr: stdout stays JSON)
+        from planner.params import insecure_line
+
+        err.print(f"slotplan: warning: {insecure_line(res.plan['params']) or 'parameters below the 128-bit bound'}",
+                  highlight=False, markup=False)
     if as_json:
         # the printed summary carries the measured seconds (the plan file stays deterministic
         # unless --record-timings)

@@ -47,17 +47,21 @@ def batch_key(graph_sha256: str, params_json: Mapping[str, Any], options_json: M
     ).hexdigest()
 
 
-def batch_worker(graph_json: dict[str, Any], params: Params, options: PlanOptions) -> dict[str, Any]:
-    """Plan one graph (in a worker process); never raises: failures become the line."""
+def batch_worker(graph_json: dict[str, Any], params: Params | None, options: PlanOptions) -> dict[str, Any]:
+    """Plan one graph (in a worker process); never raises: failures become the line.
+    ``params`` None: ``--params auto``, chosen per graph as ``plan`` does."""
     from api.rest import check_memory_cap
     from planner.diff import node_digest, strip_timings
     from planner.graph import parse_graph
-    from planner.pipeline import PlanTimeout, plan_graph
+    from planner.pipeline import PlanTimeout, auto_params, plan_graph
 
     t0 = time.perf_counter()
     line: dict[str, Any] = {"status": "error", "error": None, "summary": None, "nodes": []}
     try:
         graph = parse_graph(graph_json)
+        if params is None:
+            params = auto_params(graph, options)
+            line["params_chosen"] = params.name
         res = plan_graph(graph, params, options)
         check_memory_cap(res.plan)
         line.update(
@@ -137,6 +141,9 @@ def prepare_items(files: list[Path], params_json: dict[str, Any], options_json: 
     for f in files:
         base = {"schema": BATCH_SCHEMA, "path": str(f), "params": params_name, "options": options_json}
         try:
+            if f.suffix.lower() == ".onnx":
+                raise SlotplanError(f"{f} is an ONNX model: batch plans graph files (slotplan.graph/1 JSON); "
+                                    f"import it first: slotplan import {f} -o GRAPH.json --weights-out W.npz")
             g = load_graph(f)
         except SlotplanError as e:
             try:
@@ -161,7 +168,7 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
 
 def run_batch_items(
     items: list[BatchItem],
-    params: Params,
+    params: Params | None,
     options: PlanOptions,
     jobs: int,
 ) -> Iterator[tuple[BatchItem, dict[str, Any]]]:
@@ -209,7 +216,7 @@ def run_batch_items(
 
 def run_batch_items_ray(
     items: list[BatchItem],
-    params: Params,
+    params: Params | None,
     options: PlanOptions,
     jobs: int,
     address: str | None = None,
@@ -291,7 +298,7 @@ def batch(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from planner.io import parse_size
-    from planner.params import load_params
+    from planner.params import AUTO, load_params
     from planner.pipeline import PlanOptionsLiteral
 
     try:
@@ -300,7 +307,7 @@ def batch(
         if address is not None and engine != "ray":
             raise SlotplanError("--address needs --engine ray")
         files = expand_paths(paths)
-        p = load_params(params)
+        p = load_params(params) if params != AUTO else None  # auto: per graph, as plan --params auto
         SOLVER_BACKENDS.check(solver)
         lit = PlanOptionsLiteral(
             solver=solver,
@@ -313,11 +320,12 @@ def batch(
         options = PlanOptions.from_literal(lit)
         from planner.params import check_security
 
-        check_security(p, allow_insecure)  # refuse before any graph is planned
+        if p is not None:
+            check_security(p, allow_insecure)  # refuse before any graph is planned
         options_json = options.to_json()
-        params_json = p.to_json()
+        params_json: dict[str, Any] = p.to_json() if p is not None else {"auto": True}
         done = read_done_keys(out)
-        items = prepare_items(files, params_json, options_json, p.name)
+        items = prepare_items(files, params_json, options_json, p.name if p is not None else AUTO)
     except ValidationError as e:
         first = e.errors()[0]
         raise fail(ValueError(f"option {'.'.join(str(x) for x in first['loc'])}: {first['msg']}")) from None
@@ -432,6 +440,10 @@ def serve(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="wall-time limit of one planning job, seconds (candidates, solve, lowering)")] = 120.0,
     worker_memory: Annotated[str, typer.Option("--worker-memory", help="resident memory limit of one planning worker")] = "3GiB",
     max_work: Annotated[int, typer.Option("--max-work", min=1, help="largest planning work of a graph (slot blocks per node summed)")] = 20_000,
+    admin_keys: Annotated[Path | None, typer.Option("--admin-keys", help="file with admin API keys (one per line): they may list every key's plans (GET /v1/plans?all=true) and read or delete any")] = None,
+    trust_proxy: Annotated[str | None, typer.Option("--trust-proxy", help="address of the reverse proxy whose X-Forwarded-For names the client (default: the header is ignored)")] = None,
+    auth_fail_limit: Annotated[int, typer.Option("--auth-fail-limit", min=0, help="failed authentications per minute per client address before 429; 0: unlimited")] = 10,
+    worker_idle_memory: Annotated[str, typer.Option("--worker-idle-memory", help="a planning worker holding more than this after a job is replaced")] = "1GiB",
 ) -> None:
     """REST service: POST /v1/plans, GET /v1/plans, GET /v1/plans/ID, GET /v1/plans/ID/tables,
     GET /v1/plans/ID/view, DELETE /v1/plans/ID, GET /v1/jobs/ID, POST /v1/diff, GET /healthz,
@@ -445,6 +457,15 @@ def serve(
         keys_file = api_keys or (Path(os.environ["SLOTPLAN_API_KEYS_FILE"])
                                  if os.environ.get("SLOTPLAN_API_KEYS_FILE") else None)
         keys = read_api_keys(keys_file) if keys_file is not None else frozenset()
+        admins = read_api_keys(admin_keys) if admin_keys is not None else frozenset()
+        keys = keys | admins
+        if trust_proxy is not None:
+            import ipaddress
+
+            try:
+                trust_proxy = str(ipaddress.ip_address(trust_proxy.strip("[]")))
+            except ValueError:
+                raise SlotplanError(f"--trust-proxy {trust_proxy!r}: an IP address (the proxy's)") from None
         if not is_loopback(host) and not keys:
             raise SlotplanError(f"--host {host} is not loopback: API keys are required (--api-keys FILE or "
                                 "SLOTPLAN_API_KEYS_FILE)")
@@ -455,7 +476,9 @@ def serve(
         limits = RestLimits(workers=workers, max_time_limit_s=max_time_limit, max_body_bytes=parse_size(max_body),
                             max_table_bytes=parse_size(max_table_bytes), api_keys=keys, allowed_hosts=hosts,
                             rate_limit_per_min=rate_limit or None, request_timeout_s=request_timeout,
-                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work)
+                            worker_memory_bytes=parse_size(worker_memory), max_work=max_work,
+                            admin_keys=admins, trust_proxy=trust_proxy, auth_fail_per_min=auth_fail_limit,
+                            worker_idle_memory_bytes=parse_size(worker_idle_memory))
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None

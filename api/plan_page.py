@@ -7,6 +7,13 @@ legend of the layout notation.  The runner-ups and the layouts of intermediate v
 re-derived by planning the plan's embedded graph again (:mod:`planner.explain`), unless
 the plan carries ``explain``.
 
+That re-planning is real planning work, so the server never renders a page itself: the
+planning service (:meth:`api.rest_jobs.PlanService.page`) renders it in a planning worker
+under the request limits (wall time, worker memory), once per plan (concurrent views
+share one render), and caches the page and the explanations in the plan store.  The page
+is rendered with :data:`PLAN_ID_PLACEHOLDER` where the plan id goes, and each owner is
+served it with the id they know (:func:`with_plan_id`).
+
 Hooked into the REST app by :func:`register` (one call in ``api.rest.create_app``), which
 also adds ``Link: </v1/plans/{id}/view>; rel="view"`` to every response that carries a
 plan id (``x-slotplan-plan-id``), so the REST answer points at its page.
@@ -16,18 +23,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import tempfile
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from api.show import (
     LEGEND,
@@ -44,12 +47,21 @@ from api.show import (
     table_sizes,
 )
 from planner.errors import SlotplanError
+from planner.params import insecure_line
 
 VIEW_PATH = "/v1/plans/{plan_id}/view"
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_LAYOUTS = 12  # layout pictures per page (said on the page when there are more)
 MAX_CT = 4  # ciphertexts drawn per layout
-CACHE_PAGES = 16
+PLAN_ID_PLACEHOLDER = "@@SLOTPLAN-PLAN-ID@@"
+# the page has no scripts and only inline styles and data: images
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+                               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
@@ -76,6 +88,17 @@ def _png_uri(draw: Callable[[Path], Path]) -> str:
 
 def render_page(plan_id: str, plan: Mapping[str, Any]) -> str:
     """The HTML page of a plan (deterministic for a given plan)."""
+    return render_page_and_explain(plan_id, plan)[0]
+
+
+def with_plan_id(page: str, plan_id: str) -> str:
+    """A page rendered with :data:`PLAN_ID_PLACEHOLDER`, naming ``plan_id`` (64 hex digits)."""
+    assert _ID_RE.match(plan_id)
+    return page.replace(PLAN_ID_PLACEHOLDER, plan_id)
+
+
+def render_page_and_explain(plan_id: str, plan: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The HTML page of a plan and the explanations it shows (None when unavailable)."""
     from planner.explain import ExplainError, explain_choices, replan
 
     s = plan["summary"]
@@ -108,6 +131,9 @@ def render_page(plan_id: str, plan: Mapping[str, Any]) -> str:
                               f"{_fmt_bytes(pk['plaintexts'])}, ciphertexts {_fmt_bytes(pk['ciphertexts'])})"),
             ("memory cap", _fmt_bytes(s["memory_cap_bytes"]) if s.get("memory_cap_bytes") else "none"),
             ("solver", f"{solver.get('name')}: {solver.get('status')}, objective {solver.get('objective')}")]
+    if s.get("insecure"):
+        parts.append('<p id="insecure" class="note"><strong>Insecure parameters:</strong> '
+                     f"{_e(insecure_line(plan['params']) or 'below the 128-bit bound')}</p>")
     parts.append('<section id="summary"><h2>Summary</h2><table>')
     parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows]
     parts.append("</table></section>")
@@ -187,28 +213,7 @@ def render_page(plan_id: str, plan: Mapping[str, Any]) -> str:
     parts.append("</section>")
     parts.append(f'<section id="legend"><h2>Legend</h2><pre>{_e(LEGEND)}</pre></section>')
     parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-class _PageCache:
-    """Rendered pages by plan id (plans are content-addressed, so a page never changes)."""
-
-    def __init__(self, size: int = CACHE_PAGES):
-        self.size = size
-        self.pages: OrderedDict[str, str] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get_or_render(self, plan_id: str, plan_json: str) -> str:
-        with self.lock:
-            if plan_id in self.pages:
-                self.pages.move_to_end(plan_id)
-                return self.pages[plan_id]
-        page = render_page(plan_id, json.loads(plan_json))
-        with self.lock:
-            self.pages[plan_id] = page
-            while len(self.pages) > self.size:
-                self.pages.popitem(last=False)
-        return page
+    return "\n".join(parts) + "\n", (dict(ex) if ex is not None else None)
 
 
 class ViewLinkMiddleware:
@@ -236,23 +241,34 @@ class ViewLinkMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
-def register(app: FastAPI, store: Any = None) -> None:
-    """Serve the plan page from ``store`` (default: the REST service's plan store)."""
+_VIEW_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing or wrong API key"},
+    404: {"description": "no such plan (or another API key's)"},
+    413: {"description": "rendering went over the service's wall-time or worker-memory limit"},
+    421: {"description": "the Host header is not served here"},
+    429: {"description": "over the rate limit; retry after Retry-After",
+          "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+    503: {"description": "busy; retry after Retry-After", "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+}
+
+
+def register(app: FastAPI) -> None:
+    """Serve the plan page of the REST service's plans (``app.state.service``)."""
     router = APIRouter()
-    cache = _PageCache()
 
     @router.get(VIEW_PATH, response_class=HTMLResponse, summary="A stored plan as a web page",
-                responses={404: {"description": "no such plan"}})
-    async def view_plan(plan_id: str) -> Response:
-        st = store if store is not None else app.state.service.store
+                responses=_VIEW_RESPONSES)
+    async def view_plan(plan_id: str, request: Request) -> Response:
+        service = app.state.service
         if not _ID_RE.match(plan_id):
             return JSONResponse({"error": "not_found", "message": f"no plan {plan_id[:80]!r}: ids are 64 hex digits"},
                                 status_code=404)
-        stored = await run_in_threadpool(st.get, plan_id)
-        if stored is None:
+        state = request.state
+        page = await service.page(plan_id, getattr(state, "owner", ""), getattr(state, "admin", False))
+        if page is None:
             return JSONResponse({"error": "not_found", "message": f"no plan with id {plan_id}"}, status_code=404)
-        page = await run_in_threadpool(cache.get_or_render, plan_id, stored.plan_json)
-        return HTMLResponse(page)
+        request.state.plan_id = plan_id
+        return HTMLResponse(page, headers=SECURITY_HEADERS)
 
     app.include_router(router)
     app.add_middleware(ViewLinkMiddleware)  # type: ignore[arg-type]

@@ -81,7 +81,7 @@ from api.rest_models import (
     _err,
     error_body,
 )
-from api.store import PlanStore
+from api.store import ANONYMOUS, PlanStore
 from planner.diff import DiffInputError, diff_plans, render_markdown
 from planner.errors import SlotplanError
 from planner.pipeline import plan_table_names
@@ -221,6 +221,12 @@ def create_app(  # noqa: C901, PLR0915
         return JSONResponse({"error": "internal", "message": f"internal error: {type(e).__name__}"},
                             status_code=500)
 
+    def _owner(request: Request) -> str:
+        return str(getattr(request.state, "owner", ANONYMOUS))
+
+    def _admin(request: Request) -> bool:
+        return bool(getattr(request.state, "admin", False))
+
     def _accepted(plan_id: str) -> JSONResponse:
         loc = f"/v1/jobs/{plan_id}"
         return JSONResponse(JobStatus(id=plan_id, status="running").model_dump(), status_code=202,
@@ -242,23 +248,23 @@ def create_app(  # noqa: C901, PLR0915
             # since it points at a validator that should have named the rule)
             log.error("validation", exc_info=True, extra={"fields": {"event": "unexpected_validation_error"}})
             raise _err(422, "request", f"invalid request: {' '.join(str(e).split())[:500]}") from None
-        request.state.plan_id = vr.id
         wait = 0.0 if prefer and "respond-async" in prefer.lower() else limits.sync_wait_s
-        status, body, hit = await service.plan(vr, wait)
+        status, body, hit, oid = await service.plan(vr, wait, _owner(request))
+        request.state.plan_id = oid
         request.state.cache = "hit" if hit else "miss"
         if status == 202:
-            return _accepted(vr.id)
+            return _accepted(oid)
         if status != 200:
             assert isinstance(body, dict)
             raise ApiError(status, body)
         assert isinstance(body, str)
-        return await run_in_threadpool(_plan_response, vr.id, body, hit)
+        return await run_in_threadpool(_plan_response, oid, body, hit)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=_ERRORS, summary="A planning job")
     async def get_job(job_id: str, request: Request) -> JSONResponse:
         if not _ID_RE.match(job_id):
             raise _err(404, "not_found", f"no job {job_id[:80]!r}: ids are 64 hex digits")
-        st = await service.job(job_id)
+        st = await service.job(job_id, _owner(request), _admin(request))
         if st is None:
             raise _err(404, "not_found", f"no job with id {job_id}")
         headers = {"Retry-After": str(limits.retry_after_s)} if st.status == "running" else {}
@@ -270,15 +276,22 @@ def create_app(  # noqa: C901, PLR0915
         if not _ID_RE.match(plan_id):
             raise _err(404, "not_found", f"no plan {plan_id[:80]!r}: ids are 64 hex digits")
         request.state.plan_id = plan_id
-        stored = await run_in_threadpool(store.get, plan_id)
+        stored = await run_in_threadpool(store.get_owned, _owner(request), plan_id, _admin(request))
         if stored is None:
             raise _err(404, "not_found", f"no plan with id {plan_id}")
         return plan_id, stored.plan_json
 
     @app.get("/v1/plans", response_model=PlanList, responses=_ERRORS, summary="Stored plans, newest first")
-    async def list_plans(limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=10**9)) -> PlanList:
-        total, rows = await run_in_threadpool(store.page, limit, offset)
-        nxt = f"/v1/plans?limit={limit}&offset={offset + limit}" if offset + limit < total else None
+    async def list_plans(request: Request, limit: int = Query(50, ge=1, le=500),
+                         offset: int = Query(0, ge=0, le=10**9),
+                         all: bool = Query(False, description="admin keys only: every key's plans, with "
+                                                              "their owner")) -> PlanList:
+        if all and not _admin(request):
+            raise _err(403, "forbidden", "all=true lists every key's plans: an admin key only",
+                       field="all", rule="an admin key (--admin-keys)")
+        total, rows = await run_in_threadpool(store.page_owned, None if all else _owner(request), limit, offset)
+        more = "&all=true" if all else ""
+        nxt = f"/v1/plans?limit={limit}&offset={offset + limit}{more}" if offset + limit < total else None
         return PlanList(items=[PlanListItem(**r) for r in rows], total=total, limit=limit, offset=offset, next=nxt)
 
     @app.get("/v1/plans/{plan_id}", response_model=PlanResponse, responses=_ERRORS, summary="A stored plan")
@@ -289,7 +302,8 @@ def create_app(  # noqa: C901, PLR0915
     @app.delete("/v1/plans/{plan_id}", status_code=204, response_class=Response, responses=_ERRORS,
                 summary="Delete a stored plan")
     async def delete_plan(plan_id: str, request: Request) -> Response:
-        if not _ID_RE.match(plan_id) or not await run_in_threadpool(store.delete, plan_id):
+        if not _ID_RE.match(plan_id) or not await run_in_threadpool(store.delete_owned, _owner(request), plan_id,
+                                                                    _admin(request)):
             raise _err(404, "not_found", f"no plan with id {plan_id[:80]}")
         request.state.plan_id = plan_id
         return Response(status_code=204)
@@ -371,9 +385,9 @@ def create_app(  # noqa: C901, PLR0915
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     from api.plan_page import register as register_plan_page  # issue 17: GET /v1/plans/{id}/view + Link
-    register_plan_page(app, store)
+    register_plan_page(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)  # type: ignore[arg-type]
-    app.add_middleware(GuardMiddleware, limits=limits, metrics=metrics)  # type: ignore[arg-type]
+    app.add_middleware(GuardMiddleware, limits=limits, metrics=metrics, store=store)  # type: ignore[arg-type]
     app.add_middleware(AccessLogMiddleware, metrics=metrics)  # type: ignore[arg-type]
     return app
 
@@ -435,4 +449,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, db_path: str | Path | None 
         lg.addHandler(h)
         lg.setLevel(log_level.upper())
         lg.propagate = False
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, log_config=None)
+    # proxy headers are the guard's business (RestLimits.trust_proxy): uvicorn's own default
+    # would believe X-Forwarded-For from any loopback peer
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, log_config=None,
+                proxy_headers=False, server_header=False)

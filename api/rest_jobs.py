@@ -9,6 +9,7 @@ import json
 import os
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,12 +34,12 @@ from api.rest_models import (
     _err,
     error_body,
 )
-from api.store import PlanStore
+from api.store import ANONYMOUS, PlanStore, owned_id
 from api.workers import JobKilled, WorkerPool
 from planner.costs import COST_TABLES
 from planner.errors import ParamsError, SlotplanError
 from planner.graph import Graph, parse_graph
-from planner.params import PRESETS, Params
+from planner.params import AUTO, PRESETS, Params
 from planner.pipeline import PlanOptions, PlanTimeout
 
 
@@ -46,7 +47,7 @@ from planner.pipeline import PlanOptions, PlanTimeout
 class ValidRequest:
     id: str
     graph: Graph
-    params: Params
+    params: Params | None  # None: "auto", chosen by the planning job
     options: PlanOptions
     canonical: dict[str, Any]
 
@@ -100,9 +101,15 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
         raise _err(413, "too_large", f"graph declares {len(tensors)} tensors, over the limit of {limits.max_tensors}",
                    field="tensors", rule=f"at most {limits.max_tensors} tensors")
     graph = parse_graph(raw)
-    if isinstance(req.params, str):
+    auto = req.params == AUTO
+    if auto:
+        # "auto" (as plan --params auto): the preset is chosen in the planning worker; the
+        # limits below are checked at the largest preset without bootstrapping
+        params = PRESETS["n16"]
+    elif isinstance(req.params, str):
         if req.params not in PRESETS:
-            raise ParamsError(f"unknown preset {req.params!r} (presets: {', '.join(PRESETS)}; or give an object)")
+            raise ParamsError(f"unknown preset {req.params!r} (presets: {', '.join(PRESETS)}, auto; "
+                              "or give an object)")
         params = PRESETS[req.params]
     else:
         params = Params.from_json(req.params)
@@ -136,11 +143,24 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
     except SlotplanError as e:
         raise _err(422, "options", f"options.kernels: {e}", field="options.kernels",
                    rule=getattr(e, "rule", str(e))) from None
-    graph_json, params_json, options_json = graph.to_json(), params.to_json(), options.to_json()
+    graph_json, options_json = graph.to_json(), options.to_json()
+    params_json: dict[str, Any] = {"auto": True} if auto else params.to_json()
     canonical: dict[str, Any] = {"api": API_VERSION, "graph": graph_json, "params": params_json,
                                  "options": options_json}
     rid = request_id(graph_json, params_json, options_json)
-    return ValidRequest(rid, graph, params, options, canonical)
+    return ValidRequest(rid, graph, None if auto else params, options, canonical)
+
+
+def progress_exceeded() -> type[Exception]:
+    from solver import progress
+
+    return progress.DeadlineExceeded
+
+
+def progress_deadline(wall_limit_s: float | None, started: float) -> Any:
+    from solver import progress
+
+    return progress.deadline(wall_limit_s, started)
 
 
 # --------------------------------------------------------------------------------------
@@ -156,14 +176,21 @@ JobResult = tuple[Literal["ok"], str, float] | tuple[Literal["error"], int, dict
 PLANNER_WALL_SHARE = 0.8
 
 
-def plan_job(graph_json: dict[str, Any], params: Params, options: PlanOptions,
+def plan_job(graph_json: dict[str, Any], params: Params | None, options: PlanOptions,
              wall_limit_s: float | None = None) -> JobResult:
-    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body)."""
-    from planner.pipeline import PlanWallTimeout, plan_graph
+    """Plan a validated request; returns ("ok", plan JSON, solver seconds) or ("error", status, body).
+    ``params`` None: "auto" (the smallest secure preset that fits, else n16boot)."""
+    from planner.pipeline import PlanWallTimeout, auto_params, plan_graph
 
     t0 = time.monotonic()
     try:
         graph = parse_graph(graph_json)
+        if params is None:
+            try:
+                with progress_deadline(wall_limit_s, t0):
+                    params = auto_params(graph, options)
+            except progress_exceeded() as e:
+                raise PlanWallTimeout(str(e)) from None
         res = plan_graph(graph, params, options, wall_limit_s=wall_limit_s, wall_started=t0)
         plan = res.plan
         check_memory_cap(plan)
@@ -204,6 +231,26 @@ def tables_job(plan_json: str, path: str, max_bytes: int) -> JobResult:
         return "error", 409, {"error": "tables", "message": str(e)}
 
 
+def page_job(plan_json: str, explain: dict[str, Any] | None) -> JobResult:
+    """Render the plan page (with the explanations, computed here unless given): ("ok",
+    JSON [html, explain]).  The page names the plan by a placeholder the service replaces
+    with the id each owner sees."""
+    from api.plan_page import PLAN_ID_PLACEHOLDER, render_page_and_explain
+
+    try:
+        plan = json.loads(plan_json)
+        if explain is not None and "explain" not in plan:
+            plan["explain"] = explain
+        html, ex = render_page_and_explain(PLAN_ID_PLACEHOLDER, plan)
+        return "ok", json.dumps([html, ex], separators=(",", ":"), allow_nan=False), 0.0
+    except SlotplanError as e:
+        return "error", 422, error_body(e)
+    except MemoryError:
+        return "error", 413, {"error": "limit", "field": "limits.worker_memory_bytes",
+                              "rule": "rendering must fit the worker's memory",
+                              "message": "rendering this page ran out of memory"}
+
+
 def _warm_worker() -> None:
     import planner.pipeline  # noqa: F401  (import once per worker, not per request)
 
@@ -212,6 +259,7 @@ def _warm_worker() -> None:
 # --------------------------------------------------------------------------------------
 
 PlanOutcome = tuple[int, dict[str, Any] | str]
+MAX_JOBS = 100_000  # jobs remembered for GET /v1/jobs (oldest forgotten first)
 
 
 class PlanService:
@@ -224,6 +272,13 @@ class PlanService:
         self._inflight: dict[str, asyncio.Task[PlanOutcome]] = {}
         # finished jobs that failed (a done job is its stored plan), bounded
         self._failed: dict[str, dict[str, Any]] = {}
+        # owners waiting for an in-flight plan (by content id), and the jobs each owner was
+        # given (its id -> (owner, content id)), bounded
+        self._owners: dict[str, set[str]] = {}
+        self._jobs: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._page_inflight: dict[str, asyncio.Task[str | None]] = {}
+        self._page_failed: dict[str, ApiError] = {}  # pages refused over a limit, by content id
+        self.pages_rendered = 0  # page renders actually run (once per plan is tested on it)
         self._pending = 0
         self.jobs_started = 0  # planning jobs actually run (single-flight is tested on it)
 
@@ -233,7 +288,8 @@ class PlanService:
 
     def pool(self) -> WorkerPool:
         if self._pool is None:
-            self._pool = WorkerPool(self.limits.workers, warm=_warm_worker)
+            self._pool = WorkerPool(self.limits.workers, warm=_warm_worker,
+                                    idle_memory_bytes=self.limits.worker_idle_memory_bytes)
         return self._pool
 
     def worker_pids(self) -> list[int]:
@@ -285,7 +341,8 @@ class PlanService:
         if limit == "wall_time":
             field, rule = "limits.request_timeout_s", f"a request plans within {self.limits.request_timeout_s:g} s"
         else:
-            field, rule = "limits.worker_memory_bytes", f"a request plans within {self.limits.worker_memory_bytes} bytes"
+            field, rule = ("limits.worker_memory_bytes",
+                           f"a request grows its worker by at most {self.limits.worker_memory_bytes} bytes")
         return _err(413, "limit", f"{detail}; the request is over the service limit {field} (its worker was "
                     "recycled): split the graph or plan it with the CLI", field=field, rule=rule)
 
@@ -308,14 +365,23 @@ class PlanService:
             return res[1], res[2]
         plan_json = res[1]
         self.metrics.solver.observe(res[2])
-        await run_in_threadpool(self.store.put, vr.id, vr.canonical, plan_json)
+        # the plan is stored with every owner that asked for it meanwhile, in one transaction
+        # (an owner who joins during the write is given it by the loop's next round)
+        owners = self._owners.setdefault(vr.id, set())
+        done: set[str] = set()
+        while owners - done:
+            new = sorted(owners - done)
+            await run_in_threadpool(self.store.put_owned, new, vr.id, vr.canonical, plan_json)
+            done.update(new)
         self.metrics.plans.labels("planned").inc()
         return 200, plan_json
 
-    def start(self, vr: ValidRequest) -> asyncio.Task[PlanOutcome]:
-        """The planning task of ``vr`` (one per id at a time: concurrent identical requests share it)."""
+    def start(self, vr: ValidRequest, owner: str = ANONYMOUS) -> asyncio.Task[PlanOutcome]:
+        """The planning task of ``vr`` (one per content id at a time: concurrent identical
+        requests share it, whichever key sent them)."""
+        self._owners.setdefault(vr.id, set()).add(owner)
         task = self._inflight.get(vr.id)
-        if task is not None:
+        if task is not None and not task.done():
             return task
         task = asyncio.ensure_future(self._plan_and_store(vr))
         self._inflight[vr.id] = task
@@ -323,7 +389,9 @@ class PlanService:
         key = vr.id
 
         def _done(t: asyncio.Task[PlanOutcome]) -> None:
-            self._inflight.pop(key, None)
+            if self._inflight.get(key) is t:
+                self._inflight.pop(key, None)
+                self._owners.pop(key, None)
             if t.cancelled():
                 return
             exc = t.exception()
@@ -343,31 +411,112 @@ class PlanService:
             self._failed.pop(next(iter(self._failed)))
         self._failed[key] = {**body, "status": status}
 
-    async def plan(self, vr: ValidRequest, wait_s: float) -> tuple[int, dict[str, Any] | str | None, bool]:
-        """(status, plan JSON text or error body or None when still running, cache hit)."""
-        if vr.id not in self._inflight:
-            stored = await run_in_threadpool(self.store.get, vr.id)
-            if stored is not None:
-                return 200, stored.plan_json, True
-        task = self.start(vr)
+    def _remember_page_failure(self, ref: str, e: ApiError) -> None:
+        if len(self._page_failed) >= 10_000:
+            self._page_failed.pop(next(iter(self._page_failed)))
+        self._page_failed[ref] = e
+
+    def _remember_job(self, oid: str, owner: str, ref: str) -> None:
+        self._jobs[oid] = (owner, ref)
+        self._jobs.move_to_end(oid)
+        while len(self._jobs) > MAX_JOBS:
+            self._jobs.popitem(last=False)
+
+    async def plan(self, vr: ValidRequest, wait_s: float,
+                   owner: str = ANONYMOUS) -> tuple[int, dict[str, Any] | str | None, bool, str]:
+        """(status, plan JSON text or error body or None when still running, cache hit, the
+        id ``owner`` sees).  A hit is reported only when ``owner`` already had the plan: a plan
+        another key made is given to ``owner`` without planning again, but answered as a miss."""
+        oid = owned_id(owner, vr.id)
+        task = self._inflight.get(vr.id)
+        if task is None or task.done():
+            mine = await run_in_threadpool(self.store.get_owned, owner, oid)
+            if mine is not None:
+                return 200, mine.plan_json, True, oid
+            if await run_in_threadpool(self.store.claim, owner, vr.id) is not None:
+                stored = await run_in_threadpool(self.store.get, vr.id)
+                if stored is not None:
+                    return 200, stored.plan_json, False, oid
+        task = self.start(vr, owner)
+        self._remember_job(oid, owner, vr.id)
         if wait_s <= 0:
-            return 202, None, False
+            return 202, None, False, oid
         try:
             status, body = await asyncio.wait_for(asyncio.shield(task), wait_s)
         except TimeoutError:
-            return 202, None, False
-        return status, body, False
+            return 202, None, False, oid
+        if status == 200:
+            await run_in_threadpool(self.store.claim, owner, vr.id)
+        return status, body, False, oid
 
-    async def job(self, plan_id: str) -> JobStatus | None:
-        if plan_id in self._inflight:
-            return JobStatus(id=plan_id, status="running")
-        if await run_in_threadpool(self.store.contains, plan_id):
-            return JobStatus(id=plan_id, status="done", plan=f"/v1/plans/{plan_id}")
-        failed = self._failed.get(plan_id)
-        if failed is not None:
-            body = {k: v for k, v in failed.items() if k in ErrorBody.model_fields}
-            return JobStatus(id=plan_id, status="failed", error=ErrorBody(**body))
+    async def job(self, oid: str, owner: str = ANONYMOUS, admin: bool = False) -> JobStatus | None:
+        """The job ``oid`` as ``owner`` sees it (None: not theirs, or unknown)."""
+        known = self._jobs.get(oid)
+        if known is not None and (known[0] == owner or admin):
+            ref = known[1]
+            task = self._inflight.get(ref)
+            if task is not None and not task.done():
+                return JobStatus(id=oid, status="running")
+            if await run_in_threadpool(self.store.claim, known[0], ref) is not None:
+                return JobStatus(id=oid, status="done", plan=f"/v1/plans/{oid}")
+            failed = self._failed.get(ref)
+            if failed is not None:
+                body = {k: v for k, v in failed.items() if k in ErrorBody.model_fields}
+                return JobStatus(id=oid, status="failed", error=ErrorBody(**body))
+            return None
+        if await run_in_threadpool(self.store.resolve, owner, oid, admin) is not None:
+            return JobStatus(id=oid, status="done", plan=f"/v1/plans/{oid}")
         return None
+
+    async def page(self, oid: str, owner: str = ANONYMOUS, admin: bool = False) -> str | None:
+        """The HTML page of ``owner``'s plan ``oid`` (None: not theirs).  Rendered once per
+        plan in a planning worker under the request limits (single flight), then cached in
+        the store with the explanations it computed."""
+        ref = await run_in_threadpool(self.store.resolve, owner, oid, admin)
+        if ref is None:
+            return None
+        html = await run_in_threadpool(self.store.get_page, ref)
+        failed = self._page_failed.get(ref)
+        if html is None and failed is not None:
+            raise failed  # the same plan under the same limits: the same answer, without a new render
+        if html is None:
+            task = self._page_inflight.get(ref)
+            if task is None or task.done():
+                task = asyncio.ensure_future(self._render_and_store(ref))
+                self._page_inflight[ref] = task
+
+                def _done(t: asyncio.Task[str | None], ref: str = ref) -> None:
+                    if self._page_inflight.get(ref) is t:
+                        self._page_inflight.pop(ref, None)
+
+                task.add_done_callback(_done)
+            html = await asyncio.shield(task)
+            if html is None:  # deleted while rendering
+                return None
+        from api.plan_page import with_plan_id
+
+        return with_plan_id(html, oid)
+
+    async def _render_and_store(self, ref: str) -> str | None:
+        stored = await run_in_threadpool(self.store.get, ref)
+        if stored is None:
+            return None
+        explain = await run_in_threadpool(self.store.get_explain, ref)
+        self.pages_rendered += 1
+        self.metrics.page_renders.inc()
+        try:
+            res = await self._run(page_job, stored.plan_json, explain)
+        except ApiError as e:
+            if e.status == 413:  # over a limit: remembered (bounded), not rendered again
+                self._remember_page_failure(ref, e)
+            raise
+        if res[0] == "error":
+            err = ApiError(res[1], res[2])
+            self._remember_page_failure(ref, err)
+            raise err
+        html, explain_json = json.loads(res[1])
+        await run_in_threadpool(self.store.put_page, ref, html, explain_json)
+        return str(html)
 
     async def tables(self, plan_id: str, plan_json: str) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f"slotplan-{plan_id[:12]}-", suffix=".npz")

@@ -11,6 +11,7 @@ import re
 import time
 import traceback
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -46,11 +47,22 @@ class Metrics:
                               ["limit"], registry=self.registry)
         self.rate_limited = Counter("slotplan_rate_limited_total", "requests refused with 429",
                                     registry=self.registry)
+        self.page_renders = Counter("slotplan_page_renders_total", "plan pages rendered (in a planning worker)",
+                                    registry=self.registry)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+# methods as metric labels: a fixed set, anything else is "other" (a client choosing the
+# method token must not add series)
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_of(method: str) -> str:
+    return method if method in METHODS else "other"
 
 
 _ROUTE_IDS = re.compile(r"/[0-9a-f]{64}(?=/|$)")
@@ -164,7 +176,12 @@ class BodyLimitMiddleware:
             if declared > self.max_bytes:
                 await _send_json(send, 413, too_big)
                 return
-        ctype = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
+        given_type = _header(scope, b"content-type")
+        if given_type is None:
+            # a body without Content-Type is read as JSON (documented in docs/rest.md): the
+            # app is told so, instead of answering 422 for a body it never looked at
+            scope["headers"] = [*scope.get("headers", []), (b"content-type", b"application/json")]
+        ctype = (given_type or "application/json").split(";")[0].strip().lower()
         if ctype != "application/json" and not ctype.endswith("+json"):
             await _send_json(send, 415, {"error": "request", "field": "Content-Type", "rule": "application/json",
                                          "message": f"the body must be application/json, not {ctype[:60]}"})
@@ -203,25 +220,39 @@ class BodyLimitMiddleware:
 
 
 class TokenBucket:
-    """``rate`` requests per minute per client, bursts up to ``rate``."""
+    """``rate`` requests per minute per client, bursts up to ``rate``, in this process.
 
-    def __init__(self, rate_per_min: int):
+    At most ``max_clients`` buckets are kept, least recently used first out; a client is
+    only forgotten when it has been idle longest, and buckets that have refilled (which
+    mean the same as no bucket) are dropped before any other, so many new clients cannot
+    reset the bucket of one that is using its limit now.  The service uses the shared
+    bucket of the plan store (:meth:`api.store.PlanStore.take_token`) instead."""
+
+    def __init__(self, rate_per_min: int, max_clients: int = 100_000):
         self.rate = rate_per_min / 60.0
         self.burst = float(max(1, rate_per_min))
-        self.state: dict[str, tuple[float, float]] = {}
+        self.max_clients = max_clients
+        self.state: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def take(self, who: str, now: float | None = None) -> float:
         """0 when allowed, else the seconds until a token is free."""
         now = time.monotonic() if now is None else now
         tokens, last = self.state.get(who, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
+        wait = 0.0
         if tokens >= 1.0:
-            self.state[who] = (tokens - 1.0, now)
-            if len(self.state) > 100_000:  # bounded memory under many clients
-                self.state.clear()
-            return 0.0
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) / self.rate
         self.state[who] = (tokens, now)
-        return (1.0 - tokens) / self.rate
+        self.state.move_to_end(who)
+        if len(self.state) > self.max_clients:
+            full_after = self.burst / self.rate
+            for k in [k for k, (_, t) in self.state.items() if now - t >= full_after]:
+                del self.state[k]
+            while len(self.state) > self.max_clients:
+                self.state.popitem(last=False)
+        return wait
 
 
 OPEN_PATHS = ("/healthz",)
@@ -229,15 +260,22 @@ OPEN_PATHS = ("/healthz",)
 
 class GuardMiddleware:
     """Host allow-list (DNS rebinding), API keys (``X-API-Key`` or ``Authorization: Bearer``;
-    every path but /healthz) and a per-key rate limit (429 with Retry-After)."""
+    every path but /healthz), a per-key rate limit and a per-address limit of failed
+    authentications (429 with Retry-After).  Sets ``state.owner`` (the sha256 of the key;
+    ``""`` without keys) and ``state.admin``.  With a ``store`` the buckets live in it and
+    are shared by every server process on that database; without, they are per process."""
 
-    def __init__(self, app: ASGIApp, limits: RestLimits, metrics: Metrics):
+    def __init__(self, app: ASGIApp, limits: RestLimits, metrics: Metrics, store: Any = None):
         self.app = app
         self.limits = limits
         self.metrics = metrics
-        self.keys = [k.encode() for k in sorted(limits.api_keys)]
+        self.store = store
+        self.keys = [k.encode() for k in sorted(limits.api_keys | limits.admin_keys)]
+        self.admins = {hashlib.sha256(k.encode()).hexdigest() for k in limits.admin_keys}
         self.hosts = {h.lower() for h in limits.allowed_hosts} if limits.allowed_hosts is not None else None
-        self.bucket = TokenBucket(limits.rate_limit_per_min) if limits.rate_limit_per_min else None
+        self.rate = limits.rate_limit_per_min
+        self.buckets = {"req": TokenBucket(self.rate) if self.rate else None,
+                        "auth": TokenBucket(limits.auth_fail_per_min) if limits.auth_fail_per_min else None}
 
     def _key_ok(self, given: str) -> bool:
         g = given.encode("utf-8", "replace")
@@ -246,12 +284,52 @@ class GuardMiddleware:
             ok |= hmac.compare_digest(g, k)
         return ok
 
+    def client_address(self, scope: Mapping[str, Any]) -> str:
+        """The TCP peer, or the last address of X-Forwarded-For when the peer is the
+        trusted proxy (``--trust-proxy``); the header is ignored from anyone else."""
+        peer = str((scope.get("client") or ("?", 0))[0])
+        if self.limits.trust_proxy is not None and peer == self.limits.trust_proxy:
+            fwd = _header(scope, b"x-forwarded-for")
+            if fwd:
+                last = fwd.split(",")[-1].strip()
+                if last:
+                    return last[:64]
+        return peer
+
+    async def _take(self, kind: str, who: str, per_min: int, peek: bool = False) -> float:
+        if self.store is not None:
+            from starlette.concurrency import run_in_threadpool
+
+            if peek:
+                return float(await run_in_threadpool(self.store.peek_token, f"{kind}:{who}", per_min / 60.0,
+                                                     float(max(1, per_min))))
+            return float(await run_in_threadpool(self.store.take_token, f"{kind}:{who}", per_min / 60.0,
+                                                 float(max(1, per_min))))
+        bucket = self.buckets[kind]
+        assert bucket is not None
+        if peek:
+            tokens, last = bucket.state.get(who, (bucket.burst, time.monotonic()))
+            tokens = min(bucket.burst, tokens + (time.monotonic() - last) * bucket.rate)
+            return 0.0 if tokens >= 1.0 else (1.0 - tokens) / bucket.rate
+        return bucket.take(who)
+
+    async def _too_many(self, send: Callable[[Any], Awaitable[None]], state: MutableMapping[str, Any],
+                        wait: float, rule: str) -> None:
+        state["error"] = "rate_limit"
+        self.metrics.rate_limited.inc()
+        retry = max(1, int(wait + 0.999))
+        await _send_json(send, 429, {"error": "rate_limit", "rule": rule,
+                                     "message": f"over the limit of {rule}; retry in {retry} s"},
+                         {"Retry-After": str(retry)})
+
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
+        state["owner"] = ""
+        state["admin"] = False
         if self.hosts is not None:
             host = (_header(scope, b"host") or "").lower()
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
@@ -261,32 +339,38 @@ class GuardMiddleware:
                                              "message": f"host {host[:100]!r} is not served here"})
                 return
         path = scope.get("path", "")
+        addr = self.client_address(scope)
         who = ""
+        auth_rate = self.limits.auth_fail_per_min
         if self.keys and path not in OPEN_PATHS:
+            if auth_rate:
+                # an address that used up its failed attempts waits, whatever key it sends now
+                wait = await self._take("auth", addr, auth_rate, peek=True)
+                if wait > 0:
+                    await self._too_many(send, state, wait, f"{auth_rate} failed authentications per minute")
+                    return
             given = _header(scope, b"x-api-key")
             if given is None:
                 auth = _header(scope, b"authorization") or ""
                 if auth[:7].lower() == "bearer ":
                     given = auth[7:].strip()
             if not given or not self._key_ok(given):
+                if auth_rate:
+                    await self._take("auth", addr, auth_rate)
                 state["error"] = "auth"
                 await _send_json(send, 401, {
                     "error": "auth", "field": "X-API-Key", "rule": "a valid API key",
                     "message": "missing or wrong API key: send X-API-Key: KEY or Authorization: Bearer KEY"},
                     {"WWW-Authenticate": 'Bearer realm="slotplan"'})
                 return
-            who = "key:" + hashlib.sha256(given.encode()).hexdigest()[:16]
-        if self.bucket is not None and path not in OPEN_PATHS:
-            client = scope.get("client") or ("?", 0)
-            wait = self.bucket.take(who or f"addr:{client[0]}")
+            owner = hashlib.sha256(given.encode()).hexdigest()
+            state["owner"] = owner
+            state["admin"] = owner in self.admins
+            who = "key:" + owner[:32]
+        if self.rate and path not in OPEN_PATHS:
+            wait = await self._take("req", who or f"addr:{addr}", self.rate)
             if wait > 0:
-                state["error"] = "rate_limit"
-                self.metrics.rate_limited.inc()
-                retry = max(1, int(wait + 0.999))
-                await _send_json(send, 429, {
-                    "error": "rate_limit", "rule": f"at most {self.limits.rate_limit_per_min} requests per minute",
-                    "message": f"over the rate limit of {self.limits.rate_limit_per_min} requests per minute; "
-                               f"retry in {retry} s"}, {"Retry-After": str(retry)})
+                await self._too_many(send, state, wait, f"{self.rate} requests per minute")
                 return
         await self.app(scope, receive, send)
 
@@ -327,14 +411,14 @@ class AccessLogMiddleware:
         finally:
             secs = time.perf_counter() - t0
             route = route_of(str(scope.get("path", "")))
-            method = str(scope.get("method", ""))
+            method = method_of(str(scope.get("method", "")))
             self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.latency.labels(method, route).observe(secs)
             fields = {
                 "event": "request",
                 "request_id": rid,
-                "method": scope.get("method"),
-                "path": scope.get("path"),
+                "method": str(scope.get("method", ""))[:16],
+                "path": str(scope.get("path", ""))[:200],
                 "status": status,
                 "seconds": round(secs, 6),
             }

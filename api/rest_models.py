@@ -57,6 +57,18 @@ class RestLimits:
     allowed_hosts: tuple[str, ...] | None = None
     rate_limit_per_min: int | None = None
     retry_after_s: int = 5
+    # keys that may list every key's plans (GET /v1/plans?all=true) and read or delete any
+    # of them; each is also an API key
+    admin_keys: frozenset[str] = frozenset()
+    # requests with a missing or wrong API key per minute per client address; past it
+    # every request from that address gets 429 (key checked or not) until the bucket refills
+    auth_fail_per_min: int = 10
+    # the address of a reverse proxy whose X-Forwarded-For is believed (None: the header
+    # is ignored, the TCP peer is the client)
+    trust_proxy: str | None = None
+    # a worker whose resident memory after a job is over this is replaced before the next
+    # job (a job's own limit, worker_memory_bytes, counts its growth during the job)
+    worker_idle_memory_bytes: int | None = 1 * 2**30
 
 
 # --------------------------------------------------------------------------------------
@@ -70,7 +82,8 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     graph: dict[str, Any] = Field(description="a slotplan.graph/1 document")
     params: str | dict[str, Any] = Field(
-        default="n16", description="preset name (n12..n16) or a CKKS parameter object"
+        default="n16", description="preset name (n12..n16, n14boot, n16boot), \"auto\" (the smallest secure "
+                                   "preset that fits without bootstrapping, else n16boot) or a CKKS parameter object"
     )
     options: PlanOptionsLiteral = Field(default_factory=PlanOptionsLiteral)
 
@@ -111,6 +124,8 @@ class PlanListItem(BaseModel):
     created: float
     graph: dict[str, Any]
     params: str
+    owner: str | None = Field(default=None, description="with all=true (admin keys): the owner, the first "
+                                                        "16 hex digits of the sha256 of its API key")
 
 
 class PlanList(BaseModel):
@@ -138,6 +153,7 @@ class Health(BaseModel):
 _RETRY = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing or wrong API key (X-API-Key or Authorization: Bearer)"},
+    421: {"model": ErrorBody, "description": "the Host header is not served here (DNS rebinding guard)"},
     404: {"model": ErrorBody, "description": "no such plan"},
     413: {"model": ErrorBody, "description": "request body, graph or planning work over a service limit "
                                              "(the field names the limit)"},

@@ -24,7 +24,7 @@ import numpy as np
 
 from planner import ir
 from planner.errors import SlotplanError
-from planner.params import Params
+from planner.params import Params, insecure_line
 from planner.summary import lifetimes, memory_series, plan_key_bytes
 
 MiB = 2**20
@@ -336,7 +336,8 @@ def text_report(plan: Mapping[str, Any], explain: Mapping[str, Any] | None = Non
     tl = key_timeline(plan["program"])
     pk = s["peak_bytes"]
     cap = s.get("memory_cap_bytes")
-    lines = [
+    warning = (insecure_line(plan["params"]) or "parameters below the 128-bit bound") if s.get("insecure") else None
+    lines = [*([f"WARNING: insecure: {warning}"] if warning else []),
         f"{plan['graph']['name']} @ {plan['params'].get('name', '?')} ({plan['params']['slots']} slots): "
         f"{len(plan['nodes'])} nodes, {len(plan['program'])} instructions",
         f"rotations {s['rotations']}  rotation keys {s['rotation_keys']}  key loads {s['key_loads']}  "

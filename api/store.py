@@ -8,10 +8,22 @@ The database path is the ``db_path`` argument, else ``$SLOTPLAN_DB``, else
 ``$XDG_CACHE_HOME/slotplan/plans.sqlite3`` (``~/.cache/slotplan/plans.sqlite3``).
 Every operation opens its own short-lived connection, so the store is safe to use from
 the threads of a thread pool and from several server processes (SQLite WAL mode).
+
+Tenancy (store version 2): the ``plans`` table is a cache keyed by content (a request
+planned once, whoever asked); what a client sees is the ``owned`` table, one row per
+(owner, resource) with an id derived from the owner and the content id
+(:func:`owned_id`), so one API key can neither read another's resources nor test whether
+another key has planned a given graph.  ``owned.kind`` is ``"plan"`` today; evaluation
+keys and weights use the same table and rule.  A version-1 database is migrated on open:
+its plans become resources of the anonymous owner ``""`` (ids unchanged), which only an
+admin key sees once API keys are configured.  Rendered plan pages (and the explanations
+computed with them) are cached per content id in ``pages``; the ``rate`` table holds the
+token buckets every server process on the database shares.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -26,7 +38,7 @@ from typing import Any
 from planner.errors import SlotplanError
 
 ENV_DB = "SLOTPLAN_DB"
-STORE_VERSION = 1
+STORE_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -39,7 +51,36 @@ CREATE TABLE IF NOT EXISTS plans (
     plan BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS owned (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS owned_by_owner ON owned(owner, kind, created);
+CREATE INDEX IF NOT EXISTS owned_by_ref ON owned(ref);
+CREATE TABLE IF NOT EXISTS pages (id TEXT PRIMARY KEY, html BLOB NOT NULL, explain BLOB);
+CREATE TABLE IF NOT EXISTS rate (who TEXT PRIMARY KEY, tokens REAL NOT NULL, last REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS rate_by_last ON rate(last);
 """
+
+PLAN = "plan"
+ANONYMOUS = ""
+
+
+def owner_of_key(key: str) -> str:
+    """The owner name of an API key (its sha256; the key itself is never stored)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def owned_id(owner: str, ref: str) -> str:
+    """The id ``owner`` sees for the content ``ref``: ``ref`` itself for the anonymous owner
+    (a service without API keys keeps its content-addressed ids), else a hash of both, which
+    nobody without the owner's key can compute."""
+    if owner == ANONYMOUS:
+        return ref
+    return hashlib.sha256(f"slotplan.owned/1\0{owner}\0{ref}".encode()).hexdigest()
 
 
 class StoreError(SlotplanError):
@@ -90,9 +131,13 @@ class PlanStore:
             with self._connect() as con:
                 con.execute("PRAGMA journal_mode=WAL")
                 con.executescript(_SCHEMA)
-                con.execute(
-                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('version', ?)", (str(STORE_VERSION),)
-                )
+                row = con.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+                if row is not None and int(row[0]) < 2:
+                    # version 1 had no owners: its plans become the anonymous owner's
+                    con.execute("INSERT OR IGNORE INTO owned(id, owner, kind, ref, created) "
+                                "SELECT id, '', 'plan', id, created FROM plans")
+                con.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('version', ?)",
+                            (str(STORE_VERSION),))
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot open plan store {self.path}: {e}") from None
 
@@ -184,3 +229,142 @@ class PlanStore:
         return total, [
             {"id": r[0], "created": r[1], "graph": {"name": r[2], "sha256": r[3]}, "params": r[4]} for r in rows
         ]
+
+    # ---------------------------------------------------------------- owned resources
+
+    def claim(self, owner: str, ref: str, kind: str = PLAN) -> str | None:
+        """Give ``owner`` the stored plan ``ref`` (its id, or None when ``ref`` is not stored)."""
+        oid = owned_id(owner, ref)
+        with self._connect() as con:
+            cur = con.execute(
+                "INSERT OR IGNORE INTO owned(id, owner, kind, ref, created) "
+                "SELECT ?, ?, ?, id, ? FROM plans WHERE id = ?", (oid, owner, kind, time.time(), ref))
+            if cur.rowcount == 0 and con.execute("SELECT 1 FROM owned WHERE id = ?", (oid,)).fetchone() is None:
+                return None
+        return oid
+
+    def put_owned(self, owners: list[str], plan_id: str, request: Mapping[str, Any],
+                  plan: Mapping[str, Any] | str) -> StoredPlan:
+        """:meth:`put` and give the plan to every owner, in one transaction."""
+        plan_json = plan if isinstance(plan, str) else json.dumps(plan, separators=(",", ":"), allow_nan=False)
+        doc: Mapping[str, Any] = json.loads(plan_json)
+        graph = doc.get("graph") or {}
+        params = doc.get("params") or {}
+        now = time.time()
+        with self._connect() as con:
+            con.execute(
+                "INSERT OR IGNORE INTO plans(id, created, graph_name, graph_sha256, params, request, plan) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (plan_id, now, str(graph.get("name", "")), str(graph.get("sha256", "")),
+                 str(params.get("name", "")), _pack(request), _pack(plan_json)))
+            con.executemany("INSERT OR IGNORE INTO owned(id, owner, kind, ref, created) VALUES (?, ?, ?, ?, ?)",
+                            [(owned_id(o, plan_id), o, PLAN, plan_id, now) for o in sorted(set(owners))])
+        stored = self.get(plan_id)
+        assert stored is not None
+        return stored
+
+    def resolve(self, owner: str, oid: str, admin: bool = False, kind: str = PLAN) -> str | None:
+        """The content id behind ``oid`` when ``owner`` owns it (any owner's, for an admin)."""
+        with self._connect() as con:
+            if admin:
+                row = con.execute("SELECT ref FROM owned WHERE id = ? AND kind = ?", (oid, kind)).fetchone()
+            else:
+                row = con.execute("SELECT ref FROM owned WHERE id = ? AND kind = ? AND owner = ?",
+                                  (oid, kind, owner)).fetchone()
+        return None if row is None else str(row[0])
+
+    def get_owned(self, owner: str, oid: str, admin: bool = False) -> StoredPlan | None:
+        ref = self.resolve(owner, oid, admin)
+        return None if ref is None else self.get(ref)
+
+    def delete_owned(self, owner: str, oid: str, admin: bool = False) -> bool:
+        """Delete ``owner``'s resource ``oid``; the content (and its page) goes with the last owner."""
+        with self._connect() as con:
+            q = "SELECT ref, owner FROM owned WHERE id = ? AND kind = ?" + ("" if admin else " AND owner = ?")
+            row = con.execute(q, (oid, PLAN) if admin else (oid, PLAN, owner)).fetchone()
+            if row is None:
+                return False
+            ref = row[0]
+            con.execute("DELETE FROM owned WHERE id = ?", (oid,))
+            if con.execute("SELECT 1 FROM owned WHERE ref = ? LIMIT 1", (ref,)).fetchone() is None:
+                con.execute("DELETE FROM plans WHERE id = ?", (ref,))
+                con.execute("DELETE FROM pages WHERE id = ?", (ref,))
+        return True
+
+    def page_owned(self, owner: str | None, limit: int, offset: int) -> tuple[int, list[dict[str, Any]]]:
+        """(total, one page of ``owner``'s plans newest first; every owner's when ``owner`` is None)."""
+        where, args = ("WHERE o.kind = 'plan'", []) if owner is None else (
+            "WHERE o.kind = 'plan' AND o.owner = ?", [owner])
+        with self._connect() as con:
+            total = int(con.execute(f"SELECT COUNT(*) FROM owned o {where}", args).fetchone()[0])
+            rows = con.execute(
+                "SELECT o.id, o.created, p.graph_name, p.graph_sha256, p.params, o.owner FROM owned o "
+                f"JOIN plans p ON p.id = o.ref {where} ORDER BY o.created DESC, o.id LIMIT ? OFFSET ?",
+                [*args, limit, offset]).fetchall()
+        items = []
+        for r in rows:
+            item: dict[str, Any] = {"id": r[0], "created": r[1], "graph": {"name": r[2], "sha256": r[3]},
+                                    "params": r[4]}
+            if owner is None:
+                item["owner"] = r[5][:16]
+            items.append(item)
+        return total, items
+
+    # ---------------------------------------------------------------- rendered pages
+
+    def get_page(self, ref: str) -> str | None:
+        with self._connect() as con:
+            row = con.execute("SELECT html FROM pages WHERE id = ?", (ref,)).fetchone()
+        return None if row is None else _unpack(row[0])
+
+    def get_explain(self, ref: str) -> dict[str, Any] | None:
+        with self._connect() as con:
+            row = con.execute("SELECT explain FROM pages WHERE id = ?", (ref,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        obj: dict[str, Any] = json.loads(_unpack(row[0]))
+        return obj
+
+    def put_page(self, ref: str, html: str, explain: Mapping[str, Any] | None) -> None:
+        """Cache the page of the stored plan ``ref`` (nothing when the plan was deleted meanwhile)."""
+        with self._connect() as con:
+            con.execute("INSERT OR REPLACE INTO pages(id, html, explain) SELECT ?, ?, ? FROM plans WHERE id = ?",
+                        (ref, _pack(html), None if explain is None else _pack(explain), ref))
+
+    # ---------------------------------------------------------------- shared rate limits
+
+    def take_token(self, who: str, rate_per_s: float, burst: float, now: float | None = None) -> float:
+        """Token bucket shared by every process on this database: 0 when ``who`` may go on,
+        else the seconds until a token is free.  Rows of buckets that have refilled are
+        pruned (a full bucket and no row mean the same), so forgetting never resets a client
+        that is over its limit."""
+        now = time.time() if now is None else now
+        full_after = burst / rate_per_s
+        with self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            row = con.execute("SELECT tokens, last FROM rate WHERE who = ?", (who,)).fetchone()
+            tokens, last = (burst, now) if row is None else (float(row[0]), float(row[1]))
+            tokens = min(burst, tokens + max(0.0, now - last) * rate_per_s)
+            wait = 0.0
+            if tokens >= 1.0:
+                tokens -= 1.0
+            else:
+                wait = (1.0 - tokens) / rate_per_s
+            con.execute("INSERT OR REPLACE INTO rate(who, tokens, last) VALUES (?, ?, ?)", (who, tokens, now))
+            if int(now * 1000) % 97 == 0:  # now and then, drop buckets that are full again
+                con.execute("DELETE FROM rate WHERE last < ?", (now - full_after,))
+        return wait
+
+    def peek_token(self, who: str, rate_per_s: float, burst: float, now: float | None = None) -> float:
+        """:meth:`take_token` without taking one: 0 when a token is free, else the wait."""
+        now = time.time() if now is None else now
+        with self._connect() as con:
+            row = con.execute("SELECT tokens, last FROM rate WHERE who = ?", (who,)).fetchone()
+        if row is None:
+            return 0.0
+        tokens = min(burst, float(row[0]) + max(0.0, now - float(row[1])) * rate_per_s)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate_per_s
+
+    def rate_rows(self) -> int:
+        with self._connect() as con:
+            return int(con.execute("SELECT COUNT(*) FROM rate").fetchone()[0])

@@ -1,8 +1,12 @@
 """Planning worker processes that die with the server and can be recycled.
 
 Each worker is one process (``spawn``: no forkserver left behind) with a pipe.  A job runs
-under a wall-clock deadline and a resident-memory budget measured from ``/proc`` by the
-parent; a job over either is killed with its worker, which is replaced.  Workers exit when
+under a wall-clock deadline and a memory budget on its *growth*: the worker's resident
+memory (``/proc``, read by the parent) minus what it held when the job started, so what
+an earlier job left behind does not count against the next one.  A job over either limit
+is killed with its worker, which is replaced; a worker that holds more than
+``idle_memory_bytes`` after a job is replaced too, so the same request gets the same
+answer whichever worker takes it.  Workers exit when
 the server goes away, whatever the signal: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux
 and a thread that watches the parent pid everywhere.
 """
@@ -98,8 +102,9 @@ class WorkerPool:
     it from a thread)."""
 
     def __init__(self, size: int, warm: Callable[[], None] | None = None, poll_s: float = 0.1,
-                 start_timeout_s: float = 120.0):
+                 start_timeout_s: float = 120.0, idle_memory_bytes: int | None = None):
         self.size = size
+        self.idle_memory_bytes = idle_memory_bytes
         self.start_timeout_s = start_timeout_s
         self.warm = warm
         self.poll_s = poll_s
@@ -110,6 +115,8 @@ class WorkerPool:
         self._sem = threading.BoundedSemaphore(size)
         self._closed = False
         self.recycled = 0
+        self.recycled_idle = 0
+        self.last_growth = 0  # bytes the last finished job added to its worker's RSS (peak seen)
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
@@ -156,6 +163,8 @@ class WorkerPool:
         with self._sem:
             w = self._take()
             t0 = time.monotonic()
+            base = rss_bytes(w.proc.pid or 0)
+            peak = base
             try:
                 w.conn.send((fn, args))
                 while True:
@@ -166,21 +175,27 @@ class WorkerPool:
                         raise JobKilled("crash", "the planning worker died")
                     if time.monotonic() - t0 > deadline_s:
                         raise JobKilled("wall_time", f"the request took longer than {deadline_s:g} s")
-                    if memory_bytes is not None and rss_bytes(w.proc.pid or 0) > memory_bytes:
-                        raise JobKilled("memory", f"the planning worker went over {memory_bytes} bytes")
+                    now = rss_bytes(w.proc.pid or 0)
+                    peak = max(peak, now)
+                    if memory_bytes is not None and now - base > memory_bytes:
+                        raise JobKilled("memory", f"the planning job grew its worker by over {memory_bytes} bytes")
             except JobKilled:
                 self._kill(w)
                 raise
             except (EOFError, OSError, BrokenPipeError):
                 self._kill(w)
                 raise JobKilled("crash", "the planning worker died") from None
-            with self._lock:
+            self.last_growth = peak - base
+            idle = rss_bytes(w.proc.pid or 0)
+            if self.idle_memory_bytes is not None and idle > self.idle_memory_bytes:
+                self.recycled_idle += 1
+                self._kill(w)  # holds too much after its job: the next job gets a fresh one
+            else:
+                with self._lock:
+                    if not self._closed:
+                        self._free.append(w)
                 if self._closed:
-                    pass
-                else:
-                    self._free.append(w)
-            if self._closed:
-                self._kill(w)
+                    self._kill(w)
         if kind == "memory":
             raise JobKilled("memory", "planning ran out of memory")
         if kind == "exc":

@@ -22,6 +22,8 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -273,6 +275,62 @@ def _scatter(
     return out
 
 
+_BASIC_OPS = frozenset({"input", "output", "rot", "rot_hoisted", "add", "sub", "cmul", "pmul", "padd", "psub",
+                        "poly", "rescale", "load_key", "drop_key", "mul_i", "conj"})
+
+
+def check_executable(plan: Mapping[str, Any]) -> None:
+    """Refuse, before any key is generated, a plan that cannot run as written (issue 38: a
+    malformed plan is bad input, exit 2, not a mismatch): a bootstrap in a plan whose params
+    have no ``boot`` object, and for plans without bootstrapping a rotation whose key is not
+    resident under the plan's key schedule or a register deeper than ``params.max_level``
+    (SPEC section 4's depth rule).  Raises :class:`PlanFileError` naming the instruction."""
+    from planner.errors import PlanFileError
+
+    params = plan.get("params") or {}
+    prog = plan.get("program") or []
+    ops = [ins.get("op") for ins in prog if isinstance(ins, Mapping)]
+    boot = params.get("boot")
+    for i, ins in enumerate(prog):
+        if isinstance(ins, Mapping) and str(ins.get("op", "")).startswith("bootstrap") and not boot:
+            raise PlanFileError(f"instruction {i} ({ins.get('op')}): the plan's params carry no 'boot' object "
+                                "(a bootstrapping preset is needed to bootstrap)")
+    if boot or not set(ops) <= _BASIC_OPS:
+        return  # bootstrapping and cins plans: the backend's own checks
+    schedule = "load_key" in ops
+    max_level = params.get("max_level")
+    resident: set[int] = set()
+    depth: dict[str, int] = {}
+    for i, ins in enumerate(prog):
+        op = ins["op"]
+        if op == "load_key" and isinstance(ins.get("k"), int):
+            resident.add(int(ins["k"]))
+        elif op == "drop_key" and isinstance(ins.get("k"), int):
+            resident.discard(int(ins["k"]))
+        keys = [ins.get("k")] if op == "rot" else list(ins.get("ks") or []) if op == "rot_hoisted" else []
+        for k in keys:
+            if schedule and isinstance(k, int) and k not in resident:
+                raise PlanFileError(f"instruction {i} ({op}): no key for k={k} resident (the key schedule must "
+                                    "load_key it before this rotation)")
+        reads = [depth.get(str(ins[f]), 0) for f in ("src", "a", "b") if f in ins]
+        d = max(reads, default=0)
+        if op in ("pmul", "cmul"):
+            d += 1
+        elif op == "poly":  # as planner.ir's Poly.depth: ceil(log2(degree + 1)), +1 for a mapped domain
+            coeffs = ins.get("coeffs") or []
+            deg = max((j for j, c in enumerate(coeffs) if c != 0), default=0)
+            dom = ins.get("domain")
+            mapped = ins.get("basis") == "chebyshev" and dom is not None and list(dom) != [-1, 1] and deg > 0
+            d += deg.bit_length() + (1 if mapped else 0)
+        dsts = [ins["dst"]] if "dst" in ins else list(ins.get("dsts") or [])
+        for r in dsts:
+            depth[str(r)] = d
+        if isinstance(max_level, int) and d > max_level:
+            raise PlanFileError(f"instruction {i} ({op}): depth {d} exceeds the {max_level} levels of params "
+                                f"{params.get('name', '?')} (SPEC section 4: every register's depth is at most "
+                                "params.max_level)")
+
+
 def run_raw(
     plan_json: str, inputs: bytes, plaintexts: bytes, options: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -313,11 +371,59 @@ def run_plan(
     modelled growth, backends/lattigo_memory.py).
     """
     t0 = time.perf_counter()
+    check_executable(plan)
     _ext()
     slots = _slots(plan)
     options: dict[str, Any] = {}
-    if key_dir is not None:
-        options["key_dir"] = str(key_dir)
+    own_keys = None
+    if key_dir is None:
+        # the evaluation keys go to a private directory named after this process, removed
+        # afterwards; one left by a process that was killed (SIGKILL runs no clean-up) is
+        # removed by the next run
+        sweep_key_dirs()
+        own_keys = tempfile.mkdtemp(prefix=f"{KEY_DIR_PREFIX}{os.getpid()}-")
+        key_dir = own_keys
+    options["key_dir"] = str(key_dir)
+    try:
+        return _run_plan(plan, inputs, weights, tables, options, t0, slots, output_shapes, key_level,
+                         memory_limit_extra_bytes)
+    finally:
+        if own_keys is not None:
+            shutil.rmtree(own_keys, ignore_errors=True)
+
+
+KEY_DIR_PREFIX = "slotplan-keys-"
+
+
+def sweep_key_dirs(tmp: str | None = None) -> list[str]:
+    """Remove this user's key directories (``slotplan-keys-PID-*`` in the temp dir) whose
+    process is gone; returns the paths removed."""
+    base = Path(tmp or tempfile.gettempdir())
+    removed = []
+    for d in base.glob(f"{KEY_DIR_PREFIX}*-*"):
+        try:
+            pid = int(d.name[len(KEY_DIR_PREFIX):].split("-", 1)[0])
+            st = d.lstat()
+        except (ValueError, OSError):
+            continue
+        if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # its process still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
+
+def _run_plan(plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+              tables: Mapping[str, np.ndarray], options: dict[str, Any], t0: float, slots: int,
+              output_shapes: Mapping[str, Sequence[int]] | None, key_level: int | None,
+              memory_limit_extra_bytes: int | None) -> LattigoResult:
     if key_level is not None:
         options["key_level"] = int(key_level)
     if memory_limit_extra_bytes:

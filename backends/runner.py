@@ -173,9 +173,11 @@ def _run_lattigo(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
     params: Params,
 ) -> Execution:
-    from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES
+    from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES, check_executable
     from backends.lattigo_backend import run_plan as lattigo_run
     from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
+
+    check_executable(plan)  # a malformed plan is bad input (exit 2), before the memory model asks Go
 
     # the process's modelled memory (backends/lattigo_memory.py): the plan's series plus the
     # executor's own buffers; its growth is Go's soft memory limit for the run

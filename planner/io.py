@@ -8,6 +8,7 @@ import re
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,10 +35,12 @@ def parse_size(text: str) -> int:
     if not m:
         raise PlanFileError(f"memory size {text!r}: expected bytes or a KiB/MiB/GiB suffix")
     unit = (m.group(2) or "B").lower()
-    val = float(m.group(1)) * _UNITS[unit]
+    # exact arithmetic (never through a float: 10**30 stays 10**30); a fraction of a byte
+    # is rounded down
+    val = int(Fraction(m.group(1)) * _UNITS[unit])
     if val < 1:
         raise PlanFileError(f"memory size {text!r} must be positive")
-    return int(val)
+    return val
 
 
 def dumps_plan(plan: Mapping[str, Any]) -> str:

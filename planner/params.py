@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import cast
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
@@ -59,6 +59,7 @@ __all__ = [
     "LOG_N_RANGE",
     "PRESETS",
     "check_security",
+    "insecure_line",
     "is_preset",
     "PRIME_BITS_RANGE",
     "SECURE_LOG_QP",
@@ -390,17 +391,33 @@ def is_preset(params: Params) -> bool:
     return PRESETS.get(params.name) == params
 
 
+def insecure_line(params_json: Mapping[str, Any]) -> str | None:
+    """One line saying why a plan's parameters (its ``params`` object) are below 128-bit
+    security, or None when they are secure (SPEC section 9: shown by plan, show, the page)."""
+    if params_json.get("secure", True):
+        return None
+    log_n = params_json.get("log_n")
+    limit = SECURE_LOG_QP.get(log_n) if isinstance(log_n, int) else None
+    boot = params_json.get("boot")
+    qp = params_json.get("log_qp")
+    if isinstance(boot, Mapping) and isinstance(boot.get("log_qp"), int) and (qp is None or boot["log_qp"] > qp):
+        qp = boot["log_qp"]
+    bound = f"the 128-bit bound is log QP <= {limit} at log N {log_n}" if limit is not None else (
+        f"no 128-bit bound is known at log N {log_n}")
+    return (f"parameters {params_json.get('name', '?')} are below 128-bit security (log QP {qp}; {bound}): "
+            "for tests only")
+
+
 def check_security(params: Params, allow_insecure: bool = False) -> bool:
     """Refuse custom parameters above the 128-bit bound for their ring (HE standard: log QP
     at most 27/54/109/218/438/881/1761 for log N 10..16) unless ``allow_insecure``.  The
     built-in presets keep working (the test sizes say they are insecure in their note).
-    Returns True when the plan must be labelled insecure (``summary.insecure``)."""
+    Returns True when the plan must be labelled insecure (``summary.insecure``): presets
+    below the bound (n12, n14boot) included."""
     if params.secure:
         return False
-    if allow_insecure:
+    if allow_insecure or is_preset(params):
         return True
-    if is_preset(params):
-        return False
     limit = params.security_limit
     bound = f"the 128-bit bound is log QP <= {limit} at log N {params.log_n}" if limit is not None else (
         f"no 128-bit bound is known at log N {params.log_n}")

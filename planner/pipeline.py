@@ -889,7 +889,19 @@ def plan_graph(
     try:
         with progress.deadline(wall_limit_s, wall_started):
             problem = build_problem(graph, params, options)
-            sol = solve_problem(problem)
+            try:
+                sol = solve_problem(problem)
+            except PlanError as e:
+                # under a cap, the candidates were cut to those that fit it: when that leaves no
+                # assignment within the levels, plan without the cut and let the key schedule
+                # below name the smallest feasible cap (or fit the cap after all)
+                if options.memory_cap_bytes is None or problem.model.max_depth is None:
+                    raise
+                problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
+                try:
+                    sol = solve_problem(problem)
+                except PlanError:
+                    raise e from None
             if sol.status is Status.UNKNOWN:
                 raise PlanTimeout(
                     f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"

@@ -247,8 +247,11 @@ def test_insecure_custom_params_refused_unless_allowed(planned: dict[str, Path],
                               "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["summary"]["insecure"] is True
-    # the labelled test preset keeps working, and its plans do not grow the key
+    # the labelled test preset keeps working, and its plans say insecure too (SPEC section 9,
+    # issue 38); a secure preset's summary has no such key
     code, out, err = run_cli(["plan", str(planned["graph"]), "--params", "n12", "--json"], capsys)
+    assert code == 0 and json.loads(out)["summary"]["insecure"] is True
+    code, out, err = run_cli(["plan", str(planned["graph"]), "--params", "n13", "--json"], capsys)
     assert code == 0 and "insecure" not in json.loads(out)["summary"]
 
 

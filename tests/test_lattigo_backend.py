@@ -352,7 +352,10 @@ def test_rotation_without_resident_key(rng: np.random.Generator) -> None:
         {"op": "rot", "dst": "c2", "src": "c1", "k": 32},
         {"op": "output", "src": "c2", "tensor": "y", "table": "out/all"},
     ]
-    with pytest.raises(LattigoError, match=r"instruction 4 \(rot\): no key for k=32 resident"):
+    # refused before Lattigo as bad input (issue 38: exit 2, a PlanFileError), same message
+    from planner.errors import PlanFileError
+
+    with pytest.raises(PlanFileError, match=r"instruction 4 \(rot\): no key for k=32 resident"):
         run_plan(make_plan(program), {"x": np.ones(2000)}, {}, tables)
 
 

@@ -34,6 +34,10 @@ MAX_POLY_COEFF_ABS = 2.0**20
 Bad = Callable[[str, str], PlanFileError]  # (field, rule) -> error naming the field
 
 
+# as planner.graph.MAX_POLY_COEFFS: a plan's poly is bounded like the graph's poly node
+MAX_PLAN_POLY_COEFFS = 4096
+
+
 class UnknownOpError(ValueError):
     """An instruction whose ``op`` no class of :data:`OPS` implements."""
 
@@ -398,6 +402,9 @@ class Poly(Instr):
         cs = d.get("coeffs")
         if not isinstance(cs, list) or not cs:
             raise bad("coeffs", "must be a non-empty list of numbers")
+        if len(cs) > MAX_PLAN_POLY_COEFFS:
+            raise bad("coeffs", f"at most {MAX_PLAN_POLY_COEFFS} coefficients (as a graph's poly node), "
+                                f"got {len(cs)}")
         for j, c in enumerate(cs):
             if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c) \
                     or abs(c) > MAX_POLY_COEFF_ABS:
