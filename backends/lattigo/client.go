@@ -2,11 +2,13 @@ package slotlattigo
 
 import (
 	"bufio"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
@@ -190,21 +192,46 @@ func (c *client) writeKeys(dir string, offsets []int, relin bool, keyLevelQ int,
 // writeKeyFile writes one key object to path through a 1 MiB buffer (mode 0600), as the
 // key store reads it.
 func writeKeyFile(path string, obj io.WriterTo) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("cannot write key file: %w", err)
-	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	if _, err = obj.WriteTo(w); err == nil {
-		err = w.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err := writeFileSafely(path, 0o600, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 1<<20)
+		if _, err := obj.WriteTo(bw); err != nil {
+			return err
+		}
+		return bw.Flush()
+	})
 	if err != nil {
 		return fmt.Errorf("cannot write key file %s: %w", path, err)
 	}
 	return nil
+}
+
+// writeFileSafely writes path through a new file in the same directory, created with
+// O_EXCL|O_NOFOLLOW (never through a symbolic link or into a file another process left or
+// planted), then renamed over path: a reader sees the old file or the whole new one, and
+// a killed writer leaves at most its own temporary file, which is removed on error.
+func writeFileSafely(path string, mode os.FileMode, write func(io.Writer) error) (err error) {
+	var suffix [8]byte
+	if _, err = rand.Read(suffix[:]); err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf("%s.tmp-%d-%x", path, os.Getpid(), suffix)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, mode)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // writeKeySet is writeKeys, plus the bootstrapping key block when boot is set (see
@@ -276,7 +303,10 @@ func (c *client) writeKeySet(dir string, offsets []int, relin bool, keyLevelQ in
 func writeManifest(dir string, m keyManifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, manifestName), data, 0o644)
+		err = writeFileSafely(filepath.Join(dir, manifestName), 0o644, func(w io.Writer) error {
+			_, werr := w.Write(data)
+			return werr
+		})
 	}
 	if err != nil {
 		return fmt.Errorf("cannot write %s: %w", manifestName, err)
