@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -208,7 +208,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
             summary[key] = s0[key]
     summary["memory_cap_bytes"] = options.memory_cap_bytes
     # padding samples (B < P) compute the network on a zero sample in slots no table names
-    summary["clean_outputs"] = bool(s0["clean_outputs"]) and P == info.batch
+    summary["clean_outputs"] = bool(s0["clean_outputs"]) and info.batch == P
     nodes = [{**n, "in_layouts": [batched_notation(x, info) for x in n["in_layouts"]],
               "out_layout": batched_notation(n["out_layout"], info)} for n in small["nodes"]]
     plan: dict[str, Any] = {
