@@ -251,3 +251,42 @@ def batched_reference(graph: Graph, values: Mapping[str, np.ndarray], samples: i
 
     refs = [reference(graph, v) for v in batched_values(values, graph, samples)]
     return {t: np.stack([r[t] for r in refs]) for t in refs[0]}
+
+
+def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_timings: bool = False,
+                    wall_limit_s: float | None = None, wall_started: float | None = None) -> PlanResult:
+    """``--batch auto``: plan B = 1, 2, 4, ... (powers of two that fit the slots, each under
+    the memory cap) and keep the plan with the least modelled seconds per sample (rotations
+    per sample without a calibrated table).  The search stops at the slots, or once two
+    candidates in a row are worse than the best.  ``summary.batch_auto`` lists every
+    candidate."""
+    from planner.pipeline import plan_graph
+
+    best: PlanResult | None = None
+    rows: list[dict[str, Any]] = []
+    worse = 0
+    B = 1
+
+    def key(r: PlanResult) -> float:
+        ps = r.plan["summary"]["per_sample"]
+        return float(ps["seconds"] if ps["seconds"] is not None else ps["rotations"])
+
+    while params.slots >= B and worse < 2:
+        try:
+            r = plan_graph(graph, params, replace(options, batch=B), record_timings, wall_limit_s, wall_started)
+        except PlanError as e:
+            rows.append({"batch": B, "refused": str(e)})
+            if best is not None:
+                break
+            B *= 2
+            continue
+        rows.append({"batch": B, **r.plan["summary"]["per_sample"]})
+        if best is None or key(r) < key(best):
+            best, worse = r, 0
+        else:
+            worse += 1
+        B *= 2
+    if best is None:
+        raise BatchError(f"field 'batch': no batch fits ({rows[-1]['refused'] if rows else 'no candidate'})")
+    best.plan["summary"]["batch_auto"] = {"chosen": best.plan["summary"]["batch"], "candidates": rows}
+    return best
