@@ -18,7 +18,8 @@ from planner.errors import PlanFileError, SlotplanError
 
 # the options plan() passes to planner.pipeline.PlanOptionsLiteral (same names)
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
-                 "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing")
+                 "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing",
+                 "batch")
 # the options that only an ONNX model takes (as `slotplan import`)
 _IMPORT_OPTIONS = ("calibrate", "degree", "max_error")
 
@@ -169,7 +170,8 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
     ``options`` are the CLI's planning options with their JSON names (``solver``,
     ``time_limit_s``, ``memory_cap_bytes`` (int, or a string such as ``"2GiB"``), ``kernels``,
     ``input_layout``, ``costs``, ``objective``, ``clean_outputs``, ``allow_insecure``,
-    ``cins``, ``cins_decompose``, ``packing``), plus for ONNX models ``calibrate`` (a ``.npz``
+    ``cins``, ``cins_decompose``, ``packing``, ``batch``: samples per ciphertext set or
+    ``"auto"``, docs/batch.md), plus for ONNX models ``calibrate`` (a ``.npz``
     path or a dict of arrays), ``degree`` and ``max_error``.  Every bad value raises a
     :class:`SlotplanError` subclass whose message names the field and the rule."""
     import time
@@ -190,13 +192,21 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
         options["memory_cap_bytes"] = parse_size(options["memory_cap_bytes"])
     t0 = time.perf_counter()
     graph, weights = _graph(graph_or_model, import_opts)
+    auto_batch = options.get("batch") == "auto"
+    if auto_batch:
+        options.pop("batch")
     try:
         opts = PlanOptions.from_literal(PlanOptionsLiteral(**options))
     except ValidationError as e:
         first = e.errors()[0]
         raise SlotplanError(f"option {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
     p: Params = auto_params(graph, opts) if params == AUTO else load_params(params)
-    res = plan_graph(graph, p, opts)
+    if auto_batch:  # the power of two with the least modelled time per sample (docs/batch.md)
+        from planner.batch import plan_auto_batch
+
+        res = plan_auto_batch(graph, p, opts)
+    else:
+        res = plan_graph(graph, p, opts)
     return Plan(res.plan, res.tables, weights, time.perf_counter() - t0)
 
 
