@@ -166,3 +166,19 @@ def test_split_round_trip_n_samples(tmp_path: Path) -> None:
 
     with pytest.raises(SlotplanError, match="range"):  # ranges per sample
         inf.encrypt(plan, tmp_path / "K", {"x": np.full((3, 32), 0.5) + np.eye(3, 32) * 2}, tables=tables)
+
+
+def test_batch_under_a_memory_cap() -> None:
+    """The key schedule runs on the batched program; the plan stays exact per sample."""
+    from backends.runner import run_plan
+
+    g = parse_graph(GRAPH)
+    free = plan_graph(g, preset("n14"), PlanOptions(batch=8))
+    peak = free.plan["summary"]["peak_bytes"]["total"]
+    res = plan_graph(g, preset("n14"), PlanOptions(batch=8, memory_cap_bytes=int(peak * 0.8)))
+    s = res.plan["summary"]
+    assert s["peak_bytes"]["total"] <= peak * 0.8 and s["batch"] == 8 and s["memory_cap_bytes"] == int(peak * 0.8)
+    x = np.random.default_rng(5).uniform(-1, 1, (8, 32))
+    rep = run_plan(res.plan, res.tables, "sim", values={"x": x, **_weights()})
+    assert rep.ok
+    np.testing.assert_allclose(rep.outputs["y"], _ref(x, _weights()), atol=1e-9)
