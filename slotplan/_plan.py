@@ -117,15 +117,25 @@ class Plan:
         EXECUTION_BACKENDS.check(backend)
         graph = parse_graph(self.document["graph"]["spec"])
         values = dict(random_values(graph, seed, "fan-in"))
+        # a plan of B samples (docs/batch.md): inputs with a leading dimension N; none given:
+        # B seeded samples, as slotplan run draws them
+        batched = "batch" in self.document.get("summary", {})
         for given in (self.weights or {}, weights or {}, inputs or {}):
             for name, arr in given.items():
                 if name not in values:
                     raise SlotplanError(f"tensor {name!r}: not an input or weight of graph {graph.name!r}")
                 a = np.asarray(arr, dtype=np.float64)
+                size = int(np.prod(graph.shape(name)))
+                if batched and name in graph.inputs and a.ndim >= 2 and a.size != size and a.size == a.shape[0] * size:
+                    values[name] = a.reshape((a.shape[0], *graph.shape(name)))  # N samples (docs/batch.md)
+                    continue
                 if a.size != int(np.prod(graph.shape(name))):
                     raise SlotplanError(f"tensor {name!r}: {a.size} values, the graph's shape "
                                         f"{list(graph.shape(name))} has {int(np.prod(graph.shape(name)))}")
                 values[name] = a.reshape(graph.shape(name))
+        if batched and not any(t in (inputs or {}) for t in graph.inputs):
+            per = [random_values(graph, seed + b, "fan-in") for b in range(int(self.document["summary"]["batch"]))]
+            values.update({t: np.stack([p[t] for p in per]) for t in graph.inputs})
         rep = run_plan(self.document, self.tables, backend, seed, values=values)
         if not rep.ok:
             raise SlotplanError(f"{backend} run mismatched the numpy reference: max relative error "

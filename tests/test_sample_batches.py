@@ -182,3 +182,14 @@ def test_batch_under_a_memory_cap() -> None:
     rep = run_plan(res.plan, res.tables, "sim", values={"x": x, **_weights()})
     assert rep.ok
     np.testing.assert_allclose(rep.outputs["y"], _ref(x, _weights()), atol=1e-9)
+
+
+def test_python_facade_batch() -> None:
+    import slotplan
+
+    p = slotplan.plan(GRAPH, "n14", batch=4)
+    assert p.document["summary"]["batch"] == 4
+    x = np.random.default_rng(2).uniform(-1, 1, (6, 32))
+    y = p.simulate({"x": x}, _weights())
+    np.testing.assert_allclose(y["y"], _ref(x, _weights()), atol=1e-9)
+    assert p.simulate()["y"].shape == (4, 16)
