@@ -257,21 +257,21 @@ def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_t
                     wall_limit_s: float | None = None, wall_started: float | None = None) -> PlanResult:
     """``--batch auto``: plan B = 1, 2, 4, ... (powers of two that fit the slots, each under
     the memory cap) and keep the plan with the least modelled seconds per sample (rotations
-    per sample without a calibrated table).  The search stops at the slots, or once two
-    candidates in a row are worse than the best.  ``summary.batch_auto`` lists every
-    candidate."""
+    per sample without a calibrated table).  Every power of two up to the slots is planned
+    (modelled time per sample need not fall monotonically: LoLa's rises from B = 2 to 4 and
+    falls again); the search stops early only at a B that no longer fits once a smaller one
+    did (a smaller block fits even less).  ``summary.batch_auto`` lists every candidate."""
     from planner.pipeline import plan_graph
 
     best: PlanResult | None = None
     rows: list[dict[str, Any]] = []
-    worse = 0
     B = 1
 
     def key(r: PlanResult) -> float:
         ps = r.plan["summary"]["per_sample"]
         return float(ps["seconds"] if ps["seconds"] is not None else ps["rotations"])
 
-    while params.slots >= B and worse < 2:
+    while params.slots >= B:
         try:
             r = plan_graph(graph, params, replace(options, batch=B), record_timings, wall_limit_s, wall_started)
         except PlanError as e:
@@ -282,9 +282,7 @@ def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_t
             continue
         rows.append({"batch": B, **r.plan["summary"]["per_sample"]})
         if best is None or key(r) < key(best):
-            best, worse = r, 0
-        else:
-            worse += 1
+            best = r
         B *= 2
     if best is None:
         raise BatchError(f"field 'batch': no batch fits ({rows[-1]['refused'] if rows else 'no candidate'})")
