@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -73,6 +74,7 @@ def plan(
     graph_out: Annotated[Path | None, typer.Option("--graph-out", help="MODEL.onnx only: write the imported graph (JSON)")] = None,
     cut: Annotated[list[str] | None, typer.Option("--output", help="MODEL.onnx only: cut the model at this value (see slotplan import --output); the plan file is -o")] = None,
     allow_error: Annotated[bool, typer.Option("--allow-error", help="MODEL.onnx only: an approximation that misses its error target is a warning, not a refusal")] = False,
+    batch: Annotated[str | None, typer.Option("--batch", help="samples per ciphertext set: B (every input gains a leading dimension B, docs/batch.md) | auto (the power of two with the least modelled time per sample)")] = None,
 ) -> None:
     """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
@@ -103,11 +105,17 @@ def plan(
             packing=packing,  # type: ignore[arg-type]
         )
         opts = PlanOptions.from_literal(lit)
+        n_batch = _batch_option(batch)
         with shown(wanted(progress, as_json)):
             if p is None:  # --params auto: the smallest secure preset that fits, else n16boot
                 p = auto_params(g, opts)
-            res = plan_graph(g, p, opts, record_timings=record_timings, wall_limit_s=wall_limit,
-                             wall_started=started)
+            if n_batch == "auto":
+                from planner.batch import plan_auto_batch
+
+                res = plan_auto_batch(g, p, opts, record_timings, wall_limit, started)
+            else:
+                res = plan_graph(g, p, replace(opts, batch=int(n_batch)) if n_batch else opts,
+                                 record_timings=record_timings, wall_limit_s=wall_limit, wall_started=started)
             if explain:
                 from planner.explain import explain_choices
 
@@ -164,10 +172,29 @@ def plan(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
     )
+    if "per_sample" in summary:
+        ps = summary["per_sample"]
+        sec = "-" if ps["seconds"] is None else f"{ps['seconds']:.4g} s"
+        auto = summary.get("batch_auto")
+        out.print(f"batch {summary['batch']}: per sample {sec} modelled, {ps['rotations']:g} rotations"
+                  + (f" (--batch auto over {', '.join(str(c['batch']) for c in auto['candidates'])})" if auto else ""))
     if explain:
         from api.show import explain_lines
 
         out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
+
+
+def _batch_option(value: str | None) -> int | str | None:
+    """``--batch``: a positive number of samples or ``auto``."""
+    if value is None or value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SlotplanError(f"option --batch: expected a positive number of samples or 'auto', got {value!r}")
+    return n
 
 
 def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
@@ -219,7 +246,8 @@ def run(
         if inputs is not None or weights is not None:
             if "spec" not in pl["graph"]:
                 raise SlotplanError("the plan does not embed its graph (graph.spec): cannot read tensors by name")
-            values = user_values(parse_graph(pl["graph"]["spec"]), inputs, weights)
+            values = user_values(parse_graph(pl["graph"]["spec"]), inputs, weights,
+                                 samples="batch" in pl.get("summary", {}))
         if out_file is not None and (out_file.is_dir() or not (out_file.parent if str(out_file.parent) else Path(".")).is_dir()):
             raise SlotplanError(f"cannot write --out {out_file}: not a file in an existing directory")
         with shown(wanted(progress, as_json)), step(f"run on {backend}"):

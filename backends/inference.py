@@ -105,6 +105,9 @@ class CiphertextHeader(_Strict):
     key_set_id: str = Field(min_length=1, max_length=64)
     samples: int = Field(ge=1)
     batched: bool  # the inputs had a leading sample dimension (the outputs get one)
+    # a plan of batch B (SPEC section 8): the N samples the ``samples`` ciphertext sets hold
+    # (ceil(N / B) sets, the last padded); absent for plans of one sample
+    sample_count: int | None = Field(default=None, ge=1)
     ciphertexts: list[CiphertextEntry]
     payload_bytes: int = Field(ge=0)
     payload_sha256: str = Field(min_length=64, max_length=64)
@@ -269,6 +272,12 @@ def _check_input_ranges(graph: Any, plan: Mapping[str, Any], inputs: Mapping[str
     check_values({k: (float(v[0]), float(v[1])) for k, v in assumed.items() if k in graph.inputs}, inputs)
 
 
+def _plan_batch(plan: Mapping[str, Any]) -> int | None:
+    """B of a plan of several samples per ciphertext set (SPEC section 8), else None."""
+    b = (plan.get("summary") or {}).get("batch")
+    return None if b is None else int(b)
+
+
 def _samples(graph: Any, inputs: Mapping[str, np.ndarray]) -> tuple[int, bool, list[dict[str, np.ndarray]]]:
     """Split the inputs into samples: an array of the tensor's size is one sample; one with a
     leading dimension N and the tensor's size per row is N samples (every input must agree)."""
@@ -329,7 +338,7 @@ def _weights(graph: Any, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndar
 
 
 def _frame(magic: bytes, header: BaseModel, payload: bytes) -> bytes:
-    head = header.model_dump_json().encode()
+    head = header.model_dump_json(exclude_none=True).encode()
     return magic + struct.pack("<I", len(head)) + head + payload
 
 
@@ -500,6 +509,16 @@ def encrypt(
     _check_keys_for(plan, str(Path(key_dir) / SECRET_KEY_NAME), hdr.plan_digest, hdr.params_digest)
     tb = _plan_tables(plan, tables)
     empty_pts = {**plan, "plaintexts": {}}
+    count: int | None = None
+    batch = _plan_batch(plan)
+    if batch is not None:  # B samples per ciphertext set, the last set padded with zero samples
+        count = n
+        samples = [
+            {t: np.stack([s[t] for s in samples[i:i + batch]]
+                         + [np.zeros_like(samples[0][t])] * (batch - len(samples[i:i + batch]))) for t in graph.inputs}
+            for i in range(0, n, batch)
+        ]
+        n = len(samples)
     try:
         packed = b"".join(pack_vectors(empty_pts, s, {}, tb)[0] for s in samples)
     except LattigoError as e:
@@ -523,7 +542,7 @@ def encrypt(
     header = CiphertextHeader(
         format=CT_FORMAT, version=FORMAT_VERSION, kind="inputs", plan_digest=inference_plan_digest(plan),
         params_digest=params_digest(plan), key_set_id=hdr.key_set_id, samples=n, batched=batched,
-        ciphertexts=entries, payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest(),
+        sample_count=count, ciphertexts=entries, payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     data = _frame(CT_MAGIC, header, payload)
     if stats is not None:
@@ -612,7 +631,8 @@ def evaluate(
     ]
     header = CiphertextHeader(
         format=CT_FORMAT, version=FORMAT_VERSION, kind="outputs", plan_digest=pd, params_digest=params_digest(plan),
-        key_set_id=h.key_set_id, samples=h.samples, batched=h.batched, ciphertexts=entries,
+        key_set_id=h.key_set_id, samples=h.samples, batched=h.batched, sample_count=h.sample_count,
+        ciphertexts=entries,
         payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     data = _frame(CT_MAGIC, header, payload)
@@ -648,7 +668,8 @@ def decrypt(
                     h.samples, "")
     import base64
 
-    shapes = {t: graph.shape(t) for t in graph.outputs}
+    batch = _plan_batch(plan)
+    shapes = {t: tuple(plan["outputs"][t]) if batch is not None else graph.shape(t) for t in graph.outputs}
     per_sample: list[dict[str, np.ndarray]] = []
     try:
         for recs in res["samples"]:
@@ -660,6 +681,9 @@ def decrypt(
     except LattigoError as e:
         raise InferenceError(_one_line(e)) from None
     names = list(graph.outputs)
+    if batch is not None:  # sets of B samples: concatenated, the padding dropped
+        count = h.sample_count if h.sample_count is not None else h.samples * batch
+        per_sample = [{t: s[t][b] for t in names} for s in per_sample for b in range(batch)][:count]
     if h.batched:
         out = {t: np.stack([s[t] for s in per_sample]) for t in names}
     else:

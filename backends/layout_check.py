@@ -46,7 +46,14 @@ def check_claims(res: PlanResult, values: Mapping[str, np.ndarray], sim: SimResu
     """Violations of the plan's layout claims on ``values`` (empty when all hold).  ``sim``:
     a simulation of the plan on ``values`` that kept :func:`claimed_registers` (one run can
     serve the caller's own output checks); simulated here when absent."""
-    ref = reference(res.problem.graph, values)
+    if res.batch is not None:
+        # a batched plan (planner/batch.py): claims speak of every block, the padding
+        # blocks' zero samples included
+        from planner.batch import batched_reference
+
+        ref = batched_reference(res.problem.graph, values, res.batch.blocks)
+    else:
+        ref = reference(res.problem.graph, values)
     if sim is None:
         sim = simulate(res.plan, res.tables, values, keep=claimed_registers(res))
     out: list[ClaimViolation] = []

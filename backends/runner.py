@@ -186,7 +186,7 @@ def _run_lattigo(
     pm = process_model(plan, mem, inline_plaintexts=inline, boot=boot_memory(params))
     lr = lattigo_run(
         dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
-        output_shapes={t: graph.shape(t) for t in graph.outputs},
+        output_shapes={t: tuple(plan["outputs"][t]) for t in graph.outputs},
         memory_limit_extra_bytes=int(pm["growth"] * GC_LIMIT_HEADROOM),
     )
     stats = dict(lr.stats)
@@ -372,6 +372,9 @@ def run_plan(
     params = Params.from_json(plan["params"])
     if tables is None:
         tables = regenerate_tables(plan)
+    batch = plan.get("summary", {}).get("batch")
+    if batch is not None:
+        return _run_batched(plan, tables, backend, seed, init, values, graph, params, int(batch))
     if values is None:
         values = random_values(graph, seed, init)  # declared ranges respected
     # every plan, not only bootstrapping ones (SPEC section 9): an input outside its
@@ -387,9 +390,84 @@ def run_plan(
         ex.outputs, ex.counts, ex.rotations, ex.key_loads, ex.peak_key_bytes, ex.tolerance, ex.stats
     )
     seconds = time.perf_counter() - t0
+    decrypted = {t: np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t)) for t in graph.outputs}
+    exits += _name_register_exits(plan, graph, ex.domain_exits)
+    return _report(backend, graph, ref, decrypted, counts, rotations, loads, peak_keys, tol, seconds, stats, plan,
+                   exits)
+
+
+def _run_batched(
+    plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], backend: str, seed: int, init: str,
+    values: Mapping[str, np.ndarray] | None, graph: Graph, params: Params, batch: int,
+) -> RunReport:
+    """A plan of ``batch`` samples (SPEC section 8) on N samples: inputs with a leading
+    dimension N (an input of the tensor's own shape is one sample; random values: N = B,
+    sample b seeded ``seed + b``), executed as ceil(N / B) ciphertext sets, the last one
+    padded with zero samples; outputs (and the comparison) per sample, leading dimension N."""
+    from planner.batch import batched_reference
+
+    if values is None:
+        per = [random_values(graph, seed + b, init) for b in range(batch)]
+        values = {**per[0], **{t: np.stack([p[t] for p in per]) for t in graph.inputs}}
+    vals = dict(values)
+    for t in graph.inputs:
+        a = np.asarray(vals[t], dtype=np.float64)
+        vals[t] = a.reshape((1, *graph.shape(t))) if a.shape == tuple(graph.shape(t)) else a
+    ns = {int(vals[t].shape[0]) for t in graph.inputs}
+    if len(ns) != 1:
+        raise SlotplanError(f"inputs: sample counts differ ({', '.join(f'{t}: {vals[t].shape[0]}' for t in graph.inputs)})")
+    n = ns.pop()
+    # every sample's inputs within their declared ranges (SPEC section 9), as for one sample
+    check_input_ranges(graph, {t: vals[t] for t in graph.inputs})
+    ref = batched_reference(graph, vals, n)
+    check_assumed_ranges(plan, ref)
+    # a Chebyshev poly's argument outside its domain in any sample's reference fails the run
+    exits = poly_domain_exits(graph, vals, ref)
+    execute = EXECUTION_BACKENDS.get(backend)
+    counts: dict[str, int] = {}
+    rotations = loads = peak_keys = 0
+    tol = 0.0
+    sets: list[dict[str, Any]] = []
+    set_seconds: list[float] = []
+    outs: dict[str, list[np.ndarray]] = {t: [] for t in graph.outputs}
+    t0 = time.perf_counter()
+    for start in range(0, n, batch):
+        chunk = {t: vals[t] for t in graph.weights}
+        for t in graph.inputs:
+            x = vals[t][start:start + batch]
+            pad = np.zeros((batch - x.shape[0], *graph.shape(t)))  # zero samples: never read back
+            chunk[t] = np.concatenate([x, pad]) if pad.shape[0] else x
+        t1 = time.perf_counter()
+        ex = execute(plan, tables, chunk, graph, params)
+        set_seconds.append(round(time.perf_counter() - t1, 6))
+        for k, v in ex.counts.items():
+            counts[k] = counts.get(k, 0) + int(v)
+        rotations, loads = rotations + ex.rotations, loads + ex.key_loads
+        peak_keys, tol = max(peak_keys, ex.peak_key_bytes), ex.tolerance
+        sets.append(dict(ex.stats))
+        exits += [e for e in _name_register_exits(plan, graph, ex.domain_exits) if e not in exits]
+        for t in graph.outputs:
+            got = np.asarray(ex.outputs[t], dtype=np.float64).reshape((batch, *graph.shape(t)))
+            outs[t].append(got[: min(batch, n - start)])
+    seconds = time.perf_counter() - t0
+    decrypted = {t: np.concatenate(outs[t]) for t in graph.outputs}
+    # the last set's statistics (memory: every set runs the same program), the bootstraps of
+    # all of them, and the batch
+    stats: dict[str, Any] = {**sets[-1], "samples": n, "batch": batch, "ciphertext_sets": len(sets),
+                             "set_seconds": set_seconds}
+    if any("bootstrap_seconds" in x for x in sets):
+        stats["bootstrap_seconds"] = [b for x in sets for b in x.get("bootstrap_seconds") or []]
+    return _report(backend, graph, ref, decrypted, counts, rotations, loads, peak_keys, tol, seconds, stats, plan,
+                   exits)
+
+
+def _report(
+    backend: str, graph: Graph, ref: Mapping[str, np.ndarray], decrypted: dict[str, np.ndarray],
+    counts: dict[str, int], rotations: int, loads: int, peak_keys: int, tol: float, seconds: float,
+    stats: dict[str, Any], plan: Mapping[str, Any], exits: list[dict[str, Any]],
+) -> RunReport:
     max_abs = 0.0
     max_rel = 0.0
-    decrypted = {t: np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t)) for t in graph.outputs}
     for t in graph.outputs:
         got = decrypted[t]
         want = ref[t]
@@ -400,7 +478,6 @@ def run_plan(
         scale = float(np.max(np.abs(want))) if want.size else 1.0
         max_abs = max(max_abs, err)
         max_rel = max(max_rel, err / scale if scale > 0 else err)
-    exits += _name_register_exits(plan, graph, ex.domain_exits)
     # a poly evaluated outside its domain is a failure even when the back end matches the
     # reference (both are then far from the function the polynomial stands for)
     ok = bool(np.isfinite(max_rel) and max_rel <= tol) and not exits

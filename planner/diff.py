@@ -48,6 +48,8 @@ METRICS: tuple[str, ...] = (
     "peak_bytes.total",
     "solver.objective",
 )
+# Plans of several samples (SPEC section 8): compared when either side has them.
+BATCH_METRICS: tuple[str, ...] = ("batch", "per_sample.seconds", "per_sample.rotations")
 # Growth of any of these is a regression (``--fail-on-regression``).
 REGRESSION_METRICS: tuple[str, ...] = ("rotations", "key_loads", "peak_bytes.total")
 # Node fields compared (besides rotations, which is a metric).
@@ -357,7 +359,9 @@ def diff_entry(key: str, base: Mapping[str, Any] | None, head: Mapping[str, Any]
             if not _lookup(bsum, "insecure") and _lookup(hsum, "insecure"):
                 e.regressions.append(f"{key}: parameters below the 128-bit bound (insecure)")
         if bsum is not None or hsum is not None:
-            e.metrics = [_metric(m, _get(bsum, m), _get(hsum, m)) for m in METRICS]
+            batched = any(isinstance(x, Mapping) and "per_sample" in x for x in (bsum, hsum))
+            e.metrics = [_metric(m, _get(bsum, m), _get(hsum, m))
+                         for m in (METRICS + BATCH_METRICS if batched else METRICS)]
         e.nodes = _diff_nodes(base.get("nodes") or [], head.get("nodes") or [])
     if bs == "ok" and hs not in ("ok", "missing"):
         e.regressions.append(f"{key}: planned in base, {hs} in head ({e.head_error or 'no message'})")

@@ -330,7 +330,8 @@ def read_arrays(path: str | Path, what: str) -> dict[str, np.ndarray]:
     return out
 
 
-def user_values(graph: Graph, inputs: str | Path | None, weights: str | Path | None) -> dict[str, np.ndarray]:
+def user_values(graph: Graph, inputs: str | Path | None, weights: str | Path | None,
+                samples: bool = False) -> dict[str, np.ndarray]:
     """The graph's encrypted inputs from ``inputs`` and its weights from ``weights``, each
     array named as its tensor and of any shape with the tensor's number of elements (a
     leading batch dimension of 1, a flattened image), reshaped to the declared shape.  A
@@ -361,6 +362,9 @@ def user_values(graph: Graph, inputs: str | Path | None, weights: str | Path | N
                 raise ValuesError(f"no array named {name!r} in {path} (one per graph {role})", tensor=name)
             arr = np.asarray(arrays[name])
             shape = graph.shape(name)
+            size = int(np.prod(shape))
+            if samples and role == "input" and arr.size != size and arr.ndim >= 2 and arr.size == arr.shape[0] * size:
+                shape = (int(arr.shape[0]), *shape)  # a batched plan: N samples (SPEC section 8)
             if arr.size != int(np.prod(shape)):
                 raise ValuesError(
                     f"array in {path} has shape {tuple(arr.shape)} ({arr.size} elements); the graph declares "

@@ -98,6 +98,9 @@ class PlanOptionsLiteral(BaseModel):
     # hybrid matvec also in its complex form (two inputs per slot, half the diagonals);
     # "real" plans keep SPEC section 4 exactly (real registers)
     packing: Literal["real", "complex"] = "real"
+    # samples per ciphertext set (SPEC section 8, planner/batch.py); unset: one sample, the
+    # plan keeps SPEC section 4's shapes (and its bytes)
+    batch: int | None = Field(default=None, ge=1)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class PlanOptions:
     cins: bool = True
     cins_decompose: bool = True
     packing: str = "real"
+    batch: int | None = None
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -136,6 +140,7 @@ class PlanOptions:
             cins=lit.cins,
             cins_decompose=lit.cins_decompose,
             packing=lit.packing,
+            batch=lit.batch,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -159,6 +164,8 @@ class PlanOptions:
             out["cins_decompose"] = False
         if self.packing != "real":  # only when complex: real plans stay byte-identical
             out["packing"] = self.packing
+        if self.batch is not None:  # only when given: plans of one sample stay byte-identical
+            out["batch"] = self.batch
         return out
 
     def with_packing(self) -> PlanOptions:
@@ -259,6 +266,9 @@ class PlanResult:
     problem: PlanProblem
     seconds: float
     claims: list[LayoutClaim] = field(default_factory=list)
+    # a plan of several samples (planner/batch.py): its geometry; claims then speak of
+    # tensors with a leading sample dimension (padding blocks included)
+    batch: Any = None
 
 
 def _group_of(graph: Graph, tensor: str) -> str:
@@ -880,8 +890,12 @@ def plan_graph(
     ``time.monotonic()`` reading; default: the call) so that callers can include reading the
     graph: past it, :class:`PlanWallTimeout` names the step where planning stopped (the
     solver's limit is capped by what is left)."""
-    t0 = time.perf_counter()
     options = options or PlanOptions()
+    if options.batch is not None:
+        from planner.batch import plan_batched
+
+        return plan_batched(graph, params, options, record_timings, wall_limit_s, wall_started)
+    t0 = time.perf_counter()
     from planner.params import check_security
 
     insecure = check_security(params, options.allow_insecure)

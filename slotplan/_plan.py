@@ -18,7 +18,8 @@ from planner.errors import PlanFileError, SlotplanError
 
 # the options plan() passes to planner.pipeline.PlanOptionsLiteral (same names)
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
-                 "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing")
+                 "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing",
+                 "batch")
 # the options that only an ONNX model takes (as `slotplan import`)
 _IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton", "output", "allow_error")
 
@@ -116,15 +117,25 @@ class Plan:
         EXECUTION_BACKENDS.check(backend)
         graph = parse_graph(self.document["graph"]["spec"])
         values = dict(random_values(graph, seed, "fan-in"))
+        # a plan of B samples (docs/batch.md): inputs with a leading dimension N; none given:
+        # B seeded samples, as slotplan run draws them
+        batched = "batch" in self.document.get("summary", {})
         for given in (self.weights or {}, weights or {}, inputs or {}):
             for name, arr in given.items():
                 if name not in values:
                     raise SlotplanError(f"tensor {name!r}: not an input or weight of graph {graph.name!r}")
                 a = np.asarray(arr, dtype=np.float64)
+                size = int(np.prod(graph.shape(name)))
+                if batched and name in graph.inputs and a.ndim >= 2 and a.size != size and a.size == a.shape[0] * size:
+                    values[name] = a.reshape((a.shape[0], *graph.shape(name)))  # N samples (docs/batch.md)
+                    continue
                 if a.size != int(np.prod(graph.shape(name))):
                     raise SlotplanError(f"tensor {name!r}: {a.size} values, the graph's shape "
                                         f"{list(graph.shape(name))} has {int(np.prod(graph.shape(name)))}")
                 values[name] = a.reshape(graph.shape(name))
+        if batched and not any(t in (inputs or {}) for t in graph.inputs):
+            per = [random_values(graph, seed + b, "fan-in") for b in range(int(self.document["summary"]["batch"]))]
+            values.update({t: np.stack([p[t] for p in per]) for t in graph.inputs})
         rep = run_plan(self.document, self.tables, backend, seed, values=values)
         if not rep.ok:
             raise SlotplanError(f"{backend} run mismatched the numpy reference: max relative error "
@@ -173,7 +184,8 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
     ``options`` are the CLI's planning options with their JSON names (``solver``,
     ``time_limit_s``, ``memory_cap_bytes`` (int, or a string such as ``"2GiB"``), ``kernels``,
     ``input_layout``, ``costs``, ``objective``, ``clean_outputs``, ``allow_insecure``,
-    ``cins``, ``cins_decompose``, ``packing``), plus for ONNX models the import options of
+    ``cins``, ``cins_decompose``, ``packing``, ``batch``: samples per ciphertext set or
+    ``"auto"``, docs/batch.md), plus for ONNX models the import options of
     ``slotplan import``: ``calibrate`` (a ``.npz`` path or a dict of arrays), ``degree``,
     ``max_error``, ``relu`` (``auto``/``direct``/``composite``), ``margin``, ``newton``, ``output`` (a value
     name or a list of them: cut the model there) and ``allow_error``.  Every bad value raises a
@@ -196,13 +208,21 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
         options["memory_cap_bytes"] = parse_size(options["memory_cap_bytes"])
     t0 = time.perf_counter()
     graph, weights = _graph(graph_or_model, import_opts)
+    auto_batch = options.get("batch") == "auto"
+    if auto_batch:
+        options.pop("batch")
     try:
         opts = PlanOptions.from_literal(PlanOptionsLiteral(**options))
     except ValidationError as e:
         first = e.errors()[0]
         raise SlotplanError(f"option {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
     p: Params = auto_params(graph, opts) if params == AUTO else load_params(params)
-    res = plan_graph(graph, p, opts)
+    if auto_batch:  # the power of two with the least modelled time per sample (docs/batch.md)
+        from planner.batch import plan_auto_batch
+
+        res = plan_auto_batch(graph, p, opts)
+    else:
+        res = plan_graph(graph, p, opts)
     return Plan(res.plan, res.tables, weights, time.perf_counter() - t0)
 
 

@@ -266,3 +266,9 @@ def describe(graph: dict[str, Any]) -> str:
             op = f"conv{'-dw' if n.get('groups', 1) > 1 else ''}/s{n['stride'][0]}p{n['padding'][0]}{n['padding'][1]}"
         ops.append(op)
     return " -> ".join(ops)
+
+
+def random_batch(seed: int) -> int:
+    """Samples per ciphertext set of batched network ``seed`` (SPEC section 8): 1..8, so
+    that powers of two and padded batches (3, 5, 6, 7) both occur."""
+    return 1 + (seed * 5 + seed // 8) % 8

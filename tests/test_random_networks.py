@@ -154,3 +154,87 @@ def test_generator_covers_the_shapes() -> None:
                  "matmul3d-pt", "matmul3d-ct", "transpose"):
         assert seen[what] > 0, f"the generator never made {what}: {dict(seen)}"
     assert max_depth == 6
+
+
+# ----------------------------------------------------------------------------- batches
+BATCH_GRAPHS = int(os.environ.get("SLOTPLAN_RANDOM_BATCH_GRAPHS", 48))
+
+
+def check_batched_network(seed: int) -> list[str]:
+    """Plan random network ``seed`` for ``random_batch(seed)`` samples (planner/batch.py) and
+    return what is wrong: every sample must equal its own numpy reference, every layout
+    claim must hold over all the samples (padding included), clean outputs leak nothing."""
+    from planner.batch import batched_reference
+    from tests.random_networks import random_batch
+
+    spec, log_n = random_network(seed)
+    g = parse_graph(spec)
+    B = random_batch(seed)
+    opts = PlanOptions(
+        input_layout="row-major" if seed % 3 == 0 else "free",
+        clean_outputs=seed % 5 != 0,
+        allow_insecure=True,
+        kernels=KERNEL_SETS[seed % len(KERNEL_SETS)],
+        batch=B,
+    )
+    res = plan_graph(g, small_params(log_n, levels=LEVELS), opts)
+    vals = random_values(g, seed)
+    rng = np.random.default_rng(seed)
+    for x in g.inputs:  # B different samples
+        vals[x] = rng.uniform(-1.0, 1.0, (B, *g.shape(x)))
+    ref = batched_reference(g, vals, B)
+    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
+    P = 1 << (B - 1).bit_length()
+    where = f"graph {seed} B={B} ({describe(spec)}, {opts.input_layout}, clean={opts.clean_outputs})"
+    problems: list[str] = []
+    s = res.plan["summary"]
+    if s["batch"] != B or res.plan["outputs"] != {t: [B, *g.shape(t)] for t in g.outputs}:
+        problems.append(f"{where}: summary.batch {s['batch']} / outputs {res.plan['outputs']}")
+    for t in g.outputs:
+        for b in range(B):
+            scale = max(1.0, float(np.max(np.abs(ref[t][b]))))
+            err = float(np.max(np.abs(sim.outputs[t][b] - ref[t][b]))) / scale
+            if not err < 1e-9:
+                problems.append(f"{where}: output {t} sample {b}: relative error {err:.2e}")
+    problems += [f"{where}: {v}" for v in check_claims(res, vals, sim)]
+    if opts.clean_outputs and B == P:
+        if not s["clean_outputs"]:
+            problems.append(f"{where}: summary says outputs are not clean")
+        leaks = {t: n for t, n in sim.leaked_slots.items() if n}
+        if leaks:
+            problems.append(f"{where}: outputs leak non-zero slots {leaks}")
+    elif B != P and s["clean_outputs"]:
+        problems.append(f"{where}: padded batch claims clean outputs")
+    for f in NODE_COUNT_FIELDS:
+        total = sum(n[f] for n in res.plan["nodes"])
+        if total != s[f]:
+            problems.append(f"{where}: nodes' {f} sum to {total}, summary says {s[f]}")
+    if abs(s["per_sample"]["rotations"] * B - s["rotations"]) > 1e-3:
+        problems.append(f"{where}: per_sample.rotations {s['per_sample']['rotations']} x {B} != {s['rotations']}")
+    return problems
+
+
+@pytest.mark.parametrize("start", range(SEED0, SEED0 + BATCH_GRAPHS, 12))
+def test_random_batched_networks(start: int) -> None:
+    problems: list[str] = []
+    for seed in range(start, min(start + 12, SEED0 + BATCH_GRAPHS)):
+        problems += check_batched_network(seed)
+    assert not problems, "\n".join(problems)
+
+
+def test_random_batches_cover_1_to_8() -> None:
+    from tests.random_networks import random_batch
+
+    assert {random_batch(s) for s in range(SEED0, SEED0 + BATCH_GRAPHS)} == set(range(1, 9))
+
+
+def test_batch_of_one_keeps_the_program() -> None:
+    """B = 1 is the one-sample plan read with a batch dimension of 1: the same program."""
+    spec, log_n = random_network(3)
+    g = parse_graph(spec)
+    params = small_params(log_n, levels=LEVELS)
+    one = plan_graph(g, params, PlanOptions(allow_insecure=True))
+    b1 = plan_graph(g, params, PlanOptions(allow_insecure=True, batch=1))
+    assert b1.plan["program"] == one.plan["program"]
+    assert "batch" not in one.plan["summary"] and "batch" not in one.plan["options"]
+    assert b1.plan["summary"]["batch"] == 1 and b1.plan["options"]["batch"] == 1

@@ -1,0 +1,290 @@
+"""Batches of samples (SPEC section 8): the sample index as the innermost slot dimension.
+
+A plan of batch ``B`` holds ``B`` samples per ciphertext set.  With ``P`` the smallest power
+of two >= B and ``stride = S / P`` (``S`` the ring's slots), slot ``j * P + b`` holds what
+slot ``j`` of a one-sample plan for a ring of ``stride`` slots holds for sample ``b``;
+samples ``B..P-1`` are zero samples (padding).  In Rotom's notation the batch is the
+innermost dimension ``[B:P:1]`` and every other slot stride is multiplied by ``P``.
+
+Why innermost: a left rotation by ``k * P`` of the real ring moves slot ``j * P + b`` to
+``((j + k) mod stride) * P + b`` -- exactly the block ring's rotation by ``k``, for every
+sample at once, wrap-around included.  Slot-wise operations (adds, products, polynomials,
+rescales, bootstraps) act on each slot.  So the real ring is ``P`` interleaved copies of the
+block ring and *every* kernel and conversion is exact per sample, whatever its rotations
+do (replication by wrapping, rotate-and-sum reductions over the whole ring, masks): no
+kernel is refused or repriced for the batch.  The sample index placed outermost instead
+(contiguous blocks) breaks every kernel whose rotations wrap around the ring: a wrapped
+read meets the next sample's block (measured on the random networks: most plans).
+
+How it is planned: the graph (one sample) is planned for a *block ring* of ``stride``
+slots, priced with the real ring's costs (``BlockParams`` keeps ``log_n`` and the levels;
+only the slot count the layouts see changes).  The plan is then read as a plan of the real
+ring: rotation amounts times ``P``, weight and constant plaintexts the block tables with
+every slot repeated ``P`` times, input and output tables mapping slot ``j * P + b`` to
+sample ``b`` of the batched tensors (leading dimension ``B``).  Bootstraps refresh all the
+samples of a ciphertext at once; their placement and scaling are the one-sample plan's
+(ranges hold per sample, so the same intervals bound every sample).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from planner.candidates import PlanError
+from planner.layout import MappedLayout
+from planner.params import Params
+from planner.program import LazyTables, TableSpec
+
+if TYPE_CHECKING:
+    from planner.graph import Graph
+    from planner.pipeline import PlanOptions, PlanResult
+
+# ops the block-ring reading does not cover (complex packing, NeuJeans' CinS registers)
+REFUSED_OPS = ("mul_i", "conj", "to_cins", "bootstrap_cins", "load_key", "drop_key")
+
+
+class BatchError(PlanError):
+    """A batch the plan cannot hold (too many samples, kernels that are not slot-wise)."""
+
+
+@dataclass(frozen=True)
+class BlockParams(Params):
+    """The parameters of the real ring with the slot count of one sample's block."""
+
+    block_slots: int = 0
+
+    def __post_init__(self) -> None:
+        pass  # the real ring's parameters were validated (the boot key offsets exceed the block)
+
+    @property
+    def slots(self) -> int:
+        return self.block_slots
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch: int  # samples B
+    blocks: int  # P: power of two >= B; samples B..P-1 are zero samples (padding)
+    stride: int  # slots of the block ring (one sample's plan): S / P
+    slots: int  # slots of the real ring
+
+    def notation(self) -> str:
+        return f"[B:{self.batch}:1]"
+
+
+def batch_geometry(slots: int, batch: int) -> BatchInfo:
+    if batch < 1:
+        raise BatchError(f"field 'batch': must be a positive number of samples, got {batch}")
+    blocks = 1 << (batch - 1).bit_length()
+    if blocks > slots:
+        raise BatchError(f"field 'batch': {batch} samples do not fit {slots} slots (at most {slots})")
+    return BatchInfo(batch, blocks, slots // blocks, slots)
+
+
+def block_params(params: Params, stride: int) -> Params:
+    if stride == params.slots:
+        return params
+    return BlockParams(params.log_n, params.log_q, params.log_p, params.log_scale, params.name, params.note,
+                       params.boot, block_slots=stride)
+
+
+def _spread_idx(idx: np.ndarray, size: int, info: BatchInfo, samples: int) -> np.ndarray:
+    """Slot ``j * P + b`` (b < samples) reads element ``b * size + idx[j]``; others nothing."""
+    out = np.full((idx.shape[0], info.blocks), -1, dtype=np.int64)
+    m = idx >= 0
+    for b in range(samples):
+        out[m, b] = idx[m] + b * size
+    return out.reshape(-1)
+
+
+def _batched_tables(small: LazyTables, plan: Mapping[str, Any], sizes: Mapping[str, int],
+                    info: BatchInfo) -> LazyTables:
+    io_tables: dict[str, str] = {}
+    for d in plan["program"]:
+        if d["op"] in ("input", "output"):
+            io_tables[d["table"]] = d["tensor"]
+    specs: dict[str, TableSpec] = {}
+    for name in small.table_names():
+        def gen(name: str = name) -> tuple[np.ndarray, np.ndarray | None]:
+            idx = np.asarray(small[f"{name}.idx"])
+            coef = np.asarray(small[f"{name}.coef"]) if f"{name}.coef" in small else None
+            big_coef = None if coef is None else np.repeat(coef, info.blocks)
+            if name in io_tables:
+                return _spread_idx(idx, sizes[io_tables[name]], info, info.batch), big_coef
+            return np.repeat(idx, info.blocks), big_coef
+
+        specs[name] = TableSpec(name, gen)
+    return LazyTables(specs)
+
+
+def batched_layout(layout: Any, info: BatchInfo) -> MappedLayout:
+    """A claim's layout over all ``P`` samples (the padding's zero samples included): a
+    tensor of leading dimension ``P``."""
+    size = int(np.prod(layout.shape))
+    maps = np.stack([_spread_idx(np.asarray(layout.index_map(q)), size, info, info.blocks)
+                     for q in range(layout.n_ct)])
+    return MappedLayout.of((info.blocks, *layout.shape), maps, layout.clean, info.notation())
+
+
+_DIM = re.compile(r"\[([^:\[\]]+):(\d+):(\d+)(<(\d+))?\]")
+
+
+def batched_notation(notation: str, info: BatchInfo) -> str:
+    """The one-sample layout's Rotom notation in the real ring: slot strides (and a
+    replication's cut, a base offset) times ``P``, the batch ``[B:B:1]`` innermost."""
+    if notation == "plaintext" or info.blocks == 1 and info.batch == 1:
+        return notation if notation == "plaintext" else f"{notation}[B:1:1]"
+    tail = "~" if notation.endswith("~") else ""
+    body = notation[:-1] if tail else notation
+    parts = body.split(";")
+
+    def dim(m: re.Match[str]) -> str:
+        cut = f"<{int(m.group(5)) * info.blocks}" if m.group(5) else ""
+        return f"[{m.group(1)}:{m.group(2)}:{int(m.group(3)) * info.blocks}{cut}]"
+
+    last = _DIM.sub(dim, parts[-1])
+    last = re.sub(r"^\+(\d+)", lambda m: f"+{int(m.group(1)) * info.blocks}", last)
+    last = re.sub(r"(\[[^\]]*\])\+(\d+)", lambda m: f"{m.group(1)}+{int(m.group(2)) * info.blocks}", last)
+    return ";".join([*parts[:-1], last + info.notation()]) + tail
+
+
+def plan_seconds_model(plan: Mapping[str, Any], params: Params) -> float | None:
+    """Modelled seconds of a plan under the calibrated table of its preset (level aware, as
+    ``slotplan lattigo-bench`` models it), or None without one."""
+    from planner.costs import COST_TABLES, load_costs
+    from planner.timing import program_seconds
+
+    name = str((plan.get("options") or {}).get("costs") or "default")
+    table = load_costs(name)
+    if not table.is_time:
+        alt = f"{params.name}-lattigo"
+        if alt not in COST_TABLES:
+            return None
+        table = load_costs(alt)
+    return program_seconds(list(plan["program"]), table, params.max_level, params.slots)
+
+
+def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timings: bool = False,
+                 wall_limit_s: float | None = None, wall_started: float | None = None) -> PlanResult:
+    """Plan ``options.batch`` samples of ``graph`` (module docstring)."""
+    from planner.pipeline import LayoutClaim, PlanResult, plan_graph
+    from planner.summary import summarize
+
+    assert options.batch is not None
+    if options.packing != "real":
+        raise BatchError("field 'batch': complex packing cannot be batched (plan with --packing real)")
+    info = batch_geometry(params.slots, options.batch)
+    named = [k for k in options.kernels if k.startswith("cins")]
+    if named:
+        raise BatchError(f"field 'batch': the CinS kernels ({', '.join(named)}) cannot be batched: their "
+                         "registers are not slot vectors")
+    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False)
+    res = plan_graph(graph, block_params(params, info.stride), small_opts, record_timings, wall_limit_s, wall_started)
+    small = res.plan
+    for i, d in enumerate(small["program"]):
+        if d["op"] in REFUSED_OPS:
+            raise BatchError(f"instruction {i} ({d['op']}): not supported in a batched plan")
+    P = info.blocks
+    claims = [LayoutClaim(c.what, c.tensor, batched_layout(c.layout, info), c.regs, c.scale) for c in res.claims]
+    program = []
+    for d in small["program"]:
+        if d["op"] == "rot":
+            d = {**d, "k": int(d["k"]) % info.stride * P}
+        elif d["op"] == "rot_hoisted":
+            d = {**d, "ks": [int(k) % info.stride * P for k in d["ks"]]}
+        program.append(d)
+    sizes = {t: math.prod(graph.shape(t)) for t in (*graph.inputs, *graph.outputs)}
+    tables = _batched_tables(res.tables, small, sizes, info)
+    summary = summarize(program, params, len(small["plaintexts"]))
+    s0 = small["summary"]
+    for key in ("solver", "plan_seconds", "bootstrapping", "insecure"):
+        if key in s0:
+            summary[key] = s0[key]
+    summary["memory_cap_bytes"] = options.memory_cap_bytes
+    # padding samples (B < P) compute the network on a zero sample in slots no table names
+    summary["clean_outputs"] = bool(s0["clean_outputs"]) and info.batch == P
+    nodes = [{**n, "in_layouts": [batched_notation(x, info) for x in n["in_layouts"]],
+              "out_layout": batched_notation(n["out_layout"], info)} for n in small["nodes"]]
+    plan: dict[str, Any] = {
+        **small,
+        "params": params.to_json(),
+        "options": options.to_json(),
+        "summary": summary,
+        "outputs": {t: [options.batch, *graph.shape(t)] for t in graph.outputs},
+        "nodes": nodes,
+        "program": program,
+    }
+    if options.memory_cap_bytes is not None:
+        from planner.keys import schedule_plan
+
+        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", time_limit_s=options.time_limit_s)
+    seconds = plan_seconds_model(plan, params)
+    plan["summary"]["batch"] = options.batch
+    plan["summary"]["per_sample"] = {
+        "seconds": None if seconds is None else round(seconds / options.batch, 6),
+        "rotations": round(plan["summary"]["rotations"] / options.batch, 6),
+    }
+    return PlanResult(plan, tables, res.solution, res.problem, res.seconds, claims, info)
+
+
+def batched_values(values: Mapping[str, np.ndarray], graph: Graph, samples: int) -> list[dict[str, np.ndarray]]:
+    """Per-sample value sets of batched inputs (leading dimension ``samples``), weights shared."""
+    out = []
+    for b in range(samples):
+        v = {t: np.asarray(values[t]) for t in graph.weights}
+        for t in graph.inputs:
+            x = np.asarray(values[t])
+            v[t] = x[b] if b < x.shape[0] else np.zeros(graph.shape(t))
+        out.append(v)
+    return out
+
+
+def batched_reference(graph: Graph, values: Mapping[str, np.ndarray], samples: int) -> dict[str, np.ndarray]:
+    """The numpy reference per sample, stacked (samples past the inputs' count are zeros)."""
+    from planner.reference import reference
+
+    refs = [reference(graph, v) for v in batched_values(values, graph, samples)]
+    return {t: np.stack([r[t] for r in refs]) for t in refs[0]}
+
+
+def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_timings: bool = False,
+                    wall_limit_s: float | None = None, wall_started: float | None = None) -> PlanResult:
+    """``--batch auto``: plan B = 1, 2, 4, ... (powers of two that fit the slots, each under
+    the memory cap) and keep the plan with the least modelled seconds per sample (rotations
+    per sample without a calibrated table).  Every power of two up to the slots is planned
+    (modelled time per sample need not fall monotonically: LoLa's rises from B = 2 to 4 and
+    falls again); the search stops early only at a B that no longer fits once a smaller one
+    did (a smaller block fits even less).  ``summary.batch_auto`` lists every candidate."""
+    from planner.pipeline import plan_graph
+
+    best: PlanResult | None = None
+    rows: list[dict[str, Any]] = []
+    B = 1
+
+    def key(r: PlanResult) -> float:
+        ps = r.plan["summary"]["per_sample"]
+        return float(ps["seconds"] if ps["seconds"] is not None else ps["rotations"])
+
+    while params.slots >= B:
+        try:
+            r = plan_graph(graph, params, replace(options, batch=B), record_timings, wall_limit_s, wall_started)
+        except PlanError as e:
+            rows.append({"batch": B, "refused": str(e)})
+            if best is not None:
+                break
+            B *= 2
+            continue
+        rows.append({"batch": B, **r.plan["summary"]["per_sample"]})
+        if best is None or key(r) < key(best):
+            best = r
+        B *= 2
+    if best is None:
+        raise BatchError(f"field 'batch': no batch fits ({rows[-1]['refused'] if rows else 'no candidate'})")
+    best.plan["summary"]["batch_auto"] = {"chosen": best.plan["summary"]["batch"], "candidates": rows}
+    return best
