@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.lattigo_backend import LattigoError, available, run_plan
+from backends.lattigo_backend import available, run_plan
 from backends.sim import simulate
 from planner import ir
+from planner.errors import PlanFileError
 from planner.params import preset
 
 
@@ -130,7 +131,8 @@ def test_bootstrap_refused_on_plain_params() -> None:
     plan["plaintexts"] = {}
     ident = np.arange(preset("n12").slots, dtype=np.int64)
     tables = {"in/x.idx": ident, "out/y.idx": ident}
-    with pytest.raises(LattigoError, match=r"instruction 1 \(bootstrap\): the plan's params carry no \"boot\" object"):
+    # refused before Go is called (a malformed plan is bad input, exit 2: issue 38)
+    with pytest.raises(PlanFileError, match=r"instruction 1 \(bootstrap\): the plan's params carry no 'boot' object"):
         run_plan(plan, {"x": np.zeros(ident.size)}, {}, tables)
 
 

@@ -32,8 +32,8 @@ def test_a_registered_solver_drives_the_pipeline(fake_solver: str) -> None:
 
 def test_fakes_leave_the_registries_as_they_were() -> None:
     assert "fake-greedy" not in SOLVER_BACKENDS.names()
-    assert EXECUTION_BACKENDS.names() == ("sim", "lattigo")
-    with pytest.raises(SlotplanError, match="unknown backend 'fake-exact'; known backends: sim, lattigo"):
+    assert EXECUTION_BACKENDS.names() == ("sim", "noisy", "lattigo")
+    with pytest.raises(SlotplanError, match="unknown backend 'fake-exact'; known backends: sim, noisy, lattigo"):
         EXECUTION_BACKENDS.create("fake-exact")
 
 

@@ -45,7 +45,7 @@ def test_registry_discovers_at_lookup() -> None:
 
 def test_every_registry_names_its_plug_ins() -> None:
     assert SOLVERS == SOLVER_BACKENDS.names() == ("cpsat", "z3")
-    assert EXECUTION_BACKENDS.names() == ("sim", "lattigo")
+    assert EXECUTION_BACKENDS.names() == ("sim", "noisy", "lattigo")
     assert STRATEGIES == KEY_STRATEGIES.names() == ("keep-all", "keymemrt", "belady", "exact", "pow2", "joint")
     # CinS families are registered but not offered by default (docs/cins.md)
     # complex-packing families are offered with options.packing "complex" only (docs/formats.md)
@@ -63,7 +63,7 @@ def test_every_registry_names_its_plug_ins() -> None:
 def test_unknown_names_keep_their_messages() -> None:
     with pytest.raises(UnknownSolverError, match=r"^unknown solver 'gurobi'; known solvers: cpsat, z3$"):
         create("gurobi")
-    with pytest.raises(SlotplanError, match=r"^unknown backend 'gpu'; known backends: sim, lattigo$"):
+    with pytest.raises(SlotplanError, match=r"^unknown backend 'gpu'; known backends: sim, noisy, lattigo$"):
         EXECUTION_BACKENDS.check("gpu")
     with pytest.raises(KeyScheduleError, match=r"^unknown key strategy 'lru'; known: keep-all, keymemrt, "):
         KEY_STRATEGIES.create("lru")

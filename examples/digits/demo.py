@@ -83,7 +83,8 @@ def _planned(mdir: Path, model: str, params: str, degree: int | None, server: Pa
     from planner.io import write_arrays
 
     t0 = time.perf_counter()
-    plan = slotplan.plan(mdir / "model.onnx", params=params, calibrate=mdir / "calib.npz", degree=degree)
+    plan = slotplan.plan(mdir / "model.onnx", params=params, calibrate=mdir / "calib.npz", degree=degree,
+                         allow_error=degree is not None)  # a degree asked for is kept, with a warning
     numbers["plan_seconds"] = time.perf_counter() - t0
     s = plan.summary
     _say(f"2. plan: {model} at {params}: {s['rotations']} rotations, {s['rotation_keys']} rotation keys, depth "
