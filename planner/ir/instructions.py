@@ -62,21 +62,36 @@ def _check_slice(bad: Bad, field: str, l: object, slots: int | None) -> None:  #
         raise bad(field, f"l={l} must divide the {slots} slots")
 
 
-def _bsgs_rotations(offsets: set[int]) -> int:
-    """Fewest rotations of a baby-step giant-step evaluation of a linear map with these
-    diagonal offsets (``d = beta + gamma``, ``beta = d mod n1``, n1 a power of two)."""
-    if not offsets:
+def lattigo_bsgs_rotations(offsets: set[int], slots: int, log_ratio: int = 1) -> int:
+    """Rotations Lattigo's lintrans makes for a matrix with these diagonal offsets (mod
+    ``slots``): the nonzero giant (``rotN1``) and baby (``rotN2``) steps of ``BSGSIndex``
+    at the split ``FindBestBSGSRatio`` picks (circuits/common/lintrans, Lattigo v6.1.1),
+    what the Lattigo executor runs for ``to_cins`` and the CinS matrices."""
+    diags = sorted({d % slots for d in offsets})
+    if not diags:
         return 0
-    span = max(abs(d) for d in offsets)
-    best = None
-    for e in range(span.bit_length() + 2):
-        n1 = 1 << e
-        betas = {d % n1 for d in offsets} - {0}
-        gammas = {d - d % n1 for d in offsets} - {0}
-        n = len(betas) + len(gammas)
-        best = n if best is None else min(best, n)
-    assert best is not None
-    return best
+
+    def index(n1: int) -> tuple[set[int], set[int]]:
+        return {(d // n1) * n1 % slots for d in diags}, {d & (n1 - 1) for d in diags}
+
+    max_ratio = float(1 << log_ratio)
+    best = 1
+    n1 = 1
+    while n1 < slots:
+        r1, r2 = index(n1)
+        a, b = len(r1) - 1, len(r2) - 1
+        ratio = b / a if a else (math.inf if b else math.nan)
+        if ratio == max_ratio:
+            best = n1
+            break
+        if ratio > max_ratio:
+            best = n1 // 2
+            break
+        n1 <<= 1
+    else:
+        best = 1
+    r1, r2 = index(max(best, 1))
+    return len(r1 - {0}) + len(r2 - {0})
 
 
 def to_cins_stages(l: int, levels: int) -> list[list[int]]:  # noqa: E741
@@ -93,14 +108,15 @@ def to_cins_stages(l: int, levels: int) -> list[list[int]]:  # noqa: E741
 
 
 def to_cins_rotations(l: int, levels: int) -> int:  # noqa: E741
-    """Rotations of ``to_cins``'s lowering: per merged factor, the BSGS rotations of its
-    diagonals ``{sum s_i h_i : s_i in {-1, 0, 1}}`` (block-diagonal, so no wrap)."""
+    """Rotations of ``to_cins``'s lowering: per merged factor, Lattigo's BSGS rotations of
+    its diagonals ``{sum s_i h_i : s_i in {-1, 0, 1}}`` (block-diagonal, so no wrap; the
+    count does not depend on the slot count once it exceeds twice the span, 4l here)."""
     total = 0
     for group in to_cins_stages(l, levels):
         offs = {0}
         for h in group:
             offs = {d + s * h for d in offs for s in (-1, 0, 1)}
-        total += _bsgs_rotations(offs)
+        total += lattigo_bsgs_rotations(offs, 1 << 40)
     return total
 
 
