@@ -1,0 +1,216 @@
+package slotlattigo
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/cmplx"
+	"math/rand"
+	"testing"
+)
+
+// A CinS convolution as the planner lowers it (planner/kernels/cins.py: hoisted baby
+// rotations by b*l, products by cins plaintexts, sums, a rescale, a giant rotation, a sum)
+// ending in a fused bootstrap_cins: the matrices the executor reads off the plan must give
+// what the plan's instructions compute followed by S_(N/2<-l), on random slot vectors, in
+// the clear (the encrypted run is tests/test_cins_run.py).
+func TestCinsFusedFormsMatchThePlan(t *testing.T) {
+	const logN, l, B = 10, 8, 2
+	slots := 1 << (logN - 1)
+	rng := rand.New(rand.NewSource(7))
+	// two input registers (two ciphertexts: two bases), diagonals d = G*B + b
+	type term struct{ in, d int }
+	terms := []term{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 3}, {1, 5}}
+	prog := []map[string]any{
+		{"op": "input", "dst": "x0", "tensor": "x", "table": "t0"},
+		{"op": "input", "dst": "x1", "tensor": "x", "table": "t1"},
+		{"op": "rot_hoisted", "src": "x0", "ks": []int{l}, "dsts": []string{"x0b1"}},
+		{"op": "rot_hoisted", "src": "x1", "ks": []int{l}, "dsts": []string{"x1b1"}},
+	}
+	pts := map[string]any{}
+	ptValues := map[string][]float64{}
+	byGiant := map[int][]string{}
+	for n, tm := range terms {
+		G := tm.d - tm.d%B
+		src := fmt.Sprintf("x%d", tm.in)
+		if tm.d%B == 1 {
+			src += "b1"
+		}
+		pt := fmt.Sprintf("pt%d", n)
+		pts[pt] = map[string]any{"source": "w", "table": pt, "l": l}
+		v := make([]float64, 2*slots)
+		for i := range v {
+			v[i] = rng.Float64()*2 - 1
+		}
+		ptValues[pt] = v
+		dst := fmt.Sprintf("p%d", n)
+		prog = append(prog, map[string]any{"op": "pmul", "dst": dst, "src": src, "pt": pt})
+		byGiant[G] = append(byGiant[G], dst)
+	}
+	var total string
+	for _, G := range []int{0, 2, 4} {
+		acc := byGiant[G][0]
+		for j, r := range byGiant[G][1:] {
+			nx := fmt.Sprintf("a%d_%d", G, j)
+			prog = append(prog, map[string]any{"op": "add", "dst": nx, "a": acc, "b": r})
+			acc = nx
+		}
+		rs := fmt.Sprintf("r%d", G)
+		prog = append(prog, map[string]any{"op": "rescale", "dst": rs, "src": acc})
+		if G != 0 {
+			g := fmt.Sprintf("g%d", G)
+			prog = append(prog, map[string]any{"op": "rot", "dst": g, "src": rs, "k": G * l})
+			rs = g
+		}
+		if total == "" {
+			total = rs
+		} else {
+			nx := "s" + rs
+			prog = append(prog, map[string]any{"op": "add", "dst": nx, "a": total, "b": rs})
+			total = nx
+		}
+	}
+	prog = append(prog, map[string]any{"op": "bootstrap_cins", "dsts": []string{"re", "im"}, "src": total, "l": l, "fused": true})
+	raw, err := json.Marshal(map[string]any{
+		"schema": planSchema, "params": map[string]any{"log_n": logN, "log_q": []int{50, 40}, "log_p": []int{50}, "log_scale": 40},
+		"plaintexts": pts, "program": prog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := parsePlan(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := p.Params.ckksParameters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err = p.validate(slots); err != nil {
+		t.Fatal(err)
+	}
+	cp := analyseCins(p, slots)
+	at := len(prog) - 1
+	f := cp.fused[at]
+	if cp.err != nil || f == nil {
+		t.Fatalf("no fused convolution at %d: %v", at, cp.err)
+	}
+	if got := fmt.Sprint(f.bases); got != "[x0 x1]" {
+		t.Fatalf("bases %s", got)
+	}
+	for j := 2; j < at; j++ { // every instruction between the inputs and the bootstrap is absorbed
+		if !cp.skip[j] {
+			t.Fatalf("instruction %d (%v) not absorbed", j, prog[j]["op"])
+		}
+	}
+	e := &executor{params: params, plan: p, ptValues: ptValues}
+	forms, err := e.fusedForms(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the plan's instructions in the clear on random complex slots
+	x := map[string][]complex128{}
+	for _, b := range []string{"x0", "x1"} {
+		v := make([]complex128, slots)
+		for i := range v {
+			v[i] = complex(rng.NormFloat64(), rng.NormFloat64())
+		}
+		x[b] = v
+	}
+	rot := func(v []complex128, k int) []complex128 {
+		out := make([]complex128, len(v))
+		for i := range out {
+			out[i] = v[(i+k)&(slots-1)]
+		}
+		return out
+	}
+	for _, in := range p.Program[2:at] {
+		switch in.Op {
+		case "rot_hoisted":
+			x[in.Dsts[0]] = rot(x[in.Src], in.Ks[0])
+		case "rot":
+			x[in.Dst] = rot(x[in.Src], *in.K)
+		case "rescale":
+			x[in.Dst] = x[in.Src]
+		case "pmul":
+			pv := cinsSlots(ptValues[in.Pt], l)
+			out := make([]complex128, slots)
+			for i := range out {
+				out[i] = x[in.Src][i] * pv[i]
+			}
+			x[in.Dst] = out
+		case "add":
+			out := make([]complex128, slots)
+			for i := range out {
+				out[i] = x[in.A][i] + x[in.B][i]
+			}
+			x[in.Dst] = out
+		}
+	}
+	s2 := s2Full(logN, slots, l)
+	want := s2.apply(x[total])
+	got := make([]complex128, slots)
+	for _, b := range f.bases {
+		m := compose(s2, forms[b], slots)
+		for k := range m { // the structural offsets cover the product's diagonals
+			found := false
+			for _, o := range f.offs[b] {
+				found = found || o == k
+			}
+			if !found {
+				t.Fatalf("base %s: diagonal %d not among the structural offsets", b, k)
+			}
+		}
+		for i, v := range m.apply(x[b]) {
+			got[i] += v
+		}
+	}
+	worst := 0.0
+	for i := range got {
+		worst = max(worst, cmplx.Abs(got[i]-want[i]))
+	}
+	if worst > 1e-9 {
+		t.Fatalf("fused S_(N/2<-l) K differs from the plan's convolution then S_(N/2<-l): %.3g", worst)
+	}
+	// its keys are in the plan's key set, and so are to_cins's
+	keys := map[int]bool{}
+	for _, k := range p.rotationOffsets() {
+		keys[k] = true
+	}
+	for _, b := range f.bases {
+		for _, k := range bsgsOffsets(f.offs[b], slots) {
+			if !keys[k] {
+				t.Fatalf("fused rotation %d has no key", k)
+			}
+		}
+	}
+}
+
+// The S_(l<-1) factors of to_cins map the Re/Im pair of a cins(l) value to its CinS slots
+// (docs/cins.md), for every split the planner may ask for.
+func TestToCinsFactorsGiveCinsSlots(t *testing.T) {
+	const logN = 10
+	slots := 1 << (logN - 1)
+	rng := rand.New(rand.NewSource(3))
+	for _, l := range []int{2, 8, 64} {
+		for levels := 1; levels <= 3; levels++ {
+			m := make([]float64, 2*slots)
+			for i := range m {
+				m[i] = rng.Float64()*2 - 1
+			}
+			re, im := pairPositions(l, slots)
+			z := make([]complex128, slots)
+			for s := range z {
+				z[s] = complex(m[re[s]], m[im[s]])
+			}
+			for _, f := range toCinsFactors(logN, slots, l, levels) {
+				z = f.apply(z)
+			}
+			want := cinsSlots(m, l)
+			for s := range z {
+				if cmplx.Abs(z[s]-want[s]) > 1e-9 {
+					t.Fatalf("l=%d levels=%d slot %d: %v want %v", l, levels, s, z[s], want[s])
+				}
+			}
+		}
+	}
+}
