@@ -355,6 +355,46 @@ func (p *plan) cinsOffsets() []int {
 	return sortedKeys(set)
 }
 
+// checkCinsKeys: the keys a to_cins or bootstrap_cins carries (the planner's key model:
+// planner.ir.to_cins_keys / stoc_keys) are the ones its matrices rotate by here.
+func (p *plan) checkCinsKeys(slots int) error {
+	cp := analyseCins(p, slots)
+	if cp == nil {
+		return nil
+	}
+	for i, in := range p.Program {
+		if in.Keys == nil || (in.Op != "to_cins" && in.Op != "bootstrap_cins") {
+			continue
+		}
+		set := map[int]bool{}
+		switch {
+		case in.Op == "to_cins" && in.L > 1:
+			for _, m := range toCinsFactors(p.Params.LogN, slots, in.L, *in.Levels) {
+				for _, k := range bsgsOffsets(m.offsets(), slots) {
+					set[k] = true
+				}
+			}
+		case in.Op == "bootstrap_cins" && cp.fused[i] != nil:
+			for _, b := range cp.fused[i].bases {
+				for _, k := range bsgsOffsets(cp.fused[i].offs[b], slots) {
+					set[k] = true
+				}
+			}
+		case in.Op == "bootstrap_cins" && in.L < slots:
+			for _, k := range bsgsOffsets(s2Full(p.Params.LogN, slots, in.L).offsets(), slots) {
+				set[k] = true
+			}
+		}
+		want := sortedKeys(set)
+		got := append([]int(nil), in.Keys...)
+		sort.Ints(got)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("instruction %d (%s): keys %v, but its matrices rotate by %v", i, in.Op, got, want)
+		}
+	}
+	return nil
+}
+
 // validateCins checks a to_cins or bootstrap_cins instruction's fields.
 func validateCins(in instr, slots int, fail func(string, ...any) error) error {
 	if in.L < 1 || in.L&(in.L-1) != 0 || slots%in.L != 0 {

@@ -71,6 +71,7 @@ type instr struct {
 	L      int     `json:"l"`
 	Levels *int    `json:"levels"`
 	Fused  *bool   `json:"fused"`
+	Keys   []int   `json:"keys"` // CinS: the rotation keys the planner counted for the op (checked: checkCinsKeys)
 }
 
 // maxStreamDepth bounds a streamed block's read-ahead (keys resident at once: depth + 1).
@@ -484,6 +485,9 @@ func loadPlan(planJSON string) (*plan, *evalSetup, int, error) {
 	}
 	slots := setup.params.MaxSlots()
 	if err = p.validate(slots); err != nil {
+		return nil, nil, 0, err
+	}
+	if err = p.checkCinsKeys(slots); err != nil {
 		return nil, nil, 0, err
 	}
 	if i, ok := p.usesBootBlock(); ok && setup.btp == nil {
