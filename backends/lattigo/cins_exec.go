@@ -627,60 +627,8 @@ func (e *executor) bootstrapCins(in instr) error {
 	logN := e.params.LogN()
 	var ct *rlwe.Ciphertext
 	if f := e.cins.fused[e.cur]; f != nil {
-		cts := map[string]*rlwe.Ciphertext{}
-		level := -1
-		for _, b := range f.bases {
-			c, err := e.operand(b, true)
-			if err != nil {
-				return err
-			}
-			cts[b] = c
-			if level < 0 || c.Level() < level {
-				level = c.Level()
-			}
-		}
-		if level < 1 {
-			return fmt.Errorf("the fused convolution needs one level, its input is at level %d", level)
-		}
-		var forms map[string]diagMap
-		for _, b := range f.bases {
-			name := fmt.Sprintf("fused/%d/%s", f.at, b)
-			key := ptKey{"\x00cins/" + name, level, e.rescaleFactor(level).Float64()}
-			e.cache.mu.Lock()
-			_, cached := e.cache.lts[key]
-			e.cache.mu.Unlock()
-			var m diagMap
-			if !cached {
-				if forms == nil {
-					var err error
-					if forms, err = e.fusedForms(f); err != nil {
-						return err
-					}
-				}
-				m = compose(s2Full(logN, slots, f.l), forms[b], slots)
-			}
-			lt, err := e.cinsLT(name, m, f.offs[b], level, e.rescaleFactor(level))
-			if err != nil {
-				return err
-			}
-			c := cts[b]
-			if c.Level() > level {
-				c = c.CopyNew()
-				e.eval.DropLevel(c, c.Level()-level)
-			}
-			out := e.newCt(level)
-			if err = lintrans.NewEvaluator(e.eval).Evaluate(c, *lt, out); err != nil {
-				return fmt.Errorf("fused convolution: %w", err)
-			}
-			e.st.CinsFusedRotations += bsgsCount(f.offs[b], slots)
-			if ct == nil {
-				ct = out
-			} else if err = e.eval.Add(ct, out, ct); err != nil {
-				return err
-			}
-		}
 		var err error
-		if ct, err = e.rescale(ct); err != nil {
+		if ct, err = e.fusedConv(f); err != nil {
 			return err
 		}
 		e.st.CinsFused++
@@ -726,4 +674,69 @@ func (e *executor) bootstrapCins(in instr) error {
 	e.set(in.Dsts[0], re)
 	e.set(in.Dsts[1], im)
 	return nil
+}
+
+// fusedConv evaluates a fused convolution's S_(N/2<-l) K_b on its bases and sums them
+// (one level): what bootstrap_cins then bootstraps.
+func (e *executor) fusedConv(f *cinsFusedConv) (*rlwe.Ciphertext, error) {
+	slots := e.params.MaxSlots()
+	logN := e.params.LogN()
+	var ct *rlwe.Ciphertext
+	cts := map[string]*rlwe.Ciphertext{}
+	level := -1
+	for _, b := range f.bases {
+		c, err := e.operand(b, true)
+		if err != nil {
+			return nil, err
+		}
+		cts[b] = c
+		if level < 0 || c.Level() < level {
+			level = c.Level()
+		}
+	}
+	if level < 1 {
+		return nil, fmt.Errorf("the fused convolution needs one level, its input is at level %d", level)
+	}
+	var forms map[string]diagMap
+	for _, b := range f.bases {
+		name := fmt.Sprintf("fused/%d/%s", f.at, b)
+		key := ptKey{"\x00cins/" + name, level, e.rescaleFactor(level).Float64()}
+		e.cache.mu.Lock()
+		_, cached := e.cache.lts[key]
+		e.cache.mu.Unlock()
+		var m diagMap
+		if !cached {
+			if forms == nil {
+				var err error
+				if forms, err = e.fusedForms(f); err != nil {
+					return nil, err
+				}
+			}
+			m = compose(s2Full(logN, slots, f.l), forms[b], slots)
+		}
+		lt, err := e.cinsLT(name, m, f.offs[b], level, e.rescaleFactor(level))
+		if err != nil {
+			return nil, err
+		}
+		c := cts[b]
+		if c.Level() > level {
+			c = c.CopyNew()
+			e.eval.DropLevel(c, c.Level()-level)
+		}
+		out := e.newCt(level)
+		if err = lintrans.NewEvaluator(e.eval).Evaluate(c, *lt, out); err != nil {
+			return nil, fmt.Errorf("fused convolution: %w", err)
+		}
+		e.st.CinsFusedRotations += bsgsCount(f.offs[b], slots)
+		if ct == nil {
+			ct = out
+		} else if err = e.eval.Add(ct, out, ct); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	if ct, err = e.rescale(ct); err != nil {
+		return nil, err
+	}
+	return ct, nil
 }

@@ -6,6 +6,8 @@ import (
 	"math/cmplx"
 	"math/rand"
 	"testing"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 )
 
 // A CinS convolution as the planner lowers it (planner/kernels/cins.py: hoisted baby
@@ -212,5 +214,157 @@ func TestToCinsFactorsGiveCinsSlots(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Encrypted at log N 12 (no bootstrapping preset needed): to_cins of a random Re/Im pair,
+// a planner-style convolution run instruction by instruction, and the same convolution
+// fused with S_(N/2<-l) (what bootstrap_cins bootstraps), against the clear values.
+func TestCinsExecutorEncrypted(t *testing.T) {
+	const logN, l, B = 12, 8, 2
+	slots := 1 << (logN - 1)
+	rng := rand.New(rand.NewSource(11))
+	prog := []map[string]any{
+		{"op": "input", "dst": "re", "tensor": "x", "table": "t0"},
+		{"op": "input", "dst": "im", "tensor": "x", "table": "t1"},
+		{"op": "to_cins", "dst": "c", "re": "re", "im": "im", "l": l, "levels": 2},
+		{"op": "rot_hoisted", "src": "c", "ks": []int{l}, "dsts": []string{"cb1"}},
+	}
+	pts := map[string]any{}
+	ptValues := map[string][]float64{}
+	byGiant := map[int][]string{}
+	for n, d := range []int{0, 1, 2, 3, 5} {
+		src := "c"
+		if d%B == 1 {
+			src = "cb1"
+		}
+		pt := fmt.Sprintf("pt%d", n)
+		pts[pt] = map[string]any{"source": "w", "table": pt, "l": l}
+		v := make([]float64, 2*slots)
+		for i := range v {
+			v[i] = (rng.Float64()*2 - 1) / 8
+		}
+		ptValues[pt] = v
+		dst := fmt.Sprintf("p%d", n)
+		prog = append(prog, map[string]any{"op": "pmul", "dst": dst, "src": src, "pt": pt})
+		byGiant[d-d%B] = append(byGiant[d-d%B], dst)
+	}
+	total := ""
+	for _, G := range []int{0, 2, 4} {
+		acc := byGiant[G][0]
+		for j, r := range byGiant[G][1:] {
+			nx := fmt.Sprintf("a%d_%d", G, j)
+			prog = append(prog, map[string]any{"op": "add", "dst": nx, "a": acc, "b": r})
+			acc = nx
+		}
+		rs := fmt.Sprintf("r%d", G)
+		prog = append(prog, map[string]any{"op": "rescale", "dst": rs, "src": acc})
+		if G != 0 {
+			prog = append(prog, map[string]any{"op": "rot", "dst": "g" + rs, "src": rs, "k": G * l})
+			rs = "g" + rs
+		}
+		if total == "" {
+			total = rs
+		} else {
+			prog = append(prog, map[string]any{"op": "add", "dst": "s" + rs, "a": total, "b": rs})
+			total = "s" + rs
+		}
+	}
+	at := len(prog)
+	prog = append(prog, map[string]any{"op": "bootstrap_cins", "dsts": []string{"yr", "yi"}, "src": total, "l": l, "fused": true})
+	raw, err := json.Marshal(map[string]any{
+		"schema": planSchema, "params": json.RawMessage(testParams), "plaintexts": pts, "program": prog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := parsePlan(string(raw)) // (loadPlan refuses a bootstrap without a "boot" object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup, err := p.Params.setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err = p.validate(slots); err != nil {
+		t.Fatal(err)
+	}
+	c := newSetupClient(setup)
+	dir := t.TempDir()
+	if _, _, _, err = c.writeKeySet(dir, p.rotationOffsets(), false, setup.top, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := openKeyStore(dir, setup.params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := make([]float64, 2*slots) // the cins value, and its Re/Im pair
+	for i := range m {
+		m[i] = rng.Float64()*2 - 1
+	}
+	rePos, imPos := pairPositions(l, slots)
+	re, im := make([]float64, slots), make([]float64, slots)
+	for s := range re {
+		re[s], im[s] = m[rePos[s]], m[imPos[s]]
+	}
+	cre, err := c.encrypt(re)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cim, err := c.encrypt(im)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode := func(ct *rlwe.Ciphertext) []complex128 {
+		v := make([]complex128, slots)
+		if err := c.ecd.Decode(c.dec.DecryptNew(ct), v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	worst := func(got, want []complex128) float64 {
+		w := 0.0
+		for i := range got {
+			w = max(w, cmplx.Abs(got[i]-want[i]))
+		}
+		return w
+	}
+	st := &stats{OpCounts: map[string]int{}, OpSeconds: map[string]float64{}}
+	ex := newExecutor(setup, keys, p, ptValues, &ctIO{inputs: []*rlwe.Ciphertext{cre, cim}}, st)
+	if err = keys.loadAll(); err != nil {
+		t.Fatal(err)
+	}
+	// the fused path: the conv's instructions are skipped, fusedConv evaluates S_(N/2<-l) K
+	for i := 0; i < at; i++ {
+		if _, err = ex.exec(i, p.Program[i]); err != nil {
+			t.Fatalf("instruction %d: %v", i, err)
+		}
+	}
+	cinsX := cinsSlots(m, l)
+	if e := worst(decode(ex.regs["c"]), cinsX); e > 1e-6 {
+		t.Fatalf("to_cins: max error %.3g", e)
+	}
+	if ex.regs[total] != nil {
+		t.Fatalf("the fused convolution's instructions ran")
+	}
+	y, err := ex.fusedConv(ex.cins.fused[at])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the clear reference: the plan's conv on the CinS slots, then S_(N/2<-l)
+	e := &executor{params: setup.params, plan: p, ptValues: ptValues}
+	forms, err := e.fusedForms(ex.cins.fused[at])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := s2Full(logN, slots, l).apply(forms["c"].apply(cinsX))
+	if e := worst(decode(y), want); e > 1e-5 {
+		t.Fatalf("fused S_(N/2<-l) K: max error %.3g", e)
+	}
+	if y.Level() != ex.regs["c"].Level()-1 {
+		t.Fatalf("fused convolution used %d levels", ex.regs["c"].Level()-y.Level())
+	}
+	if want := 2; setup.top-ex.regs["c"].Level() != want {
+		t.Fatalf("to_cins used %d levels, want %d", setup.top-ex.regs["c"].Level(), want)
 	}
 }
