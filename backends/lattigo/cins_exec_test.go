@@ -368,3 +368,43 @@ func TestCinsExecutorEncrypted(t *testing.T) {
 		t.Fatalf("to_cins used %d levels, want %d", setup.top-ex.regs["c"].Level(), want)
 	}
 }
+
+// The planner's key and rotation model of the CinS matrices (planner.ir.instructions:
+// to_cins_keys, to_cins_rotations, stoc_keys; values printed by those functions) is what
+// the executor's matrices rotate by here.
+func TestCinsKeysMatchThePlanner(t *testing.T) {
+	for _, c := range []struct {
+		logN, l, levels, rots int
+		keys              string
+	}{
+		{10, 8, 2, 7, "[1 2 4 12 496 508 510]"},
+		{14, 32, 2, 10, "[1 2 3 4 8 16 8160 8176 8184 8188]"},
+		{14, 64, 3, 12, "[1 2 4 8 16 32 8128 8160 8176 8184 8188 8190]"},
+		{14, 1024, 2, 28, "[1 2 3 4 5 6 7 8 16 24 32 64 96 128 160 192 224 256 512 768 7168 7424 7680 7936 8160 8168 8176 8184]"},
+	} {
+		slots := 1 << (c.logN - 1)
+		set, rots := map[int]bool{}, 0
+		for _, m := range toCinsFactors(c.logN, slots, c.l, c.levels) {
+			rots += bsgsCount(m.offsets(), slots)
+			for _, k := range bsgsOffsets(m.offsets(), slots) {
+				set[k] = true
+			}
+		}
+		if got := fmt.Sprint(sortedKeys(set)); got != c.keys || rots != c.rots {
+			t.Errorf("to_cins l=%d levels=%d: keys %s rotations %d, planner %s %d", c.l, c.levels, got, rots, c.keys, c.rots)
+		}
+	}
+	for _, c := range []struct {
+		logN, l int
+		keys    string
+	}{
+		{10, 8, "[8 16 24 32 40 48 56 64 128 192 256 320 384 448]"},
+		{14, 32, "[32 64 96 128 160 192 224 256 288 320 352 384 416 448 480 512 1024 1536 2048 2560 3072 3584 4096 4608 5120 5632 6144 6656 7168 7680]"},
+		{14, 256, "[256 512 768 1024 2048 3072 4096 5120 6144 7168]"},
+	} {
+		slots := 1 << (c.logN - 1)
+		if got := fmt.Sprint(bsgsOffsets(s2Full(c.logN, slots, c.l).offsets(), slots)); got != c.keys {
+			t.Errorf("S_(N/2<-l) l=%d: keys %s, planner %s", c.l, got, c.keys)
+		}
+	}
+}
