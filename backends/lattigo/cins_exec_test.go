@@ -375,7 +375,7 @@ func TestCinsExecutorEncrypted(t *testing.T) {
 func TestCinsKeysMatchThePlanner(t *testing.T) {
 	for _, c := range []struct {
 		logN, l, levels, rots int
-		keys              string
+		keys                  string
 	}{
 		{10, 8, 2, 7, "[1 2 4 12 496 508 510]"},
 		{14, 32, 2, 10, "[1 2 3 4 8 16 8160 8176 8184 8188]"},
