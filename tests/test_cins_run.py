@@ -97,10 +97,13 @@ def test_cins_plan_runs_on_lattigo(tmp_path: Path) -> None:
          "--backend", "lattigo", "--json"], capture_output=True, text=True, timeout=900,
     )
     assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
-    rep = json.loads(run.stdout)
+    check_run(json.loads(run.stdout), res.plan)
+
+
+def check_run(rep: dict[str, Any], plan: dict[str, Any]) -> None:
+    """What `slotplan run --json` reports against numpy and against the plan's claims."""
     assert rep["ok"]
     st = rep["stats"]
-    plan = res.plan
     prog = [ir.decode(r) for r in plan["program"]]
     # within 20 bits of numpy (max_rel_error: relative to the output's largest magnitude)
     assert rep["max_rel_error"] <= 2.0**-20, rep["max_rel_error"]
