@@ -189,8 +189,9 @@ type stats struct {
 	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
 	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
 	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
-	// "rotations", which counts the plan's rot instructions), fused convolutions, the
-	// encoded CinS matrices' bytes and the level each bootstrap_cins's EvalMod returned
+	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
+	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)
+	// and the level each bootstrap_cins's EvalMod returned
 	CinsRotations      int     `json:"cins_rotations"`       // to_cins and unfused S_(N/2<-l)
 	CinsFusedRotations int     `json:"cins_fused_rotations"` // fused convolutions S_(N/2<-l) K
 	CinsFused          int     `json:"cins_fused"`

@@ -454,9 +454,13 @@ func (e *executor) cinsLT(name string, m diagMap, offs []int, level int, scale r
 	d := nowSeconds() - t
 	c.seconds += d
 	e.encodeSec += d
-	c.lts[key] = &lt
+	var n int64
 	for _, p := range lt.Vec {
-		e.st.CinsMatrixBytes += int64(p.BinarySize())
+		n += int64(p.BinarySize())
+	}
+	e.st.CinsMatrixBytes += n
+	if c.keep(n) { // as plaintexts: kept for the model's next evaluations, not in one run
+		c.lts[key] = &lt
 	}
 	return &lt, nil
 }
