@@ -179,11 +179,12 @@ def _plaintext_vectors(
 ) -> Iterator[np.ndarray]:
     """Each plaintext's value vector, in sorted name order (one at a time); a complex
     plaintext (complex packing, ``imag_table``) is 2 * slots values: real parts, then
-    imaginary parts (what ``Run`` unpacks for it)."""
-    slots = _slots(plan)
+    imaginary parts (what ``Run`` unpacks for it); a cins(l) plaintext (``l``) is its 2 * slots
+    local coefficients (``Run`` encodes their CinS slots, docs/neujeans.md)."""
     plaintexts = plan.get("plaintexts") or {}
     for name in sorted(plaintexts):
         spec = plaintexts[name]
+        slots = _slots(plan) * (2 if spec.get("l") else 1)
         what = f"plaintext {name!r}"
         parts = [str(spec.get("table"))] + ([str(spec["imag_table"])] if "imag_table" in spec else [])
         vecs = []

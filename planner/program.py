@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from planner import ir
+from planner.ir.instructions import stoc_keys, to_cins_keys
 
 TableGen = Callable[[], tuple[np.ndarray, np.ndarray | None]]
 
@@ -213,12 +214,12 @@ class ProgramBuilder:
     def to_cins(self, re: str, im: str | None, l: int, levels: int) -> str:  # noqa: E741
         ins = ir.ToCins("", re, im, l, levels)
         dst = self._reg(ins.depth(self.depth))
-        self._emit(ir.ToCins(dst, re, im, l, levels))
+        self._emit(ir.ToCins(dst, re, im, l, levels, to_cins_keys(l, levels, self.slots)))
         return dst
 
     def bootstrap_cins(self, src: str, l: int, fused: bool | None = None) -> tuple[str, str]:  # noqa: E741
         re, im = self._reg(0), self._reg(0)
-        self._emit(ir.BootstrapCins((re, im), src, l, fused))
+        self._emit(ir.BootstrapCins((re, im), src, l, fused, stoc_keys(l, self.slots)))
         return re, im
 
     def output(self, src: str, tensor: str, table: str, gen: TableGen) -> None:

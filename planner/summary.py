@@ -74,7 +74,9 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
             continue
         src = ins.reads()[0]
         lv = max(0, max_level - depth[src])
-        out.append(min(max_level, lv + 1) if src in rescaled else lv)
+        # a fused bootstrap_cins rotates its convolution's operands, a level above its source
+        up = src in rescaled or (isinstance(ins, ir.BootstrapCins) and bool(ins.fused))
+        out.append(min(max_level, lv + 1) if up else lv)
     return out
 
 

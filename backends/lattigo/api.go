@@ -188,10 +188,19 @@ type stats struct {
 	BootKeyBytes      int64     `json:"boot_key_bytes"`
 	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
 	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
-	BootBlockLoads    int       `json:"boot_block_loads"`
-	BootStreamReads   int       `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
-	BootStreamReused  int       `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
-	BootKeygenSeconds float64   `json:"boot_keygen_seconds"`
+	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
+	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
+	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)
+	// and the level each bootstrap_cins's EvalMod returned
+	CinsRotations      int     `json:"cins_rotations"`       // to_cins and unfused S_(N/2<-l)
+	CinsFusedRotations int     `json:"cins_fused_rotations"` // fused convolutions S_(N/2<-l) K
+	CinsFused          int     `json:"cins_fused"`
+	CinsMatrixBytes    int64   `json:"cins_matrix_bytes"`
+	CinsOutLevels      []int   `json:"cins_out_levels"`
+	BootBlockLoads     int     `json:"boot_block_loads"`
+	BootStreamReads    int     `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
+	BootStreamReused   int     `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
+	BootKeygenSeconds  float64 `json:"boot_keygen_seconds"`
 	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
 	// block), relinearisation key and resident DFT matrices, sampled after every
 	// instruction (what the memory model counts).

@@ -92,6 +92,7 @@ type executor struct {
 	nWorkers     int
 	sc           *evalScratch // eval, polyEval, ecd, emb, the workers and decomposition (kept in cache)
 	fusedEvalSec float64
+	cins         *cinsPlan        // to_cins / fused bootstrap_cins (cins_exec.go)
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 }
 
@@ -179,7 +180,8 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		e.nWorkers = runtime.GOMAXPROCS(0)
 	}
 	st.Workers = e.nWorkers
-	if !opt.NoFuse {
+	e.cins = analyseCins(p, params.MaxSlots())
+	if !opt.NoFuse && e.cins == nil { // (a CinS plan's convolutions fuse into its bootstraps: cins_exec.go)
 		e.fusion = analyseFusion(p, params.MaxSlots())
 	}
 	for i, in := range p.Program {
@@ -193,6 +195,14 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 // regsAt lists the registers instruction i reads or writes as executed (a fused block
 // reads its bases and writes its root; skipped instructions touch nothing).
 func (e *executor) regsAt(i int, in instr) []string {
+	if e.cins != nil {
+		if e.cins.skip[i] {
+			return nil
+		}
+		if f := e.cins.fused[i]; f != nil {
+			return append(f.bases, in.Dsts...)
+		}
+	}
 	if e.fusion != nil {
 		if f := e.fusion.roots[i]; f != nil {
 			return append(f.bases(), e.fusion.rootDst[i])
@@ -209,6 +219,9 @@ func (e *executor) regsAt(i int, in instr) []string {
 
 // exec runs instruction i: a fused block, nothing (absorbed into one), or the instruction.
 func (e *executor) exec(i int, in instr) (string, error) {
+	if e.cins != nil && e.cins.skip[i] {
+		return "", nil // part of a convolution fused into a bootstrap_cins
+	}
 	if e.fusion != nil {
 		if f := e.fusion.roots[i]; f != nil {
 			out, err := e.evalFused(f)
@@ -499,6 +512,12 @@ func (e *executor) ptVectorInto(name string, b *vecBuffers) (any, error) {
 		return nil, fmt.Errorf("no values for plaintext %q", name)
 	}
 	slots := e.params.MaxSlots()
+	if l := e.plan.Plaintexts[name].L; l > 0 { // a cins(l) plaintext: its CinS slots
+		if len(vals) != 2*slots {
+			return nil, fmt.Errorf("cins plaintext %q: %d values, expected %d local coefficients", name, len(vals), 2*slots)
+		}
+		return cinsSlots(vals, l), nil
+	}
 	if e.plan.Plaintexts[name].ImagTable == "" {
 		return vals, nil
 	}
@@ -780,6 +799,12 @@ func (e *executor) step(in instr) error {
 		e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, sec)
 		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())
 		e.set(in.Dst, out)
+
+	case "to_cins":
+		return e.toCins(in)
+
+	case "bootstrap_cins":
+		return e.bootstrapCins(in)
 
 	case "mul_i": // i * src: a Gaussian-integer constant, exact (no scale, no level)
 		ct, err := e.operand(in.Src, false)

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/lintrans"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
@@ -513,6 +514,9 @@ type ptCache struct {
 	ctBytes int64
 	// the evaluation's working state, kept for the next evaluation (evalScratch)
 	scratch *evalScratch
+	// CinS matrices (to_cins factors, fused convolutions, S_(N/2<-l)) encoded for
+	// lintrans, by name and level (cins_exec.go): once per model
+	lts map[ptKey]*lintrans.LinearTransformation
 }
 
 // evalScratch is the Lattigo state an evaluation works in besides its registers: the

@@ -165,31 +165,12 @@ func (env *neujeansEnv) run(ct *rlwe.Ciphertext, mats *neujeansMatrices, logRati
 	}
 	st.LevelBeforeBoot = ct.Level()
 	ev := env.btpEval
-	// SlotsToCoeffs' scaling (scale / offset, bootstrapping.Evaluator.initialize): applied
-	// to the scale, i.e. the message is multiplied by it at no cost.
-	// The gain 2^g (neujeansSpec.BootLogGain) is undone on the outputs' scales.
-	scaling := new(big.Float).Mul(ev.SlotsToCoeffsParameters.Scaling, new(big.Float).SetMantExp(big.NewFloat(1), logGain))
-	st.StocScaling, _ = scaling.Float64()
+	st.StocScaling = neujeansScaling(ev, logGain)
 	st.BootLogGain = logGain
-	ct.Scale = ct.Scale.Div(rlwe.NewScale(scaling))
 	t := time.Now()
-	if ct, _, err = ev.ScaleDown(ct); err != nil {
-		return nil, nil, fmt.Errorf("ScaleDown: %w", err)
+	if re, im, err = neujeansBootTail(ev, ct, logGain); err != nil {
+		return nil, nil, err
 	}
-	if ct, err = ev.ModUp(ct); err != nil {
-		return nil, nil, fmt.Errorf("ModUp: %w", err)
-	}
-	if re, im, err = ev.CoeffsToSlots(ct); err != nil {
-		return nil, nil, fmt.Errorf("CoeffsToSlots: %w", err)
-	}
-	if re, err = ev.EvalMod(re); err != nil {
-		return nil, nil, fmt.Errorf("EvalMod: %w", err)
-	}
-	if im, err = ev.EvalMod(im); err != nil {
-		return nil, nil, fmt.Errorf("EvalMod: %w", err)
-	}
-	gain := rlwe.NewScale(new(big.Float).SetMantExp(big.NewFloat(1), logGain))
-	re.Scale, im.Scale = re.Scale.Mul(gain), im.Scale.Mul(gain)
 	st.BootstrapSeconds = time.Since(t).Seconds()
 	st.LevelOut = re.Level()
 	return re, im, nil
@@ -213,4 +194,38 @@ func (env *neujeansEnv) toCinsInput(re, im []float64) (*rlwe.Ciphertext, error) 
 		return nil, err
 	}
 	return cr, nil
+}
+
+// neujeansScaling is the factor the message is multiplied by before ScaleDown:
+// SlotsToCoeffs' Scaling (bootstrapping.Evaluator.initialize) times 2^logGain.
+func neujeansScaling(ev *bootstrapping.Evaluator, logGain int) float64 {
+	f, _ := new(big.Float).Mul(ev.SlotsToCoeffsParameters.Scaling, new(big.Float).SetMantExp(big.NewFloat(1), logGain)).Float64()
+	return f
+}
+
+// neujeansBootTail bootstraps a ciphertext whose slots already went through SlotsToCoeffs
+// (NeuJeans' order): SlotsToCoeffs' scaling (applied to the scale, no cost), ScaleDown,
+// ModUp, CoeffsToSlots and EvalMod on both halves; the gain 2^logGain
+// (neujeansSpec.BootLogGain) is undone on the outputs' scales. ct is consumed.
+func neujeansBootTail(ev *bootstrapping.Evaluator, ct *rlwe.Ciphertext, logGain int) (re, im *rlwe.Ciphertext, err error) {
+	scaling := new(big.Float).Mul(ev.SlotsToCoeffsParameters.Scaling, new(big.Float).SetMantExp(big.NewFloat(1), logGain))
+	ct.Scale = ct.Scale.Div(rlwe.NewScale(scaling))
+	if ct, _, err = ev.ScaleDown(ct); err != nil {
+		return nil, nil, fmt.Errorf("ScaleDown: %w", err)
+	}
+	if ct, err = ev.ModUp(ct); err != nil {
+		return nil, nil, fmt.Errorf("ModUp: %w", err)
+	}
+	if re, im, err = ev.CoeffsToSlots(ct); err != nil {
+		return nil, nil, fmt.Errorf("CoeffsToSlots: %w", err)
+	}
+	if re, err = ev.EvalMod(re); err != nil {
+		return nil, nil, fmt.Errorf("EvalMod: %w", err)
+	}
+	if im, err = ev.EvalMod(im); err != nil {
+		return nil, nil, fmt.Errorf("EvalMod: %w", err)
+	}
+	gain := rlwe.NewScale(new(big.Float).SetMantExp(big.NewFloat(1), logGain))
+	re.Scale, im.Scale = re.Scale.Mul(gain), im.Scale.Mul(gain)
+	return re, im, nil
 }

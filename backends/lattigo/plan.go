@@ -29,6 +29,9 @@ type plaintextSpec struct {
 	// ImagTable: a complex plaintext (complex packing, docs/formats.md); its vector is
 	// packed as 2*slots values, the real parts then the imaginary parts
 	ImagTable string `json:"imag_table"`
+	// L: a cins(l) plaintext (docs/cins.md): its vector is the 2*slots local coefficients,
+	// encoded as the complex CinS slots (cinsSlots)
+	L int `json:"l"`
 }
 
 // conjOffset stands for the conjugation key among the rotation offsets (key generation,
@@ -61,6 +64,14 @@ type instr struct {
 	Table  string    `json:"table"`
 	Block  string    `json:"block"`
 	Stream *int      `json:"stream"` // load_key of the block: stream its Galois keys, this many read ahead
+	// CinS (docs/neujeans.md): to_cins {dst, re, im (null: zero), l, levels} and
+	// bootstrap_cins {dsts: [re, im], src, l, fused}; input with l is refused
+	Re     string  `json:"re"`
+	Im     *string `json:"im"`
+	L      int     `json:"l"`
+	Levels *int    `json:"levels"`
+	Fused  *bool   `json:"fused"`
+	Keys   []int   `json:"keys"` // CinS: the rotation keys the planner counted for the op (checked: checkCinsKeys)
 }
 
 // maxStreamDepth bounds a streamed block's read-ahead (keys resident at once: depth + 1).
@@ -110,6 +121,13 @@ func (in instr) uses() []string {
 		return []string{in.Src}
 	case "add", "sub", "cmul":
 		return []string{in.A, in.B}
+	case "to_cins":
+		if in.Im == nil {
+			return []string{in.Re}
+		}
+		return []string{in.Re, *in.Im}
+	case "bootstrap_cins":
+		return []string{in.Src}
 	}
 	return nil
 }
@@ -117,9 +135,9 @@ func (in instr) uses() []string {
 // defs lists the registers an instruction writes.
 func (in instr) defs() []string {
 	switch in.Op {
-	case "rot_hoisted":
+	case "rot_hoisted", "bootstrap_cins":
 		return in.Dsts
-	case "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "mul_i", "conj":
+	case "to_cins", "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "mul_i", "conj":
 		return []string{in.Dst}
 	}
 	return nil
@@ -196,7 +214,9 @@ func (p *plan) validate(slots int) error {
 		var err error
 		switch in.Op {
 		case "input", "output":
-			if in.Op == "input" {
+			if in.Op == "input" && in.L != 0 {
+				err = fail("a cins(l) input is not supported by the Lattigo executor (plans enter CinS through to_cins)")
+			} else if in.Op == "input" {
 				err = need("dst", in.Dst)
 			} else {
 				err = need("src", in.Src)
@@ -267,6 +287,8 @@ func (p *plan) validate(slots int) error {
 			if err = need("dst", in.Dst); err == nil {
 				err = need("src", in.Src)
 			}
+		case "to_cins", "bootstrap_cins":
+			err = validateCins(in, slots, fail)
 		case "load_key", "drop_key":
 			if in.Block != "" {
 				if in.Block != "boot" {
@@ -284,7 +306,7 @@ func (p *plan) validate(slots int) error {
 		case "":
 			err = fail("missing field \"op\"")
 		default:
-			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap load_key drop_key output mul_i conj)", in.Op)
+			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap to_cins bootstrap_cins load_key drop_key output mul_i conj)", in.Op)
 		}
 		if err != nil {
 			return err
@@ -321,6 +343,9 @@ func (p *plan) rotationOffsets() []int {
 				set[k] = true
 			}
 		}
+	}
+	for _, k := range p.cinsOffsets() { // the rotations inside to_cins and fused convolutions
+		set[k] = true
 	}
 	ks := make([]int, 0, len(set))
 	for k := range set {
@@ -376,7 +401,7 @@ func (p *plan) plaintextWidths(slots int) []int {
 	out := make([]int, len(names))
 	for i, n := range names {
 		out[i] = slots
-		if p.Plaintexts[n].ImagTable != "" {
+		if p.Plaintexts[n].ImagTable != "" || p.Plaintexts[n].L > 0 {
 			out[i] = 2 * slots
 		}
 	}
@@ -440,7 +465,7 @@ func (p *plan) loadOffsets() map[int]bool {
 // usesBootBlock reports whether the program bootstraps or loads the key block "boot".
 func (p *plan) usesBootBlock() (int, bool) {
 	for i, in := range p.Program {
-		if in.Op == "bootstrap" || ((in.Op == "load_key" || in.Op == "drop_key") && in.Block != "") {
+		if in.Op == "bootstrap" || in.Op == "bootstrap_cins" || ((in.Op == "load_key" || in.Op == "drop_key") && in.Block != "") {
 			return i, true
 		}
 	}
@@ -460,6 +485,9 @@ func loadPlan(planJSON string) (*plan, *evalSetup, int, error) {
 	}
 	slots := setup.params.MaxSlots()
 	if err = p.validate(slots); err != nil {
+		return nil, nil, 0, err
+	}
+	if err = p.checkCinsKeys(slots); err != nil {
 		return nil, nil, 0, err
 	}
 	if i, ok := p.usesBootBlock(); ok && setup.btp == nil {

@@ -66,21 +66,76 @@ def _check_slice(bad: Bad, field: str, l: object, slots: int | None) -> None:  #
         raise bad(field, f"l={l} must divide the {slots} slots")
 
 
-def _bsgs_rotations(offsets: set[int]) -> int:
-    """Fewest rotations of a baby-step giant-step evaluation of a linear map with these
-    diagonal offsets (``d = beta + gamma``, ``beta = d mod n1``, n1 a power of two)."""
-    if not offsets:
-        return 0
-    span = max(abs(d) for d in offsets)
-    best = None
-    for e in range(span.bit_length() + 2):
-        n1 = 1 << e
-        betas = {d % n1 for d in offsets} - {0}
-        gammas = {d - d % n1 for d in offsets} - {0}
-        n = len(betas) + len(gammas)
-        best = n if best is None else min(best, n)
-    assert best is not None
-    return best
+def lattigo_bsgs_steps(offsets: set[int], slots: int, log_ratio: int = 1) -> tuple[set[int], set[int]]:
+    """(giant, baby) steps, nonzero, that Lattigo's lintrans makes for a matrix with these
+    diagonal offsets (mod ``slots``): ``BSGSIndex`` at the split ``FindBestBSGSRatio``
+    picks (circuits/common/lintrans, Lattigo v6.1.1), what the Lattigo executor runs for
+    ``to_cins`` and the CinS matrices (backends/lattigo/cins_exec.go)."""
+    diags = sorted({d % slots for d in offsets})
+    if not diags:
+        return set(), set()
+
+    def index(n1: int) -> tuple[set[int], set[int]]:
+        return {(d // n1) * n1 % slots for d in diags}, {d & (n1 - 1) for d in diags}
+
+    max_ratio = float(1 << log_ratio)
+    best = 1
+    n1 = 1
+    while n1 < slots:
+        r1, r2 = index(n1)
+        a, b = len(r1) - 1, len(r2) - 1
+        ratio = b / a if a else (math.inf if b else math.nan)
+        if ratio == max_ratio:
+            best = n1
+            break
+        if ratio > max_ratio:
+            best = n1 // 2
+            break
+        n1 <<= 1
+    r1, r2 = index(max(best, 1))
+    return r1 - {0}, r2 - {0}
+
+
+def lattigo_bsgs_rotations(offsets: set[int], slots: int, log_ratio: int = 1) -> int:
+    """Rotations of :func:`lattigo_bsgs_steps` (giant and baby steps)."""
+    giants, babies = lattigo_bsgs_steps(offsets, slots, log_ratio)
+    return len(giants) + len(babies)
+
+
+def _to_cins_factor_offsets(l: int, levels: int) -> list[set[int]]:  # noqa: E741
+    out = []
+    for group in to_cins_stages(l, levels):
+        offs = {0}
+        for h in group:
+            offs = {d + s * h for d in offs for s in (-1, 0, 1)}
+        out.append(offs)
+    return out
+
+
+def to_cins_keys(l: int, levels: int, slots: int) -> tuple[int, ...]:  # noqa: E741
+    """The rotation keys ``to_cins``'s S_(l<-1) factors use on Lattigo (sorted)."""
+    keys: set[int] = set()
+    for offs in _to_cins_factor_offsets(l, levels):
+        giants, babies = lattigo_bsgs_steps(offs, slots)
+        keys |= giants | babies
+    return tuple(sorted(keys))
+
+
+def stoc_keys(l: int, slots: int) -> tuple[int, ...]:  # noqa: E741
+    """The rotation keys of ``bootstrap_cins``'s S_(N/2<-l) on Lattigo (fused with the
+    convolution or not, the matrix has every slice diagonal ``k l``; sorted)."""
+    giants, babies = lattigo_bsgs_steps({k * l for k in range(slots // l)}, slots)
+    return tuple(sorted(giants | babies))
+
+
+def _check_keys(bad: Bad, d: Mapping[str, Any], slots: int | None) -> None:
+    if "keys" not in d:
+        return
+    ks = d["keys"]
+    if not isinstance(ks, list):
+        raise bad("keys", "keys is a list of rotation offsets")
+    for k in ks:
+        _check_offset(bad, "keys", k, slots)
 
 
 def to_cins_stages(l: int, levels: int) -> list[list[int]]:  # noqa: E741
@@ -97,15 +152,10 @@ def to_cins_stages(l: int, levels: int) -> list[list[int]]:  # noqa: E741
 
 
 def to_cins_rotations(l: int, levels: int) -> int:  # noqa: E741
-    """Rotations of ``to_cins``'s lowering: per merged factor, the BSGS rotations of its
-    diagonals ``{sum s_i h_i : s_i in {-1, 0, 1}}`` (block-diagonal, so no wrap)."""
-    total = 0
-    for group in to_cins_stages(l, levels):
-        offs = {0}
-        for h in group:
-            offs = {d + s * h for d in offs for s in (-1, 0, 1)}
-        total += _bsgs_rotations(offs)
-    return total
+    """Rotations of ``to_cins``'s lowering: per merged factor, Lattigo's BSGS rotations of
+    its diagonals ``{sum s_i h_i : s_i in {-1, 0, 1}}`` (block-diagonal, so no wrap; the
+    count does not depend on the slot count once it exceeds twice the span, 4l here)."""
+    return sum(lattigo_bsgs_rotations(offs, 1 << 40) for offs in _to_cins_factor_offsets(l, levels))
 
 
 def _freeze(v: Any) -> Any:
@@ -501,9 +551,15 @@ class ToCins(Instr):
     im: str | None  # None: the Im half is zero (no element of the layout lies there)
     l: int  # noqa: E741
     levels: int
+    # the rotation keys its lowering uses on Lattigo (to_cins_keys; None in plans from
+    # before issue 37): what the key schedule and the memory model count for it
+    keys: tuple[int, ...] | None = None
 
     def reads(self) -> tuple[str, ...]:
         return (self.re,) if self.im is None else (self.re, self.im)
+
+    def rot_keys(self) -> tuple[int, ...]:
+        return tuple(self.keys or ())
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
@@ -513,6 +569,7 @@ class ToCins(Instr):
         lv = d.get("levels")
         if not _is_int(lv) or lv < 0:  # type: ignore[operator]
             raise bad("levels", f"levels is a non-negative integer, got {json.dumps(lv)}")
+        _check_keys(bad, d, slots)
 
     def used_levels(self) -> int:
         return len(to_cins_stages(int(self.l), int(self.levels)))
@@ -540,6 +597,12 @@ class BootstrapCins(Instr):
     src: str
     l: int  # noqa: E741
     fused: bool | None = None
+    # the rotation keys of its S_(N/2<-l) (fused: S_(N/2<-l) K) on Lattigo (stoc_keys; None
+    # in plans from before issue 37)
+    keys: tuple[int, ...] | None = None
+
+    def rot_keys(self) -> tuple[int, ...]:
+        return tuple(self.keys or ())
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
@@ -549,6 +612,7 @@ class BootstrapCins(Instr):
         _check_slice(bad, "l", d.get("l"), slots)
         if "fused" in d and not isinstance(d["fused"], bool):
             raise bad("fused", "fused is true or false")
+        _check_keys(bad, d, slots)
 
     def write_fields(self) -> Iterator[tuple[str, str]]:
         for j, r in enumerate(self.dsts):

@@ -1,0 +1,134 @@
+"""A NeuJeans CinS plan executed by the plan executor on Lattigo (issue 37, docs/neujeans.md):
+`slotplan run --backend lattigo` at n14boot against numpy, and the counts the plan claims
+(bootstraps, levels at each bootstrap, rotations) against what the run counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from planner import ir
+from planner.graph import parse_graph
+from planner.ir.instructions import lattigo_bsgs_rotations
+from planner.params import preset
+from planner.pipeline import PlanOptions, plan_graph
+
+N14BOOT = preset("n14boot")
+
+# dense 3x3 stride 2 (decomposed, NeuJeans Alg. 2), an activation, a depthwise 3x3 and a
+# dense 3x3, all in CinS layers (each ends in a fused bootstrap_cins). Positive data with
+# tight declared ranges: each layer divides its result by the power of two that brings the
+# worst case (fan-in * max|w| * max|x|) within boot.max_abs before its bootstrap, so the
+# closer the data come to that bound, the fewer bits the bootstrap's error takes
+# (docs/cins.md)
+NET: dict[str, Any] = {
+    "schema": "slotplan.graph/1", "name": "cins-net",
+    "tensors": {"x": {"shape": [4, 8, 8], "role": "input", "range": [0.5, 1.0]},
+                "w0": {"shape": [8, 4, 3, 3], "role": "weight", "range": [0.05, 0.1]},
+                "w1": {"shape": [8, 1, 3, 3], "role": "weight", "range": [0.05, 0.1]},
+                "w2": {"shape": [8, 8, 3, 3], "role": "weight", "range": [0.05, 0.1]}},
+    "nodes": [{"id": "c0", "op": "conv2d", "inputs": ["x", "w0"], "padding": [1, 1], "stride": [2, 2]},
+              {"id": "a0", "op": "poly", "inputs": ["c0"], "coeffs": [0.0, 0.5, 0.125], "range": [0.0, 3.5]},
+              {"id": "c1", "op": "conv2d", "inputs": ["a0", "w1"], "padding": [1, 1], "groups": 8},
+              {"id": "c2", "op": "conv2d", "inputs": ["c1", "w2"], "padding": [1, 1]}],
+    "outputs": ["c2"],
+}
+KERNELS = ("cins-bsgs", "cins-dw", "elementwise")
+
+
+def cins_plan() -> Any:
+    return plan_graph(parse_graph(NET), N14BOOT, PlanOptions(allow_insecure=True, kernels=KERNELS))
+
+
+def fused_regions(prog: list[ir.Instr], plaintexts: dict[str, Any]) -> dict[int, set[int]]:
+    """Per fused bootstrap_cins: the instructions of the convolution it absorbs (what the
+    Lattigo executor evaluates as one S_(N/2<-l) K matrix: backends/lattigo/cins_exec.go)."""
+    defs: dict[str, int] = {}
+    for i, ins in enumerate(prog):
+        for _, r in ins.write_fields():
+            defs[r] = i
+    out: dict[int, set[int]] = {}
+    for i, ins in enumerate(prog):
+        if not (isinstance(ins, ir.BootstrapCins) and ins.fused):
+            continue
+        region: set[int] = set()
+        stack = [ins.src]
+        while stack:
+            j = defs.get(stack.pop())
+            if j is None or j in region:
+                continue
+            p = prog[j]
+            linear = isinstance(p, ir.Rescale | ir.Add | ir.Sub | ir.Rot | ir.RotHoisted) or (
+                isinstance(p, ir.PMul) and plaintexts[p.pt].get("l"))
+            if linear:
+                region.add(j)
+                stack.extend(p.reads())
+        out[i] = region
+    return out
+
+
+def test_plan_uses_every_cins_form() -> None:
+    res = cins_plan()
+    kernels = {n["id"]: n for n in res.plan["nodes"]}
+    assert kernels["c0"]["kernel"] == "cins-bsgs" and kernels["c0"]["params"].get("decomposed") == 2
+    assert kernels["c1"]["kernel"] == "cins-dw" and kernels["c2"]["kernel"] == "cins-bsgs"
+    prog = [ir.decode(r) for r in res.plan["program"]]
+    boots = [i for i in prog if isinstance(i, ir.BootstrapCins)]
+    assert len(boots) == res.plan["summary"]["bootstraps"] == 3 and all(b.fused for b in boots)
+    regions = fused_regions(prog, res.plan["plaintexts"])
+    assert all(regions.values())  # every fused bootstrap absorbs a convolution
+
+
+@pytest.mark.skipif(os.environ.get("SLOTPLAN_SLOW") != "1", reason="slow (n14boot keys, ~1.4 GB, ~2 min): SLOTPLAN_SLOW=1")
+def test_cins_plan_runs_on_lattigo(tmp_path: Path) -> None:
+    res = cins_plan()
+    plan_file, tables_file = tmp_path / "p.json", tmp_path / "t.npz"
+    plan_file.write_text(json.dumps(res.plan))
+    np.savez(tables_file, **dict(res.tables.items()))
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "slotplan"), "run", str(plan_file), "--tables", str(tables_file),
+         "--backend", "lattigo", "--json"], capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    check_run(json.loads(run.stdout), res.plan)
+
+
+def check_run(rep: dict[str, Any], plan: dict[str, Any]) -> None:
+    """What `slotplan run --json` reports against numpy and against the plan's claims."""
+    assert rep["ok"]
+    st = rep["stats"]
+    prog = [ir.decode(r) for r in plan["program"]]
+    # within 20 bits of numpy (max_rel_error: relative to the output's largest magnitude)
+    assert rep["max_rel_error"] <= 2.0**-20, rep["max_rel_error"]
+    # bootstraps: as many as the plan claims
+    assert st["bootstraps"] == plan["summary"]["bootstraps"] == 3
+    # levels: every bootstrap_cins reads its operand at the level the plan's depth gives
+    assert N14BOOT.boot is not None
+    depth: dict[str, int] = {}
+    claimed_levels = []
+    for ins in prog:
+        if isinstance(ins, ir.BootstrapCins):
+            claimed_levels.append(N14BOOT.boot.levels_after - depth[ins.src])
+        d = ins.depth(depth) if ins.reads() else 0
+        for _, r in ins.write_fields():
+            depth[r] = d
+    assert st["bootstrap_input_levels"] == claimed_levels
+    # rotations: the plan's rot instructions outside fused convolutions run as written; the
+    # to_cins transforms make exactly the rotations the plan counts for them; a fused
+    # convolution S_(N/2<-l) K makes Lattigo's BSGS rotations over all C slice diagonals
+    regions = fused_regions(prog, plan["plaintexts"])
+    absorbed = set().union(*regions.values())
+    outside = sum(ins.count() for j, ins in enumerate(prog) if isinstance(ins, ir.Rot | ir.RotHoisted) and j not in absorbed)
+    assert st["rotations"] == outside
+    assert st["cins_rotations"] == sum(ins.count() for ins in prog if isinstance(ins, ir.ToCins))
+    slots = N14BOOT.slots
+    want_fused = sum(lattigo_bsgs_rotations({k * b.l for k in range(slots // b.l)}, slots)
+                     for b in prog if isinstance(b, ir.BootstrapCins))
+    assert st["cins_fused_rotations"] == want_fused
