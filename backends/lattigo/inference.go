@@ -335,6 +335,23 @@ func readFrames(path string, offset int64, n int, params ckks.Parameters) ([]*rl
 
 // Encrypt (client) ---------------------------------------------------------------------
 
+// clientPlan is Encrypt's and Decrypt's common start: the options decoded, the plan loaded
+// with its parameters and slot count, and a sample count of at least one.
+func clientPlan(planJSON, optionsJSON string, samples int) (*plan, *evalSetup, int, error) {
+	var opt commonOptions
+	if err := decodeOptions(optionsJSON, &opt, &opt); err != nil {
+		return nil, nil, 0, err
+	}
+	p, setup, slots, err := loadPlan(planJSON)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if samples < 1 {
+		return nil, nil, 0, fmt.Errorf("samples must be >= 1, got %d", samples)
+	}
+	return p, setup, slots, nil
+}
+
 type encryptResult struct {
 	Ciphertexts []ctMeta  `json:"ciphertexts"`    // sample-major: sample 0's inputs, then sample 1's, ...
 	Seconds     []float64 `json:"sample_seconds"` // encryption seconds per sample
@@ -346,16 +363,9 @@ type encryptResult struct {
 // key file skPath and writes them as frames to outPath. Returns an encryptResult as JSON.
 func Encrypt(planJSON, skPath string, inputs []byte, samples int, outPath, optionsJSON string) (result string, err error) {
 	defer recoverError(&err)
-	var opt commonOptions
-	if err := decodeOptions(optionsJSON, &opt, &opt); err != nil {
-		return "", err
-	}
-	p, setup, slots, err := loadPlan(planJSON)
+	p, setup, slots, err := clientPlan(planJSON, optionsJSON, samples)
 	if err != nil {
 		return "", err
-	}
-	if samples < 1 {
-		return "", fmt.Errorf("samples must be >= 1, got %d", samples)
 	}
 	nIn := p.count("input")
 	vecs, err := unpack("inputs", inputs, samples*nIn, slots)
@@ -400,16 +410,9 @@ type decryptResult struct {
 // decryptResult as JSON (the vectors base64 as in Run's outputs).
 func Decrypt(planJSON, skPath, ctPath string, offset int64, samples int, optionsJSON string) (result string, err error) {
 	defer recoverError(&err)
-	var opt commonOptions
-	if err := decodeOptions(optionsJSON, &opt, &opt); err != nil {
-		return "", err
-	}
-	p, setup, _, err := loadPlan(planJSON)
+	p, setup, _, err := clientPlan(planJSON, optionsJSON, samples)
 	if err != nil {
 		return "", err
-	}
-	if samples < 1 {
-		return "", fmt.Errorf("samples must be >= 1, got %d", samples)
 	}
 	nOut := p.count("output")
 	cts, err := readFrames(ctPath, offset, samples*nOut, setup.params)
