@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +61,21 @@ def _read_ct(path: Path, flag: str) -> bytes:
         raise SlotplanError(f"{flag} {path}: is a directory") from None
     except OSError as e:
         raise SlotplanError(f"{flag} {path}: cannot read ({e.strerror})") from None
+
+
+def _client_server_step(plan_file: Path, tables: Path | None, output: Path, flag: str,
+                        step: Callable[[dict[str, Any], Any, dict[str, Any]], Any]) -> Any:
+    """encrypt/evaluate/decrypt's common frame: the output path checked, the plan and tables
+    loaded, ``step(plan, tables, stats)`` run, bad input (or a Lattigo failure) turned into
+    one line and its exit status. Returns what ``step`` returned."""
+    from backends.lattigo_backend import LattigoError
+
+    try:
+        _check_out(output, flag)
+        pl, tb = _load(plan_file, tables)
+        return step(pl, tb, {})
+    except (SlotplanError, LattigoError) as e:
+        raise _fail_on(e) from None
 
 
 def _fail_on(e: Exception) -> ExitError:
@@ -114,18 +130,13 @@ def encrypt(
 ) -> None:
     """Client: pack and encrypt the inputs under KEY_DIR/secret.key into a ciphertext file."""
     from backends import inference
-    from backends.lattigo_backend import LattigoError
     from planner.io import read_arrays
 
-    st: dict[str, Any] = {}
-    try:
-        _check_out(output, "-o")
-        pl, tb = _load(plan_file, tables)
-        arrays = read_arrays(inputs, "inputs")
-        data = inference.encrypt(pl, key_dir, arrays, tables=tb, stats=st)
-        _write_atomic(output, data)
-    except (SlotplanError, LattigoError) as e:
-        raise _fail_on(e) from None
+    def step(pl: dict[str, Any], tb: Any, st: dict[str, Any]) -> dict[str, Any]:
+        _write_atomic(output, inference.encrypt(pl, key_dir, read_arrays(inputs, "inputs"), tables=tb, stats=st))
+        return st
+
+    st = _client_server_step(plan_file, tables, output, "-o", step)
     if as_json:
         out.print_json(json.dumps({"output": str(output), **st}))
         return
@@ -145,19 +156,15 @@ def evaluate(
     """Evaluator: evaluate the plan on the ciphertexts with the evaluation keys; no secret key
     is read or needed."""
     from backends import inference
-    from backends.lattigo_backend import LattigoError
     from planner.io import read_arrays
 
-    st: dict[str, Any] = {}
-    try:
-        _check_out(output, "-o")
-        pl, tb = _load(plan_file, tables)
+    def step(pl: dict[str, Any], tb: Any, st: dict[str, Any]) -> dict[str, Any]:
         ct = _read_ct(in_file, "--in")
         w = read_arrays(weights, "weights")
-        data = inference.evaluate(pl, eval_keys, w, ct, tables=tb, stats=st)
-        _write_atomic(output, data)
-    except (SlotplanError, LattigoError) as e:
-        raise _fail_on(e) from None
+        _write_atomic(output, inference.evaluate(pl, eval_keys, w, ct, tables=tb, stats=st))
+        return st
+
+    st = _client_server_step(plan_file, tables, output, "-o", step)
     if as_json:
         out.print_json(json.dumps({"output": str(output), **st}))
         return
@@ -177,18 +184,16 @@ def decrypt(
 ) -> None:
     """Client: decrypt and unpack an output ciphertext file into the graph's output tensors."""
     from backends import inference
-    from backends.lattigo_backend import LattigoError
     from planner.io import write_arrays
 
     st: dict[str, Any] = {}
-    try:
-        _check_out(out_file, "--out")
-        pl, tb = _load(plan_file, tables)
-        ct = _read_ct(in_file, "--in")
-        ys = inference.decrypt(pl, key_dir, ct, tables=tb, stats=st)
+
+    def step(pl: dict[str, Any], tb: Any, _: dict[str, Any]) -> dict[str, Any]:
+        ys = inference.decrypt(pl, key_dir, _read_ct(in_file, "--in"), tables=tb, stats=st)
         write_arrays(out_file, ys)
-    except (SlotplanError, LattigoError) as e:
-        raise _fail_on(e) from None
+        return ys
+
+    ys = _client_server_step(plan_file, tables, out_file, "--out", step)
     if as_json:
         out.print_json(json.dumps({"output": str(out_file), "outputs": {k: list(v.shape) for k, v in ys.items()}, **st}))
         return
