@@ -58,7 +58,7 @@ class build_py(_build_py):  # noqa: N801 (setuptools' command name)
         super().run()
         if getattr(self, "editable_mode", False):
             return  # `make lattigo` builds it in the tree for the editable install
-        # data/ (cost tables, parameter files, workloads, goldens: planner.costs.DATA_DIR)
+        # data/ (cost tables, parameter files, workloads, goldens: common.paths.DATA_DIR)
         data = Path(self.build_lib) / "slotplan" / "data"
         shutil.rmtree(data, ignore_errors=True)
         shutil.copytree(ROOT / "data", data)

@@ -11,12 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import SlotplanError
-from planner.graph import load_graph
-from planner.io import load_model_file
-from planner.params import Params, load_params
+from common import progress
+from common.errors import SlotplanError
+from planner.frontend.graph import load_graph
+from planner.frontend.params import Params, load_params
+from planner.ir.io import load_model_file
 from planner.pipeline import PlanOptions, plan_graph
-from solver import progress
 
 TABLE8_KEYS = ("Pb", "Ps", "bs_opt", "search_space")
 
@@ -93,8 +93,8 @@ def bench_workload(
 
 
 def bench_conversion(w: SuiteWorkload) -> dict[str, Any]:
-    from planner.convert import plan_conversion
-    from planner.rotom import parse_layout
+    from planner.kernels.convert import plan_conversion
+    from planner.layout.rotom import parse_layout
 
     c = w.conversion or {}
     shape = tuple(c["shape"])
@@ -112,7 +112,7 @@ def bench_conversion(w: SuiteWorkload) -> dict[str, Any]:
 def choice_rotations(problem: Any, choice: dict[str, int]) -> int:
     """Rotations of an assignment from the priced candidates and conversions (no lowering;
     both are exact counts of what lowering emits)."""
-    from planner.convert import plan_conversion
+    from planner.kernels.convert import plan_conversion
 
     S = problem.params.slots
     total = 0

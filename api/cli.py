@@ -19,9 +19,9 @@ from rich.table import Table
 
 from api.common import ExitError, err, fail, out
 from backends.runner import EXECUTION_BACKENDS
-from planner.candidates import KERNEL_FAMILIES
-from planner.errors import SlotplanError
-from planner.io import DEFAULT_MAX_TABLE_BYTES, load_plan, load_tables, parse_size, write_outputs
+from common.errors import SlotplanError
+from planner.assign.candidates import KERNEL_FAMILIES
+from planner.ir.io import DEFAULT_MAX_TABLE_BYTES, load_plan, load_tables, parse_size, write_outputs
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanTimeout
 from solver import SOLVER_BACKENDS
 
@@ -80,7 +80,7 @@ def plan(
     from pydantic import ValidationError
 
     from api.progress import shown, wanted
-    from planner.params import AUTO, load_params
+    from planner.frontend.params import AUTO, load_params
     from planner.pipeline import auto_params, plan_graph
 
     started = time.monotonic()  # the wall limit counts loading and validating the graph too
@@ -117,7 +117,7 @@ def plan(
                 res = plan_graph(g, p, replace(opts, batch=int(n_batch)) if n_batch else opts,
                                  record_timings=record_timings, wall_limit_s=wall_limit, wall_started=started)
             if explain:
-                from planner.explain import explain_choices
+                from planner.report.explain import explain_choices
 
                 res.plan["explain"] = explain_choices(res.problem, res.solution)
         summary = res.plan["summary"]
@@ -131,7 +131,7 @@ def plan(
     except SlotplanError as e:
         raise _fail(e) from None
     if summary.get("insecure"):  # SPEC section 9: said wherever a plan is shown (stderr: stdout stays JSON)
-        from planner.params import insecure_line
+        from planner.frontend.params import insecure_line
 
         err.print(f"slotplan: warning: {insecure_line(res.plan['params']) or 'parameters below the 128-bit bound'}",
                   highlight=False, markup=False)
@@ -202,7 +202,7 @@ def _graph_or_model(path: Path, calibrate: Path | None, degree: int | None, max_
                     allow_error: bool = False) -> Any:
     """``plan``'s graph: a graph file, or an ONNX model imported (its report on stderr)."""
     from api.commands_import import import_for_plan, is_onnx
-    from planner.graph import load_graph
+    from planner.frontend.graph import load_graph
 
     if is_onnx(path):
         return import_for_plan(path, calibrate, degree, max_error, weights_out, graph_out, err, cut, allow_error)
@@ -233,8 +233,8 @@ def run(
     from api.progress import shown, step, wanted
     from backends.lattigo_backend import LattigoError
     from backends.runner import run_plan
-    from planner.graph import parse_graph
-    from planner.io import user_values, write_arrays
+    from planner.frontend.graph import parse_graph
+    from planner.ir.io import user_values, write_arrays
 
     try:
         EXECUTION_BACKENDS.check(backend)

@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from api.common import ExitError, err, fail, out
-from planner.errors import SlotplanError, ValuesError
+from common.errors import SlotplanError, ValuesError
 
 BACKENDS = ("sim", "noisy", "lattigo")
 WORST = 5
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
 # ----------------------------------------------------------------------------- inputs
 def read_data(path: Path, inputs: list[str], shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], int]:
     """X.npz: one array per graph input with a leading sample dimension."""
-    from planner.io import read_arrays
+    from planner.ir.io import read_arrays
 
     arrays = read_arrays(path, "--data")
     for key in arrays:
@@ -90,7 +90,7 @@ def read_labels(path: Path, n: int) -> np.ndarray:
 
 
 def read_weights(path: Path, graph: Any) -> dict[str, np.ndarray]:
-    from planner.io import read_arrays
+    from planner.ir.io import read_arrays
 
     arrays = read_arrays(path, "--weights")
     out_: dict[str, np.ndarray] = {}
@@ -192,8 +192,8 @@ def evaluate(
 ) -> dict[str, Any]:
     from backends.runner import regenerate_tables
     from backends.sim import simulate
-    from planner.graph import parse_graph
-    from planner.reference import reference
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.reference import reference
 
     graph = parse_graph(plan["graph"]["spec"])
     if len(graph.outputs) != 1:
@@ -291,8 +291,8 @@ def accuracy(
     """Top-1 accuracy over a labelled data set: float model, polynomial graph and back end."""
     from api.progress import wanted
     from backends.lattigo_backend import LattigoError
-    from planner.graph import parse_graph
-    from planner.io import load_plan, load_tables
+    from planner.frontend.graph import parse_graph
+    from planner.ir.io import load_plan, load_tables
 
     try:
         if backend not in BACKENDS:
@@ -348,7 +348,7 @@ def noise_calibrate(
     model (data/noise/<preset>.json, docs/noise.md)."""
     from backends.lattigo_backend import LattigoError
     from backends.noise_calibrate import calibrate_noise
-    from planner.params import load_params
+    from planner.frontend.params import load_params
 
     try:
         p = load_params(params)

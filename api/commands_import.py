@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api.common import err, fail, out
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 
 __all__ = ["import_for_plan", "is_onnx", "register"]
 
@@ -33,7 +33,7 @@ def is_onnx(path: Path) -> bool:
 
 def _options(degree: int | None, max_error: float | None, margin: float, newton: int,
              cut: list[str] | None = None, allow_error: bool = False, relu: str = "auto") -> Any:
-    from planner.importers.onnx_import import ImportOptions
+    from planner.frontend.importers.onnx_import import ImportOptions
 
     if degree is not None and max_error is not None:
         raise SlotplanError("give --degree or --max-error, not both")
@@ -82,7 +82,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def report_lines(res: Any, console: Console) -> None:
     """The calibration table (activation, range, degree, depth, max error) and the notes."""
-    from planner.importers import approx
+    from planner.frontend.importers import approx
 
     if res.calibrated:
         console.print(f"calibrated on {res.calibrated} sample(s) with {escape(str(res.calibrator))}; ranges widened "
@@ -125,7 +125,7 @@ def report_lines(res: Any, console: Console) -> None:
 def _run_import(model: Path, calibrate: Path | None, degree: int | None, max_error: float | None,
                 margin: float, newton: int, cut: list[str] | None = None, allow_error: bool = False,
                 relu: str = "auto") -> Any:
-    from planner.importers.onnx_import import import_model
+    from planner.frontend.importers.onnx_import import import_model
 
     opts = _options(degree, max_error, margin, newton, cut, allow_error, relu)
     return import_model(model, opts, calibrate)
@@ -135,7 +135,7 @@ def import_for_plan(model: Path, calibrate: Path | None, degree: int | None, max
                     weights_out: Path | None, graph_out: Path | None, console: Console,
                     cut: list[str] | None = None, allow_error: bool = False) -> Any:
     """``plan MODEL.onnx``: import (report on ``console``), write what was asked, return the graph."""
-    from planner.importers.onnx_import import DEFAULT_MARGIN
+    from planner.frontend.importers.onnx_import import DEFAULT_MARGIN
 
     res = _run_import(model, calibrate, degree, max_error, DEFAULT_MARGIN, 1, cut, allow_error)
     stderr_lines(res, DEFAULT_MARGIN, console)

@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from api.common import ExitError, fail, out
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 
 PlanArg = Annotated[Path, typer.Argument(metavar="PLAN", help="plan file")]
 TablesOpt = Annotated[Path | None, typer.Option("--tables", help="npz tables (regenerated from the plan if absent)")]
@@ -27,7 +27,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON"
 
 
 def _load(plan_file: Path, tables: Path | None) -> tuple[dict[str, Any], Any]:
-    from planner.io import load_plan, load_tables
+    from planner.ir.io import load_plan, load_tables
 
     pl = load_plan(plan_file)
     return pl, (load_tables(tables, pl) if tables is not None else None)
@@ -130,7 +130,7 @@ def encrypt(
 ) -> None:
     """Client: pack and encrypt the inputs under KEY_DIR/secret.key into a ciphertext file."""
     from backends import inference
-    from planner.io import read_arrays
+    from planner.ir.io import read_arrays
 
     def step(pl: dict[str, Any], tb: Any, st: dict[str, Any]) -> dict[str, Any]:
         _write_atomic(output, inference.encrypt(pl, key_dir, read_arrays(inputs, "inputs"), tables=tb, stats=st))
@@ -156,7 +156,7 @@ def evaluate(
     """Evaluator: evaluate the plan on the ciphertexts with the evaluation keys; no secret key
     is read or needed."""
     from backends import inference
-    from planner.io import read_arrays
+    from planner.ir.io import read_arrays
 
     def step(pl: dict[str, Any], tb: Any, st: dict[str, Any]) -> dict[str, Any]:
         ct = _read_ct(in_file, "--in")
@@ -184,7 +184,7 @@ def decrypt(
 ) -> None:
     """Client: decrypt and unpack an output ciphertext file into the graph's output tensors."""
     from backends import inference
-    from planner.io import write_arrays
+    from planner.ir.io import write_arrays
 
     st: dict[str, Any] = {}
 

@@ -11,9 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from api.common import fail, out
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 from planner.ir import PLAN_SCHEMA
-from planner.keys import BASES, KEY_STRATEGIES, MERGE_WINDOW
+from planner.keys.schedule import BASES, KEY_STRATEGIES, MERGE_WINDOW
 
 
 def _mib(b: int | None) -> str:
@@ -37,8 +37,8 @@ def keys(
 ) -> None:
     """Rewrite a plan with a rotation-key schedule (load_key/drop_key) under a memory cap."""
     from api.progress import shown, wanted
-    from planner.io import load_plan, parse_size, write_outputs
-    from planner.keys import schedule_plan
+    from planner.ir.io import load_plan, parse_size, write_outputs
+    from planner.keys.schedule import schedule_plan
 
     try:
         KEY_STRATEGIES.check(strategy)
@@ -84,8 +84,8 @@ def keybench(
 ) -> None:
     """Per workload and cap: rotations, key loads and peak per strategy; geomean peak
     reduction vs keep-all (ANT-ACE) at <= 5% extra modelled time."""
+    from api.keybench import KEY_LOAD_MS_PER_80MIB, ROTATION_MS, run_key_suite, summarize_suite
     from api.progress import shown, wanted
-    from planner.keybench import KEY_LOAD_MS_PER_80MIB, ROTATION_MS, run_key_suite, summarize_suite
 
     strats = [s.strip() for s in strategies.split(",") if s.strip()]
     results: list[dict[str, Any]] = []
@@ -167,8 +167,8 @@ def keycurve(
 ) -> None:
     """The joint key strategy's trade-off curve per workload: cap -> rotations, key loads,
     hoisted splits, composed offsets, peak and modelled time against keep-all (ANT-ACE)."""
+    from api.keybench import run_key_curve
     from api.progress import shown, wanted
-    from planner.keybench import run_key_curve
 
     try:
         fr = [float(x) for x in fractions.split(",") if x.strip()]

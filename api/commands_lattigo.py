@@ -50,9 +50,9 @@ def calibrate(
     A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
     from backends.calibrate import calibrate as run_calibration
     from backends.lattigo_backend import LattigoError
-    from planner.costs import load_costs
-    from planner.errors import SlotplanError
-    from planner.params import load_params
+    from common.errors import SlotplanError
+    from planner.cost.tables import load_costs
+    from planner.frontend.params import load_params
 
     try:
         if params is None:
@@ -337,9 +337,9 @@ def lattigo_bench(
     from backends import lattigo_bench as lb
     from backends.calibrate import machine_info
     from backends.lattigo_backend import LattigoError, version
-    from planner.errors import SlotplanError
-    from planner.io import parse_size
-    from planner.params import load_params
+    from common.errors import SlotplanError
+    from planner.frontend.params import load_params
+    from planner.ir.io import parse_size
 
     try:
         p = load_params(params)
@@ -428,8 +428,8 @@ def orion_bench(
     from api.orion_bench import PARAMS
     from api.orion_bench import orion_bench as run_bench
     from backends.lattigo_backend import LattigoError
-    from planner.errors import SlotplanError
-    from planner.params import load_params
+    from common.errors import SlotplanError
+    from planner.frontend.params import load_params
 
     try:
         if output is not None and output.suffix.lower() != ".json":

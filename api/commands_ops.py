@@ -23,8 +23,8 @@ from typing import IO, Annotated, Any
 import typer
 
 from api.common import ExitError, err, fail, request_id
-from planner.errors import SlotplanError
-from planner.params import Params
+from common.errors import SlotplanError
+from planner.frontend.params import Params
 from planner.pipeline import PlanOptions
 from solver import SOLVER_BACKENDS
 
@@ -51,9 +51,9 @@ def batch_worker(graph_json: dict[str, Any], params: Params | None, options: Pla
     """Plan one graph (in a worker process); never raises: failures become the line.
     ``params`` None: ``--params auto``, chosen per graph as ``plan`` does."""
     from api.rest import check_memory_cap
-    from planner.diff import node_digest, strip_timings
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
     from planner.pipeline import PlanTimeout, auto_params, plan_graph
+    from planner.report.diff import node_digest, strip_timings
 
     t0 = time.perf_counter()
     line: dict[str, Any] = {"status": "error", "error": None, "summary": None, "nodes": []}
@@ -135,7 +135,7 @@ def read_done_keys(out: Path | None) -> set[str]:
 
 def prepare_items(files: list[Path], params_json: dict[str, Any], options_json: dict[str, Any],
                   params_name: str) -> list[BatchItem]:
-    from planner.graph import load_graph
+    from planner.frontend.graph import load_graph
 
     items: list[BatchItem] = []
     for f in files:
@@ -297,8 +297,8 @@ def batch(
     from pydantic import ValidationError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from planner.io import parse_size
-    from planner.params import AUTO, load_params
+    from planner.frontend.params import AUTO, load_params
+    from planner.ir.io import parse_size
     from planner.pipeline import PlanOptionsLiteral
 
     try:
@@ -318,7 +318,7 @@ def batch(
             allow_insecure=allow_insecure,
         )
         options = PlanOptions.from_literal(lit)
-        from planner.params import check_security
+        from planner.frontend.params import check_security
 
         if p is not None:
             check_security(p, allow_insecure)  # refuse before any graph is planned
@@ -404,7 +404,7 @@ def diff(
                                                      help="exit 1 when rotations, key loads or peak memory grow")] = False,
 ) -> None:
     """Plan-diff report between two plans or two batch results."""
-    from planner.diff import diff_files, render_markdown
+    from planner.report.diff import diff_files, render_markdown
 
     if fmt not in ("md", "json"):
         raise fail(SlotplanError(f"unknown format {fmt!r}; known formats: md, json"))
@@ -451,7 +451,7 @@ def serve(
     from api.rest import RestLimits, default_allowed_hosts, is_loopback, read_api_keys
     from api.rest import serve as run_server
     from api.store import PlanStore
-    from planner.io import parse_size
+    from planner.ir.io import parse_size
 
     try:
         keys_file = api_keys or (Path(os.environ["SLOTPLAN_API_KEYS_FILE"])
@@ -507,8 +507,8 @@ def show(
     tables by tensor and a legend; --png/--svg draw it, with --layout the slot layouts."""
     from api.progress import shown, wanted
     from api.show import layout_views, render_layouts, render_png, text_report
-    from planner.explain import ExplainError, explain_choices, replan
-    from planner.io import load_plan, load_tables
+    from planner.ir.io import load_plan, load_tables
+    from planner.report.explain import ExplainError, explain_choices, replan
 
     target = png
     try:
@@ -566,8 +566,8 @@ def golden(
     """Check fresh plans of the workloads against data/golden, or rewrite it with --regenerate.
 
     Check mode prints the Markdown diff and exits 1 on any difference."""
-    from planner import golden as g
-    from planner.diff import render_markdown
+    from planner.report import golden as g
+    from planner.report.diff import render_markdown
 
     d = golden_dir or g.GOLDEN_DIR
     try:

@@ -36,7 +36,7 @@ API_VERSION = "1"
 def request_id(graph_json: Mapping[str, Any], params_json: Mapping[str, Any], options_json: Mapping[str, Any]) -> str:
     """Content hash of a planning request: the REST plan id and the batch resume key (the
     canonical JSON of the validated graph, the full parameter set and the effective options)."""
-    from planner.graph import canonical_json
+    from planner.frontend.graph import canonical_json
 
     canonical = {"api": API_VERSION, "graph": dict(graph_json), "params": dict(params_json),
                  "options": dict(options_json)}

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 
 REPO = Path(__file__).resolve().parent.parent
 ORION_SCRIPT = REPO / "scripts" / "orion_mlp.py"
@@ -69,8 +69,8 @@ def run_orion(python: Path, repeat: int, seed: int, workdir: Path) -> tuple[dict
 def run_ours(arrays: dict[str, np.ndarray], repeat: int, table_now: Path | None = None) -> dict[str, Any]:
     """slotplan's plan of the same network on Orion's chain, run on Lattigo (BenchPlan)."""
     from backends.lattigo_bench import run_plan_bench
-    from planner.graph import load_graph
-    from planner.params import load_params
+    from planner.frontend.graph import load_graph
+    from planner.frontend.params import load_params
     from planner.pipeline import PlanOptions
 
     graph = load_graph(GRAPH)

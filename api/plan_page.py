@@ -4,7 +4,7 @@ No build step and no scripts: the summary, the cost per node with the runner-up 
 choice, what makes the memory peak, the tables by tensor, the overview chart (cost per
 node, key residency, modelled memory) and the layout pictures (PNG data URIs), and the
 legend of the layout notation.  The runner-ups and the layouts of intermediate values are
-re-derived by planning the plan's embedded graph again (:mod:`planner.explain`), unless
+re-derived by planning the plan's embedded graph again (:mod:`planner.report.explain`), unless
 the plan carries ``explain``.
 
 That re-planning is real planning work, so the server never renders a page itself: the
@@ -46,8 +46,8 @@ from api.show import (
     render_png,
     table_sizes,
 )
-from planner.errors import SlotplanError
-from planner.params import insecure_line
+from common.errors import SlotplanError
+from planner.frontend.params import insecure_line
 
 VIEW_PATH = "/v1/plans/{plan_id}/view"
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -99,7 +99,7 @@ def with_plan_id(page: str, plan_id: str) -> str:
 
 def render_page_and_explain(plan_id: str, plan: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """The HTML page of a plan and the explanations it shows (None when unavailable)."""
-    from planner.explain import ExplainError, explain_choices, replan
+    from planner.report.explain import ExplainError, explain_choices, replan
 
     s = plan["summary"]
     name = f"{plan['graph']['name']} @ {plan['params'].get('name', '?')}"

@@ -1,4 +1,4 @@
-"""Progress of long commands on stderr (rich), fed by :mod:`solver.progress`.
+"""Progress of long commands on stderr (rich), fed by :mod:`common.progress`.
 
 On by default when stderr is a terminal and the command does not print JSON; ``--progress``
 forces it on (a non-terminal stderr then gets one plain line per step and per solver
@@ -23,7 +23,7 @@ from rich.progress import (
 )
 
 from api.common import err
-from solver import progress as _progress
+from common import progress as _progress
 
 
 def wanted(flag: bool, as_json: bool = False, console: Console | None = None) -> bool:
@@ -56,7 +56,7 @@ class RichReporter:
             transient=False,
         )
 
-    # --- solver.progress.Reporter
+    # --- common.progress.Reporter
     def start(self, stage: str, total: int | None) -> None:
         self.t0[stage] = time.perf_counter()
         if self.live:

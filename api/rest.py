@@ -10,7 +10,7 @@ Endpoints::
     GET    /v1/plans            -> {"items", "total", "limit", "offset", "next"} (newest first)
     GET    /v1/plans/{id}       -> {"id", "summary", "plan"}
     DELETE /v1/plans/{id}       -> 204
-    GET    /v1/plans/{id}/tables  npz bytes (every table the plan names, as planner.io writes)
+    GET    /v1/plans/{id}/tables  npz bytes (every table the plan names, as planner.ir.io writes)
     POST   /v1/diff             {"base": plan | id, "head": plan | id} -> diff JSON (?format=md: Markdown)
     GET    /healthz, /readyz, /metrics (Prometheus), /openapi.json
 
@@ -82,9 +82,9 @@ from api.rest_models import (
     error_body,
 )
 from api.store import ANONYMOUS, PlanStore
-from planner.diff import DiffInputError, diff_plans, render_markdown
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 from planner.pipeline import plan_table_names
+from planner.report.diff import DiffInputError, diff_plans, render_markdown
 
 # the service's public names, wherever they are defined (api.rest is what users import)
 __all__ = [
@@ -118,9 +118,9 @@ def _validation_body(errors: list[Any]) -> dict[str, Any]:
 
 
 def _openapi_extras(schema: dict[str, Any], limits: RestLimits) -> dict[str, Any]:
-    """The graph schema (planner.graph.GraphFile), the service's time-limit cap, the
+    """The graph schema (planner.frontend.graph.GraphFile), the service's time-limit cap, the
     security schemes and the Retry-After headers, in the generated document."""
-    from planner.graph import GraphFile
+    from planner.frontend.graph import GraphFile
 
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     gschema = GraphFile.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -36,10 +36,10 @@ from api.rest_models import (
 )
 from api.store import ANONYMOUS, PlanStore, owned_id
 from api.workers import JobKilled, WorkerPool
-from planner.costs import COST_TABLES
-from planner.errors import ParamsError, SlotplanError
-from planner.graph import Graph, parse_graph
-from planner.params import AUTO, PRESETS, Params
+from common.errors import ParamsError, SlotplanError
+from planner.cost.tables import COST_TABLES
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import AUTO, PRESETS, Params
 from planner.pipeline import PlanOptions, PlanTimeout
 
 
@@ -152,13 +152,13 @@ def validate_request(req: PlanRequest, limits: RestLimits) -> ValidRequest:
 
 
 def progress_exceeded() -> type[Exception]:
-    from solver import progress
+    from common import progress
 
     return progress.DeadlineExceeded
 
 
 def progress_deadline(wall_limit_s: float | None, started: float) -> Any:
-    from solver import progress
+    from common import progress
 
     return progress.deadline(wall_limit_s, started)
 
@@ -218,8 +218,8 @@ def plan_job(graph_json: dict[str, Any], params: Params | None, options: PlanOpt
 def tables_job(plan_json: str, path: str, max_bytes: int) -> JobResult:
     """Regenerate the tables of a plan (deterministic re-planning) and write them as npz."""
     from backends.runner import regenerate_tables
-    from planner.io import write_outputs
-    from planner.program import LazyTables
+    from planner.ir.builder import LazyTables
+    from planner.ir.io import write_outputs
 
     try:
         plan = json.loads(plan_json)

@@ -19,7 +19,7 @@ from api.rest_models import (
     ASGIApp,
     RestLimits,
 )
-from planner.graph import reject_duplicate_keys
+from planner.frontend.graph import reject_duplicate_keys
 
 log = logging.getLogger("slotplan.rest")
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import GraphError, ParamsError, SlotplanError
-from planner.io import DEFAULT_MAX_TABLE_BYTES
+from common.errors import GraphError, ParamsError, SlotplanError
 from planner.ir import PLAN_SCHEMA
+from planner.ir.io import DEFAULT_MAX_TABLE_BYTES
 from planner.pipeline import PlanOptionsLiteral, PlanTimeout
 
 API_VERSION = "1"

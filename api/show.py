@@ -9,7 +9,7 @@ The PNG has three panels:
 3. modelled memory over the program (keys + plaintexts + ciphertexts, stacked) against
    ``summary.memory_cap_bytes`` when a cap is set.
 
-The memory series follows the same model as :func:`planner.summary.memory_profile`
+The memory series follows the same model as :func:`planner.ir.analysis.memory_profile`
 (its maximum is ``summary.peak_bytes.total``).
 """
 
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import SlotplanError
 from planner import ir
-from planner.errors import SlotplanError
-from planner.params import Params, insecure_line
-from planner.summary import lifetimes, memory_series, plan_key_bytes
+from planner.frontend.params import Params, insecure_line
+from planner.ir.analysis import lifetimes, memory_series, plan_key_bytes
 
 MiB = 2**20
 
@@ -71,7 +71,7 @@ def memory_timeline(
     program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int] | None = None
 ) -> dict[str, np.ndarray]:
     """Modelled resident bytes at every program step: ``keys``, ``plaintexts``,
-    ``ciphertexts`` -- the series behind the plan's peak (planner.summary.memory_series),
+    ``ciphertexts`` -- the series behind the plan's peak (planner.ir.analysis.memory_series),
     with each key at its recorded size."""
     ser = memory_series(program, params, key_bytes=key_bytes)
     return {k: v.astype(np.float64) for k, v in ser.items()}
@@ -131,7 +131,7 @@ class PeakBreakdown:
 def peak_breakdown(plan: Mapping[str, Any]) -> PeakBreakdown:
     """Keys, ciphertexts and plaintexts resident at the peak of :func:`memory_series`
     (grouped by level), walking the program with the same rules."""
-    from planner.summary import register_depths
+    from planner.ir.analysis import register_depths
 
     program = ir.decode_program(plan["program"])
     params = Params.from_json(plan["params"])
@@ -289,7 +289,7 @@ def _rich_table_text(table: Any, width: int = 160) -> str:
     return buf.getvalue()
 
 
-# scaled_by / input_scaled_by: a Chebyshev change of variable folded into the producer (planner/fold.py)
+# scaled_by / input_scaled_by: a Chebyshev change of variable folded into the producer (planner/assign/fold.py)
 SHOWN_PARAMS = ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "diagonals", "op", "kk", "J", "scaled_by",
                 "input_scaled_by")
 
@@ -555,8 +555,8 @@ def layout_views(
     encrypted input, a node id (its output), or ``conv/<node>/<operand>`` (a conversion
     result).  Maps of inputs and outputs come from the tables file when given (and must
     equal the layout the planner chose); the others from re-planning the plan's embedded
-    graph (:func:`planner.explain.replan`; pass ``replanned`` to reuse one)."""
-    from planner.explain import ExplainError, plan_layouts, replan
+    graph (:func:`planner.report.explain.replan`; pass ``replanned`` to reuse one)."""
+    from planner.report.explain import ExplainError, plan_layouts, replan
 
     infos: dict[str, Any] = {}
     why = ""

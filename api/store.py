@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 
 ENV_DB = "SLOTPLAN_DB"
 STORE_VERSION = 2

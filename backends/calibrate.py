@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from backends.lattigo_backend import LattigoError, _call, _ext
-from planner.costs import COSTS_DIR, CostTable, Weights
-from planner.errors import SlotplanError
-from planner.params import Params
+from common.errors import SlotplanError
+from planner.cost.tables import COSTS_DIR, CostTable, Weights
+from planner.frontend.params import Params
 
 __all__ = [
     "DEFAULT_HOIST_BATCH",
@@ -165,9 +165,9 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
             "block_giant": _ms(med(top, "block_giant")),
             "block_product": _ms(med(top, "block_product")),
         }
-    if "cmul_tensor" in t:  # sums of ct-ct products relinearised once (planner/fusion.py)
+    if "cmul_tensor" in t:  # sums of ct-ct products relinearised once (planner/ir/fusion.py)
         weights |= {"cmul_tensor": _ms(med(top, "cmul_tensor")), "relin": _ms(med(top, "relin"))}
-    if "block_product_q" in t:  # Q-mode blocks (planner/fusion.py)
+    if "block_product_q" in t:  # Q-mode blocks (planner/ir/fusion.py)
         weights |= {
             "block_q": _ms(med(top, "block_q")),
             "block_product_q": _ms(med(top, "block_product_q")),

@@ -40,8 +40,8 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.errors import SlotplanError
-from planner.ranges import check_input_ranges, check_values
+from common.errors import SlotplanError
+from planner.frontend.ranges import check_input_ranges, check_values
 
 __all__ = [
     "CT_FORMAT",
@@ -226,7 +226,7 @@ def _plan_tables(plan: Mapping[str, Any], tables: Mapping[str, np.ndarray] | Non
 
 
 def _graph(plan: Mapping[str, Any]) -> Any:
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
 
     spec = (plan.get("graph") or {}).get("spec") if isinstance(plan.get("graph"), Mapping) else None
     if spec is None:
@@ -264,7 +264,7 @@ def _call(fn: Any, *args: Any) -> dict[str, Any]:
 
 
 def _check_input_ranges(graph: Any, plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray]) -> None:
-    """Refuse inputs outside the ranges the graph declares (``planner.ranges.check_input_ranges``,
+    """Refuse inputs outside the ranges the graph declares (``planner.frontend.ranges.check_input_ranges``,
     SPEC section 9) or a bootstrapping plan assumed (``summary.bootstrapping.assumed_ranges``),
     with one line naming the tensor."""
     check_input_ranges(graph, inputs)

@@ -286,7 +286,7 @@ def check_executable(plan: Mapping[str, Any]) -> None:
     have no ``boot`` object, and for plans without bootstrapping a rotation whose key is not
     resident under the plan's key schedule or a register deeper than ``params.max_level``
     (SPEC section 4's depth rule).  Raises :class:`PlanFileError` naming the instruction."""
-    from planner.errors import PlanFileError
+    from common.errors import PlanFileError
 
     params = plan.get("params") or {}
     prog = plan.get("program") or []

@@ -24,7 +24,7 @@ plaintext encoding (which the executor does inside ``pmul``) is timed apart. So
 ``eval_seconds`` is evaluation alone for every method; ``encode_seconds`` (our pmul
 plaintexts / lintrans' encoded diagonals), ``keygen_seconds`` and ``encrypt_seconds`` are
 reported next to it. All three methods use the same seeded W and x
-(``planner.reference.random_values``) and are compared with numpy (max relative error =
+(``planner.frontend.reference.random_values``) and are compared with numpy (max relative error =
 max |got - want| / max |want|).
 
 A method whose keys (and for lintrans its encoded diagonals) would not fit the memory
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 
 from backends.lattigo_backend import LattigoError, _call, _ext, _json_default, pack_vectors
-from planner.costs import DATA_DIR
-from planner.errors import SlotplanError
-from planner.graph import Graph, load_graph, parse_graph
-from planner.params import Params
+from common.errors import SlotplanError
+from planner.cost.tables import DATA_DIR
+from planner.frontend.graph import Graph, load_graph, parse_graph
+from planner.frontend.params import Params
+from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
 
 __all__ = [
     "DEFAULT_CONVS",
@@ -314,11 +314,11 @@ def modelled_seconds(
     """The plan's time under its calibrated cost table (the one ``--objective time`` used;
     the preset's ``<preset>-lattigo`` table for a rotation-objective plan), in seconds, or
     None without a calibrated table. Counts the whole program, fused blocks as the Lattigo
-    executor fuses them (``planner.fusion``); by default every instruction and block at
-    the level it runs at (``planner.timing``), else (``level_aware=False``) with the
+    executor fuses them (``planner.ir.fusion``); by default every instruction and block at
+    the level it runs at (``planner.cost.timing``), else (``level_aware=False``) with the
     top-level weights, as the solver's objective prices candidates. ``table_path``: price
     with that table instead (a calibration made in this job, ``--calibrate``)."""
-    from planner.costs import COST_TABLES, load_costs
+    from planner.cost.tables import COST_TABLES, load_costs
     from planner.kernels.base import count_program
 
     name = str((plan.get("options") or {}).get("costs") or "default")
@@ -329,7 +329,7 @@ def modelled_seconds(
             return None
         table = load_costs(alt)
     if level_aware:
-        from planner.timing import program_seconds
+        from planner.cost.timing import program_seconds
 
         return round(program_seconds(list(plan["program"]), table, params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)

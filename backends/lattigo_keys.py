@@ -8,7 +8,7 @@ For each workload of a key suite (or one graph) at its preset:
 * **cap f** for each fraction ``f`` of the keep-all modelled peak (a cap below what one
   step needs, e.g. a bootstrap's key block, is measured at the smallest feasible cap, the
   row naming the requested one and why): the graph planned with
-  ``memory_cap_bytes`` (the joint key schedule, :mod:`planner.keyplan`: hoisted splits, key
+  ``memory_cap_bytes`` (the joint key schedule, :mod:`planner.keys.joint`: hoisted splits, key
   set, residency and prefetch), keys at the plan's levels, read during the evaluation by
   the prefetching key store; the keys it loads before its first computing instruction are
   read before the clock starts (``preload_prologue``), as keep-all's are.
@@ -47,20 +47,20 @@ from backends.lattigo_backend import (
 from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
-from planner.graph import Graph, load_graph
-from planner.keyplan import modelled_time, time_model
-from planner.keys import KeyCapError, schedule_plan
-from planner.params import Params, load_params
+from planner.frontend.graph import Graph, load_graph
+from planner.frontend.params import Params, load_params
+from planner.frontend.ranges import calibrated_graph
+from planner.frontend.reference import random_values, reference
+from planner.ir.analysis import plan_key_bytes
+from planner.keys.joint import modelled_time, time_model
+from planner.keys.schedule import KeyCapError, schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
-from planner.ranges import calibrated_graph
-from planner.reference import random_values, reference
-from planner.summary import plan_key_bytes
 
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
 DEFAULT_FRACTIONS = (0.5, 0.25)
 # Input samples a bootstrapping workload's node ranges are measured on (other seeds than
-# the measured run's data; planner.ranges.calibrated_graph widens them by its margin).
+# the measured run's data; planner.frontend.ranges.calibrated_graph widens them by its margin).
 CALIBRATION_SAMPLES = 8
 
 
@@ -210,7 +210,7 @@ def measure_suite(
     only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
     workers: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    from planner.keybench import load_key_suite
+    from api.keybench import load_key_suite
 
     suite, root = load_key_suite(path)
     for w in suite.workloads:

@@ -1,6 +1,6 @@
 """The modelled memory of a Lattigo run: the plan's memory model plus what the executor holds.
 
-The plan's ``summary.peak_bytes`` (planner/summary.py) counts resident keys, live
+The plan's ``summary.peak_bytes`` (planner/ir/analysis.py) counts resident keys, live
 ciphertexts and plaintexts.  A Lattigo process holds more, and each term here is the
 ``BinarySize`` of objects the executor allocates (Go ``ExecutorMemory``,
 backends/lattigo/memmodel.go, built with the executor's own constructors):
@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 
 from planner import ir
-from planner.params import Params
-from planner.summary import lifetimes, memory_series, plan_key_bytes, register_depths
+from planner.frontend.params import Params
+from planner.ir.analysis import lifetimes, memory_series, plan_key_bytes, register_depths
 
 __all__ = ["BASELINE_BYTES", "GC_LIMIT_HEADROOM", "BootMemory", "boot_memory", "executor_memory", "fused_series", "plaintext_cache_bytes", "process_model"]
 
@@ -98,7 +98,7 @@ def boot_memory(params: Params) -> BootMemory | None:
     (``data/costs/<preset>-lattigo.json``) when the table was calibrated on the same
     parameters and measured it; None otherwise (the process model then leaves the
     bootstrap's terms out, and says so)."""
-    from planner.costs import COST_TABLES
+    from planner.cost.tables import COST_TABLES
 
     name = f"{params.name}-lattigo"
     if params.boot is None or name not in COST_TABLES:

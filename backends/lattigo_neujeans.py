@@ -5,7 +5,7 @@ convolution folded into SlotsToCoeffs (docs/cins.md, "What the Lattigo executor 
 A layer runs on one ciphertext of a bootstrapping preset (``n14boot``): optionally
 ``to_cins`` (S_(l<-1) on the Re/Im pair), the CinS convolution (BSGS over the slices; fused
 with S_(N/2<-l) or followed by it), then ScaleDown, ModUp, CoeffsToSlots and EvalMod; the
-result is the decrypted Re/Im pair of the output cins(l) value (``planner.cins.bootstrap_cins``
+result is the decrypted Re/Im pair of the output cins(l) value (``planner.layout.cins.bootstrap_cins``
 order).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from backends.lattigo_backend import LattigoError, _call, _ext
-from planner.params import Params
+from planner.frontend.params import Params
 
 __all__ = ["NeujeansLayer", "NeujeansResult", "run_neujeans_layers"]
 
@@ -29,7 +29,7 @@ __all__ = ["NeujeansLayer", "NeujeansResult", "run_neujeans_layers"]
 class NeujeansLayer:
     """One layer.  ``pair`` (with ``to_cins_levels > 0``): the Re/Im registers of the input
     cins(l) value (two length-``slots`` vectors); ``cins_slots`` (with ``to_cins_levels = 0``):
-    the complex CinS slots the client encrypts (``planner.cins.cins_slot_vector``).
+    the complex CinS slots the client encrypts (``planner.layout.cins.cins_slot_vector``).
     ``kernel``: ``C = slots / l`` kernel diagonals as cins(l) values (shape ``(C, N)``), or
     None (no convolution: the bootstrap of a cins register alone)."""
 

@@ -5,7 +5,7 @@ element sits in which slot and, when the layout is clean, that every other slot 
 Those claims are what consumers rely on (a matvec reads free slots as zeros), so they are
 not trusted: this module runs the plan in the simulator on given values, keeps every
 claimed register, and compares each with the numpy reference of its tensor.  The slot
-hygiene rule (``planner.layout.clean_result``) is thereby derived from the lowered
+hygiene rule (``planner.layout.channels.clean_result``) is thereby derived from the lowered
 program, not from the kernels' word.
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.sim import SimResult, simulate
+from planner.frontend.reference import reference
 from planner.pipeline import PlanResult
-from planner.reference import reference
 
 # Relative tolerance of a claimed element against the float64 reference (the simulator
 # is exact up to round-off).

@@ -36,9 +36,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from backends import sim
-from planner import cins, ir
-from planner.errors import SlotplanError
-from planner.summary import register_depths
+from common.errors import SlotplanError
+from planner import ir
+from planner.ir.analysis import register_depths
+from planner.layout import cins
 
 NOISE_DIR = Path(__file__).resolve().parent.parent / "data" / "noise"
 SCHEMA = "slotplan.noise/1"

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from backends import noise, sim
-from planner.errors import SlotplanError
-from planner.params import Params
+from common.errors import SlotplanError
+from planner.frontend.params import Params
 
 ROT_CHAIN = 8
 

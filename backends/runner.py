@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 
 from backends.sim import SimResult, simulate
-from planner.errors import SlotplanError
-from planner.graph import Graph, parse_graph
-from planner.params import Params
+from common.errors import SlotplanError
+from common.registry import Registry
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import Params
+from planner.frontend.ranges import check_input_ranges, check_values
+from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
-from planner.ranges import check_input_ranges, check_values
-from planner.reference import random_values, reference
-from solver.registry import Registry
 
 # The simulator is exact up to float64 round-off; the acceptance bound for it.
 SIM_RTOL = 1e-9
@@ -94,7 +94,7 @@ def regenerate_tables(plan: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
     if source is not None:
         # a key-scheduled (possibly rotation-rewritten) plan: its tables are those of the
         # program it was derived from
-        from planner.keys import program_sha256
+        from planner.keys.schedule import program_sha256
 
         if program_sha256(res.plan["program"]) != source and res.plan["program"] != plan["program"]:
             raise SlotplanError(
@@ -344,7 +344,7 @@ def _model_at_run_key_levels(plan: Mapping[str, Any], stats: Mapping[str, Any]) 
     if not params_json.get("boot") or plan.get("keys") or not gk:
         return None
     from planner import ir
-    from planner.summary import memory_series
+    from planner.ir.analysis import memory_series
 
     params = Params.from_json(params_json)
     if int(gk) == params.rotation_key_bytes():

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from planner import cins, ir
-from planner.errors import SlotplanError
-from planner.summary import register_depths
+from common.errors import SlotplanError
+from planner import ir
+from planner.ir.analysis import register_depths
+from planner.layout import cins
 
 
 class SimulationError(SlotplanError):

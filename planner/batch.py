@@ -36,14 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from planner.candidates import PlanError
-from planner.layout import MappedLayout
-from planner.params import Params
-from planner.program import LazyTables, TableSpec
+from planner.assign.candidates import PlanError
+from planner.frontend.params import Params
+from planner.ir.builder import LazyTables, TableSpec
+from planner.layout.channels import MappedLayout
 
 if TYPE_CHECKING:
-    from planner.graph import Graph
-    from planner.pipeline import PlanOptions, PlanResult
+    from planner.assign.options import PlanOptions
+    from planner.frontend.graph import Graph
+    from planner.single import PlanResult
 
 # ops the block-ring reading does not cover (complex packing, NeuJeans' CinS registers)
 REFUSED_OPS = ("mul_i", "conj", "to_cins", "bootstrap_cins", "load_key", "drop_key")
@@ -157,8 +158,8 @@ def batched_notation(notation: str, info: BatchInfo) -> str:
 def plan_seconds_model(plan: Mapping[str, Any], params: Params) -> float | None:
     """Modelled seconds of a plan under the calibrated table of its preset (level aware, as
     ``slotplan lattigo-bench`` models it), or None without one."""
-    from planner.costs import COST_TABLES, load_costs
-    from planner.timing import program_seconds
+    from planner.cost.tables import COST_TABLES, load_costs
+    from planner.cost.timing import program_seconds
 
     name = str((plan.get("options") or {}).get("costs") or "default")
     table = load_costs(name)
@@ -173,8 +174,9 @@ def plan_seconds_model(plan: Mapping[str, Any], params: Params) -> float | None:
 def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timings: bool = False,
                  wall_limit_s: float | None = None, wall_started: float | None = None) -> PlanResult:
     """Plan ``options.batch`` samples of ``graph`` (module docstring)."""
-    from planner.pipeline import LayoutClaim, PlanResult, plan_graph
-    from planner.summary import summarize
+    from planner.ir.analysis import summarize
+    from planner.lower.lowering import LayoutClaim
+    from planner.single import PlanResult, plan_single
 
     assert options.batch is not None
     if options.packing != "real":
@@ -185,7 +187,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         raise BatchError(f"field 'batch': the CinS kernels ({', '.join(named)}) cannot be batched: their "
                          "registers are not slot vectors")
     small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False)
-    res = plan_graph(graph, block_params(params, info.stride), small_opts, record_timings, wall_limit_s, wall_started)
+    res = plan_single(graph, block_params(params, info.stride), small_opts, record_timings, wall_limit_s, wall_started)
     small = res.plan
     for i, d in enumerate(small["program"]):
         if d["op"] in REFUSED_OPS:
@@ -221,7 +223,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "program": program,
     }
     if options.memory_cap_bytes is not None:
-        from planner.keys import schedule_plan
+        from planner.keys.schedule import schedule_plan
 
         plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", time_limit_s=options.time_limit_s)
     seconds = plan_seconds_model(plan, params)
@@ -247,7 +249,7 @@ def batched_values(values: Mapping[str, np.ndarray], graph: Graph, samples: int)
 
 def batched_reference(graph: Graph, values: Mapping[str, np.ndarray], samples: int) -> dict[str, np.ndarray]:
     """The numpy reference per sample, stacked (samples past the inputs' count are zeros)."""
-    from planner.reference import reference
+    from planner.frontend.reference import reference
 
     refs = [reference(graph, v) for v in batched_values(values, graph, samples)]
     return {t: np.stack([r[t] for r in refs]) for t in refs[0]}
@@ -261,8 +263,6 @@ def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_t
     (modelled time per sample need not fall monotonically: LoLa's rises from B = 2 to 4 and
     falls again); the search stops early only at a B that no longer fits once a smaller one
     did (a smaller block fits even less).  ``summary.batch_auto`` lists every candidate."""
-    from planner.pipeline import plan_graph
-
     best: PlanResult | None = None
     rows: list[dict[str, Any]] = []
     B = 1
@@ -273,7 +273,7 @@ def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_t
 
     while params.slots >= B:
         try:
-            r = plan_graph(graph, params, replace(options, batch=B), record_timings, wall_limit_s, wall_started)
+            r = plan_batched(graph, params, replace(options, batch=B), record_timings, wall_limit_s, wall_started)
         except PlanError as e:
             rows.append({"batch": B, "refused": str(e)})
             if best is not None:

@@ -8,7 +8,7 @@ For each workload, and for each repeat round, the two checkouts run one after th
 Each run is a fresh process of its checkout's own code: it plans the workload with that
 checkout's planner (``PlanOptions(input_layout="free")``, as ``lattigo-bench``) and times
 the plan with that checkout's ``backends.lattigo_bench.run_plan_bench`` (``repeat=1``),
-on the same seeded data (``planner.reference.random_values``). The row reports the median
+on the same seeded data (``planner.frontend.reference.random_values``). The row reports the median
 of the rounds per checkout, each run's time, the plan's rotations, and the relative error
 against numpy.
 
@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = r"""
 import json, sys
-from planner.graph import load_graph
-from planner.params import load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions
-from planner.reference import random_values
+from planner.frontend.reference import random_values
 from backends.lattigo_bench import run_plan_bench
 path, params, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 g = load_graph(path)

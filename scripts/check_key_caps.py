@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from backends.sim import simulate
-from planner.graph import load_graph
-from planner.keys import schedule_plan
-from planner.params import load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
+from planner.frontend.reference import random_values, reference
+from planner.keys.schedule import schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
 
 suite = json.loads(Path("data/suites/keymemrt.json").read_text())
 for w in suite["workloads"]:

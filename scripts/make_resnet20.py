@@ -32,8 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.graph import parse_graph  # noqa: E402
-from planner.reference import random_values, reference  # noqa: E402
+from planner.frontend.graph import parse_graph  # noqa: E402
+from planner.frontend.reference import random_values, reference  # noqa: E402
 
 DEG2 = [0.0, 0.5, 0.125]
 SEEDS = range(8)

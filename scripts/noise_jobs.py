@@ -27,7 +27,7 @@ from noise_table import chain12, squarings12, values_for  # noqa: E402
 from backends import noise, sim  # noqa: E402
 from backends.lattigo_backend import OutputVector, _json_default, _scatter, pack_vectors  # noqa: E402
 from backends.noise_calibrate import _fit, calibration_plan  # noqa: E402
-from planner.params import load_params  # noqa: E402
+from planner.frontend.params import load_params  # noqa: E402
 from planner.pipeline import PlanOptions, plan_graph  # noqa: E402
 
 CAL = ["n13", "n14", "data/params/orion-n13.json", "n15", "n14boot", "n16"]
@@ -76,8 +76,8 @@ def prepare(out: Path, local: Path, cnn: list[str] | None, only: list[str] | Non
         meta[f"boot_{name}"] = {"kind": "probe", "plan": plan, "tables": tables, "values": vals,
                                 "graph_output": g.outputs[0], "shape": g.shape(g.outputs[0])}
     if cnn:
-        from planner.graph import parse_graph
-        from planner.io import load_plan, load_tables, read_arrays
+        from planner.frontend.graph import parse_graph
+        from planner.ir.io import load_plan, load_tables, read_arrays
 
         plan_p, tab_p, w_p, x_p, y_p = cnn
         plan = load_plan(Path(plan_p))
@@ -162,7 +162,7 @@ def collect(results: Path, local: Path) -> None:
     if "cnn" in meta and (results / "cnn").exists():
         m = meta["cnn"]
         plan, tables, w = m["plan"], m["tables"], m["weights"]
-        from planner.graph import parse_graph
+        from planner.frontend.graph import parse_graph
 
         g = parse_graph(plan["graph"]["spec"])
         out_t = g.outputs[0]

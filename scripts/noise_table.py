@@ -23,8 +23,8 @@ import numpy as np
 
 from backends.lattigo_bench import conv_workload, mvm_workload
 from backends.runner import run_plan
-from planner.graph import Graph, parse_graph
-from planner.params import load_params
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 
 SUITES = {

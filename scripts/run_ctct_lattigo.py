@@ -10,8 +10,8 @@ import time
 from dataclasses import replace
 
 from backends.runner import run_plan
-from planner.graph import load_graph
-from planner.params import load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 
 CASES = [

@@ -7,9 +7,9 @@ Run from the repository root: PYTHONPATH=. .venv/bin/python scripts/run_workload
 import glob
 
 from backends.runner import run_plan
-from planner.errors import SlotplanError
-from planner.graph import load_graph
-from planner.params import load_params
+from common.errors import SlotplanError
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 
 cands = sorted(glob.glob("data/workloads/*.json")) + sorted(glob.glob("data/workloads/rotom/*.json"))

@@ -3,7 +3,7 @@ kernel each cap leads to and checks every plan in the simulator (strict key resi
 
 import time
 
-from planner.params import load_params
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import check_plan, matvec_graph
 

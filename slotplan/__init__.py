@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from backends.inference import InferenceError
-from planner.errors import GraphError, ModelError, ParamsError, PlanFileError, SlotplanError, ValuesError
+from common.errors import GraphError, ModelError, ParamsError, PlanFileError, SlotplanError, ValuesError
 from slotplan._inference import Ciphertext, Client, EvalKeys, Server
 from slotplan._plan import Plan, plan
 from slotplan._version import __version__

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from backends import inference as inf
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
 from slotplan._plan import Plan
 
 # an uploaded key set is refused above this many bytes (n16boot key sets are ~10 GB; the
@@ -277,7 +277,7 @@ class Server:
                 raise SlotplanError("weights: none given and the plan has none (only an ONNX import carries them)")
             weights = self.plan.weights
         if isinstance(weights, str | Path):
-            from planner.io import read_arrays
+            from planner.ir.io import read_arrays
 
             weights = read_arrays(weights, "weights")
         self.weights = _arrays(weights, "weights")

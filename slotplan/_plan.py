@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import PlanFileError, SlotplanError
+from common.errors import PlanFileError, SlotplanError
 
 # the options plan() passes to planner.pipeline.PlanOptionsLiteral (same names)
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
@@ -49,14 +49,14 @@ class Plan:
     @property
     def digest(self) -> str:
         """The plan digest that key sets and ciphertexts are bound to."""
-        from planner.io import plan_digest
+        from planner.ir.io import plan_digest
 
         return plan_digest(self.document)
 
     @property
     def graph(self) -> Any:
-        """The graph the plan was made for (:class:`planner.graph.Graph`, from the plan)."""
-        from planner.graph import parse_graph
+        """The graph the plan was made for (:class:`planner.frontend.graph.Graph`, from the plan)."""
+        from planner.frontend.graph import parse_graph
 
         return parse_graph(self.document["graph"]["spec"])
 
@@ -72,15 +72,15 @@ class Plan:
 
     def to_json(self) -> str:
         """The plan file's text (deterministic)."""
-        from planner.io import dumps_plan
+        from planner.ir.io import dumps_plan
 
         return dumps_plan(self.document)
 
     def save(self, path: str | Path, tables: str | Path | None = None) -> None:
         """Write the plan file (and, with ``tables``, the ``.npz`` tables), atomically."""
         from backends.runner import regenerate_tables
-        from planner.io import DEFAULT_MAX_TABLE_BYTES, write_outputs
-        from planner.program import LazyTables
+        from planner.ir.builder import LazyTables
+        from planner.ir.io import DEFAULT_MAX_TABLE_BYTES, write_outputs
 
         lazy: LazyTables | None = None
         if tables is not None:
@@ -97,7 +97,7 @@ class Plan:
     def load(cls, path: str | Path, tables: str | Path | None = None) -> Plan:
         """Read a plan file (and its tables; rebuilt from the plan when not given)."""
         from backends.runner import regenerate_tables
-        from planner.io import load_plan, load_tables
+        from planner.ir.io import load_plan, load_tables
 
         doc = load_plan(path)
         tb = load_tables(tables, doc) if tables is not None else regenerate_tables(doc)
@@ -111,8 +111,8 @@ class Plan:
         missing from the arguments are seeded random values (``self.weights`` are used when
         an ONNX import gave them)."""
         from backends.runner import EXECUTION_BACKENDS, run_plan
-        from planner.graph import parse_graph
-        from planner.reference import random_values
+        from planner.frontend.graph import parse_graph
+        from planner.frontend.reference import random_values
 
         EXECUTION_BACKENDS.check(backend)
         graph = parse_graph(self.document["graph"]["spec"])
@@ -144,7 +144,7 @@ class Plan:
 
 
 def _graph(src: GraphSource | Any, import_opts: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray] | None]:
-    from planner.graph import Graph, load_graph
+    from planner.frontend.graph import Graph, load_graph
 
     if isinstance(src, Graph):
         graph, weights = src, None
@@ -154,7 +154,7 @@ def _graph(src: GraphSource | Any, import_opts: dict[str, Any]) -> tuple[Any, di
         path = Path(src)
         if path.suffix.lower() == ".onnx":
             from api.commands_import import _options
-            from planner.importers.onnx_import import import_model
+            from planner.frontend.importers.onnx_import import import_model
 
             output = import_opts.get("output")
             cut = [output] if isinstance(output, str) else list(output or [])
@@ -178,7 +178,7 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
     """Plan a graph and return a :class:`Plan`.
 
     ``graph_or_model``: a ``slotplan.graph/1`` dict, a graph file path, a parsed
-    :class:`planner.graph.Graph`, or an ONNX model path (``.onnx``; imported as ``slotplan
+    :class:`planner.frontend.graph.Graph`, or an ONNX model path (``.onnx``; imported as ``slotplan
     import`` does, its weights kept in ``Plan.weights``).  ``params``: a preset name (``n12`` ..
     ``n16``, ``n14boot``, ``n16boot``), ``"auto"``, a parameters JSON file or a dict.
     ``options`` are the CLI's planning options with their JSON names (``solver``,
@@ -194,8 +194,8 @@ def plan(graph_or_model: GraphSource | Any, params: str | Mapping[str, Any] = "n
 
     from pydantic import ValidationError
 
-    from planner.io import parse_size
-    from planner.params import AUTO, Params, load_params
+    from planner.frontend.params import AUTO, Params, load_params
+    from planner.ir.io import parse_size
     from planner.pipeline import PlanOptions, PlanOptionsLiteral, auto_params, plan_graph
 
     unknown = sorted(set(options) - set(_PLAN_OPTIONS) - set(_IMPORT_OPTIONS))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from planner.errors import SlotplanError
+from common.errors import SlotplanError
+from common.registry import Registry
 from solver.model import ChoiceModel, Solution, Status
-from solver.registry import Registry
 
 
 class SolverBackend(Protocol):

@@ -6,7 +6,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from solver import progress
+from common import progress
 from solver.model import ChoiceModel, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
@@ -137,7 +137,7 @@ def _depth(
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):
-    """Reports each improving solution (objective, bound) to solver.progress."""
+    """Reports each improving solution (objective, bound) to common.progress."""
 
     def __init__(self, stage: str, units: float):
         super().__init__()

@@ -1,5 +1,5 @@
 """Joint model of rotation-key residency and hoisted-group splitting under a memory cap
-(CP-SAT, z3 cross-check).  Built by :mod:`planner.keyplan`.
+(CP-SAT, z3 cross-check).  Built by :mod:`planner.keys.joint`.
 
 The program is taken *fully split*: every offset of a ``rot_hoisted`` is its own time
 point (a group of ``g`` distinct offsets occupies ``g`` consecutive points), so every point

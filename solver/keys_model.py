@@ -1,6 +1,6 @@
 """Rotation-key liveness under a memory cap: the exact model (CP-SAT, z3 cross-check).
 
-Problem (built by :mod:`planner.keys` from a straight-line program):
+Problem (built by :mod:`planner.keys.schedule` from a straight-line program):
 
 * time points ``0 .. n-1`` are the program's instructions;
 * key ``k`` (``sizes[k]`` bytes) must be resident at each of its use points ``uses[k]``

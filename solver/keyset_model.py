@@ -1,6 +1,6 @@
 """The key set as a decision (CP-SAT, z3): per rotation offset, its own key or a two-hop
 composition ``rot(rot(x, a), b) = rot(x, a + b)`` over two owned keys.  Built by
-:mod:`planner.keyplan`.
+:mod:`planner.keys.joint`.
 
 * ``own[k]``: offset ``k`` gets its own key (``sizes[k]`` bytes, loaded at least once:
   ``load_cost[k]``);

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from backends.runner import EXECUTION_BACKENDS, SIM_RTOL, Execution
-from planner.graph import Graph
-from planner.params import PRESETS, Params, load_params
-from planner.reference import reference
+from planner.frontend.graph import Graph
+from planner.frontend.params import PRESETS, Params, load_params
+from planner.frontend.reference import reference
 from solver import SOLVER_BACKENDS
 from solver.model import ChoiceModel, Solution, Status
 

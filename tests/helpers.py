@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from backends.sim import simulate
-from planner.graph import Graph, parse_graph
-from planner.params import Params
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import Params
+from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from planner.reference import random_values, reference
 
 
 def small_params(log_n: int = 10, levels: int = 4) -> Params:

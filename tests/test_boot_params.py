@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from planner.errors import GraphError, ParamsError
-from planner.graph import parse_graph
-from planner.params import PRESETS, Params, load_params
+from common.errors import GraphError, ParamsError
+from planner.frontend.graph import parse_graph
+from planner.frontend.params import PRESETS, Params, load_params
 
 # Measured with Lattigo v6.1.1 (shared/notes/lattigo-bootstrapping.md)
 MEASURED = {

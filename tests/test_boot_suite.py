@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.graph import load_graph
-from planner.keybench import load_key_suite
-from planner.params import load_params
+from api.keybench import load_key_suite
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from solver import SOLVERS
 
@@ -36,7 +36,7 @@ def test_solvers_place_the_same_bootstraps(w) -> None:  # noqa: ANN001
         s = res.plan["summary"]
         assert s["solver"]["status"] == "optimal"
         got[solver] = (s["bootstraps"], s["solver"]["objective"])
-        from planner.summary import register_depths
+        from planner.ir.analysis import register_depths
 
         assert max(register_depths(res.plan["program"]).values()) <= params.max_level
     assert len(set(got.values())) == 1, got

@@ -13,14 +13,14 @@ import pytest
 
 from backends.runner import run_plan
 from backends.sim import SimulationError, simulate
-from planner.candidates import PlanError
-from planner.errors import ValuesError
-from planner.graph import Graph, parse_graph
-from planner.keys import KeyCapError, schedule_plan
-from planner.params import PRESETS, Boot, Params
+from common.errors import ValuesError
+from planner.assign.candidates import PlanError
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import PRESETS, Boot, Params
+from planner.frontend.reference import random_values, reference
+from planner.ir.analysis import memory_profile
+from planner.keys.schedule import KeyCapError, schedule_plan
 from planner.pipeline import PlanOptions, auto_params, plan_graph
-from planner.reference import random_values, reference
-from planner.summary import memory_profile
 from solver import SOLVERS
 from tests.helpers import check_plan
 
@@ -189,7 +189,7 @@ def test_key_schedule_with_the_block_and_cap_refusal() -> None:
     res = plan(g, tiny_boot(4))
     params = Params.from_json(res.plan["params"])
     assert params.boot is not None
-    from planner.keys import BOOT_STREAM_DEPTH
+    from planner.keys.schedule import BOOT_STREAM_DEPTH
 
     block = params.boot.block_bytes
     streamed = params.boot_block_bytes(BOOT_STREAM_DEPTH)
@@ -304,7 +304,7 @@ def _check_streamed_schedule(res: Any, g: Graph) -> bool:
     Galois keys (on params whose key bytes are the model's: ``tiny_boot_keys``), gives the
     plan's rotations of its offsets keys of their own, stays under the cap and simulates
     to numpy's result with strict residency. False when no streamed schedule fits there."""
-    from planner.keys import BOOT_STREAM_DEPTH
+    from planner.keys.schedule import BOOT_STREAM_DEPTH
 
     boot = Params.from_json(res.plan["params"]).boot
     assert boot is not None
@@ -326,11 +326,11 @@ def _check_streamed_schedule(res: Any, g: Graph) -> bool:
 
 
 def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
-    """planner.ranges.calibrated_graph: weights get their exact hull, nodes the hull of
+    """planner.frontend.ranges.calibrated_graph: weights get their exact hull, nodes the hull of
     their values on the samples widened by the margin; the bootstrap bounds shrink to
     what the values reach, the plan still simulates exactly, and run refuses data whose
     node values leave a promised range."""
-    from planner.ranges import CALIBRATION_MARGIN, calibrated_graph
+    from planner.frontend.ranges import CALIBRATION_MARGIN, calibrated_graph
 
     g = conv_stack(6)
     vals = random_values(g, 0, "fan-in")
@@ -363,7 +363,7 @@ def test_streamed_block_memory_follows_the_executor() -> None:
     """A streamed block holds no Galois key until its first bootstrap, one key during that
     bootstrap (read when asked, the order learned), D after it (read ahead) and D + 1 from
     the next bootstrap on; loaded again, it reads D ahead at once (bootstream.go)."""
-    from planner.summary import memory_series
+    from planner.ir.analysis import memory_series
 
     params = PRESETS["n14boot"]
     d = 2

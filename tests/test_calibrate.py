@@ -38,7 +38,7 @@ WEIGHTS = ("rotation", "hoisted_rotation", "pmul", "cmul", "add", "rescale", "po
 
 @pytest.fixture(scope="module")
 def n12():  # noqa: ANN201
-    from planner.params import load_params
+    from planner.frontend.params import load_params
 
     return load_params("n12")
 
@@ -54,7 +54,7 @@ def n12_table(tmp_path_factory: pytest.TempPathFactory, n12):  # noqa: ANN001, A
 
 
 def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
-    from planner.costs import load_costs
+    from planner.cost.tables import load_costs
 
     table, path = n12_table
     raw = json.loads(path.read_text())
@@ -88,7 +88,7 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
 
 def test_plan_graph_uses_the_table(n12_table, n12) -> None:  # noqa: ANN001
     from backends.lattigo_bench import mvm_graph
-    from planner.costs import load_costs
+    from planner.cost.tables import load_costs
     from planner.pipeline import PlanOptions, plan_graph
 
     _, path = n12_table
@@ -97,15 +97,15 @@ def test_plan_graph_uses_the_table(n12_table, n12) -> None:  # noqa: ANN001
     assert res.plan["summary"]["rotations"] > 0
     assert res.problem.costs == load_costs(path)
     # the objective is the measured time: a rotation costs its milliseconds, scaled
-    from planner.costs import OBJECTIVE_SCALE
+    from planner.cost.tables import OBJECTIVE_SCALE
 
     assert res.problem.costs.weights.rotation * OBJECTIVE_SCALE >= 1
 
 
 def test_calibrate_bad_input(tmp_path: Path) -> None:
     from backends.calibrate import measure
-    from planner.errors import SlotplanError
-    from planner.params import load_params
+    from common.errors import SlotplanError
+    from planner.frontend.params import load_params
 
     with pytest.raises(SlotplanError):
         measure(load_params("n12"), repeat=0)
@@ -310,7 +310,7 @@ def test_bootstrap_weight_in_the_table(n12) -> None:  # noqa: ANN001
     the cost table's weight and measurements (the Go side runs at n14boot in
     tests/test_lattigo_boot.py and `slotplan calibrate --params n14boot`)."""
     from backends.calibrate import cost_table, measure
-    from planner.costs import CostTable
+    from planner.cost.tables import CostTable
 
     raw = measure(n12, repeat=1)
     assert "bootstrap" not in raw["once"] and "boot" not in raw  # a plain preset times no bootstrap

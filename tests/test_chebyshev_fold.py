@@ -1,5 +1,5 @@
 """A Chebyshev poly over [a, b] costs ceil(log2(d + 1)) levels (SPEC section 2) where its
-change of variable's scale folds into the producers (planner/fold.py); elsewhere it keeps
+change of variable's scale folds into the producers (planner/assign/fold.py); elsewhere it keeps
 the pmul + rescale.  Every plan is simulated against numpy (float64, 1e-9) with its layout
 claims checked (a folded producer's registers hold s times the node's value)."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from planner import ir
-from planner.candidates import chebyshev_map
-from planner.fold import plan_cone
-from planner.graph import Graph, parse_graph
+from planner.assign.candidates import chebyshev_map
+from planner.assign.fold import plan_cone
+from planner.frontend.graph import Graph, parse_graph
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
 from tests.helpers import check_plan, small_params
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.convert import Moves, _bsgs_counts, _rotations_per_n1, _steps
+from planner.kernels.convert import Moves, _bsgs_counts, _rotations_per_n1, _steps
 from solver import SOLVERS, create
 from solver.model import ChoiceModel, Edge, Group, Status
 

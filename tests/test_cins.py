@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim import SimulationError, simulate
-from planner import cins, ir
-from planner.cins_flow import conv_layer, plan_cins_conversion
+from planner import ir
+from planner.assign.cins_flow import conv_layer, plan_cins_conversion
+from planner.frontend.reference import conv2d
+from planner.ir.builder import LazyTables, ProgramBuilder
 from planner.kernels.cins import cins_conv
-from planner.layout import natural_layout
-from planner.program import LazyTables, ProgramBuilder
-from planner.reference import conv2d
+from planner.layout import cins
+from planner.layout.channels import natural_layout
 
 
 def _plan(b: ProgramBuilder, outputs: dict[str, list[int]]) -> dict[str, Any]:
@@ -245,7 +246,7 @@ def test_ir_round_trip() -> None:
         {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x", "l": 8},
     ):
         assert ir.Instr.from_json(d, slots=64).to_json() == d
-    from planner.errors import PlanFileError
+    from common.errors import PlanFileError
 
     with pytest.raises(PlanFileError, match="l must be a positive power of two"):
         ir.Instr.from_json({"op": "to_cins", "dst": "a", "re": "b", "im": "c", "l": 6, "levels": 1})
@@ -255,8 +256,8 @@ def test_ir_round_trip() -> None:
 
 
 def test_registered_families_give_exact_cost_vectors() -> None:
-    from planner.candidates import CINS_KERNELS, KERNEL_FAMILIES, KERNELS
-    from planner.graph import load_graph
+    from planner.assign.candidates import CINS_KERNELS, KERNEL_FAMILIES, KERNELS
+    from planner.frontend.graph import load_graph
 
     assert set(CINS_KERNELS) == {"cins-bsgs", "cins-hs", "cins-dw"} and not set(CINS_KERNELS) & set(KERNELS)
     g = load_graph({

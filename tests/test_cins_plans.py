@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from planner import ir
-from planner.graph import Graph, parse_graph
-from planner.params import preset
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import preset
 from planner.pipeline import PlanError, PlanOptions, PlanOptionsLiteral, build_problem, plan_graph
 from solver import create
 from solver.model import ChoiceModel, Status
@@ -163,7 +163,7 @@ def test_resnet18_imagenet_workload_shapes() -> None:
     # planning only (minutes at n16boot): data/golden/manifest.json lists it as such
     from pathlib import Path
 
-    from planner.graph import load_graph
+    from planner.frontend.graph import load_graph
 
     g = load_graph(Path(__file__).resolve().parent.parent / "data" / "workloads" / "resnet18_imagenet.json")
     assert g.shape("x") == (3, 224, 224)

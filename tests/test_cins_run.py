@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from planner import ir
-from planner.graph import parse_graph
+from planner.frontend.graph import parse_graph
+from planner.frontend.params import preset
 from planner.ir.instructions import lattigo_bsgs_rotations
-from planner.params import preset
 from planner.pipeline import PlanOptions, plan_graph
 
 N14BOOT = preset("n14boot")

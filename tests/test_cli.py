@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.graph import load_graph
-from planner.reference import random_values, reference
+from planner.frontend.graph import load_graph
+from planner.frontend.reference import random_values, reference
 from solver import SOLVERS
 from tests.third_party_exec import execute
 

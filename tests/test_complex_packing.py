@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from backends.sim import SimulationError, simulate
+from common.errors import PlanFileError
 from planner import ir
-from planner.candidates import ELEMENTWISE_KERNELS
-from planner.errors import PlanFileError
-from planner.graph import Graph, parse_graph
+from planner.assign.candidates import ELEMENTWISE_KERNELS
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.reference import random_values
 from planner.kernels.hybrid import HybridMatvec
 from planner.pipeline import PlanError, PlanOptions, plan_graph
-from planner.reference import random_values
 from tests.helpers import check_plan, matvec_graph, small_params
 
 COMPLEX = PlanOptions(packing="complex", allow_insecure=True, objective="rotations")
@@ -78,7 +78,7 @@ def test_kernel_tables_follow_the_derivation() -> None:
     g = matvec_graph(n, kk)
     res = plan_graph(g, small_params(), replace(COMPLEX, kernels=HYBRID_ONLY))
     check_plan(res, g)
-    from planner.candidates import _linear_problem, input_layout
+    from planner.assign.candidates import _linear_problem, input_layout
 
     node = g.nodes[0]
     k = HybridMatvec(_linear_problem(g, node, input_layout(g, "x", 512)), True, complex_pack=True)
@@ -125,7 +125,7 @@ def test_objective_prefers_complex_where_it_saves() -> None:
 
 
 def test_time_objective_at_a_calibrated_preset() -> None:
-    from planner.params import preset
+    from planner.frontend.params import preset
 
     g = matvec_graph(1024, 4096)
     opts = PlanOptions(packing="complex", kernels=("hybrid", *ELEMENTWISE_KERNELS), time_limit_s=20)
@@ -152,7 +152,7 @@ def test_option_errors() -> None:
 
 
 def test_key_schedule_refuses_a_conjugating_program() -> None:
-    from planner.keys import KeyScheduleError, schedule_plan
+    from planner.keys.schedule import KeyScheduleError, schedule_plan
 
     g = matvec_graph(100, 300)
     res = plan_graph(g, small_params(), replace(COMPLEX, kernels=HYBRID_ONLY))
@@ -161,8 +161,8 @@ def test_key_schedule_refuses_a_conjugating_program() -> None:
 
 
 def test_memory_model_counts_the_conjugation_key() -> None:
-    from planner.params import Params
-    from planner.summary import memory_profile
+    from planner.frontend.params import Params
+    from planner.ir.analysis import memory_profile
 
     g = matvec_graph(100, 300)
     res = plan_graph(g, small_params(), replace(COMPLEX, kernels=HYBRID_ONLY))
@@ -222,7 +222,7 @@ def test_validator_checks_complex_plaintexts() -> None:
 def test_tables_round_trip_through_files(tmp_path: Any) -> None:
     """A complex plan written with its tables and read back simulates the same (the imag
     tables are written with the others)."""
-    from planner.io import load_plan, load_tables, write_outputs
+    from planner.ir.io import load_plan, load_tables, write_outputs
 
     g = matvec_graph(200, 200)
     res = plan_graph(g, small_params(), replace(COMPLEX, kernels=HYBRID_ONLY))

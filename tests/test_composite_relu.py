@@ -1,4 +1,4 @@
-"""Composite minimax sign / ReLU (planner/importers/composite.py) and the importer's choice."""
+"""Composite minimax sign / ReLU (planner/frontend/importers/composite.py) and the importer's choice."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from backends.sim import simulate
-from planner.errors import ModelError
-from planner.importers import composite
-from planner.importers.onnx_import import ImportOptions, import_model
-from planner.params import preset
+from common.errors import ModelError
+from planner.frontend.importers import composite
+from planner.frontend.importers.onnx_import import ImportOptions, import_model
+from planner.frontend.params import preset
+from planner.frontend.reference import reference
 from planner.pipeline import plan_graph
-from planner.reference import reference
 from tests import onnx_models as M
 
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from backends.sim import simulate
-from planner.candidates import PlanError
-from planner.graph import load_graph, parse_graph
+from planner.assign.candidates import PlanError
+from planner.frontend.graph import load_graph, parse_graph
+from planner.frontend.params import load_params
+from planner.ir.builder import LazyTables, ProgramBuilder
 from planner.kernels.base import Candidate
 from planner.kernels.ctct import CtCtGeom, jkls_candidates
 from planner.kernels.problem import KernelError
-from planner.params import load_params
+from planner.layout.rotom import parse_layout
 from planner.pipeline import PlanOptions, plan_graph
-from planner.program import LazyTables, ProgramBuilder
-from planner.rotom import parse_layout
 from solver import SOLVERS
 from tests.helpers import check_plan, small_params
 from tests.test_rotom import run_conversion

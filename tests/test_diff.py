@@ -1,4 +1,4 @@
-"""Plan diffs (planner/diff.py) and ``slotplan diff``."""
+"""Plan diffs (planner/report/diff.py) and ``slotplan diff``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from planner.diff import (
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
+from planner.pipeline import PlanOptions, plan_graph
+from planner.report.diff import (
     DiffReport,
     diff_digests,
     diff_files,
@@ -19,9 +22,6 @@ from planner.diff import (
     render_markdown,
     strip_timings,
 )
-from planner.graph import load_graph
-from planner.params import load_params
-from planner.pipeline import PlanOptions, plan_graph
 from tests.test_batch import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

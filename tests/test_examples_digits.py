@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("sklearn")
 
 from backends.sim import simulate  # noqa: E402
-from planner.importers.onnx_import import ImportOptions, import_model  # noqa: E402
-from planner.params import preset  # noqa: E402
+from planner.frontend.importers.onnx_import import ImportOptions, import_model  # noqa: E402
+from planner.frontend.params import preset  # noqa: E402
+from planner.frontend.reference import reference  # noqa: E402
 from planner.pipeline import plan_graph  # noqa: E402
-from planner.reference import reference  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "digits" / "train.py"
 

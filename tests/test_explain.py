@@ -23,11 +23,11 @@ from api.show import (
     table_sizes,
     text_report,
 )
-from planner.explain import explain_choices, plan_layouts, replan
-from planner.graph import load_graph
-from planner.io import load_tables, write_outputs
-from planner.params import load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
+from planner.ir.io import load_tables, write_outputs
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
+from planner.report.explain import explain_choices, plan_layouts, replan
 from tests.test_batch import run_cli
 from tests.test_show import PNG_MAGIC, with_schedule
 
@@ -195,7 +195,7 @@ def test_cli_plan_explain_keeps_plan_bytes(tmp_path: Path, capsys: pytest.Captur
     with_ex = json.loads(b.read_text())
     ex = with_ex.pop("explain")
     assert ex["nodes"][0]["runner_up"]["kernel"] == "bsgs"
-    from planner.io import dumps_plan
+    from planner.ir.io import dumps_plan
 
     assert dumps_plan(with_ex) == a.read_text()  # the flag only adds the key
     assert "explain" not in json.loads(a.read_text())

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from planner import golden
-from planner.diff import diff_digests, render_markdown
-from planner.graph import load_graph
+from planner.frontend.graph import load_graph
+from planner.report import golden
+from planner.report.diff import diff_digests, render_markdown
 from tests.test_batch import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.errors import GraphError, SlotplanError
-from planner.graph import (
+from common.errors import GraphError, SlotplanError
+from planner.frontend.graph import (
     MAX_ELEMENTS,
     MAX_RANK,
     OPS,

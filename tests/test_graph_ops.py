@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from planner.errors import GraphError
-from planner.graph import parse_graph
-from planner.reference import random_values, reference
+from common.errors import GraphError
+from planner.frontend.graph import parse_graph
+from planner.frontend.reference import random_values, reference
 
 
 def graph(tensors: dict[str, tuple[list[int], str]], nodes: list[dict[str, Any]], outputs: list[str]) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def test_random_shapes_against_numpy() -> None:
 def test_poly_node_range_both_bases() -> None:
     """The exact range of a poly node over an interval (what bootstrap scaling needs): the
     Chebyshev series in its own basis, checked against dense sampling."""
-    from planner.reference import poly_node_range
+    from planner.frontend.reference import poly_node_range
 
     rng = np.random.default_rng(3)
     for i in range(40):
@@ -219,17 +219,17 @@ def test_poly_node_range_both_bases() -> None:
 
 
 def reference_poly(node: Any, x: np.ndarray) -> np.ndarray:
-    from planner.reference import poly_node
+    from planner.frontend.reference import poly_node
 
     return poly_node(node, x)
 
 
 def test_ranges_of_the_model_ops_are_sound() -> None:
-    """Interval arithmetic (planner/ranges.py, for bootstrap scaling) over the model ops:
+    """Interval arithmetic (planner/frontend/ranges.py, for bootstrap scaling) over the model ops:
     every reference value on inputs drawn inside the declared ranges lies inside the
     propagated interval, and a Chebyshev series is bounded in its own basis (read as
     monomial coefficients it would be bounded wrongly)."""
-    from planner.ranges import graph_ranges
+    from planner.frontend.ranges import graph_ranges
 
     cheb = [0.1, 0.9, -0.4, 0.3, 0.05, -0.02]
     d = graph(

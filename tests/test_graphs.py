@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.graph import parse_graph
+from planner.frontend.graph import parse_graph
 from planner.pipeline import PlanOptions, build_problem, lower_solution, solve_problem
 from solver import SOLVERS, create
 from solver.model import Solution, Status

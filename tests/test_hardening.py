@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from api.rest import RestLimits, create_app
-from planner.errors import ParamsError
-from planner.graph import load_graph, parse_graph
-from planner.io import DIGEST_KEY, PlanFileError, load_plan, load_tables, validate_plan
-from planner.params import PRESETS, Params, check_security
+from common.errors import ParamsError
+from planner.frontend.graph import load_graph, parse_graph
+from planner.frontend.params import PRESETS, Params, check_security
+from planner.ir.io import DIGEST_KEY, PlanFileError, load_plan, load_tables, validate_plan
 from planner.pipeline import PlanOptions, plan_graph
 from tests.test_batch import matvec, run_cli
 
@@ -44,7 +44,7 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         plan = parse_graph(json.loads(g.read_text()))
         assert plan is not None
         res = plan_graph(plan, PRESETS["n12"], PlanOptions(input_layout="row-major" if extra else "free"))
-        from planner.io import write_outputs
+        from planner.ir.io import write_outputs
 
         write_outputs(res.plan, p, res.tables, t)
         out[tag], out[tag + "_tables"] = p, t
@@ -258,7 +258,7 @@ def test_insecure_custom_params_refused_unless_allowed(planned: dict[str, Path],
 def test_poly_coefficients_are_bounded() -> None:
     g = {"schema": "slotplan.graph/1", "name": "p", "tensors": {"x": {"shape": [8], "role": "input"}},
          "nodes": [{"id": "y", "op": "poly", "inputs": ["x"], "coeffs": [0.0, 1e308]}], "outputs": ["y"]}
-    from planner.errors import GraphError
+    from common.errors import GraphError
 
     with pytest.raises(GraphError, match="coeffs"):
         parse_graph(g)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.graph import load_graph
-from planner.reference import reference
+from planner.frontend.graph import load_graph
+from planner.frontend.reference import reference
 from tests import onnx_models as M
 
 pytest.importorskip("onnx")

@@ -72,7 +72,7 @@ def test_skl2onnx_head_stripped_and_noted(tmp_path: Path, cli: Cli, digits_mlp: 
 
 def test_digits_mlp_planned_and_run_on_real_digits(tmp_path: Path, cli: Cli, digits_mlp: dict[str, Any]) -> None:
     from backends.runner import run_plan
-    from planner.io import load_plan, load_tables
+    from planner.ir.io import load_plan, load_tables
 
     g, w = tmp_path / "g.json", tmp_path / "w.npz"
     plan, tables = tmp_path / "p.json", tmp_path / "t.npz"
@@ -187,7 +187,7 @@ def test_calibration_falls_back_to_the_reference_evaluator(digits_mlp: dict[str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from planner.importers.onnx_model import run_float
+    from planner.frontend.importers.onnx_model import run_float
 
     model = onnx.load(str(digits_mlp["plain"]))
     samples = [{"X": x[None]} for x in digits_mlp["X"][:3]]

@@ -43,8 +43,8 @@ def _ref(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def planned() -> tuple[dict[str, Any], Any]:
-    from planner.graph import parse_graph
-    from planner.params import preset
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.params import preset
     from planner.pipeline import PlanOptions, plan_graph
 
     res = plan_graph(parse_graph(GRAPH), preset("n13"), PlanOptions(clean_outputs=False))
@@ -116,7 +116,7 @@ def _run_evaluator(args: list[str], env_tmp: Path) -> subprocess.CompletedProces
 def test_evaluate_in_another_process_without_the_secret_key(
         tmp_path: Path, planned: tuple[dict[str, Any], Any], weights: dict[str, np.ndarray]) -> None:
     from backends import inference as inf
-    from planner.io import write_arrays
+    from planner.ir.io import write_arrays
 
     plan, tables = planned
     client, server, server_tmp = tmp_path / "client", tmp_path / "server", tmp_path / "server_tmp"
@@ -169,7 +169,7 @@ def test_files_that_do_not_belong_together_are_refused(
         tmp_path: Path, planned: tuple[dict[str, Any], Any], weights: dict[str, np.ndarray],
         cli: Callable[..., tuple[int, str, str]]) -> None:
     from backends import inference as inf
-    from planner.errors import SlotplanError
+    from common.errors import SlotplanError
 
     plan, tables = planned
     inf.keygen(plan, tmp_path / "A")
@@ -245,8 +245,8 @@ def test_bootstrapping_plan_through_the_split(tmp_path: Path) -> None:
     """n14boot: the bootstrapping keys generated once by keygen, two samples evaluated in
     one call (the block loaded and its evaluator kept for the second), within CKKS precision."""
     from backends import inference as inf
-    from planner.graph import parse_graph
-    from planner.params import preset
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.params import preset
     from planner.pipeline import PlanOptions, plan_graph
 
     params = preset("n14boot")

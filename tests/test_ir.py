@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from backends.sim import _EXEC
+from common.errors import PlanFileError
 from planner import ir
-from planner.errors import PlanFileError
+from planner.ir.analysis import register_depths, span_counts
 from planner.pipeline import plan_graph
-from planner.summary import register_depths, span_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,8 +134,8 @@ def test_decode_unknown_op() -> None:
 
 
 def test_planned_program_round_trips_and_validates() -> None:
-    from planner.graph import load_graph
-    from planner.params import preset
+    from planner.frontend.graph import load_graph
+    from planner.frontend.params import preset
 
     plan = plan_graph(load_graph(ROOT / "data" / "workloads" / "keymemrt_mlp.json"), preset("n15")).plan
     doc = json.loads(json.dumps(plan))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.candidates import LINEAR_KERNELS, PlanError
+from planner.assign.candidates import LINEAR_KERNELS, PlanError
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import check_plan, conv_graph, matvec_graph, small_params
 
@@ -103,7 +103,7 @@ def test_matvec_spanning_several_ciphertexts() -> None:
 def test_segmented_conv_channels_larger_than_a_ciphertext(spec: tuple) -> None:
     """MetaKernel 4.2.4: channels are cut into row segments with halos (half a channel per
     ciphertext for ImageNet sizes); results equal numpy."""
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
 
     c, h, w, layers = spec
     tensors = {"x": {"shape": [c, h, w], "role": "input"}}

@@ -1,4 +1,4 @@
-"""Memory caps that bind (planner.keyplan, solver.keyplan_model, solver.keyset_model).
+"""Memory caps that bind (planner.keys.joint, solver.keyplan_model, solver.keyset_model).
 
 Every joint schedule is run by the simulator with strict key residency and key levels
 against numpy; the modelled peak must stay under the cap; hoisted groups must split when
@@ -17,12 +17,13 @@ import pytest
 
 from backends.sim import simulate
 from planner import ir
-from planner.graph import parse_graph
-from planner.keyplan import collapse, fully_split, modelled_time, plan_joint, time_model
-from planner.keys import KeyCapError, schedule_keys, schedule_plan
-from planner.params import load_params
+from planner.frontend.graph import parse_graph
+from planner.frontend.params import load_params
+from planner.frontend.reference import random_values, reference
+from planner.ir.hoisting import collapse, fully_split
+from planner.keys.joint import modelled_time, plan_joint, time_model
+from planner.keys.schedule import KeyCapError, schedule_keys, schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
 from solver import keyplan_model, keyset_model
 from tests.helpers import check_plan, small_params
 from tests.random_networks import random_network
@@ -148,7 +149,7 @@ def test_key_set_composition_runs_and_is_exact() -> None:
     g = parse_graph(convnet(2, 3, 16, 8))
     params = small_params(12, levels=6)
     res = plan_graph(g, params, PlanOptions(allow_insecure=True))
-    from planner.keyplan import _rewrite
+    from planner.keys.joint import _rewrite
 
     n_keys = len(ir.rot_keys_of(ir.decode_program(res.plan["program"])))
     rw = _rewrite(res.plan["program"], params, time_model(params), (n_keys // 2) * params.rotation_key_bytes(),
@@ -309,8 +310,8 @@ def test_key_load_price_from_the_calibrated_read() -> None:
     import json
     from pathlib import Path
 
-    from planner.keyplan import time_model
-    from planner.params import load_params
+    from planner.frontend.params import load_params
+    from planner.keys.joint import time_model
 
     for preset in ("n14boot", "n14"):
         meas = json.loads((Path(__file__).resolve().parents[1] / f"data/costs/{preset}-lattigo.json").read_text())[

@@ -1,4 +1,4 @@
-"""Rotation-key schedules (planner.keys, solver.keys_model, api.commands_keys).
+"""Rotation-key schedules (planner.keys.schedule, solver.keys_model, api.commands_keys).
 
 Every scheduled plan is executed by the slot simulator with strict key residency and key
 levels, and compared with the numpy reference of its graph; the modelled profile is
@@ -22,8 +22,11 @@ from hypothesis import strategies as st
 
 from backends.sim import SimulationError, simulate
 from planner import ir
-from planner.graph import Graph, load_graph, parse_graph
-from planner.keys import (
+from planner.frontend.graph import Graph, load_graph, parse_graph
+from planner.frontend.params import Params, load_params
+from planner.frontend.reference import random_values, reference
+from planner.ir.analysis import memory_profile, register_depths
+from planner.keys.schedule import (
     KEY_STRATEGIES,
     STRATEGIES,
     KeyCapError,
@@ -34,10 +37,7 @@ from planner.keys import (
     schedule_keys,
     schedule_plan,
 )
-from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from planner.reference import random_values, reference
-from planner.summary import memory_profile, register_depths
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def test_schedules_run_under_every_cap(case: Case, strategy: str) -> None:
 
 
 def test_uniform_profile_matches_summary_model(case: Case) -> None:
-    """With every key at the top level our walk is planner.summary.memory_profile."""
+    """With every key at the top level our walk is planner.ir.analysis.memory_profile."""
     _, params, res = case
     prog = res.plan["program"]
     assert key_memory_profile(prog, params) == memory_profile(prog, params)
@@ -499,11 +499,11 @@ def test_node_spans_survive_key_schedules(strategy: str, max_keys: int | None, c
 @pytest.mark.parametrize("strategy", ["exact", "joint"])
 def test_fused_blocks_stay_whole_where_the_cap_allows(mlp: Case, strategy: str) -> None:
     """The executor runs a baby-step giant-step block whole only when its giant keys stay
-    resident from each giant rotation to the block's root (planner.fusion). This planner's
+    resident from each giant rotation to the block's root (planner.ir.fusion). This planner's
     strategies keep them there when the cap allows, a block whole or not at all: at every
     cap the blocks the schedule reports split are the ones the executor's analysis splits,
     none at the keep-all peak, and the schedule still fits its cap and runs exactly."""
-    from planner.fusion import _analyse_once, fused_blocks, giant_spans
+    from planner.ir.fusion import _analyse_once, fused_blocks, giant_spans
 
     _, params, res = mlp
     prog = res.plan["program"]
@@ -528,7 +528,7 @@ def test_fused_blocks_stay_whole_where_the_cap_allows(mlp: Case, strategy: str) 
 def test_keep_giant_keys_all_or_nothing() -> None:
     """A block's giant keys are kept to its root together or not at all (one dropped early
     splits it anyway), and only while the cap holds at every point they cover."""
-    from planner.keys import keep_giant_keys
+    from planner.keys.schedule import keep_giant_keys
 
     # x -> babies r1, r2 (keys 1, 2); products summed per giant step, giant rotations by 4
     # and 8 (keys 4, 8), the block's root the last add
@@ -550,7 +550,7 @@ def test_keep_giant_keys_all_or_nothing() -> None:
         {"op": "add", "dst": "y", "a": "t", "b": "g2"},  # 14
         {"op": "output", "src": "y", "tensor": "y", "table": "out/y"},  # 15
     ]
-    from planner.fusion import giant_spans
+    from planner.ir.fusion import giant_spans
 
     assert giant_spans(prog, 64) == [(8, 14, 4), (12, 14, 8)]
     size = {1: 10, 4: 100, 8: 100}

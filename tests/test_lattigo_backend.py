@@ -353,7 +353,7 @@ def test_rotation_without_resident_key(rng: np.random.Generator) -> None:
         {"op": "output", "src": "c2", "tensor": "y", "table": "out/all"},
     ]
     # refused before Lattigo as bad input (issue 38: exit 2, a PlanFileError), same message
-    from planner.errors import PlanFileError
+    from common.errors import PlanFileError
 
     with pytest.raises(PlanFileError, match=r"instruction 4 \(rot\): no key for k=32 resident"):
         run_plan(make_plan(program), {"x": np.ones(2000)}, {}, tables)
@@ -503,9 +503,9 @@ def test_capped_schedule_keys_by_level_measured_within_model() -> None:
     levels, the store's measured peak key bytes match the model within 5% and stay under
     the cap, and the result equals numpy to CKKS precision."""
     from backends.runner import run_plan as run_and_compare
-    from planner.graph import parse_graph
-    from planner.keys import schedule_plan
-    from planner.params import load_params
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.params import load_params
+    from planner.keys.schedule import schedule_plan
     from planner.pipeline import PlanOptions, plan_graph
 
     # two layers: the second one's rotations run a level (or more) below the top

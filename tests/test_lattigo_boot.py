@@ -22,9 +22,9 @@ import pytest
 
 from backends.lattigo_backend import available, run_plan
 from backends.sim import simulate
+from common.errors import PlanFileError
 from planner import ir
-from planner.errors import PlanFileError
-from planner.params import preset
+from planner.frontend.params import preset
 
 
 def _mem_available() -> int:
@@ -196,7 +196,7 @@ def test_planned_bootstrap_keeps_precision_at_its_worst_case() -> None:
     unscaled value (bound 1 <= 4) and lost all but ~13 bits (relative error 1e-4); LeNet-5's
     activations, as structured, were wrong the same way."""
     from backends.runner import run_plan as run_planned
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
     from planner.pipeline import PlanOptions, plan_graph
 
     tensors: dict[str, Any] = {"x": {"shape": [S], "role": "input", "range": [-1.0, 1.0]}}
@@ -216,7 +216,7 @@ def test_planned_bootstrap_keeps_precision_at_its_worst_case() -> None:
 
 
 def _dense_net(layers: int = 6, n: int = 64) -> Any:
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
 
     tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1.0, 1.0]}}
     nodes: list[dict[str, Any]] = []
@@ -237,10 +237,10 @@ def test_streamed_boot_block_under_a_cap_on_lattigo() -> None:
     Simulated with strict residency and run on Lattigo: numpy's result, the measured peak of
     keys + matrices under the cap and within 5% of the model."""
     from backends.runner import run_plan as run_planned
-    from planner.keys import BOOT_STREAM_DEPTH
+    from planner.frontend.ranges import calibrated_graph
+    from planner.frontend.reference import random_values
+    from planner.keys.schedule import BOOT_STREAM_DEPTH
     from planner.pipeline import PlanOptions, plan_graph
-    from planner.ranges import calibrated_graph
-    from planner.reference import random_values
 
     assert P.boot is not None
     g = _dense_net()

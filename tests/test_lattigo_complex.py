@@ -13,11 +13,11 @@ import pytest
 from backends.lattigo_backend import available, run_plan
 from backends.lattigo_bench import mvm_graph
 from planner import ir
-from planner.candidates import ELEMENTWISE_KERNELS
-from planner.graph import Graph, parse_graph
-from planner.params import load_params
+from planner.assign.candidates import ELEMENTWISE_KERNELS
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import load_params
+from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from planner.reference import random_values, reference
 from tests.helpers import bench_encrypted
 
 pytestmark = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")

@@ -11,10 +11,10 @@ import pytest
 
 from backends.lattigo_backend import available
 from backends.lattigo_bench import conv_workload, mvm_graph
-from planner.errors import SlotplanError
-from planner.fusion import fused_counts
-from planner.graph import Graph, parse_graph
-from planner.params import load_params
+from common.errors import SlotplanError
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import load_params
+from planner.ir.fusion import fused_counts
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import bench_encrypted, check_plan
 
@@ -76,7 +76,7 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
 @needs_lattigo
 @pytest.mark.parametrize("fraction", [None, 0.75])
 def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
-    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts,
+    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.ir.fusion counts,
     with and without a key schedule; under one, one-product blocks are fused in Q mode only
     (fused.go dropLoneQPBlocks), as many as without it."""
     graph = conv_workload("conv2").graph
@@ -100,9 +100,9 @@ def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
 @pytest.mark.parametrize(("m", "k", "n"), [(16, 16, 16), (16, 8, 16), (8, 16, 8)])
 def test_product_sums_relinearised_once(m: int, k: int, n: int) -> None:
     """Sums of ct-ct products (relin.go) are relinearised once: equal to numpy and to the
-    plan run instruction by instruction, and the sums the model counts (planner.fusion)."""
+    plan run instruction by instruction, and the sums the model counts (planner.ir.fusion)."""
     from planner import ir
-    from planner.fusion import product_sums
+    from planner.ir.fusion import product_sums
     from tests.test_ctct import ctct_graph
 
     graph = ctct_graph(m, k, n)
@@ -165,7 +165,7 @@ def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | No
     assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (name, err_f, err_p)
     assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
     assert plain["fused_blocks"] == 0
-    # the planner's model of the executor (planner.fusion) finds the same blocks
+    # the planner's model of the executor (planner.ir.fusion) finds the same blocks
     params = load_params("n12")
     plan = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
                                                  **({"kernels": kernels} if kernels else {}))).plan
@@ -181,7 +181,7 @@ def test_fused_under_a_key_schedule_random_shapes(seed: int) -> None:
     """Random matvec shapes, kernels and caps (between the smallest plan and the keep-all
     peak) under a key schedule: the fused run matches numpy and the unfused run, and the
     executor fuses the blocks the planner models (giant keys kept to their roots where the
-    cap allows, planner.keys.keep_giant_keys)."""
+    cap allows, planner.keys.schedule.keep_giant_keys)."""
     rng = np.random.default_rng(100 + seed)
     n, k = (int(v) for v in rng.integers(12, 90, size=2))
     kernels = [("bsgs", "elementwise"), ("imra", "elementwise"), ("hybrid", "elementwise"), None][int(rng.integers(4))]

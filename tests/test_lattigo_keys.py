@@ -21,9 +21,9 @@ from backends.lattigo_backend import (
 )
 from backends.lattigo_bench import _scatter, mvm_graph
 from backends.lattigo_keys import measure_graph
-from planner.params import load_params
+from planner.frontend.params import load_params
+from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
 
 needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 

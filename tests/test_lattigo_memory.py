@@ -12,8 +12,8 @@ import pytest
 
 from backends.lattigo_backend import available, sizes
 from backends.lattigo_memory import BootMemory, boot_memory, executor_memory, fused_series, process_model
-from planner.params import Params, load_params
-from planner.summary import memory_series
+from planner.frontend.params import Params, load_params
+from planner.ir.analysis import memory_series
 
 ROOT = Path(__file__).resolve().parent.parent
 P13: dict[str, Any] = {"log_n": 13, "slots": 4096, "log_q": [50, 40, 40, 40], "log_p": [48], "log_scale": 40}
@@ -213,8 +213,8 @@ def test_run_reports_the_process_model() -> None:
     """A keep-all run (fused blocks) reports the process model next to its measured RSS; the
     fused blocks Go lists are the ones the executor ran."""
     from backends.runner import run_plan as run_and_compare
-    from planner.graph import load_graph
-    from planner.params import load_params
+    from planner.frontend.graph import load_graph
+    from planner.frontend.params import load_params
     from planner.pipeline import PlanOptions, plan_graph
 
     g = load_graph(ROOT / "data/workloads/mvm1.json")

@@ -1,5 +1,5 @@
 """NeuJeans on Lattigo at ``n14boot`` (N16QP1546H192H32 at log N 14, insecure; ~3 GB, ~1-2 min):
-planner/cins.py's CinS encoding and slot order checked on encrypted data, and the fused
+planner/layout/cins.py's CinS encoding and slot order checked on encrypted data, and the fused
 conv + SlotsToCoeffs layer against numpy's conv2d (backends/lattigo_neujeans.py, Go
 ``NeujeansLayers``).
 
@@ -23,8 +23,8 @@ import pytest
 
 from backends.lattigo_backend import available
 from backends.lattigo_neujeans import NeujeansLayer, run_neujeans_layers
-from planner import cins
-from planner.params import preset
+from planner.frontend.params import preset
+from planner.layout import cins
 
 
 def _mem_available() -> int:

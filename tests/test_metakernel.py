@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.graph import load_graph
-from planner.params import load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from planner.graph import Graph, parse_graph
-from planner.params import Params
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import Params
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import check_plan, plan_and_check, small_params
 
@@ -254,8 +254,8 @@ def test_lattigo(name: str) -> None:
 def test_ir_chebyshev_poly_rules() -> None:
     """The instruction: basis and domain checked; depth ceil(log2(d + 1)), one more for a
     domain other than [-1, 1]; the simulator's value is the Chebyshev series."""
+    from common.errors import PlanFileError
     from planner import ir
-    from planner.errors import PlanFileError
 
     base = {"op": "poly", "dst": "b", "src": "a", "coeffs": [0.5, 1.0, 0.0, 0.25]}
     unit = ir.Instr.from_json({**base, "basis": "chebyshev", "domain": [-1.0, 1.0]})
@@ -290,7 +290,7 @@ def test_lattigo_secure_n13() -> None:
 
 def _run_n13(g: Graph) -> None:
     from backends.runner import run_plan
-    from planner.params import load_params
+    from planner.frontend.params import load_params
 
     res = plan_graph(g, load_params("n13"), PlanOptions())
     check_plan(res, g)

@@ -15,8 +15,8 @@ import pytest
 
 from backends import noise
 from backends.noise_calibrate import calibration_plan
-from planner.errors import SlotplanError
-from planner.params import load_params
+from common.errors import SlotplanError
+from planner.frontend.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
 S = 2048

@@ -13,10 +13,16 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from planner.errors import ModelError
-from planner.importers import approx
-from planner.importers.onnx_import import ImportOptions, ImportResult, graph_shape, import_model, sanitise
-from planner.reference import reference
+from common.errors import ModelError
+from planner.frontend.importers import approx
+from planner.frontend.importers.onnx_import import (
+    ImportOptions,
+    ImportResult,
+    graph_shape,
+    import_model,
+    sanitise,
+)
+from planner.frontend.reference import reference
 from tests import onnx_models as M
 
 pytest.importorskip("onnx")

@@ -69,7 +69,7 @@ def test_wheel_carries_the_extension(tmp_path: Path) -> None:
     # unprocessed, so slotplan, planner and slotlattigo can only come from the wheel
     (site / "zz_deps.pth").write_text(sysconfig_purelib() + "\n")
     probe = (
-        "import slotlattigo.slotlattigo as m, importlib.metadata as md, planner.costs as c, slotplan\n"
+        "import slotlattigo.slotlattigo as m, importlib.metadata as md, planner.cost.tables as c, slotplan\n"
         "print(m.Version()); print(m.__file__); print(md.version('slotplan')); print(c.DATA_DIR)\n"
         "print(slotplan.__file__)\n"
         "assert (c.DATA_DIR / 'costs' / 'n13-lattigo.json').is_file()\n"

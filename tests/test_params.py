@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from planner.errors import ParamsError, SlotplanError
-from planner.params import (
+from common.errors import ParamsError, SlotplanError
+from planner.frontend.params import (
     KEY_OVERHEAD_BYTES,
     PRESETS,
     SECURE_LOG_QP,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from backends.runner import EXECUTION_BACKENDS, run_plan
-from planner.errors import SlotplanError
-from planner.params import Params, load_params
+from common.errors import SlotplanError
+from planner.frontend.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
 from solver import SOLVER_BACKENDS
 from tests.helpers import check_plan, matvec_graph

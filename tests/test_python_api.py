@@ -15,8 +15,8 @@ import pytest
 
 import slotplan
 from backends import lattigo_backend
-from planner.io import dumps_plan
-from planner.params import preset
+from planner.frontend.params import preset
+from planner.ir.io import dumps_plan
 from planner.pipeline import plan_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ needs_lattigo = pytest.mark.skipif(not lattigo_backend.available(), reason="the 
 
 
 def test_plan_is_the_pipelines_plan(tmp_path: Path) -> None:
-    from planner.graph import load_graph
+    from planner.frontend.graph import load_graph
 
     p = slotplan.plan(GRAPH, params="n12")
     want = plan_graph(load_graph(GRAPH), preset("n12"))

@@ -22,11 +22,11 @@ import pytest
 
 from backends.layout_check import check_claims, claimed_registers
 from backends.sim import simulate
-from planner.candidates import ELEMENTWISE_KERNELS, KERNELS
-from planner.graph import parse_graph
+from planner.assign.candidates import ELEMENTWISE_KERNELS, KERNELS
+from planner.frontend.graph import parse_graph
+from planner.frontend.reference import random_values, reference
+from planner.ir.analysis import NODE_COUNT_FIELDS
 from planner.pipeline import PlanOptions, plan_graph
-from planner.reference import random_values, reference
-from planner.summary import NODE_COUNT_FIELDS
 from tests.helpers import small_params
 from tests.random_networks import describe, random_network
 

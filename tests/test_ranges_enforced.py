@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.errors import ValuesError
-from planner.graph import parse_graph
-from planner.ranges import check_input_ranges
+from common.errors import ValuesError
+from planner.frontend.graph import parse_graph
+from planner.frontend.ranges import check_input_ranges
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -36,7 +36,7 @@ def _graph(x_range: list[float] | None, domain: list[float] = [-2.0, 2.0]) -> di
 
 
 def _relu_coeffs(domain: list[float]) -> list[float]:
-    from planner.importers.approx import FUNCTIONS, fit
+    from planner.frontend.importers.approx import FUNCTIONS, fit
 
     return list(fit(FUNCTIONS["relu"], (domain[0], domain[1]), degree=15, samples=None).coeffs)
 
@@ -190,7 +190,7 @@ def relu_cnn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     images[:, :, :, 0] = 0.0  # as digits: empty border columns
     np.savez(d / "cal.npz", image=images.astype(np.float32))
     from api.commands_import import write_weights
-    from planner.importers.onnx_import import import_model
+    from planner.frontend.importers.onnx_import import import_model
 
     res = import_model(model, None, d / "cal.npz")
     write_weights(d / "w.npz", res.weights)
@@ -251,7 +251,7 @@ def test_wrong_plan_caught_by_the_register_check(tmp_path: Path, cli: Cli) -> No
     shrunk 20x): the reference stays inside the graph's domain, the simulator's registers
     blow up, and the run fails naming the node."""
     from backends.runner import run_plan
-    from planner.io import load_plan, load_tables
+    from planner.ir.io import load_plan, load_tables
 
     plan_path, tables_path = _plan(tmp_path, cli, _graph([-1.0, 1.0]))
     plan = load_plan(plan_path)
@@ -273,7 +273,7 @@ def test_wrong_plan_caught_by_the_register_check(tmp_path: Path, cli: Cli) -> No
 def test_free_slots_outside_a_positive_domain_are_not_exits(tmp_path: Path, cli: Cli) -> None:
     """A reciprocal on [0.4, 2.2] after a matvec: the register's free slots (zero padding,
     partial sums) lie outside the domain, tamely; the run is OK."""
-    from planner.importers.approx import FUNCTIONS, fit
+    from planner.frontend.importers.approx import FUNCTIONS, fit
 
     f = fit(FUNCTIONS["reciprocal"], (0.4, 2.2), degree=7, samples=None)
     doc = {"schema": "slotplan.graph/1", "name": "recip",

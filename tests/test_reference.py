@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import ValuesError
-from planner.graph import SCHEMA, Graph, parse_graph
-from planner.reference import random_values, reference
+from common.errors import ValuesError
+from planner.frontend.graph import SCHEMA, Graph, parse_graph
+from planner.frontend.reference import random_values, reference
 
 F64 = npt.NDArray[np.float64]
 

@@ -1,4 +1,4 @@
-"""Plug-in registries (solver.registry.Registry): one table per kind of plug-in, read by the
+"""Plug-in registries (common.registry.Registry): one table per kind of plug-in, read by the
 planner, the CLI's help and checks and the REST schema."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from backends.runner import EXECUTION_BACKENDS
-from planner.candidates import ELEMENTWISE_KERNELS, KERNEL_FAMILIES, KERNELS, LINEAR_KERNELS
-from planner.costs import COST_TABLES, CostTableError, load_costs
-from planner.errors import SlotplanError
-from planner.keys import KEY_STRATEGIES, STRATEGIES, KeyScheduleError
+from common.errors import SlotplanError
+from common.registry import Registry, UnknownNameError
+from planner.assign.candidates import ELEMENTWISE_KERNELS, KERNEL_FAMILIES, KERNELS, LINEAR_KERNELS
+from planner.cost.tables import COST_TABLES, CostTableError, load_costs
+from planner.keys.schedule import KEY_STRATEGIES, STRATEGIES, KeyScheduleError
 from planner.pipeline import PlanOptionsLiteral
 from solver import SOLVER_BACKENDS, SOLVERS, UnknownSolverError, create
-from solver.registry import Registry, UnknownNameError
 
 
 def test_registry_basics() -> None:

@@ -119,7 +119,7 @@ def test_same_request_same_id(client: TestClient) -> None:
                                        "params": "n12", "graph": reordered})
     assert c.json()["id"] == a.json()["id"]
     # a preset given by name or as its object is the same request
-    from planner.params import PRESETS
+    from planner.frontend.params import PRESETS
 
     d = client.post("/v1/plans", json={**small_body(), "params": PRESETS["n12"].to_json()})
     assert d.status_code == 200 and d.json()["id"] == a.json()["id"]

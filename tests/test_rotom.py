@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim import simulate
-from planner.convert import lowered_conversion_cost, plan_conversion
-from planner.layout import natural_layout, view_layout
-from planner.program import LazyTables, ProgramBuilder
-from planner.rotom import NotationError, parse_layout
+from planner.ir.builder import LazyTables, ProgramBuilder
+from planner.kernels.convert import lowered_conversion_cost, plan_conversion
+from planner.layout.channels import natural_layout, view_layout
+from planner.layout.rotom import NotationError, parse_layout
 
 
 def run_conversion(src, dst, seed: int = 0) -> tuple[np.ndarray, dict]:  # noqa: ANN001

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from api.rest import RestLimits, create_app
-from planner.errors import PlanFileError
-from planner.io import parse_size
+from common.errors import PlanFileError
+from planner.ir.io import parse_size
 from planner.ir.plan import validate_plan
 from tests.test_rest import matvec, small_body
 

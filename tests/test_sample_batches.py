@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from api.cli import main
-from planner.graph import parse_graph
-from planner.params import preset
+from planner.frontend.graph import parse_graph
+from planner.frontend.params import preset
 from planner.pipeline import PlanOptions, plan_graph
 
 GRAPH: dict[str, Any] = {
@@ -162,7 +162,7 @@ def test_split_round_trip_n_samples(tmp_path: Path) -> None:
         want = _ref(x, w)
         assert y["y"].shape == want.shape
         assert float(np.max(np.abs(y["y"] - want))) <= 1e-4 * max(1.0, float(np.max(np.abs(want))))
-    from planner.errors import SlotplanError
+    from common.errors import SlotplanError
 
     with pytest.raises(SlotplanError, match="range"):  # ranges per sample
         inf.encrypt(plan, tmp_path / "K", {"x": np.full((3, 32), 0.5) + np.eye(3, 32) * 2}, tables=tables)

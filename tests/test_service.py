@@ -200,8 +200,8 @@ def test_graph_work_bounds_requests(db: Path) -> None:
     with app_client(db, max_work=500) as c:
         r = c.post("/v1/plans", json={"graph": chain, "params": "n12"})
         assert r.status_code == 413 and r.json()["field"] == "limits.max_work"
-    from planner.graph import parse_graph
-    from planner.params import PRESETS
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.params import PRESETS
 
     assert graph_work(parse_graph(chain), PRESETS["n12"]) == 200 * 3
 

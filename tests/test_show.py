@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from api.show import key_timeline, memory_timeline, render_png, text_report
-from planner.graph import load_graph
-from planner.params import Params, load_params
+from planner.frontend.graph import load_graph
+from planner.frontend.params import Params, load_params
+from planner.ir.analysis import memory_profile
 from planner.pipeline import PlanOptions, plan_graph
-from planner.summary import memory_profile
 from tests.test_batch import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""planner.timing: a plan's modelled time with every instruction and fused block priced at
+"""planner.cost.timing: a plan's modelled time with every instruction and fused block priced at
 the level it runs at (per-level calibrated weights, linear between calibrated levels)."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from backends.lattigo_bench import modelled_seconds, mvm_graph
-from planner.costs import load_costs
-from planner.fusion import fused_blocks, fused_counts
+from planner.cost.tables import load_costs
+from planner.cost.timing import LevelWeights, program_seconds
+from planner.frontend.params import load_params
+from planner.ir.fusion import fused_blocks, fused_counts
 from planner.kernels.base import count_program
-from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
-from planner.timing import LevelWeights, program_seconds
 
 
 def test_level_weights_interpolate_between_calibrated_levels() -> None:
@@ -64,7 +64,7 @@ def test_one_block_at_the_top_level_prices_as_the_objective(n: int, k: int) -> N
 
 def test_deeper_plans_cost_less_per_layer() -> None:
     """The same matvec after an x*x activation runs one level down: cheaper than at the top."""
-    from planner.graph import parse_graph
+    from planner.frontend.graph import parse_graph
 
     g = parse_graph({
         "schema": "slotplan.graph/1", "name": "sq_mvm",
@@ -87,7 +87,7 @@ def test_deeper_plans_cost_less_per_layer() -> None:
 
 def _q_mode_program() -> list[dict]:
     """Two giantless forms on x over one baby offset: y1 = a*rot(x,1) + b*x, y2 = c*rot(x,1)
-    (2 blocks > 1 distinct baby: Q mode, planner.fusion)."""
+    (2 blocks > 1 distinct baby: Q mode, planner.ir.fusion)."""
     return [
         {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
         {"op": "rot_hoisted", "dsts": ["r1"], "src": "x", "ks": [1]},
@@ -189,9 +189,9 @@ def test_analytic_candidate_cost_carries_its_fused_counts() -> None:
 
 
 def test_product_sum_counted_and_priced_by_hand() -> None:
-    """Two ct-ct products summed: one relinearisation (planner.fusion product sums)."""
+    """Two ct-ct products summed: one relinearisation (planner.ir.fusion product sums)."""
     from planner import ir
-    from planner.fusion import product_sums
+    from planner.ir.fusion import product_sums
 
     params = load_params("n13")
     table = load_costs("n13-lattigo")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.graph import parse_graph
-from planner.reference import reference
+from planner.frontend.graph import parse_graph
+from planner.frontend.reference import reference
 
 Cli = Callable[..., tuple[int, str, str]]
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from planner.graph import parse_graph
-from planner.params import load_params
+from common import progress
+from planner.frontend.graph import parse_graph
+from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, PlanWallTimeout, plan_graph
-from solver import progress
 from tests.test_batch import run_cli
 
 

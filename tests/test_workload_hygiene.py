@@ -18,8 +18,8 @@ import pytest
 from backends.layout_check import check_claims, claimed_registers
 from backends.runner import SIM_RTOL
 from backends.sim import simulate
-from planner.reference import random_values, reference
-from planner.summary import NODE_COUNT_FIELDS
+from planner.frontend.reference import random_values, reference
+from planner.ir.analysis import NODE_COUNT_FIELDS
 from tests.test_golden import WORKLOAD_PARAMS, planned
 
 # Keeping every claimed register of a larger plan costs more memory than the check is

@@ -68,7 +68,7 @@ func TestBenchRunsStartAfreshWithoutCache(t *testing.T) {
 }
 
 // Without a plaintext cache each timed run also learns a streamed boot block's request
-// order anew, as Run does (planner.summary counts no Galois key before the first
+// order anew, as Run does (planner.ir.analysis counts no Galois key before the first
 // bootstrap, one during it); with the cache the order learned by the preparing run carries
 // over and the block reads ahead from its load: one key more at the peak (D + 1 against D).
 func TestBenchStreamedBlockLearnsEachRunWithoutCache(t *testing.T) {

@@ -382,7 +382,7 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 // n14 under a half cap: 9181 such blocks, 36.7 s fused against 10.6 s as written). In Q
 // mode they share their base's babies as without a schedule (ResNet-20 at n14boot: 2936
 // of its 3068 Q-mode blocks have one product; run as written under a cap they cost
-// 1.16x keep-all). planner/fusion.py applies the same rule.
+// 1.16x keep-all). planner/ir/fusion.py applies the same rule.
 func dropLoneQPBlocks(cands map[string]*fForm) {
 	markQMode(cands)
 	for r, f := range cands {
@@ -399,7 +399,7 @@ func dropLoneQPBlocks(cands map[string]*fForm) {
 // base's giantless blocks take Q mode when they outnumber the distinct non-zero baby
 // offsets they use (a convolution's many small output blocks over a few rotations of one
 // input: conv2 at n13 has 688 blocks of 1.3 products over 32 babies); blocks with giant
-// steps always run in QP. planner/fusion.py applies the same rule.
+// steps always run in QP. planner/ir/fusion.py applies the same rule.
 func markQMode(chosen map[string]*fForm) {
 	// per origin: its giantless blocks and the distinct lazily rotated babies they read
 	blocks := map[string]int{}

@@ -164,7 +164,7 @@ func bitrevIndex(j, n int) int {
 }
 
 // pairPositions returns the local-coefficient position of slot s of the Re and Im
-// registers of a cins(l) value (docs/cins.md, planner.cins.pair_positions).
+// registers of a cins(l) value (docs/cins.md, planner.layout.cins.pair_positions).
 func pairPositions(l, slots int) (re, im []int) {
 	re, im = make([]int, slots), make([]int, slots)
 	for s := 0; s < slots; s++ {
@@ -176,7 +176,7 @@ func pairPositions(l, slots int) (re, im []int) {
 }
 
 // cinsSlots returns the CinS slots of a cins(l) value m (length N = 2 slots):
-// c[i l + j] = m_i(w^(5^j)), w = exp(2 pi i / 4l) (planner.cins.cins_slot_vector).
+// c[i l + j] = m_i(w^(5^j)), w = exp(2 pi i / 4l) (planner.layout.cins.cins_slot_vector).
 func cinsSlots(m []float64, l int) []complex128 {
 	L := 2 * l
 	C := len(m) / L

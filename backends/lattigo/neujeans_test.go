@@ -178,7 +178,7 @@ func maxAbsDiffC(a, b []complex128) float64 {
 }
 
 // TestCinsSlotOrder checks, without encryption at log N 14 (n14boot's ring), the CinS
-// encoding and slot order slotplan assumes (planner/cins.py, docs/cins.md) against
+// encoding and slot order slotplan assumes (planner/layout/cins.py, docs/cins.md) against
 // Lattigo's own SlotsToCoeffs factors and encoder:
 //   - the first log2 l single-stage factors of Lattigo's SlotsToCoeffs map the Re/Im pair
 //     of a cins(l) value (re + i im, bit-reversed pair order) to its CinS slots

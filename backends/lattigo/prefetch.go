@@ -14,7 +14,7 @@ import (
 // the key (a rotation asking the store for it) or its drop_key waits until the read has
 // finished; that wait is reported as key_wait_seconds. The plan issues load_key early
 // enough that the modelled compute between the load and the use covers the read
-// (planner/keyplan.py), so a cap costs little time.
+// (planner/keys/joint.py), so a cap costs little time.
 
 type prefetchJob struct {
 	mk   manifestKey

@@ -15,7 +15,7 @@ import (
 // evaluates it with one relinearisation: the degree-2 tensor products accumulate
 // (MulThenAdd) and the sum is relinearised once where the add tree ends.
 //
-// Rules (planner/fusion.py product_sums applies the same):
+// Rules (planner/ir/fusion.py product_sums applies the same):
 //   - cmul(a, b) starts a sum of one term;
 //   - add of two sums, each used only there (and not the same register), merges them;
 //   - a sum not merged further with two or more terms is a root: evaluated at its last

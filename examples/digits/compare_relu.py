@@ -5,7 +5,7 @@ argmax agreement with the float model.
     python examples/digits/compare_relu.py OUT [--params n15,n14boot] [--sim N]
 
 OUT is train.py's output directory (model.onnx, calib.npz, test_x.npz, test_y.npy). The
-polynomial graph is evaluated with the graph's numpy reference (planner.reference), which the
+polynomial graph is evaluated with the graph's numpy reference (planner.frontend.reference), which the
 simulator matches to 1e-9; ``--sim N`` also runs the first N test images through the
 simulator on each plan and reports the largest |simulator - reference|.
 """
@@ -24,11 +24,11 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 
 from backends.sim import simulate
-from planner.errors import SlotplanError
-from planner.importers.onnx_import import ImportOptions, import_model
-from planner.params import preset
+from common.errors import SlotplanError
+from planner.frontend.importers.onnx_import import ImportOptions, import_model
+from planner.frontend.params import preset
+from planner.frontend.reference import reference
 from planner.pipeline import plan_graph
-from planner.reference import reference
 
 MODES: dict[str, ImportOptions] = {
     "direct-15": ImportOptions(relu="direct"),  # the importer's fit before --relu

@@ -80,7 +80,7 @@ def _trained(out: Path, model: str, epochs: int, train_limit: int | None, calib:
 def _planned(mdir: Path, model: str, params: str, degree: int | None, server: Path, numbers: dict[str, Any]) -> Any:
     """Step 2: import + plan; the server's files (plan, tables, weights)."""
     import slotplan
-    from planner.io import write_arrays
+    from planner.ir.io import write_arrays
 
     t0 = time.perf_counter()
     plan = slotplan.plan(mdir / "model.onnx", params=params, calibrate=mdir / "calib.npz", degree=degree,
@@ -150,7 +150,7 @@ def run_demo(out: Path, model: str = "mlp", params: str | None = None, images: i
     import onnx
 
     import slotplan
-    from planner.reference import reference
+    from planner.frontend.reference import reference
 
     params = params or DEFAULT_PARAMS[model]
     out = out.resolve()  # the server process runs in out/server
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-limit", type=int, default=None)
     ap.add_argument("--calib", type=int, default=256)
     a = ap.parse_args(argv)
-    from planner.errors import SlotplanError
+    from common.errors import SlotplanError
 
     try:
         run_demo(a.out, a.model, a.params, a.images, a.degree, a.epochs, a.train_limit, a.calib)

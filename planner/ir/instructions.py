@@ -26,15 +26,15 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from planner.errors import PlanFileError
+from common.errors import PlanFileError
 
-# Largest |coefficient| of a poly instruction (as planner.graph.MAX_POLY_COEFF_ABS).
+# Largest |coefficient| of a poly instruction (as planner.frontend.graph.MAX_POLY_COEFF_ABS).
 MAX_POLY_COEFF_ABS = 2.0**20
 
 Bad = Callable[[str, str], PlanFileError]  # (field, rule) -> error naming the field
 
 
-# as planner.graph.MAX_POLY_COEFFS: a plan's poly is bounded like the graph's poly node
+# as planner.frontend.graph.MAX_POLY_COEFFS: a plan's poly is bounded like the graph's poly node
 MAX_PLAN_POLY_COEFFS = 4096
 
 

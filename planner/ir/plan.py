@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import PlanFileError
+from common.errors import PlanFileError
 from planner.ir.instructions import Instr, Output, _is_int
 
 PLAN_SCHEMA = "slotplan.plan/1"
@@ -49,8 +49,8 @@ class Plan:
 
 def _check_header(plan: Mapping[str, Any], where: str) -> int:
     """Params, graph, outputs and plaintexts; returns the slot count."""
-    from planner.errors import ParamsError
-    from planner.params import Params
+    from common.errors import ParamsError
+    from planner.frontend.params import Params
 
     try:
         params = Params.from_json(plan["params"])

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner import ir
-from planner.fusion import FusedCounts, fused_counts
-from planner.program import ProgramBuilder
+from planner.ir.builder import ProgramBuilder
+from planner.ir.fusion import FusedCounts, fused_counts
 
 # in_regs: per encrypted operand, the registers of its ciphertexts (in layout order)
 LowerFn = Callable[[ProgramBuilder, dict[str, list[str]]], list[str]]
@@ -35,7 +35,7 @@ class CostVector:
     plaintexts: int = 0
     ciphertexts_out: int = 0
     slot_utilization: float = 0.0
-    # what the Lattigo executor fuses (planner.fusion), priced by a time table; not part of
+    # what the Lattigo executor fuses (planner.ir.fusion), priced by a time table; not part of
     # the counts (kernels' analytic costs leave it empty: priced unfused)
     fused: FusedCounts = field(default=FusedCounts(), compare=False)
     # bootstraps inside the kernel (a NeuJeans CinS layer ends in bootstrap_cins)
@@ -121,7 +121,7 @@ class Candidate:
     node: str
     kernel: str  # "imra" | "hs-diagonal" | "bsgs" | "fhelipe" | "elementwise" | ...
     params: dict[str, Any]
-    in_layouts: dict[str, Any]  # encrypted operand -> layout it consumes (planner.convert.Layout)
+    in_layouts: dict[str, Any]  # encrypted operand -> layout it consumes (planner.kernels.convert.Layout)
     out_layout: Any
     lower: LowerFn
     slot_utilization: float = 0.0
@@ -130,12 +130,12 @@ class Candidate:
     # plus the keys its largest hoisted rotation needs at once); set when a cap is planned
     min_cap_bytes: int | None = None
     analytic: Callable[[], CostVector] | None = field(default=None, repr=False)
-    # the kernel object a wrapper may lower again (a CinS conv: planner.cins_flow)
+    # the kernel object a wrapper may lower again (a CinS conv: planner.assign.cins_flow)
     source: Any = field(default=None, repr=False)
     # the candidate bootstraps inside itself (a NeuJeans CinS layer): its result's depth
     # does not depend on its operands' (solver.model Group.resets)
     resets: bool = False
-    # planner.fold: the result registers hold out_scale times the node's value (a
+    # planner.assign.fold: the result registers hold out_scale times the node's value (a
     # Chebyshev change of variable folded into this producer), and the operands named
     # here must arrive scaled by their factor (the solver pairs options accordingly)
     out_scale: float = 1.0

@@ -29,11 +29,11 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.cins import CinSLayout, cins_layout_for
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
 from planner.kernels.problem import KernelError
-from planner.layout import LayoutError
-from planner.program import ProgramBuilder
+from planner.layout.channels import LayoutError
+from planner.layout.cins import CinSLayout, cins_layout_for
 
 
 def _conv_out(H: int, K: int, s: int, p: int) -> int:
@@ -229,7 +229,7 @@ def cins_conv(
     kind: str = "bsgs", l: int | None = None,  # noqa: E741
 ) -> CinsConv:
     """The CinS conv of a node: input and output layouts sized so that no negacyclic wrap
-    reaches a valid output (``planner.cins.cins_layout_for``)."""
+    reaches a valid output (``planner.layout.cins.cins_layout_for``)."""
     C_in, H, W = x_shape
     Co, Cg, K1, K2 = w_shape
     if Cg * groups != C_in or Co % groups:

@@ -38,12 +38,12 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.convert import plan_conversion
-from planner.graph import Graph, Node
+from planner.frontend.graph import Graph, Node
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
+from planner.kernels.convert import plan_conversion
 from planner.kernels.problem import KernelError
-from planner.layout import MappedLayout
-from planner.program import ProgramBuilder
+from planner.layout.channels import MappedLayout
 
 Pattern = tuple[int, ...]
 

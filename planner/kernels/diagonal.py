@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, CostVector
 from planner.kernels.problem import ChannelProblem
-from planner.program import ProgramBuilder
 
 MAX_PAIR_CHECK = 4_000_000
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, CostVector
 from planner.kernels.imra import sum_of_shifts
 from planner.kernels.problem import ChannelProblem, KernelError
-from planner.layout import ChannelLayout
-from planner.program import ProgramBuilder
+from planner.layout.channels import ChannelLayout
 
 
 def _pow2(v: int) -> int:

@@ -43,11 +43,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from planner.ir.builder import ProgramBuilder, TableGen
 from planner.kernels.base import Candidate
 from planner.kernels.imra import sum_of_shifts
 from planner.kernels.problem import ChannelProblem, KernelError
-from planner.layout import ChannelLayout
-from planner.program import ProgramBuilder, TableGen
+from planner.layout.channels import ChannelLayout
 
 
 def _pow2(v: int) -> int:

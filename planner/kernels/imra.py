@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
 from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, square_dims
-from planner.layout import ChannelLayout
-from planner.program import ProgramBuilder
+from planner.layout.channels import ChannelLayout
 from solver.formulas import eq11
 
 # Dense checks of which channel diagonals carry weights are skipped above this many

@@ -5,7 +5,7 @@
   read with new index maps (each kept element renumbered, the others gone).  Zero cost; the
   slots of dropped elements still hold their values, so the view of a clean layout is
   *dirty* (``~``) unless nothing was dropped: a consumer that needs zeros pays a mask on its
-  edge (planner/convert.py), and a graph output is masked by the clean-output rule.
+  edge (planner/kernels/convert.py), and a graph output is masked by the clean-output rule.
 * concat: a view too.  The result's ciphertexts are the operands' ciphertexts one after
   the other, each element renumbered to its place in the concatenation; clean when every
   operand is.  A weight operand is encrypted into the result as ``x - x + w`` (no level) on
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from planner.graph import Graph, Node, parse_graph
+from planner.frontend.graph import Graph, Node, parse_graph
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, CostVector
-from planner.layout import MappedLayout, all_maps
-from planner.program import ProgramBuilder
+from planner.layout.channels import MappedLayout, all_maps
 
 # ----------------------------------------------------------------------------- slice
 

@@ -16,8 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.errors import SlotplanError
-from planner.layout import ChannelLayout, LayoutError, channels_per_ct
+from common.errors import SlotplanError
+from planner.layout.channels import ChannelLayout, LayoutError, channels_per_ct
 
 
 class KernelError(SlotplanError):

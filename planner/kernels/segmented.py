@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.graph import Graph, Node
+from planner.frontend.graph import Graph, Node
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, CostVector
 from planner.kernels.problem import KernelError
-from planner.layout import MappedLayout
-from planner.program import ProgramBuilder
+from planner.layout.channels import MappedLayout
 
 
 @dataclass(frozen=True)

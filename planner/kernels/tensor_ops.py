@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from planner.graph import Graph, Node
+from planner.frontend.graph import Graph, Node
+from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
 from planner.kernels.imra import sum_of_shifts
 from planner.kernels.problem import KernelError
-from planner.layout import ChannelLayout, MappedLayout, all_maps, natural_layout, view_layout
-from planner.program import ProgramBuilder
+from planner.layout.channels import ChannelLayout, MappedLayout, all_maps, natural_layout, view_layout
 
 
 def transpose_candidate(graph: Graph, node: Node, lay: Any) -> Candidate:

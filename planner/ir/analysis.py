@@ -1,0 +1,323 @@
+"""Plan summary computed from the program itself (one source of truth).
+
+Counts follow shared/SPEC.md section 4: a ``rot_hoisted`` with ``len(ks)`` offsets counts
+``len(ks)`` rotations; ``rotation_keys`` is the number of distinct offsets;
+``key_loads`` the number of ``load_key``.  The memory model walks the program: live
+ciphertexts (SSA liveness, each at its level), plaintexts (resident from first to last
+use, encoded at the level of the ciphertext they meet) and rotation keys (resident
+between load and drop; all resident for the whole program when the plan has no key
+schedule, the keep-all model of ANT-ACE/Orion; the conjugation key of a plan that
+conjugates is resident throughout in both cases).  A bootstrapping plan adds the block
+``boot`` (bootstrapping keys and DFT matrices, ``params.boot``): resident throughout
+without a schedule, else between its ``load_key``/``drop_key``; plan rotations whose
+offset the block holds need no key of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner import ir
+from planner.frontend.params import Params
+
+
+def plan_key_bytes(plan: Mapping[str, Any]) -> dict[int, int] | None:
+    """Per-key sizes recorded by a key schedule (``plan["keys"]``), or None."""
+    keys = plan.get("keys")
+    return {int(k): int(v["bytes"]) for k, v in keys.items()} if keys else None
+
+
+Instruction = Mapping[str, Any] | ir.Instr
+Program = Sequence[Instruction]
+
+
+def reg_reads(ins: Instruction) -> list[str]:
+    return list(ir.decode(ins).reads())
+
+
+def reg_writes(ins: Instruction) -> list[str]:
+    return list(ir.decode(ins).writes())
+
+
+def register_depths(program: Program) -> dict[str, int]:
+    """Multiplicative depth of every register (each instruction's depth rule, planner.ir)."""
+    d: dict[str, int] = {}
+    for raw in program:
+        ins = ir.decode(raw)
+        regs = ins.writes()
+        if regs:
+            dd = ins.depth(d)
+            for r in regs:
+                d[r] = dd
+    return d
+
+
+def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
+    """The level each instruction's rotation keys must reach (None: it rotates nothing):
+    its source's level (``max_level - depth``), one higher for a rotation of a rescaled
+    register. A giant step of a baby-step giant-step block (products summed, rescaled,
+    rotated) runs fused on Lattigo before the rescale, at the products' base level
+    (backends/lattigo/fused.go), so its key is made for that level."""
+    depth = register_depths(program)
+    rescaled: set[str] = set()
+    out: list[int | None] = []
+    for raw in program:
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.Rescale):
+            rescaled.add(ins.dst)
+        if not ins.rot_keys():
+            out.append(None)
+            continue
+        src = ins.reads()[0]
+        lv = max(0, max_level - depth[src])
+        # a fused bootstrap_cins rotates its convolution's operands, a level above its source
+        up = src in rescaled or (isinstance(ins, ir.BootstrapCins) and bool(ins.fused))
+        out.append(min(max_level, lv + 1) if up else lv)
+    return out
+
+
+# The counts every node entry of a plan carries for its program span; summed over the
+# nodes they equal the summary's fields of the same names (instructions outside every
+# span -- input, output -- count towards none of them).
+NODE_COUNT_FIELDS = ("rotations", "pmul", "cmul", "add", "rescale", "poly", "key_loads")
+
+
+def span_counts(program: Program) -> dict[str, int]:
+    """The summary's counters over a slice of a program (one node's span)."""
+    counts: dict[str, int] = dict.fromkeys(NODE_COUNT_FIELDS, 0)
+    for raw in program:
+        ins = ir.decode(raw)
+        if ins.counter in counts:
+            counts[ins.counter] += ins.count()
+    return counts
+
+
+def remap_spans(
+    old: Program, spans: Sequence[Sequence[int]], new: Program
+) -> list[list[int]]:
+    """Node spans of ``new``, a rewrite of ``old`` (key schedule: load/drop inserted,
+    rotations re-expressed as chains) that keeps the names of the registers ``old``
+    writes.  An instruction belongs to the node that wrote one of its destinations in
+    ``old``; one that writes only fresh registers (a chain's middle) or nothing (a key
+    load) belongs to the node of the next instruction that has one.  Spans stay
+    contiguous and in node order."""
+    owner_of_reg: dict[str, int] = {}
+    for n, (a, z) in enumerate(spans):
+        for ins in old[a:z]:
+            for r in reg_writes(ins):
+                owner_of_reg[r] = n
+    owner: list[int | None] = [None] * len(new)
+    pending: list[int] = []
+    for i, raw in enumerate(new):
+        ins = ir.decode(raw)
+        if isinstance(ins, ir.Input):
+            continue  # inputs belong to no node; keep what waits for the next owner
+        hit = next((owner_of_reg[r] for r in ins.writes() if r in owner_of_reg), None)
+        if hit is None and not isinstance(ins, ir.Output):
+            pending.append(i)
+            continue
+        for j in pending:
+            owner[j] = hit
+        pending = []
+        owner[i] = hit
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, o in enumerate(owner):
+        if o is not None:
+            first.setdefault(o, i)
+            last[o] = i
+    out: list[list[int]] = []
+    pos = 0
+    for n in range(len(spans)):
+        if n not in first:
+            out.append([pos, pos])
+            continue
+        a, z = first[n], last[n] + 1
+        if a < pos or any(o != n for o in owner[a:z] if o is not None):
+            raise ValueError(f"node {n}: its instructions are not contiguous after the rewrite")
+        out.append([a, z])
+        pos = z
+    return out
+
+
+def summarize(
+    program: Program,
+    params: Params,
+    n_plaintexts: int,
+    key_bytes: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
+    prog = ir.decode_program(program)
+    counts: dict[str, int] = {}
+    for ins in prog:
+        if ins.counter is not None:
+            counts[ins.counter] = counts.get(ins.counter, 0) + ins.count()
+    depth = register_depths(prog)
+    out_depth = max((depth[ins.src] for ins in prog if isinstance(ins, ir.Output)), default=0)
+    mem = memory_profile(prog, params, depth, key_bytes)
+    return {
+        "rotations": counts.get("rotations", 0),
+        "rotation_keys": ir.galois_key_count(prog),
+        "pmul": counts.get("pmul", 0),
+        "cmul": counts.get("cmul", 0),
+        "add": counts.get("add", 0),
+        "rescale": counts.get("rescale", 0),
+        "poly": counts.get("poly", 0),
+        "depth": out_depth,
+        "key_loads": counts.get("key_loads", 0),
+        "plaintexts": n_plaintexts,
+        "instructions": len(program),
+        "peak_bytes": mem,
+        # bootstrapping presets only (plans of the other presets keep their bytes)
+        **({"bootstraps": counts.get("bootstraps", 0)} if params.boot is not None else {}),
+    }
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """When values live in a program: each register's last read, and each plaintext's first
+    and last use and the level it is encoded at (that of the first ciphertext it meets)."""
+
+    last_use: dict[str, int]
+    pt_first: dict[str, int]
+    pt_last: dict[str, int]
+    pt_level: dict[str, int]
+
+
+def lifetimes(program: Sequence[Any], depth: Mapping[str, int], max_level: int) -> Lifetimes:
+    """The lifetimes of a decoded program's registers and plaintexts (the memory model's
+    liveness; ``slotplan show`` reads the same to explain the peak)."""
+    life = Lifetimes({}, {}, {}, {})
+    for i, ins in enumerate(program):
+        for r in ins.reads():
+            life.last_use[r] = i
+        for pt in ins.plaintexts():
+            life.pt_first.setdefault(pt, i)
+            life.pt_last[pt] = i
+            life.pt_level.setdefault(pt, max(0, max_level - depth[ins.reads()[0]]))
+    return life
+
+
+def memory_series(
+    program: Program,
+    params: Params,
+    depth: Mapping[str, int] | None = None,
+    key_bytes: Mapping[int, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Modelled resident bytes at every program step (after the step's allocations, before
+    its frees): ``keys``, ``plaintexts``, ``ciphertexts``.  ``key_bytes`` gives each key's
+    size (a plan's ``keys[k].bytes``, for keys generated below the top level); default:
+    every key at the top level.  Without a key schedule every key is resident throughout."""
+    program = ir.decode_program(program)
+    depth = depth if depth is not None else register_depths(program)
+    L = params.max_level
+
+    def level(reg: str) -> int:
+        return max(0, L - depth[reg])
+
+    life = lifetimes(program, depth, L)
+    last_use, pt_first, pt_last, pt_level = life.last_use, life.pt_first, life.pt_last, life.pt_level
+    has_schedule = ir.has_key_schedule(program)
+    top_key = params.rotation_key_bytes()
+
+    def kb(k: int) -> int:
+        return key_bytes.get(k, top_key) if key_bytes is not None else top_key
+
+    all_keys = ir.rot_keys_of(program)
+    # bootstrapping: the block "boot" (bootstrapping keys + DFT matrices); its Galois keys
+    # serve plan rotations of the same offsets, so keep-all holds the block and only the
+    # other offsets' keys
+    boot = params.boot
+    block = boot.block_bytes if boot is not None else 0
+    boots = boot is not None and any(ir.is_bootstrap(ins) for ins in program)
+    if boots and boot is not None:
+        all_keys = {k for k in all_keys if k not in boot.key_offsets}
+    block_resident = False
+    pt_start: dict[int, list[str]] = {}
+    pt_end: dict[int, list[str]] = {}
+    for p, i in pt_first.items():
+        pt_start.setdefault(i, []).append(p)
+    for p, i in pt_last.items():
+        pt_end.setdefault(i, []).append(p)
+
+    n = len(program)
+    out = {name: np.zeros(n, dtype=np.int64) for name in ("keys", "plaintexts", "ciphertexts")}
+    live_ct = 0
+    live_pt = 0
+    # the conjugation key (complex packing) is resident throughout, with or without a
+    # schedule (docs/formats.md)
+    # (at a rotation key's size: the largest given, as generated at the top level)
+    conj = 0
+    if ir.uses_conjugation(program):
+        conj = max(key_bytes.values(), default=top_key) if key_bytes else top_key
+    keys = conj + (0 if has_schedule else sum(kb(k) for k in all_keys) + (block if boots else 0))
+    resident: set[int] = set()
+    live: set[str] = set()
+    # A streamed block (backends/lattigo/bootstream.go) holds no Galois key until its first
+    # bootstrap, which reads each key when asked (one at a time) and learns their order;
+    # from then on D keys are read ahead, and from the next bootstrap on the key handed out
+    # last stays too (D + 1). A block loaded again reads ahead at once (order known).
+    stream: int | None = None
+    learned = False
+    held = 0
+    for i, ins in enumerate(program):
+        if isinstance(ins, ir.LoadKey):
+            if ins.k is not None:
+                resident.add(int(ins.k))
+            else:
+                block_resident = True
+                stream = ins.stream
+                held = ins.stream if ins.stream is not None and learned else 0
+                block = params.boot_block_bytes() if stream is None else params.boot_stream_bytes(held)
+            keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
+        if block_resident and stream is not None and ir.is_bootstrap(ins):
+            block = params.boot_stream_bytes(stream + 1 if learned else 1)
+            keys = conj + sum(kb(k) for k in resident) + block
+        for p in pt_start.get(i, []):
+            live_pt += params.plaintext_bytes(pt_level[p])
+        for r in ins.writes():
+            live.add(r)
+            live_ct += params.ciphertext_bytes(level(r))
+        out["keys"][i], out["plaintexts"][i], out["ciphertexts"][i] = keys, live_pt, live_ct
+        # frees after the instruction: registers with no later read
+        for r in set(ins.reads()) | set(ins.writes()):
+            if last_use.get(r, -1) <= i and r in live:
+                live.discard(r)
+                live_ct -= params.ciphertext_bytes(level(r))
+        for p in pt_end.get(i, []):
+            live_pt -= params.plaintext_bytes(pt_level[p])
+        if block_resident and stream is not None and ir.is_bootstrap(ins):
+            held = stream + 1 if learned else stream
+            learned = True
+            block = params.boot_stream_bytes(held)
+            keys = conj + sum(kb(k) for k in resident) + block
+        if isinstance(ins, ir.DropKey):
+            if ins.k is not None:
+                resident.discard(int(ins.k))
+            else:
+                block_resident = False
+            keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
+    return out
+
+
+def memory_profile(
+    program: Program,
+    params: Params,
+    depth: Mapping[str, int] | None = None,
+    key_bytes: Mapping[int, int] | None = None,
+) -> dict[str, int]:
+    """Peak modelled bytes of keys, plaintexts and ciphertexts, and of their sum, over
+    program points (the maxima of :func:`memory_series`)."""
+    ser = memory_series(program, params, depth, key_bytes)
+    if not program:
+        return {"keys": 0, "plaintexts": 0, "ciphertexts": 0, "total": 0}
+    total = ser["keys"] + ser["plaintexts"] + ser["ciphertexts"]
+    return {
+        "keys": int(ser["keys"].max()),
+        "plaintexts": int(ser["plaintexts"].max()),
+        "ciphertexts": int(ser["ciphertexts"].max()),
+        "total": int(total.max()),
+    }

@@ -1,0 +1,227 @@
+"""Lowering: the frozen solution of the choice model rewritten into the plan's program
+(conversions, kernels, bootstraps, output masks), with the claims a layout check verifies.
+The rewrite never re-decides what the solve chose, as HEIR separates its ILP analysis from
+the rewrite."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common import progress
+from planner import ir
+from planner.assign.candidates import (
+    PlanError,
+)
+from planner.assign.problem import BOOT_BOUND_WARN_BITS, BOOT_PRECISION_BITS, PlanProblem
+from planner.ir import PLAN_SCHEMA
+from planner.ir.analysis import span_counts, summarize
+from planner.ir.builder import LazyTables, ProgramBuilder
+from planner.kernels.convert import plan_conversion
+from planner.layout.channels import ChannelLayout
+from solver.model import Solution
+
+
+@dataclass(frozen=True)
+class LayoutClaim:
+    """What lowering claims about registers: they hold ``tensor`` in ``layout`` (and, when
+    the layout is clean, zeros in every other slot).  ``backends.layout_check`` verifies
+    every claim of a plan on the simulator's registers instead of trusting the kernels."""
+
+    what: str  # "input x", "node fc1", "conversion x -> fc1"
+    tensor: str
+    layout: Any
+    regs: tuple[str, ...]
+    # the registers hold this factor times the tensor (a producer that absorbed a
+    # Chebyshev poly's change of variable, planner.assign.fold)
+    scale: float = 1.0
+
+
+def lower_solution(
+    problem: PlanProblem, sol: Solution, claims: list[LayoutClaim] | None = None
+) -> tuple[dict[str, Any], LazyTables]:
+    """The plan of a solved problem.  Each node's entry records the program span it owns
+    (its conversions, its kernel, its output mask) and the counts of that span, so the
+    per-node numbers add up to the summary.  ``claims`` (when given) receives what the
+    lowering asserts about registers, for ``backends.layout_check``."""
+    graph, params = problem.graph, problem.params
+    S = params.slots
+    b = ProgramBuilder(S)
+    choice = dict(sol.choice)
+    boots = frozenset(sol.boots)
+    regs: dict[str, list[str]] = {}
+    layout_of: dict[str, ChannelLayout] = {}
+    claims = claims if claims is not None else []
+    for t, opts in problem.input_options.items():
+        lay = opts[choice[f"input:{t}"]]
+        layout_of[t] = lay
+        regs[t] = [
+            b.input(t, f"in/{t}/{q}", _map_gen(lay, q)) for q in range(lay.n_ct)
+        ]
+        claims.append(LayoutClaim(f"input {t}", t, lay, tuple(regs[t])))
+    nodes_json: list[dict[str, Any]] = []
+    progress.begin("lowering", len(graph.nodes))
+    for node in graph.nodes:
+        cand = problem.candidates[node.id][choice[node.id]]
+        start = len(b.instrs)
+        op_regs: dict[str, list[str]] = {}
+        conversions = []
+        for t in dict.fromkeys(node.inputs):
+            if not graph.encrypted(t):
+                continue
+            conv = plan_conversion(layout_of[t], cand.in_layouts[t])
+            op_regs[t] = conv.lower(b, regs[t], f"conv/{node.id}/{t}")
+            if conv.kind != "none":
+                conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
+                claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t]),
+                                          cand.operand_scales.get(t, 1.0)))
+        outs = cand.lower(b, op_regs)
+        out_layout = cand.out_layout
+        if node.id in boots:
+            outs, out_layout = _lower_bootstrap(b, outs, out_layout, problem.boot_scales[node.id], node.id)
+        regs[node.id] = outs
+        layout_of[node.id] = out_layout
+        claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
+        end = len(b.instrs)
+        cv = cand.cost(S)
+        nodes_json.append(
+            {
+                "id": node.id,
+                "op": node.op,
+                "kernel": cand.kernel,
+                "params": cand.params,
+                **({"min_cap_bytes": cand.min_cap_bytes} if cand.min_cap_bytes is not None else {}),
+                **span_counts(b.instrs[start:end]),
+                "span": [start, end],
+                "cost": cv.to_json(),
+                "in_layouts": [
+                    (cand.in_layouts[t].notation() if t in cand.in_layouts else "plaintext")
+                    for t in node.inputs
+                ],
+                "out_layout": cand.out_layout.notation(),
+                "conversions": conversions,
+                **({"bootstraps": sum(1 for i in b.instrs[start:end] if ir.is_bootstrap(ir.decode(i)))}
+                   if params.boot is not None else {}),
+            }
+        )
+        progress.advance("lowering", node.id)
+    progress.end("lowering")
+    for t in graph.outputs:
+        lay = layout_of[t]
+        for q in range(lay.n_ct):
+            b.output(regs[t][q], t, f"out/{t}/{q}", _map_gen(lay, q))
+    program = b.instrs
+    summary = summarize(program, params, len(b.plaintexts))
+    if summary["depth"] > params.max_level:
+        raise PlanError(
+            f"the plan needs multiplicative depth {summary['depth']} but params {params.name} have "
+            f"{params.max_level} levels; choose a preset with more levels"
+        )
+    summary["memory_cap_bytes"] = problem.options.memory_cap_bytes
+    # whether every output ciphertext holds zeros outside its tensor (checked on the
+    # simulator's registers by backends.layout_check)
+    summary["clean_outputs"] = all(
+        layout_of[t].clean for t in graph.outputs if graph.encrypted(t) and t in layout_of
+    )
+    summary["solver"] = {
+        "name": sol.solver,
+        "status": sol.status.value,
+        "objective": sol.objective,
+        "bound": sol.bound,
+        "seconds": 0.0,
+    }
+    summary["plan_seconds"] = 0.0
+    if params.boot is not None:
+        summary["bootstrapping"] = _boot_report(problem, sol)
+    plan = {
+        "schema": PLAN_SCHEMA,
+        "graph": {"name": graph.name, "sha256": graph.sha256, "spec": graph.to_json()},
+        "params": params.to_json(),
+        "options": problem.options.to_json(),
+        "summary": summary,
+        "outputs": {t: list(graph.shape(t)) for t in graph.outputs},
+        "nodes": nodes_json,
+        "plaintexts": {
+            name: p.to_json() for name, p in b.plaintexts.items()
+        },
+        "program": program,
+    }
+    return plan, LazyTables(b.tables)
+
+
+
+
+def _lower_bootstrap(
+    b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str
+) -> tuple[list[str], ChannelLayout]:
+    """Bootstrap every ciphertext of a node's result: before it one pmul by ``1/s`` on the
+    layout's slots and 0 on its free slots (when scaled, or when the layout is dirty: the
+    free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled)."""
+    slots = b.slots
+    masked = not lay.clean
+    out: list[str] = []
+    for q, r in enumerate(regs):
+        if s > 1 or masked:
+            pt = b.const_plaintext(
+                ("boot-in", node_id, q), f"pt/boot/{node_id}/{q}",
+                lambda q=q: np.where(lay.index_map(q) >= 0, 1.0 / s, 0.0),  # type: ignore[misc]
+            )
+            r = b.rescale(b.pmul(r, pt))
+        r = b.bootstrap(r)
+        if s > 1:
+            up = b.const_plaintext(("boot-up", s), f"pt/boot/scale/{s}", lambda: np.full(slots, float(s)))
+            r = b.rescale(b.pmul(r, up))
+        out.append(r)
+    return out, lay.with_clean(True) if masked else lay
+
+
+def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
+    """What a bootstrapping plan assumes and how its placement compares with first fit."""
+    m = problem.model
+    choice = dict(sol.choice)
+    lazy = m.lazy_boots(choice)
+    greedy, greedy_lazy = m.greedy_boots()
+    ranges = problem.ranges
+
+    def n_boot(groups: frozenset[str] | None, ch: Mapping[str, int]) -> int | None:
+        return None if groups is None else sum(m.group(g).n_ct(ch[g]) for g in groups)
+
+    scales = {v: problem.boot_scales[v] for v in sorted(sol.boots) if problem.boot_scales.get(v, 1) > 1}
+    # Lattigo's bootstrap keeps about 21 bits relative to the bound of what it refreshes;
+    # a loose bound (interval arithmetic through many layers) leaves values of order 1 fewer
+    def warn(v: str, s: int) -> str | None:
+        bound = ranges.bound(v) if ranges else None
+        if bound is None or bound <= 2.0**BOOT_BOUND_WARN_BITS:
+            return None
+        left = max(0, BOOT_PRECISION_BITS - math.ceil(math.log2(bound)))
+        return (f"the bootstrap of {v!r} scales by 2^{s.bit_length() - 1} (worst-case bound {bound:.3g}): Lattigo keeps "
+                f"~{BOOT_PRECISION_BITS} bits relative to that bound, so values of order 1 keep about {left}; "
+                "give the graph's nodes measured `range`s for a tighter bound")
+
+    warnings = [w for v, s in scales.items() if (w := warn(v, s)) is not None]
+    return {
+        "values": sorted(sol.boots),
+        "scales": scales,
+        **({"warnings": warnings} if warnings else {}),
+        "bounds": {v: ranges.bound(v) for v in sorted(sol.boots)} if ranges is not None else {},
+        "assumed_ranges": {t: list(iv) for t, iv in sorted(ranges.assumed.items())} if ranges is not None else {},
+        "max_abs": problem.params.boot.max_abs if problem.params.boot is not None else None,
+        # first fit (bootstrap an operand only when its reader would not fit, as late as
+        # possible) on the same layouts, and on the greedy layouts
+        "first_fit": {"values": None if lazy is None else len(lazy), "bootstraps": n_boot(lazy, choice)},
+        "first_fit_greedy_layouts": {
+            "values": None if greedy_lazy is None else len(greedy_lazy),
+            "bootstraps": n_boot(greedy_lazy, greedy),
+        },
+    }
+
+
+def _map_gen(lay: ChannelLayout, q: int):  # noqa: ANN202
+    def gen() -> tuple[np.ndarray, None]:
+        return lay.index_map(q).copy(), None
+
+    return gen

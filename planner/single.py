@@ -1,0 +1,100 @@
+"""Planning one sample: graph -> candidates -> choice model -> solver -> plan (-> key
+schedule under a memory cap).  :mod:`planner.batch` plans B samples on top of it and
+:mod:`planner.pipeline` is the entry point that chooses between them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from common import progress
+from planner.assign.candidates import (
+    PlanError,
+)
+from planner.assign.options import (
+    PlanOptions,
+)
+from planner.assign.problem import PlanProblem, build_problem
+from planner.assign.solve import PlanTimeout, PlanWallTimeout, solve_problem
+from planner.frontend.graph import Graph
+from planner.frontend.params import Params
+from planner.ir.builder import LazyTables
+from planner.lower.lowering import LayoutClaim, lower_solution
+from solver.model import Solution, Status
+
+
+@dataclass
+class PlanResult:
+    plan: dict[str, Any]
+    tables: LazyTables
+    solution: Solution
+    problem: PlanProblem
+    seconds: float
+    claims: list[LayoutClaim] = field(default_factory=list)
+    # a plan of several samples (planner/batch.py): its geometry; claims then speak of
+    # tensors with a leading sample dimension (padding blocks included)
+    batch: Any = None
+
+
+def plan_single(
+    graph: Graph, params: Params, options: PlanOptions | None = None, record_timings: bool = False,
+    wall_limit_s: float | None = None, wall_started: float | None = None,
+) -> PlanResult:
+    """Plan one sample of a graph: candidates, choice model, solve, lowering, and the key
+    schedule under a memory cap.  Timings go to PlanResult.seconds and solution.seconds; the plan
+    document records them only with ``record_timings`` (plans are byte-for-byte
+    deterministic by default).  ``wall_limit_s`` bounds the whole planning (candidates,
+    pricing, solve, lowering, key schedule) in wall time, counted from ``wall_started`` (a
+    ``time.monotonic()`` reading; default: the call) so that callers can include reading the
+    graph: past it, :class:`PlanWallTimeout` names the step where planning stopped (the
+    solver's limit is capped by what is left)."""
+    options = options or PlanOptions()
+    assert options.batch is None, "a batched request goes through planner.batch"
+    t0 = time.perf_counter()
+    from planner.frontend.params import check_security
+
+    insecure = check_security(params, options.allow_insecure)
+    claims: list[LayoutClaim] = []
+    try:
+        with progress.deadline(wall_limit_s, wall_started):
+            problem = build_problem(graph, params, options)
+            try:
+                sol = solve_problem(problem)
+            except PlanError as e:
+                # under a cap, the candidates were cut to those that fit it: when that leaves no
+                # assignment within the levels, plan without the cut and let the key schedule
+                # below name the smallest feasible cap (or fit the cap after all)
+                if options.memory_cap_bytes is None or problem.model.max_depth is None:
+                    raise
+                problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
+                try:
+                    sol = solve_problem(problem)
+                except PlanError:
+                    raise e from None
+            if sol.status is Status.UNKNOWN:
+                raise PlanTimeout(
+                    f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
+                )
+            plan, tables = lower_solution(problem, sol, claims)
+            if options.memory_cap_bytes is not None:
+                # rotation-key schedule under the cap (planner.keys.joint: key set, hoisted-group
+                # splits and residency chosen together for the smallest modelled time; raises
+                # KeyCapError naming the smallest feasible cap); every table stays valid
+                from planner.keys.schedule import schedule_plan
+
+                left = progress.remaining()
+                plan, _ = schedule_plan(
+                    plan, options.memory_cap_bytes, "joint",
+                    time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
+                )
+                progress.check("key schedule")
+    except progress.DeadlineExceeded as e:
+        raise PlanWallTimeout(str(e)) from None
+    seconds = time.perf_counter() - t0
+    if insecure:
+        plan["summary"]["insecure"] = True
+    if record_timings:
+        plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
+        plan["summary"]["plan_seconds"] = round(seconds, 6)
+    return PlanResult(plan, tables, sol, problem, seconds, claims)
