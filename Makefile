@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The plan page's browser test (tests/test_plan_page.py) needs Chromium: install Debian's
+# The plan page's browser test (tests/api/test_plan_page.py) needs Chromium: install Debian's
 # package when it is missing and we may (root, apt-get present); otherwise say so and go on
 # (the test then skips with the same advice).
 chromium:

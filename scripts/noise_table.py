@@ -1,7 +1,7 @@
 """Issue 32 acceptance: the noisy simulator's predicted output error against Lattigo's
 measured error on the workloads of the Lattigo test suite (data/suites/lattigo_n12.json,
 lattigo_n14.json: their matvec shapes and convolutions; the planned n14boot chains of
-tests/test_lattigo_boot.py). One table: workload, preset, predicted, measured, ratio.
+tests/backends/test_lattigo_boot.py). One table: workload, preset, predicted, measured, ratio.
 
 Each Lattigo run takes /tmp/slotplan-heavy.lock (one heavy job on the machine at a time).
 
@@ -47,7 +47,7 @@ def heavy_lock() -> Any:
 
 
 def chain12(S: int) -> Graph:
-    """tests/test_lattigo_boot.py: twelve products, one bootstrap at n14boot."""
+    """tests/backends/test_lattigo_boot.py: twelve products, one bootstrap at n14boot."""
     tensors: dict[str, Any] = {"x": {"shape": [S], "role": "input", "range": [-1.0, 1.0]}}
     nodes, prev = [], "x"
     for i in range(12):

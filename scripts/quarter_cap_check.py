@@ -23,7 +23,7 @@ from planner.ir.analysis import plan_key_bytes
 from planner.keys.joint import modelled_time, time_model
 from planner.keys.schedule import schedule_keys
 from planner.pipeline import PlanOptions, plan_graph
-from tests.test_keyplan import convnet
+from tests.planner.keys.test_keyplan import convnet
 
 FRACTION = float(sys.argv[1]) if len(sys.argv) > 1 else 0.25
 work = [(parse_graph(convnet(2, 3, 32, 16)), "n14"), (parse_graph(convnet(3, 3, 32, 16)), "n14")]

@@ -30,7 +30,7 @@ def preset(request: pytest.FixtureRequest) -> Params:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
     """``cli("plan", "g.json", ...)`` -> (exit status, stdout, stderr), in this process."""
-    from tests.test_batch import run_cli
+    from tests.helpers import run_cli
 
     return lambda *args: run_cli([str(a) for a in args], capsys)
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from backends.sim import simulate
 from planner.frontend.graph import Graph, parse_graph
 from planner.frontend.params import Params
 from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
+
+# the repository root (tests live at any depth under tests/)
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def small_params(log_n: int = 10, levels: int = 4) -> Params:
@@ -86,3 +92,20 @@ def bench_encrypted(res: PlanResult, graph: Graph, options: dict[str, Any], seed
     errs = {t: float(np.max(np.abs(np.asarray(outs[t]).reshape(ref[t].shape) - ref[t]))
                      / max(1e-12, float(np.max(np.abs(ref[t]))))) for t in graph.outputs}
     return raw["stats"], errs
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``slotplan ARGS`` in this process -> (exit status, stdout, stderr)."""
+    from api.cli import main
+
+    old = sys.argv
+    sys.argv = ["slotplan", *args]
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err

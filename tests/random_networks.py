@@ -8,7 +8,7 @@ Chebyshev polynomials over random domains), in chains of up to ``MAX_LEVELS``
 multiplicative levels.
 
 Deterministic: ``random_network(seed)`` always returns the same graph.  The property test
-(tests/test_random_networks.py) plans every graph and checks it against numpy.
+(tests/planner/assign/test_random_networks.py) plans every graph and checks it against numpy.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
+
+ROOT = REPO_ROOT
 PACKAGES = ("common", "solver", "planner", "backends", "api", "slotplan")
 
 # package -> forbidden top-level packages

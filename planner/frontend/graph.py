@@ -12,7 +12,7 @@ Two layers:
 the input is a :class:`~common.errors.GraphError` that names the node (or tensor), the
 field and the rule broken - never a raw traceback, never a pydantic ``ValidationError``.
 
-Decisions where SPEC is silent (tested in ``tests/test_graph.py``):
+Decisions where SPEC is silent (tested in ``tests/planner/frontend/test_graph.py``):
 
 * ``sum`` over the only axis of a rank-1 tensor gives shape ``(1,)`` (rank-0 tensors do not
   exist in slotplan: every tensor has rank 1..MAX_RANK).

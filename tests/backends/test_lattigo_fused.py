@@ -1,0 +1,204 @@
+"""The Lattigo executor's fused linear blocks (backends/lattigo/fused.go) against numpy and
+against the same plan executed instruction by instruction (option no_fuse), on the small
+test ring; plus the hybrid kernel in the simulator on random shapes. No timing asserts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.lattigo_backend import available
+from backends.lattigo_bench import conv_workload, mvm_graph
+from common.errors import SlotplanError
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import load_params
+from planner.ir.fusion import fused_counts
+from planner.pipeline import PlanOptions, plan_graph
+from tests.helpers import bench_encrypted, check_plan
+
+needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
+
+
+def _bench(graph: Graph, kernels: tuple[str, ...] | None, options: dict[str, Any]) -> tuple[dict, dict]:
+    params = load_params("n12")
+    options = dict(options)
+    cap = options.pop("memory_cap_bytes", None)  # a plan option (the key schedule), not the bench's
+    opts = PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
+                       **({"kernels": kernels} if kernels else {}))
+    res = plan_graph(graph, params, opts)
+    return bench_encrypted(res, graph, options, seed=3)
+
+
+def _mlp() -> Graph:
+    return parse_graph({
+        "schema": "slotplan.graph/1", "name": "mlp",
+        "tensors": {"x": {"shape": [40], "role": "input"}, "W1": {"shape": [24, 40], "role": "weight"},
+                    "W2": {"shape": [10, 24], "role": "weight"}},
+        "nodes": [{"id": "h", "op": "matvec", "inputs": ["W1", "x"]},
+                  {"id": "a", "op": "poly", "inputs": ["h"], "coeffs": [0.1, 0.5]},
+                  {"id": "y", "op": "matvec", "inputs": ["W2", "a"]}],
+        "outputs": ["y"],
+    })
+
+
+CASES = [
+    ("mvm 48x80 hybrid", lambda: mvm_graph(48, 80), ("hybrid", "elementwise")),
+    ("mvm 80x48 hybrid", lambda: mvm_graph(80, 48), ("hybrid", "elementwise")),
+    ("mvm 64x64 imra", lambda: mvm_graph(64, 64), ("imra", "elementwise")),
+    ("mvm 30x50 bsgs", lambda: mvm_graph(30, 50), ("bsgs", "elementwise")),
+    ("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
+    ("conv1 default", lambda: conv_workload("conv1").graph, None),
+    ("mlp default", _mlp, None),
+    ("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
+]
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
+def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[str, ...] | None) -> None:
+    graph = make()
+    fused, err_f = _bench(graph, kernels, {"repeat": 2, "workers": 2})
+    plain, err_p = _bench(graph, kernels, {"repeat": 1, "no_fuse": True})
+    assert max(err_f.values()) < 1e-4, (name, err_f)
+    assert max(err_p.values()) < 1e-4, (name, err_p)
+    assert fused["fused_blocks"] >= 1 and fused["fused_products"] >= 2, fused
+    assert plain["fused_blocks"] == 0
+    assert "bsgs_block" in fused["op_counts"] and "bsgs_block" not in plain["op_counts"]
+    # fused blocks perform the plan's rotations (babies once per base, one per giant step)
+    assert fused["rotations"] == plain["rotations"]
+    # plaintexts were encoded in the preparation run and reused by both timed runs
+    assert fused["encode_seconds"] > 0 and fused["cached_plaintext_bytes"] > 0
+    assert len(fused["eval_seconds_runs"]) == 2 and len(fused["cpu_seconds_runs"]) == 2
+
+
+@needs_lattigo
+@pytest.mark.parametrize("fraction", [None, 0.75])
+def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
+    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.ir.fusion counts,
+    with and without a key schedule; under one, one-product blocks are fused in Q mode only
+    (fused.go dropLoneQPBlocks), as many as without it."""
+    graph = conv_workload("conv2").graph
+    params = load_params("n12")
+    cap = None if fraction is None else int(_peak_keys(graph, None) * fraction)
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap))
+    fc = fused_counts(res.plan["program"], params.slots)
+    st, err = _bench(graph, None, {"repeat": 1, "memory_cap_bytes": cap})
+    assert max(err.values()) < 1e-4, err
+    assert fc.q_blocks > 0
+    if cap is not None:
+        assert st["key_mode"] == "scheduled"
+        free = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True)).plan
+        assert fc.q_blocks == fused_counts(free["program"], params.slots).q_blocks
+    assert st["fused_q_blocks"] == fc.q_blocks
+    assert st["fused_blocks"] == fc.blocks + fc.q_blocks
+    assert st["fused_products"] == fc.products + fc.q_products
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 16, 16), (16, 8, 16), (8, 16, 8)])
+def test_product_sums_relinearised_once(m: int, k: int, n: int) -> None:
+    """Sums of ct-ct products (relin.go) are relinearised once: equal to numpy and to the
+    plan run instruction by instruction, and the sums the model counts (planner.ir.fusion)."""
+    from planner import ir
+    from planner.ir.fusion import product_sums
+    from tests.planner.kernels.test_ctct import ctct_graph
+
+    graph = ctct_graph(m, k, n)
+    params = load_params("n12")
+    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    sums = product_sums([ir.decode(i) for i in res.plan["program"]])
+    fused, err_f = _bench(graph, None, {"repeat": 1})
+    plain, err_p = _bench(graph, None, {"repeat": 1, "no_fuse": True})
+    assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (err_f, err_p)
+    assert len(sums) >= 1
+    assert fused["product_sums"] == len(sums)
+    assert fused["product_sum_terms"] == sum(len(s.terms) for s in sums)
+    assert plain["product_sums"] == 0 and "cmul" in plain["op_counts"]
+    assert fused["rotations"] == plain["rotations"]
+
+
+@needs_lattigo
+def test_one_worker_equals_two() -> None:
+    graph = mvm_graph(48, 80)
+    one, e1 = _bench(graph, ("hybrid", "elementwise"), {"workers": 1})
+    two, e2 = _bench(graph, ("hybrid", "elementwise"), {"workers": 2})
+    assert one["workers"] == 1 and two["workers"] == 2
+    assert max(e1.values()) < 1e-4 and max(e2.values()) < 1e-4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hybrid_kernel_random_shapes_sim(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, k = (int(v) for v in rng.integers(1, 300, size=2))
+    params = load_params("n12")
+    graph = mvm_graph(n, k)
+    for free in ("free", None):
+        opts = PlanOptions(kernels=("hybrid", "elementwise"), allow_insecure=True,
+                           **({"input_layout": free} if free else {}))
+        res = plan_graph(graph, params, opts)
+        assert {nd["kernel"] for nd in res.plan["nodes"]} == {"hybrid"}
+        check_plan(res, graph, seed=seed)
+        # the fewest products: ceil-pow2 n * ceil-pow2 k / slots (at least 1), + the mask
+        p2 = [1 << max(0, (v - 1).bit_length()) for v in (n, k)]
+        want = max(1, min(p2[0] * p2[1] // params.slots, p2[1]))
+        assert res.plan["summary"]["pmul"] in (want, want + 1)
+
+
+def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
+    opts = PlanOptions(input_layout="free", allow_insecure=True, **({"kernels": kernels} if kernels else {}))
+    return int(plan_graph(graph, load_params("n12"), opts).plan["summary"]["peak_bytes"]["total"])
+
+
+def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
+    cap = int(_peak_keys(graph, kernels) * fraction)
+    try:
+        plan_graph(graph, load_params("n12"), PlanOptions(input_layout="free", allow_insecure=True,
+                                                           memory_cap_bytes=cap,
+                                                           **({"kernels": kernels} if kernels else {})))
+    except SlotplanError:
+        pytest.skip(f"{name}: no plan under {fraction} of the peak")
+    fused, err_f = _bench(graph, kernels, {"repeat": 1, "memory_cap_bytes": cap})
+    plain, err_p = _bench(graph, kernels, {"repeat": 1, "no_fuse": True, "memory_cap_bytes": cap})
+    assert fused["key_mode"] == "scheduled" and plain["key_mode"] == "scheduled", fused
+    assert max(err_f.values()) < 1e-4 and max(err_p.values()) < 1e-4, (name, err_f, err_p)
+    assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
+    assert plain["fused_blocks"] == 0
+    # the planner's model of the executor (planner.ir.fusion) finds the same blocks
+    params = load_params("n12")
+    plan = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
+                                                 **({"kernels": kernels} if kernels else {}))).plan
+    fc = fused_counts(plan["program"], params.slots)
+    assert fused["fused_blocks"] == fc.blocks + fc.q_blocks, (fused["fused_blocks"], fc)
+    assert fused["fused_products"] == fc.products + fc.q_products
+    return fused
+
+
+@needs_lattigo
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_under_a_key_schedule_random_shapes(seed: int) -> None:
+    """Random matvec shapes, kernels and caps (between the smallest plan and the keep-all
+    peak) under a key schedule: the fused run matches numpy and the unfused run, and the
+    executor fuses the blocks the planner models (giant keys kept to their roots where the
+    cap allows, planner.keys.schedule.keep_giant_keys)."""
+    rng = np.random.default_rng(100 + seed)
+    n, k = (int(v) for v in rng.integers(12, 90, size=2))
+    kernels = [("bsgs", "elementwise"), ("imra", "elementwise"), ("hybrid", "elementwise"), None][int(rng.integers(4))]
+    fraction = float(rng.uniform(0.25, 0.8))
+    _check_fused_schedule(f"mvm {n}x{k} {kernels} at {fraction:.2f}", mvm_graph(n, k), kernels, fraction)
+
+
+@needs_lattigo
+@pytest.mark.parametrize("fraction", [0.75, 0.3])
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
+def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ...] | None, fraction: float) -> None:
+    """Under a memory cap (a key schedule: hoisted groups split, keys dropped right after
+    their rotations, two-hop rotations) the blocks run fused, whole where their giant keys
+    stay resident until the root, else group by group; babies are computed where the plan
+    rotates. Same outputs (numpy), rotations and key loads as instruction by instruction."""
+    fused = _check_fused_schedule(name, make(), kernels, fraction)
+    assert fused["fused_blocks"] >= 1, fused["fused_blocks"]
+    if name == "mvm 20x20 hs-diagonal" and fraction < 0.5:
+        # its schedule rotates through two hops: blocks read babies of babies
+        assert fused["fused_multi_base"] >= 1, fused
