@@ -13,7 +13,8 @@ from rich.table import Table
 from api.common import fail, out
 from common.errors import SlotplanError
 from planner.ir import PLAN_SCHEMA
-from planner.keys.schedule import BASES, KEY_STRATEGIES, MERGE_WINDOW
+from planner.keys.basis import BASES
+from planner.keys.residency import KEY_STRATEGIES, MERGE_WINDOW
 
 
 def _mib(b: int | None) -> str:
@@ -227,8 +228,8 @@ def keymeasure(
     """Measure on Lattigo: keep-all (ANT-ACE) and the joint key schedule at caps of the
     keep-all peak; peak key bytes (key store), process RSS growth, evaluation and key-read
     time, against the model."""
+    from api.lattigo_keys import geomean, measure_suite
     from backends.lattigo_backend import LattigoError
-    from backends.lattigo_keys import geomean, measure_suite
 
     try:
         fr = tuple(float(x) for x in fractions.split(",") if x.strip())

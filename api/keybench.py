@@ -25,7 +25,9 @@ from common.errors import SlotplanError
 from planner.frontend.graph import load_graph
 from planner.frontend.params import Params, load_params
 from planner.ir.io import load_model_file
-from planner.keys.schedule import STRATEGIES, KeyCapError, KeySchedule, schedule_keys
+from planner.keys.profile import KeyCapError
+from planner.keys.residency import STRATEGIES
+from planner.keys.schedule import KeySchedule, schedule_keys
 from planner.pipeline import PlanOptions, plan_graph
 
 # Rotation (key switch) at the top level, milliseconds, from shared/notes/lattigo-gopy.md

@@ -355,7 +355,8 @@ def _joint_once(
 ) -> JointChoice | tuple[int, str]:
     """Split, solve the joint model, collapse, prefetch.  Returns the smallest feasible cap
     and where it binds when ``cap`` is below it."""
-    from planner.keys.schedule import _Ctx, base_profile, keep_giant_keys
+    from planner.keys.profile import base_profile
+    from planner.keys.residency import _Ctx, keep_giant_keys
 
     split = fully_split(prog)
     sp = split.program
@@ -424,7 +425,7 @@ def _joint_once(
         zs = keyplan_model.solve_z3(prob, time_limit_s)
         info["z3"] = {"status": zs.status, "cost": zs.cost if zs.status == "optimal" else None}
         if zs.status == "optimal" and sol.status == "optimal" and zs.cost != sol.cost:
-            from planner.keys.schedule import KeyScheduleError
+            from planner.keys.profile import KeyScheduleError
 
             raise KeyScheduleError(f"internal: joint key model: CP-SAT (cost {sol.cost}) and z3 ({zs.cost}) disagree")
     new, at = collapse(split, joined)
@@ -478,7 +479,7 @@ def _hint(prob: keyplan_model.JointKeyProblem, ctx: Any, keys: Sequence[int],
           greedy: list[list[bool]]) -> tuple[list[list[bool]], list[list[bool]]]:
     """The cheaper feasible of: Belady's merges with the greedy packing (gaps that cover a
     packed run unmerged), and Belady fully split (always feasible)."""
-    from planner.keys.schedule import _belady, _merges_from_intervals
+    from planner.keys.residency import _belady, _merges_from_intervals
 
     bel = _merges_from_intervals(ctx, _belady(ctx))
     split_hint = ([list(bel[k]) for k in keys], [[False] * (len(g) - 1) for g in prob.groups])
@@ -502,7 +503,7 @@ def _prefetch(ch: JointChoice, params: Params, cap: int | None, tm: TimeModel, d
     """Issue each load up to ``distance`` instructions early, until the modelled compute
     between the issue point and the use covers the load (or the cap, or the key's previous
     residency, stops it).  The memory model counts the key from the issue point."""
-    from planner.keys.schedule import base_profile
+    from planner.keys.profile import base_profile
 
     prog = ch.program
     depth = register_depths(prog)
@@ -537,7 +538,7 @@ def _prefetch(ch: JointChoice, params: Params, cap: int | None, tm: TimeModel, d
 
 def _rewrite(prog: list[dict[str, Any]], params: Params, tm: TimeModel, budget: int, time_limit_s: float,
              cross_check: bool) -> tuple[list[dict[str, Any]], dict[int, list[int]], list[int], dict[str, Any]] | None:
-    from planner.keys.schedule import rewrite_rotations
+    from planner.keys.basis import rewrite_rotations
 
     prob, cands = keyset_problem(prog, params, tm, budget)
     sol = keyset_model.solve_cpsat(prob, time_limit_s)
@@ -548,7 +549,7 @@ def _rewrite(prog: list[dict[str, Any]], params: Params, tm: TimeModel, budget: 
         zs = keyset_model.solve_z3(prob, time_limit_s)
         info["z3"] = {"status": zs.status, "cost": zs.cost if zs.status == "optimal" else None}
         if zs.status == "optimal" and sol.status == "optimal" and zs.cost != sol.cost:
-            from planner.keys.schedule import KeyScheduleError
+            from planner.keys.profile import KeyScheduleError
 
             raise KeyScheduleError(f"internal: key-set model: CP-SAT (cost {sol.cost}) and z3 ({zs.cost}) disagree")
     if not sol.chains:
@@ -576,7 +577,7 @@ def plan_joint(
     if compose and cap is not None:
         kb = params.rotation_key_bytes()
         split = fully_split(prog)
-        from planner.keys.schedule import base_profile
+        from planner.keys.profile import base_profile
 
         top_base = max(base_profile(split.program, params), default=0)
         fit = (cap - top_base) // kb
@@ -606,6 +607,6 @@ def plan_joint(
 
 
 def _time_of(ch: JointChoice, params: Params, tm: TimeModel) -> ModelledTime:
-    from planner.keys.schedule import _emit
+    from planner.keys.residency import _emit
 
     return modelled_time(_emit(ch.program, ch.intervals, True), params, ch.size, tm)

@@ -239,7 +239,7 @@ def test_streamed_boot_block_under_a_cap_on_lattigo() -> None:
     from backends.runner import run_plan as run_planned
     from planner.frontend.ranges import calibrated_graph
     from planner.frontend.reference import random_values
-    from planner.keys.schedule import BOOT_STREAM_DEPTH
+    from planner.keys.residency import BOOT_STREAM_DEPTH
     from planner.pipeline import PlanOptions, plan_graph
 
     assert P.boot is not None

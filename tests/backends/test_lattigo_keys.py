@@ -1,4 +1,4 @@
-"""``slotplan keymeasure`` (backends/lattigo_keys.py) on a small graph: keep-all against a
+"""``slotplan keymeasure`` (api/lattigo_keys.py) on a small graph: keep-all against a
 cap on Lattigo, outputs against numpy, the measured key peak against the model and the cap.
 No timing asserts."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from api.lattigo_keys import measure_graph
 from backends.lattigo_backend import (
     LattigoError,
     _call,
@@ -20,7 +21,6 @@ from backends.lattigo_backend import (
     write_plaintexts,
 )
 from backends.lattigo_bench import _scatter, mvm_graph
-from backends.lattigo_keys import measure_graph
 from planner.frontend.params import load_params
 from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, plan_graph

@@ -10,7 +10,8 @@ from common.errors import SlotplanError
 from common.registry import Registry, UnknownNameError
 from planner.assign.candidates import ELEMENTWISE_KERNELS, KERNEL_FAMILIES, KERNELS, LINEAR_KERNELS
 from planner.cost.tables import COST_TABLES, CostTableError, load_costs
-from planner.keys.schedule import KEY_STRATEGIES, STRATEGIES, KeyScheduleError
+from planner.keys.profile import KeyScheduleError
+from planner.keys.residency import KEY_STRATEGIES, STRATEGIES
 from planner.pipeline import PlanOptionsLiteral
 from solver import SOLVER_BACKENDS, SOLVERS, UnknownSolverError, create
 

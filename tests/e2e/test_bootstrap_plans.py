@@ -19,7 +19,8 @@ from planner.frontend.graph import Graph, parse_graph
 from planner.frontend.params import PRESETS, Boot, Params
 from planner.frontend.reference import random_values, reference
 from planner.ir.analysis import memory_profile
-from planner.keys.schedule import KeyCapError, schedule_plan
+from planner.keys.profile import KeyCapError
+from planner.keys.schedule import schedule_plan
 from planner.pipeline import PlanOptions, auto_params, plan_graph
 from solver import SOLVERS
 from tests.helpers import check_plan
@@ -189,7 +190,7 @@ def test_key_schedule_with_the_block_and_cap_refusal() -> None:
     res = plan(g, tiny_boot(4))
     params = Params.from_json(res.plan["params"])
     assert params.boot is not None
-    from planner.keys.schedule import BOOT_STREAM_DEPTH
+    from planner.keys.residency import BOOT_STREAM_DEPTH
 
     block = params.boot.block_bytes
     streamed = params.boot_block_bytes(BOOT_STREAM_DEPTH)
@@ -304,7 +305,7 @@ def _check_streamed_schedule(res: Any, g: Graph) -> bool:
     Galois keys (on params whose key bytes are the model's: ``tiny_boot_keys``), gives the
     plan's rotations of its offsets keys of their own, stays under the cap and simulates
     to numpy's result with strict residency. False when no streamed schedule fits there."""
-    from planner.keys.schedule import BOOT_STREAM_DEPTH
+    from planner.keys.residency import BOOT_STREAM_DEPTH
 
     boot = Params.from_json(res.plan["params"]).boot
     assert boot is not None

@@ -152,7 +152,8 @@ def test_option_errors() -> None:
 
 
 def test_key_schedule_refuses_a_conjugating_program() -> None:
-    from planner.keys.schedule import KeyScheduleError, schedule_plan
+    from planner.keys.profile import KeyScheduleError
+    from planner.keys.schedule import schedule_plan
 
     g = matvec_graph(100, 300)
     res = plan_graph(g, small_params(), replace(COMPLEX, kernels=HYBRID_ONLY))

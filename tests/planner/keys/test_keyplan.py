@@ -22,7 +22,8 @@ from planner.frontend.params import load_params
 from planner.frontend.reference import random_values, reference
 from planner.ir.hoisting import collapse, fully_split
 from planner.keys.joint import modelled_time, plan_joint, time_model
-from planner.keys.schedule import KeyCapError, schedule_keys, schedule_plan
+from planner.keys.profile import KeyCapError
+from planner.keys.schedule import schedule_keys, schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
 from solver import keyplan_model, keyset_model
 from tests.helpers import REPO_ROOT, check_plan, small_params

@@ -26,17 +26,10 @@ from planner.frontend.graph import Graph, load_graph, parse_graph
 from planner.frontend.params import Params, load_params
 from planner.frontend.reference import random_values, reference
 from planner.ir.analysis import memory_profile, register_depths
-from planner.keys.schedule import (
-    KEY_STRATEGIES,
-    STRATEGIES,
-    KeyCapError,
-    KeySchedule,
-    KeyScheduleError,
-    _naf,
-    key_memory_profile,
-    schedule_keys,
-    schedule_plan,
-)
+from planner.keys.basis import _naf
+from planner.keys.profile import KeyCapError, KeyScheduleError, key_memory_profile
+from planner.keys.residency import KEY_STRATEGIES, STRATEGIES
+from planner.keys.schedule import KeySchedule, schedule_keys, schedule_plan
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 from tests.helpers import REPO_ROOT
@@ -529,7 +522,7 @@ def test_fused_blocks_stay_whole_where_the_cap_allows(mlp: Case, strategy: str) 
 def test_keep_giant_keys_all_or_nothing() -> None:
     """A block's giant keys are kept to its root together or not at all (one dropped early
     splits it anyway), and only while the cap holds at every point they cover."""
-    from planner.keys.schedule import keep_giant_keys
+    from planner.keys.residency import keep_giant_keys
 
     # x -> babies r1, r2 (keys 1, 2); products summed per giant step, giant rotations by 4
     # and 8 (keys 4, 8), the block's root the last add

@@ -53,7 +53,8 @@ from planner.frontend.ranges import calibrated_graph
 from planner.frontend.reference import random_values, reference
 from planner.ir.analysis import plan_key_bytes
 from planner.keys.joint import modelled_time, time_model
-from planner.keys.schedule import KeyCapError, schedule_plan
+from planner.keys.profile import KeyCapError
+from planner.keys.schedule import schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
 
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
