@@ -328,13 +328,13 @@ def modelled_seconds(
         if alt not in COST_TABLES:
             return None
         table = load_costs(alt)
-    if level_aware:
-        from planner.timing import program_seconds
+    from planner.timing import TimeModel
 
-        return round(program_seconds(list(plan["program"]), table, params.max_level, params.slots), 6)
+    tm = TimeModel(table)
+    if level_aware:
+        return round(tm.program_seconds(list(plan["program"]), params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
-    scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
-    return round(table.score(cv) * scale, 6)
+    return round(tm.vector(cv) * tm.seconds_per_unit, 6)
 
 
 def lintrans_matvec(

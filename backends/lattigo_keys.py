@@ -48,13 +48,13 @@ from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
 from planner.graph import Graph, load_graph
-from planner.keyplan import modelled_time, time_model
 from planner.keys import KeyCapError, schedule_plan
 from planner.params import Params, load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.ranges import calibrated_graph
 from planner.reference import random_values, reference
 from planner.summary import plan_key_bytes
+from planner.timing import modelled_time, time_model
 
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
@@ -108,6 +108,8 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     return {
         "eval_seconds": round(st["eval_seconds"], 4),
         "eval_seconds_runs": [round(x, 4) for x in st.get("eval_seconds_runs", [])],
+        # the process's CPU seconds over the evaluation (all goroutines: the key reader's too)
+        "cpu_seconds": round(float(st.get("cpu_seconds", 0.0)), 4),
         "relin_key_bytes": st.get("relin_key_bytes", 0),
         "key_load_seconds": round(st["key_load_seconds"], 4),
         # bytes of key files the store read in those seconds: its measured read rate

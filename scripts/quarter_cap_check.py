@@ -17,12 +17,12 @@ import numpy as np
 
 from backends.sim import simulate
 from planner.graph import load_graph, parse_graph
-from planner.keyplan import modelled_time, time_model
 from planner.keys import schedule_keys
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.reference import random_values, reference
 from planner.summary import plan_key_bytes
+from planner.timing import modelled_time, time_model
 from tests.test_keyplan import convnet
 
 FRACTION = float(sys.argv[1]) if len(sys.argv) > 1 else 0.25

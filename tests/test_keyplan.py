@@ -18,11 +18,12 @@ import pytest
 from backends.sim import simulate
 from planner import ir
 from planner.graph import parse_graph
-from planner.keyplan import collapse, fully_split, modelled_time, plan_joint, time_model
+from planner.keyplan import collapse, fully_split, plan_joint
 from planner.keys import KeyCapError, schedule_keys, schedule_plan
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.reference import random_values, reference
+from planner.timing import modelled_time, time_model
 from solver import keyplan_model, keyset_model
 from tests.helpers import check_plan, small_params
 from tests.random_networks import random_network
@@ -309,8 +310,8 @@ def test_key_load_price_from_the_calibrated_read() -> None:
     import json
     from pathlib import Path
 
-    from planner.keyplan import time_model
     from planner.params import load_params
+    from planner.timing import time_model
 
     for preset in ("n14boot", "n14"):
         meas = json.loads((Path(__file__).resolve().parents[1] / f"data/costs/{preset}-lattigo.json").read_text())[
