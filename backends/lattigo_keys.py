@@ -54,7 +54,7 @@ from planner.pipeline import PlanOptions, plan_graph
 from planner.ranges import calibrated_graph
 from planner.reference import random_values, reference
 from planner.summary import plan_key_bytes
-from planner.timing import modelled_time, time_model
+from planner.timing import TimeModel, modelled_time, time_model
 
 __all__ = ["DEFAULT_FRACTIONS", "measure_graph", "measure_suite"]
 
@@ -143,6 +143,11 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     }
 
 
+def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params) -> dict[str, float]:
+    """The modelled compute by op (planner.timing), next to the executor's op_seconds."""
+    return {k: round(v, 2) for k, v in sorted(tm.breakdown_ms(program, params.max_level, params.slots).items())}
+
+
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
@@ -165,6 +170,7 @@ def measure_graph(
     runs: list[dict[str, Any]] = []
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
+           "model_ms_by_op": _by_op(tm, res.plan["program"], params),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
     row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
                       plaintext_cache=plaintext_cache, workers=workers))
@@ -186,6 +192,7 @@ def measure_graph(
         mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
         row = {**below, "cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
+               "model_stall_ms": round(mt.stall_ms, 2), "model_ms_by_op": _by_op(tm, r.plan["program"], params),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
         row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
@@ -193,6 +200,7 @@ def measure_graph(
         runs.append(row)
     base = runs[0]
     for row in runs:
+        row["model_over_eval"] = round(row["model_time_ms"] / 1e3 / max(1e-9, row["eval_seconds"]), 4)
         row["time_ratio"] = round(row["eval_seconds"] / base["eval_seconds"], 4)
         row["peak_reduction"] = round(base["rss_growth_bytes"] / max(1, row["rss_growth_bytes"]), 3)
         row["key_peak_reduction"] = round(base["peak_key_bytes"] / max(1, row["peak_key_bytes"]), 3)

@@ -336,6 +336,19 @@ class TimeModel:
             cost[blk.root if 0 <= blk.root < len(cost) else len(cost) - 1] += c
         return cost
 
+    def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> dict[str, float]:
+        """:meth:`program_costs` in milliseconds summed by the op of the instruction charged
+        (a fused block's or product sum's cost under ``fused``), for comparing with the
+        executor's measured seconds per op."""
+        blocks, skip = fused_blocks(program, slots)
+        roots = {b.root for b in blocks}
+        out: dict[str, float] = {}
+        for i, (raw, c) in enumerate(zip(program, self.program_costs(program, max_level, slots), strict=True)):
+            if c:
+                name = "fused" if i in skip or i in roots else str(raw.get("op"))
+                out[name] = out.get(name, 0.0) + c * self.ms_per_unit
+        return out
+
     def program_seconds(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> float:
         """The program's modelled compute time in seconds (:meth:`program_costs`)."""
         return sum(self.program_costs(program, max_level, slots)) * self.seconds_per_unit
