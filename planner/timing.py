@@ -382,6 +382,17 @@ def time_model(params: Params) -> TimeModel:
                      source=f"default table x {rotation_ms(params)} ms per rotation (planner.timing.ROTATION_MS)")
 
 
+def block_keys_in_line(params: Params, stream: int | None) -> int:
+    """Bytes of bootstrapping keys the key store reads when the plan loads the block
+    ``boot`` (backends/lattigo/keystore.go ``loadBlock``): every key, or with ``stream``
+    all but the Galois keys."""
+    if params.boot is None:
+        return 0
+    if stream is None:
+        return params.boot.key_bytes
+    return params.boot.key_bytes - params.boot.galois_keys * params.rotation_key_bytes(params.key_max_level)
+
+
 @dataclass
 class ModelledTime:
     total_ms: float
@@ -404,8 +415,10 @@ def modelled_time(
     (``prefetch``) and the program waits at a key's first use until it is read; without
     ``prefetch`` a load runs in line.  A plan without key schedule has every key in memory
     beforehand (keep-all); with ``preload_prologue`` so have the keys a schedule loads
-    before its first computing instruction (the counterpart of keep-all's up-front loads:
-    both read before the clock)."""
+    before its first computing instruction or block load (the counterpart of keep-all's
+    up-front loads: both read before the clock, as BenchPlan's ``preload_prologue``).  The
+    block ``boot`` is read in line where the plan loads it (:func:`block_keys_in_line`);
+    keep-all has it resident beforehand."""
     prog = ir.decode_program(program)
     cost = tm.program_costs(program, params.max_level, params.slots)
     clock = compute = loads = stall = 0.0
@@ -415,10 +428,17 @@ def modelled_time(
     prologue = preload_prologue
     stream = False
     for ins, units in zip(prog, cost, strict=True):
-        if prologue and not isinstance(ins, ir.Input | ir.LoadKey):
+        if prologue and not (isinstance(ins, ir.Input) or isinstance(ins, ir.LoadKey) and ins.k is not None):
             prologue = False
         if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
             stream = isinstance(ins, ir.LoadKey) and ins.stream is not None
+            if isinstance(ins, ir.LoadKey) and params.boot is not None:
+                # the block's keys are read in line where the plan loads it (a streamed
+                # block: its relinearisation and encapsulation keys; the loader reads the
+                # Galois keys during the bootstraps, below)
+                ms = tm.load_ms(block_keys_in_line(params, ins.stream))
+                loads += ms
+                clock += ms
             continue
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
