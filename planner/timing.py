@@ -234,7 +234,7 @@ class TimeModel:
         schedule exists): the constants' load-to-rotation ratio at log N 16
         (:data:`KEY_LOAD_MS_PER_80MIB` over ``ROTATION_MS[16]``) times the table's rotation
         weight.  Kept as it was when the model was unified, so that plans stay byte for
-        byte as they were; it is not the calibrated :meth:`load_ms` (at n14boot 8x
+        byte as they were; it is not the calibrated :meth:`load_ms` (at n14boot 8.6x
         lower), which the instruction-level schedule and the runtime use."""
         return self.weights.rotation * (KEY_LOAD_MS_PER_80MIB / ROTATION_MS[16]) * nbytes / (80 * 2**20)
 
