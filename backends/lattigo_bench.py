@@ -318,19 +318,12 @@ def modelled_seconds(
     the level it runs at (``planner.timing``), else (``level_aware=False``) with the
     top-level weights, as the solver's objective prices candidates. ``table_path``: price
     with that table instead (a calibration made in this job, ``--calibrate``)."""
-    from planner.costs import COST_TABLES, load_costs
     from planner.kernels.base import count_program
+    from planner.timing import plan_model
 
-    name = str((plan.get("options") or {}).get("costs") or "default")
-    table = load_costs(table_path if table_path is not None else name)
-    if not table.is_time:
-        alt = f"{params.name}-lattigo"
-        if alt not in COST_TABLES:
-            return None
-        table = load_costs(alt)
-    from planner.timing import TimeModel
-
-    tm = TimeModel(table)
+    tm = plan_model(plan, params, table_path)
+    if tm is None:
+        return None
     if level_aware:
         return round(tm.program_seconds(list(plan["program"]), params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner import ir
@@ -58,6 +59,7 @@ __all__ = [
     "TimeModel",
     "interpolate",
     "modelled_time",
+    "plan_model",
     "program_seconds",
     "time_model",
 ]
@@ -391,6 +393,19 @@ def block_keys_in_line(params: Params, stream: int | None) -> int:
     if stream is None:
         return params.boot.key_bytes
     return params.boot.key_bytes - params.boot.galois_keys * params.rotation_key_bytes(params.key_max_level)
+
+
+def plan_model(plan: Mapping[str, Any], params: Params, table: str | Path | None = None) -> TimeModel | None:
+    """The model a plan's time is reported under: the calibrated table its objective used,
+    else its preset's ``<preset>-lattigo``; ``table``: that table instead; None without a
+    calibrated one."""
+    t = load_costs(table if table is not None else str((plan.get("options") or {}).get("costs") or "default"))
+    if not t.is_time:
+        alt = f"{params.name}-lattigo"
+        if alt not in COST_TABLES:
+            return None
+        t = load_costs(alt)
+    return TimeModel(t)
 
 
 @dataclass
