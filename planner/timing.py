@@ -256,6 +256,13 @@ class TimeModel:
         if isinstance(ins, ir.Rescale):
             return self.at("rescale", lv)
         if isinstance(ins, ir.Poly):
+            # calibrated once, at the top level (``once_ms.poly3``); a polynomial is its
+            # ciphertext products and rescales, so it scales with the level as a product
+            # does (LeNet-5 at n14boot: priced flat, its polys measured 0.45-0.77 of the
+            # model relative to the rotations of the same run)
+            prod = self.points.get("cmul_relin")
+            if prod and prod[-1][1] > 0:
+                return self.weights.poly * self.at("cmul_relin", lv) / prod[-1][1]
             return self.weights.poly
         if ir.is_bootstrap(ins):
             return self.bootstrap * ins.count()

@@ -214,3 +214,22 @@ def test_bootstrap_priced_by_the_table() -> None:
     assert modelled_time(prog, params, {}, tm).compute_ms == pytest.approx(tm.bootstrap)
     cv = count_program(prog, 0, 0, 0, 0, 0.0, params.slots)
     assert tm.vector(cv) == pytest.approx(tm.bootstrap) and tm.bootstrap_units() == int(round(tm.bootstrap * OBJECTIVE_SCALE))
+
+
+def test_poly_scales_with_its_level_as_a_product() -> None:
+    """A poly is calibrated once at the top level; below it, it scales as a ct-ct product."""
+    params = load_params("n14")
+    tm = time_model(params)
+    L = params.max_level
+    prog = [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
+        {"op": "poly", "dst": "p", "src": "x", "coeffs": [0.0, 1.0, 0.5]},
+        {"op": "poly", "dst": "q", "src": "p", "coeffs": [0.0, 1.0, 0.5]},
+        {"op": "output", "src": "q", "tensor": "q", "table": "q"},
+    ]
+    cost = tm.program_costs(prog, L, params.slots)
+    lvs, ms = _per_level(tm.table, "cmul_relin")
+    assert cost[1] == pytest.approx(tm.table.weights.poly)  # at the top: the calibrated poly
+    below = L - 2  # a degree-2 polynomial takes 2 levels (ceil(log2(3)))
+    assert cost[2] == pytest.approx(tm.table.weights.poly * float(np.interp(below, lvs, ms)) / ms[-1])
+    assert cost[2] < cost[1]
