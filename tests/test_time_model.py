@@ -27,6 +27,7 @@ from planner.timing import (
     program_seconds,
     time_model,
 )
+from tests.helpers import q_mode_forms, qp_block_program
 
 
 def _per_level(table: Any, key: str) -> tuple[list[int], list[float]]:
@@ -57,18 +58,12 @@ def test_weights_by_level_follow_the_calibrated_points(preset: str) -> None:
 
 def _block_below_top() -> list[dict[str, Any]]:
     """x * x, rescaled (one level down), then two giantless forms on it over one baby
-    offset: y1 = a*rot(x1,1) + b*x1, y2 = c*rot(x1,1) (Q mode, planner.fusion)."""
+    offset (Q mode, tests.helpers.q_mode_forms)."""
     return [
         {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
         {"op": "cmul", "dst": "t", "a": "x", "b": "x"},
         {"op": "rescale", "dst": "x1", "src": "t"},
-        {"op": "rot_hoisted", "dsts": ["r1"], "src": "x1", "ks": [1]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "x1", "pt": "pb"},
-        {"op": "add", "dst": "y1", "a": "a", "b": "b"},
-        {"op": "pmul", "dst": "y2", "src": "r1", "pt": "pc"},
-        {"op": "output", "src": "y1", "tensor": "y1", "table": "y1"},
-        {"op": "output", "src": "y2", "tensor": "y2", "table": "y2"},
+        *q_mode_forms("x1"),
     ]
 
 
@@ -98,7 +93,7 @@ def test_fused_blocks_priced_at_their_level_and_charged_at_their_root() -> None:
     assert all(cost[i] == 0.0 for i in skip - roots)
     assert cost[1] == pytest.approx(at("cmul_relin", L)) and cost[2] == pytest.approx(at("rescale", L))
     # the same blocks at the top level (no square in front) cost more
-    top = [prog[0]] + [dict(ins, src="x") if ins.get("src") == "x1" else ins for ins in prog[3:]]
+    top = [prog[0], *q_mode_forms("x")]
     assert sum(tm.program_costs(top, L, params.slots)) > sum(cost) - cost[1] - cost[2]
 
 
@@ -190,14 +185,7 @@ def test_objective_and_program_agree_at_the_top_level() -> None:
     top-level weights) and the level-aware program price are one number."""
     params = load_params("n13")
     tm = time_model(params)
-    prog = [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "rot_hoisted", "dsts": ["r1", "r2"], "src": "x", "ks": [1, 2]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "r2", "pt": "pb"},
-        {"op": "add", "dst": "y", "a": "a", "b": "b"},
-        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
-    ]
+    prog = qp_block_program()
     cv = count_program(prog, 0, 2, 2, 1, 0.0, params.slots)
     assert sum(tm.program_costs(prog, params.max_level, params.slots)) == pytest.approx(tm.vector(cv))
 

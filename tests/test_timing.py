@@ -12,6 +12,7 @@ from planner.kernels.base import count_program
 from planner.params import load_params
 from planner.pipeline import PlanOptions, plan_graph
 from planner.timing import TimeModel, program_seconds
+from tests.helpers import q_mode_forms, qp_block_program
 
 
 def test_level_weights_interpolate_between_calibrated_levels() -> None:
@@ -86,18 +87,8 @@ def test_deeper_plans_cost_less_per_layer() -> None:
 
 
 def _q_mode_program() -> list[dict]:
-    """Two giantless forms on x over one baby offset: y1 = a*rot(x,1) + b*x, y2 = c*rot(x,1)
-    (2 blocks > 1 distinct baby: Q mode, planner.fusion)."""
-    return [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "rot_hoisted", "dsts": ["r1"], "src": "x", "ks": [1]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "x", "pt": "pb"},
-        {"op": "add", "dst": "y1", "a": "a", "b": "b"},
-        {"op": "pmul", "dst": "y2", "src": "r1", "pt": "pc"},
-        {"op": "output", "src": "y1", "tensor": "y1", "table": "y1"},
-        {"op": "output", "src": "y2", "tensor": "y2", "table": "y2"},
-    ]
+    """Two giantless forms on the input x over one baby offset (tests.helpers.q_mode_forms)."""
+    return [{"op": "input", "dst": "x", "tensor": "x", "table": "x"}, *q_mode_forms("x")]
 
 
 def test_q_mode_blocks_counted_and_priced_by_hand() -> None:
@@ -123,14 +114,7 @@ def test_q_mode_blocks_counted_and_priced_by_hand() -> None:
 
 def test_a_block_with_more_babies_than_blocks_stays_in_qp() -> None:
     """One giantless block over two babies: QP (two ModDowns once, not two per baby)."""
-    prog = [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "rot_hoisted", "dsts": ["r1", "r2"], "src": "x", "ks": [1, 2]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "r2", "pt": "pb"},
-        {"op": "add", "dst": "y", "a": "a", "b": "b"},
-        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
-    ]
+    prog = qp_block_program()
     fc = fused_counts(prog, 4096)
     assert (fc.blocks, fc.products, fc.babies, fc.q_blocks) == (1, 2, 2, 0)
 
