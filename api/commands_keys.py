@@ -85,7 +85,7 @@ def keybench(
 ) -> None:
     """Per workload and cap: rotations, key loads and peak per strategy; geomean peak
     reduction vs keep-all (ANT-ACE) at <= 5% extra modelled time."""
-    from api.keybench import KEY_LOAD_MS_PER_80MIB, ROTATION_MS, run_key_suite, summarize_suite
+    from api.keybench import run_key_suite, summarize_suite
     from api.progress import shown, wanted
 
     strats = [s.strip() for s in strategies.split(",") if s.strip()]
@@ -117,8 +117,8 @@ def keybench(
         t.add_row(s, "-" if g is None else f"{g:.2f}x", f"{summary[s]['workloads']}/{summary[s]['of']}")
     out.print(t)
     out.print(
-        f"modelled time = rotations x rotation cost {ROTATION_MS} ms by LogN + loads x {KEY_LOAD_MS_PER_80MIB} ms "
-        "per 80 MiB of key (shared/notes/lattigo-gopy.md)", highlight=False,
+        "modelled time: planner.cost.timing (the preset's calibrated table: operations and fused blocks by level, "
+        "bootstraps, prefetched key loads)", highlight=False,
     )
 
 

@@ -7,7 +7,10 @@ rotations, key loads, peak bytes and modelled time; per strategy: the largest pe
 reduction against the ANT-ACE baseline (keep-all, every key at the top level) whose
 modelled time is at most 5% above the baseline's, and the geomean over workloads.
 
-Modelled time = rotations * rotation cost + sum over loads of the loaded key's read time.
+Modelled time: :func:`planner.cost.timing.modelled_time` under the preset's time model
+(:func:`planner.cost.timing.time_model`: the objective's, with the executor's fused blocks, the
+bootstraps and the prefetching key loads), as the joint strategy and ``keymeasure`` model
+it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common import progress
 from common.errors import SlotplanError
+from planner.cost.timing import TimeModel, modelled_time, time_model
 from planner.frontend.graph import load_graph
 from planner.frontend.params import Params, load_params
 from planner.ir.io import load_model_file
@@ -30,15 +34,6 @@ from planner.keys.residency import STRATEGIES
 from planner.keys.schedule import KeySchedule, schedule_keys
 from planner.pipeline import PlanOptions, plan_graph
 
-# Rotation (key switch) at the top level, milliseconds, from shared/notes/lattigo-gopy.md
-# ("Rotation at max level: ~5 ms (LogN 13), ~20-40 ms (LogN 14), ~120-200 ms (LogN 16)",
-# measured with Lattigo v6.1.1 on these machines).  LogN 14 and 16 take the middle of the
-# measured range; LogN 12 and 15 are not measured: scaled by N log N between neighbours.
-ROTATION_MS = {12: 2.3, 13: 5.0, 14: 30.0, 15: 70.0, 16: 150.0}
-# Reading a key back from the page cache: "an 80 MiB key reads back in ~25-70 ms"
-# (same notes); the middle of that range, proportional to the key's bytes.
-KEY_LOAD_MS_PER_80MIB = 47.5
-KEY_LOAD_MS_PER_BYTE = KEY_LOAD_MS_PER_80MIB / (80 * 2**20)
 # The time budget for the peak-reduction figure: at most 5% above the baseline.
 TIME_SLACK = 1.05
 DEFAULT_CAPS = 6
@@ -65,17 +60,9 @@ def load_key_suite(path: str | Path) -> tuple[KeySuite, Path]:
     return load_model_file(path, KeySuite, "key suite")
 
 
-def rotation_ms(params: Params) -> float:
-    if params.log_n in ROTATION_MS:
-        return ROTATION_MS[params.log_n]
-    # outside the table: N log N scaling from the nearest entry
-    ref = min(ROTATION_MS, key=lambda n: abs(n - params.log_n))
-    return ROTATION_MS[ref] * (2 ** (params.log_n - ref)) * params.log_n / ref
-
-
-def modelled_time_ms(sched: KeySchedule, params: Params) -> float:
-    loads = sum(i.loads * i.bytes for i in sched.keys.values()) * KEY_LOAD_MS_PER_BYTE
-    return sched.rotations * rotation_ms(params) + loads
+def modelled_time_ms(sched: KeySchedule, params: Params, tm: TimeModel) -> float:
+    """A schedule's modelled evaluation time (:func:`planner.cost.timing.modelled_time`)."""
+    return modelled_time(sched.program, params, sched.key_bytes(), tm).total_ms
 
 
 def cap_points(high: int, low: int, n: int) -> list[int]:
@@ -85,7 +72,7 @@ def cap_points(high: int, low: int, n: int) -> list[int]:
     return [int(round(high - (high - low) * i / (n - 1))) for i in range(n)]
 
 
-def _row(strategy: str, cap: int | None, sched: KeySchedule | None, params: Params, seconds: float,
+def _row(strategy: str, cap: int | None, sched: KeySchedule | None, params: Params, tm: TimeModel, seconds: float,
          error: str | None = None) -> dict[str, Any]:
     if sched is None:
         return {"strategy": strategy, "cap": cap, "feasible": False, "error": error}
@@ -98,7 +85,7 @@ def _row(strategy: str, cap: int | None, sched: KeySchedule | None, params: Para
         "key_loads": sched.loads,
         "peak_bytes": sched.peak_bytes["total"],
         "peak_key_bytes": sched.peak_bytes["keys"],
-        "time_ms": round(modelled_time_ms(sched, params), 3),
+        "time_ms": round(modelled_time_ms(sched, params, tm), 3),
         "seconds": round(seconds, 3),
     }
     if sched.solver is not None:
@@ -123,8 +110,9 @@ def bench_keys(
     res = plan_graph(g, params, PlanOptions(input_layout=input_layout))
     plan_s = time.perf_counter() - t0
     prog = res.plan["program"]
+    tm = time_model(params)
     base = schedule_keys(prog, params, None, "keep-all", key_levels=False)
-    base_ms = modelled_time_ms(base, params)
+    base_ms = modelled_time_ms(base, params, tm)
     lowest = schedule_keys(prog, params, None, "belady", max_keys, key_levels=key_levels).min_cap_bytes
     caps = cap_points(base.peak_bytes["total"], lowest, n_caps)
     rows: list[dict[str, Any]] = []
@@ -134,9 +122,9 @@ def bench_keys(
             try:
                 s = schedule_keys(prog, params, cap, strat, max_keys, key_levels=key_levels, time_limit_s=time_limit_s)
             except KeyCapError as e:
-                rows.append(_row(strat, cap, None, params, 0.0, f"needs {e.min_cap} bytes"))
+                rows.append(_row(strat, cap, None, params, tm, 0.0, f"needs {e.min_cap} bytes"))
                 continue
-            rows.append(_row(strat, cap, s, params, time.perf_counter() - t1))
+            rows.append(_row(strat, cap, s, params, tm, time.perf_counter() - t1))
     best: dict[str, dict[str, Any] | None] = {}
     for strat in strategies:
         ok = [r for r in rows if r["strategy"] == strat and r["feasible"] and r["time_ms"] <= TIME_SLACK * base_ms]
@@ -160,6 +148,7 @@ def bench_keys(
         "depth": res.plan["summary"]["depth"],
         "instructions": len(prog),
         "key_bytes_top_level": params.rotation_key_bytes(),
+        "time_model": tm.source,
         "baseline": {"strategy": "keep-all (top-level keys, ANT-ACE)", "peak_bytes": base.peak_bytes["total"],
                      "peak_key_bytes": base.peak_bytes["keys"], "time_ms": round(base_ms, 3)},
         "min_feasible_cap": lowest,
@@ -225,9 +214,7 @@ def key_curve(
     """One workload's cap -> (rotations, loads, hoisted splits, composed offsets, peak,
     modelled time) under the joint strategy: caps at ``fractions`` of the keep-all peak
     (ANT-ACE: every key at the top level) and ``n_low`` more down to the smallest feasible
-    cap.  Modelled time: :func:`planner.keys.joint.modelled_time` (prefetching runtime)."""
-    from planner.keys.joint import modelled_time, time_model
-
+    cap.  Modelled time: :func:`planner.cost.timing.modelled_time` (prefetching runtime)."""
     g = load_graph(graph_path)
     res = plan_graph(g, params, PlanOptions(input_layout=input_layout))
     prog = res.plan["program"]

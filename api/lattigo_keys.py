@@ -47,12 +47,12 @@ from backends.lattigo_backend import (
 from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
+from planner.cost.timing import TimeModel, modelled_time, time_model
 from planner.frontend.graph import Graph, load_graph
 from planner.frontend.params import Params, load_params
 from planner.frontend.ranges import calibrated_graph
 from planner.frontend.reference import random_values, reference
 from planner.ir.analysis import plan_key_bytes
-from planner.keys.joint import modelled_time, time_model
 from planner.keys.profile import KeyCapError
 from planner.keys.schedule import schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
@@ -109,6 +109,8 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     return {
         "eval_seconds": round(st["eval_seconds"], 4),
         "eval_seconds_runs": [round(x, 4) for x in st.get("eval_seconds_runs", [])],
+        # the process's CPU seconds over the evaluation (all goroutines: the key reader's too)
+        "cpu_seconds": round(float(st.get("cpu_seconds", 0.0)), 4),
         "relin_key_bytes": st.get("relin_key_bytes", 0),
         "key_load_seconds": round(st["key_load_seconds"], 4),
         # bytes of key files the store read in those seconds: its measured read rate
@@ -142,6 +144,11 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     }
 
 
+def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params) -> dict[str, float]:
+    """The modelled compute by op (planner.cost.timing), next to the executor's op_seconds."""
+    return {k: round(v, 2) for k, v in sorted(tm.breakdown_ms(program, params.max_level, params.slots).items())}
+
+
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
@@ -164,6 +171,7 @@ def measure_graph(
     runs: list[dict[str, Any]] = []
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
+           "model_ms_by_op": _by_op(tm, res.plan["program"], params),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
     row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
                       plaintext_cache=plaintext_cache, workers=workers))
@@ -185,6 +193,7 @@ def measure_graph(
         mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
         row = {**below, "cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
+               "model_stall_ms": round(mt.stall_ms, 2), "model_ms_by_op": _by_op(tm, r.plan["program"], params),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
         row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
@@ -192,6 +201,7 @@ def measure_graph(
         runs.append(row)
     base = runs[0]
     for row in runs:
+        row["model_over_eval"] = round(row["model_time_ms"] / 1e3 / max(1e-9, row["eval_seconds"]), 4)
         row["time_ratio"] = round(row["eval_seconds"] / base["eval_seconds"], 4)
         row["peak_reduction"] = round(base["rss_growth_bytes"] / max(1, row["rss_growth_bytes"]), 3)
         row["key_peak_reduction"] = round(base["peak_key_bytes"] / max(1, row["peak_key_bytes"]), 3)

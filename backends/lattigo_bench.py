@@ -318,23 +318,16 @@ def modelled_seconds(
     the level it runs at (``planner.cost.timing``), else (``level_aware=False``) with the
     top-level weights, as the solver's objective prices candidates. ``table_path``: price
     with that table instead (a calibration made in this job, ``--calibrate``)."""
-    from planner.cost.tables import COST_TABLES, load_costs
+    from planner.cost.timing import plan_model
     from planner.kernels.base import count_program
 
-    name = str((plan.get("options") or {}).get("costs") or "default")
-    table = load_costs(table_path if table_path is not None else name)
-    if not table.is_time:
-        alt = f"{params.name}-lattigo"
-        if alt not in COST_TABLES:
-            return None
-        table = load_costs(alt)
+    tm = plan_model(plan, params, table_path)
+    if tm is None:
+        return None
     if level_aware:
-        from planner.cost.timing import program_seconds
-
-        return round(program_seconds(list(plan["program"]), table, params.max_level, params.slots), 6)
+        return round(tm.program_seconds(list(plan["program"]), params.max_level, params.slots), 6)
     cv = count_program(list(plan["program"]), 0, 0, 0, 0, 0.0, params.slots)
-    scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
-    return round(table.score(cv) * scale, 6)
+    return round(tm.vector(cv) * tm.seconds_per_unit, 6)
 
 
 def lintrans_matvec(

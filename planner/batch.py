@@ -158,17 +158,10 @@ def batched_notation(notation: str, info: BatchInfo) -> str:
 def plan_seconds_model(plan: Mapping[str, Any], params: Params) -> float | None:
     """Modelled seconds of a plan under the calibrated table of its preset (level aware, as
     ``slotplan lattigo-bench`` models it), or None without one."""
-    from planner.cost.tables import COST_TABLES, load_costs
-    from planner.cost.timing import program_seconds
+    from planner.cost.timing import plan_model
 
-    name = str((plan.get("options") or {}).get("costs") or "default")
-    table = load_costs(name)
-    if not table.is_time:
-        alt = f"{params.name}-lattigo"
-        if alt not in COST_TABLES:
-            return None
-        table = load_costs(alt)
-    return program_seconds(list(plan["program"]), table, params.max_level, params.slots)
+    tm = plan_model(plan, params)
+    return None if tm is None else tm.program_seconds(list(plan["program"]), params.max_level, params.slots)
 
 
 def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timings: bool = False,

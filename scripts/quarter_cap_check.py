@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from backends.sim import simulate
+from planner.cost.timing import modelled_time, time_model
 from planner.frontend.graph import load_graph, parse_graph
 from planner.frontend.params import load_params
 from planner.frontend.reference import random_values, reference
 from planner.ir.analysis import plan_key_bytes
-from planner.keys.joint import modelled_time, time_model
 from planner.keys.schedule import schedule_keys
 from planner.pipeline import PlanOptions, plan_graph
 from tests.planner.keys.test_keyplan import convnet

@@ -24,6 +24,33 @@ def small_params(log_n: int = 10, levels: int = 4) -> Params:
     return Params(log_n=log_n, log_q=(50,) + (40,) * levels, log_p=(50,), log_scale=40, name=f"test{log_n}")
 
 
+def q_mode_forms(base: str) -> list[dict[str, Any]]:
+    """Two giantless forms on ``base`` over one baby offset: y1 = a*rot(base,1) + b*base,
+    y2 = c*rot(base,1) (2 blocks > 1 distinct baby: Q mode, planner.ir.fusion), and the outputs."""
+    return [
+        {"op": "rot_hoisted", "dsts": ["r1"], "src": base, "ks": [1]},
+        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
+        {"op": "pmul", "dst": "b", "src": base, "pt": "pb"},
+        {"op": "add", "dst": "y1", "a": "a", "b": "b"},
+        {"op": "pmul", "dst": "y2", "src": "r1", "pt": "pc"},
+        {"op": "output", "src": "y1", "tensor": "y1", "table": "y1"},
+        {"op": "output", "src": "y2", "tensor": "y2", "table": "y2"},
+    ]
+
+
+def qp_block_program() -> list[dict[str, Any]]:
+    """One giantless block on the input x over two babies: y = a*rot(x,1) + b*rot(x,2)
+    (QP: more babies than blocks, planner.ir.fusion)."""
+    return [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
+        {"op": "rot_hoisted", "dsts": ["r1", "r2"], "src": "x", "ks": [1, 2]},
+        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
+        {"op": "pmul", "dst": "b", "src": "r2", "pt": "pb"},
+        {"op": "add", "dst": "y", "a": "a", "b": "b"},
+        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
+    ]
+
+
 def matvec_graph(n: int, k: int) -> Graph:
     return parse_graph({
         "schema": "slotplan.graph/1", "name": f"mv{n}x{k}",

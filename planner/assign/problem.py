@@ -29,6 +29,7 @@ from planner.assign.candidates import (
 from planner.assign.fold import add_scaled_variants, foldable_into
 from planner.assign.options import PlanOptions, resolve_objective
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable, load_costs
+from planner.cost.timing import TimeModel
 from planner.frontend.graph import Graph, Node
 from planner.frontend.params import Params
 from planner.frontend.ranges import RangeReport, boot_scale, graph_ranges, operand_bound
@@ -78,6 +79,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     S = params.slots
     options = resolve_objective(options.with_packing(), params)
     costs = load_costs(options.costs)
+    tm = TimeModel(costs)  # the objective's prices (planner.cost.timing)
     free = options.input_layout == "free"
     pinned = _pinned_layouts(graph, options, S)
     ranges = graph_ranges(graph) if params.boot is not None else None
@@ -89,14 +91,14 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         out = _node_candidates(graph, node, cands, pinned, options, S, cins_ctx)
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
-        cands[node.id] = _prune(out, costs, S)
+        cands[node.id] = _prune(out, tm, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")
-    _fold_chebyshev(graph, cands, params, ranges, costs)
+    _fold_chebyshev(graph, cands, params, ranges, tm)
     input_options = _input_options(graph, cands, pinned, free, S)
     penalty: dict[str, list[int]] = {}
     if options.memory_cap_bytes is not None:
-        penalty = _apply_residency(cands, params, options.memory_cap_bytes, costs)
+        penalty = _apply_residency(cands, params, options.memory_cap_bytes, tm)
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
@@ -110,7 +112,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         # before its bootstraps, and its result's depth
         rds = [c.reset_depths(S) for c in cs]
         groups.append(
-            Group(node.id, tuple(costs.iscore(c.cost(S, fused)) + p
+            Group(node.id, tuple(tm.units(c.cost(S, fused)) + p
                                  for c, p in zip(cs, penalty.get(node.id) or [0] * len(cs), strict=True)),
                   tuple(c.label for c in cs),
                   depths=tuple(c.cost(S).depth if rd is None else rd[0] for c, rd in zip(cs, rds, strict=True)),
@@ -133,12 +135,12 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
             # reads, so only matching (option, candidate) pairs can be optimal; pricing the
             # other conversions would only cost planning time
             own = src.startswith("input:") and free and t not in pinned and len(graph.consumers(t)) == 1
-            mat, dmat = _conversion_costs(src_layouts, cands[node.id], t, own, costs, src_scales)
+            mat, dmat = _conversion_costs(src_layouts, cands[node.id], t, own, tm, src_scales)
             edges.append(Edge(src, node.id, t, mat, dmat, adapts=own))
         progress.advance("conversions", node.id)
     progress.end("conversions")
     all_candidates = {k: list(v) for k, v in cands.items()}  # issue 17: runner-ups may be pruned ones
-    boot_weight = costs.boot_iscore() if params.boot is not None else None
+    boot_weight = tm.bootstrap_units() if params.boot is not None else None
     model, keep = ChoiceModel(tuple(groups), tuple(edges), params.max_level, boot_weight).prune_dominated()
     for node in graph.nodes:
         cands[node.id] = [cands[node.id][o] for o in keep[node.id]]
@@ -171,7 +173,7 @@ def _boot_options(
 
 
 def _fold_chebyshev(
-    graph: Graph, cands: dict[str, list[Candidate]], params: Params, ranges: RangeReport | None, costs: CostTable
+    graph: Graph, cands: dict[str, list[Candidate]], params: Params, ranges: RangeReport | None, tm: TimeModel
 ) -> None:
     """Scaled variants of the producers of folded Chebyshev polys (planner.assign.fold).  At a
     bootstrapping preset a factor that would need a larger bootstrap scaling than the
@@ -187,7 +189,7 @@ def _fold_chebyshev(
     add_scaled_variants(graph, cands, params.slots, keep_scale)
     for k, v in cands.items():
         if len(v) != before[k] or any(c.out_scale != 1.0 or c.operand_scales for c in v):
-            cands[k] = _prune(v, costs, params.slots)
+            cands[k] = _prune(v, tm, params.slots)
 
 
 def _pinned_layouts(graph: Graph, options: PlanOptions, S: int) -> dict[str, Any]:
@@ -323,7 +325,7 @@ def _input_options(
 
 
 def _conversion_costs(
-    src_layouts: Sequence[Any], cands: Sequence[Candidate], t: str, own: bool, costs: CostTable,
+    src_layouts: Sequence[Any], cands: Sequence[Candidate], t: str, own: bool, tm: TimeModel,
     src_scales: Sequence[float] | None = None,
 ) -> tuple[tuple[tuple[int | None, ...], ...], tuple[tuple[int, ...], ...]]:
     """Cost (None: impossible or not worth pricing) and depth of converting operand ``t``
@@ -346,17 +348,15 @@ def _conversion_costs(
             except ValueError:
                 row.append(None)
                 continue
-            row.append(costs.iscore(cv))
+            row.append(tm.units(cv))
             drow[-1] = cv.depth
         mat.append(tuple(row))
         dmat.append(tuple(drow))
     return tuple(mat), tuple(dmat)
 
 
-# Node-granularity key residency (used when a memory cap is set): key load time relative
-# to one rotation, from shared/notes/lattigo-gopy.md at LogN 16 (an 80 MiB key reads back
-# in ~47.5 ms; a rotation at the top level takes ~150 ms), scaled by key size.
-KEY_LOAD_ROTATIONS_PER_80MIB = 47.5 / 150.0
+# Node-granularity key residency (used when a memory cap is set): each key load priced by
+# the time model's node estimate (planner.cost.timing.TimeModel.node_key_load).
 # Candidates whose own program is too large to walk for the residency model are kept
 # (the instruction-level schedule still checks them).
 MAX_RESIDENCY_WALK = 200_000
@@ -382,7 +382,7 @@ def candidate_min_cap(c: Candidate, params: Params) -> int:
 
 
 def _apply_residency(
-    cands: dict[str, list[Candidate]], params: Params, cap: int, costs: CostTable
+    cands: dict[str, list[Candidate]], params: Params, cap: int, tm: TimeModel
 ) -> dict[str, list[int]]:
     """Under a cap, drop candidates that cannot run within it (when another can; each keeps
     its ``min_cap_bytes``) and return, per node and in the order of its remaining candidates,
@@ -390,7 +390,7 @@ def _apply_residency(
     when they cannot all stay resident (node granularity; the exact instruction-level
     schedule refines it after the solve)."""
     key = params.rotation_key_bytes()
-    load_w = costs.weights.rotation * KEY_LOAD_ROTATIONS_PER_80MIB * key / (80 * 2**20)
+    load_w = tm.node_key_load(key)
     penalty: dict[str, list[int]] = {}
     for node, cs in cands.items():
         fits = []
@@ -417,19 +417,19 @@ def _apply_residency(
     return penalty
 
 
-def _prune(cands: list[Candidate], costs: CostTable, slots: int) -> list[Candidate]:
+def _prune(cands: list[Candidate], tm: TimeModel, slots: int) -> list[Candidate]:
     """Keep the cheapest candidate per (kernel, input layouts, output layout) (Rotom keeps the
     cheapest kernel per output layout; we keep one per kernel family so reports can show
     every baseline).  Ties break on the label: deterministic."""
     best: dict[tuple[Any, ...], Candidate] = {}
-    fused = costs.weights.fused
+    fused = tm.fused
     for c in cands:
         key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout,
                c.out_scale, tuple(sorted(c.operand_scales.items())))
         cur = best.get(key)
-        if cur is None or (costs.iscore(c.cost(slots, fused)), c.label) < (costs.iscore(cur.cost(slots, fused)), cur.label):
+        if cur is None or (tm.units(c.cost(slots, fused)), c.label) < (tm.units(cur.cost(slots, fused)), cur.label):
             best[key] = c
-    return sorted(best.values(), key=lambda c: (costs.iscore(c.cost(slots, fused)), c.kernel, c.label))
+    return sorted(best.values(), key=lambda c: (tm.units(c.cost(slots, fused)), c.kernel, c.label))
 
 
 def min_depth(model: ChoiceModel) -> int:

@@ -2,7 +2,9 @@
 
 Each table gives the weight of one operation of a cost vector in a common unit.  The
 default table is the MetaKernel policy (rotations first); ``slotplan calibrate`` writes
-tables measured on Lattigo for a parameter set.
+tables measured on Lattigo for a parameter set.  What the weights price (a candidate, a
+program level by level, fused blocks, bootstraps, key loads) is the time model,
+:mod:`planner.cost.timing`; this module only loads and validates the tables.
 """
 
 from __future__ import annotations
@@ -17,16 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from common.errors import SlotplanError
 from common.paths import DATA_DIR
 from common.registry import Registry
-from planner.kernels.base import CostVector
 
 COSTS_DIR = DATA_DIR / "costs"
 # Costs are scaled to integers for the solvers; 1000 keeps 0.001-unit weights exact.
 OBJECTIVE_SCALE = 1000
-# Measured with Lattigo v6.1.1 (shared notes, lattigo-bootstrapping.md): one bootstrap of
-# N16QP1546H192H32 took 28.5 s, one rotation at level 9 on its evaluator 0.089 s, so a
-# bootstrap costs about 319 rotations (183 at log N 14).  The weight of a table without a
-# measured ``bootstrap`` weight.
-BOOTSTRAP_ROTATIONS = 319.0
 
 
 class Weights(BaseModel):
@@ -40,11 +36,8 @@ class Weights(BaseModel):
     poly: float = Field(ge=0)
     depth: float = Field(ge=0)
     # one bootstrap of one ciphertext (bootstrapping presets); tables without it price a
-    # bootstrap at BOOTSTRAP_ROTATIONS rotations
+    # bootstrap at planner.cost.timing.BOOTSTRAP_ROTATIONS rotations
     bootstrap: float | None = Field(default=None, ge=0)
-
-    def bootstrap_weight(self) -> float:
-        return self.bootstrap if self.bootstrap is not None else BOOTSTRAP_ROTATIONS * self.rotation
 
     # the Lattigo executor's fused blocks (planner/ir/fusion.py); tables without them price
     # every instruction as written
@@ -87,48 +80,6 @@ class CostTable(BaseModel):
     def is_time(self) -> bool:
         """A calibrated table (a time unit), what ``--objective time`` uses."""
         return self.unit in ("millisecond", "second", "microsecond")
-
-    def score(self, c: CostVector) -> float:
-        w = self.weights
-        f = c.fused
-        if not w.fused:
-            f = type(f)()
-        # a hoisted group pays one full rotation, its other offsets the hoisted price
-        extra_hoisted = (c.hoisted_rotations - f.hoisted_rotations) - (c.hoisted_groups - f.hoisted_groups)
-        rotations = c.rotations - f.rot - f.hoisted_rotations
-        base = (
-            w.rotation * (rotations - extra_hoisted)
-            + w.hoisted_rotation * extra_hoisted
-            + w.pmul * (c.pmul - f.pmul)
-            + w.cmul * (c.cmul - f.cmul)
-            + _or(w.cmul_tensor, w.cmul) * f.cmul + _or(w.relin, 0.0) * f.sums
-            + w.add * (c.add - f.add)
-            + w.rescale * (c.rescale - f.rescale + f.block_rescales)
-            + w.poly * c.poly
-            + w.depth * c.depth
-            + (w.bootstrap_weight() * c.bootstraps if c.bootstraps else 0.0)
-        )
-        if f.blocks or f.q_blocks:
-            assert w.block is not None and w.block_baby is not None
-            assert w.block_giant is not None and w.block_product is not None
-            base += (w.block * f.blocks + w.block_baby * f.babies + w.block_giant * f.giants
-                     + w.block_product * f.products + (w.block_base or 0.0) * f.bases)
-        if f.q_blocks:
-            assert w.block is not None and w.block_product is not None
-            base += (_or(w.block_product_q, w.block_product) * f.q_products
-                     + _or(w.block_baby_q, w.block) * f.q_babies + _or(w.block_q, w.add) * f.q_blocks)
-        return base
-
-    def iscore(self, c: CostVector) -> int:
-        return int(round(self.score(c) * OBJECTIVE_SCALE))
-
-    def boot_iscore(self) -> int:
-        """Objective units of bootstrapping one ciphertext."""
-        return int(round(self.weights.bootstrap_weight() * OBJECTIVE_SCALE))
-
-
-def _or(x: float | None, default: float) -> float:
-    return default if x is None else x
 
 
 class CostTableError(SlotplanError):

@@ -1,44 +1,135 @@
-"""A plan's modelled time, level by level, under a calibrated cost table.
+"""The time model: what every operation, fused block, bootstrap and key load costs.
 
-The solver's objective prices every operation with the table's top-level weights (a
-candidate does not know the level its operands will have). A plan does: every register's
-multiplicative depth follows from the program (``planner.ir.analysis.register_depths``), so
-each instruction runs at a known level, and ``slotplan calibrate`` measured every
-operation at several levels (``measurements.per_level_ms``: the top level, the middle one
-and 0). ``program_seconds`` prices each executed instruction, and each fused block
-(``planner.ir.fusion``: the Lattigo executor's double-hoisted blocks) at the level it runs at,
-with the measured times interpolated linearly between the calibrated levels. This is what
-``slotplan lattigo-bench`` compares with the measured evaluation time.
+One model prices time everywhere: the solver's objective (:meth:`TimeModel.vector`, a
+candidate's cost vector at the table's top-level weights), a plan's modelled seconds
+(:func:`program_seconds`: ``slotplan lattigo-bench``, batches, the reports), the key
+strategies (:func:`modelled_time`: the prefetching runtime the joint strategy minimises,
+and its CP-SAT prices :meth:`TimeModel.rot_ms`, :meth:`TimeModel.split_ms`,
+:meth:`TimeModel.load_ms`) and ``slotplan keybench``/``keycurve``/``keymeasure``.
 
-Complex packing (docs/formats.md): ``conj`` is one key switch, priced as a rotation at
-its level (counter ``rotations``); ``mul_i`` is exact and keyless, priced as an add
-(counter ``add``).
+**Weights.** A cost table (:mod:`planner.cost.tables`, data/costs/*.json) gives each operation's
+weight at the top level; a calibrated table (``slotplan calibrate``: Lattigo on this
+machine) also gives every operation at several levels (``measurements.per_level_ms``: the
+top level, the middle one and 0), read linearly between the calibrated levels
+(:func:`interpolate`, the one level interpolation), the bootstrap (``weights.bootstrap``)
+and one key's load (``measurements.key_load_ms``).  A preset without a calibrated table
+(:func:`time_model`) prices the default table's rotation-first weights in milliseconds of
+a measured rotation at its ring size (:data:`ROTATION_MS`) and loads at
+:data:`KEY_LOAD_MS_PER_BYTE`.
 
-Levels: a register of depth d is at level ``max_level - d`` once rescaled; a product not
-yet rescaled (pmul/cmul and adds, rotations of it, until its ``rescale``) is still one
-level up. Multiplications by such an operand run after the executor's automatic rescale.
+**Levels.** The objective prices a candidate at the top level (a candidate does not know
+the level its operands will have). A plan does: every register's multiplicative depth
+follows from the program (``planner.ir.analysis.register_depths``), a register of depth d is
+at level ``max_level - d`` once rescaled; a product not yet rescaled (pmul/cmul and adds,
+rotations of it, until its ``rescale``) is still one level up. Multiplications by such an
+operand run after the executor's automatic rescale.
+
+**Fused blocks** (``planner.ir.fusion``: the Lattigo executor's double-hoisted blocks and
+relinearise-once product sums) are priced from their counts, per block at the level of its
+base, and charged at the block's root (the instruction where the executor runs it); the
+instructions a block absorbs cost nothing of their own.  Complex packing (docs/formats.md):
+``conj`` is one key switch, priced as a rotation at its level (counter ``rotations``);
+``mul_i`` is exact and keyless, priced as an add (counter ``add``).
+
+**Key loads.** The runtime (:func:`modelled_time`) reads keys named by ``load_key`` with
+one background loader at :meth:`TimeModel.load_ms` and waits at a key's first use. The
+objective's per-node estimate under a cap (:meth:`TimeModel.node_key_load`) keeps its own,
+older price (see there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner import ir
-from planner.cost.tables import CostTable
+from planner.cost.tables import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
+from planner.frontend.params import Params
 from planner.ir.analysis import register_depths
 from planner.ir.fusion import fused_blocks, product_sums
+from planner.kernels.base import CostVector
+
+__all__ = [
+    "BOOTSTRAP_ROTATIONS",
+    "KEY_LOAD_MS_PER_BYTE",
+    "ROTATION_MS",
+    "ModelledTime",
+    "TimeModel",
+    "interpolate",
+    "modelled_time",
+    "plan_model",
+    "program_seconds",
+    "time_model",
+]
+
+# Rotation (key switch) at the top level, milliseconds, from shared/notes/lattigo-gopy.md
+# ("Rotation at max level: ~5 ms (LogN 13), ~20-40 ms (LogN 14), ~120-200 ms (LogN 16)",
+# measured with Lattigo v6.1.1 on these machines).  LogN 14 and 16 take the middle of the
+# measured range; LogN 12 and 15 are not measured: scaled by N log N between neighbours.
+# Only for presets without a calibrated table.
+ROTATION_MS = {12: 2.3, 13: 5.0, 14: 30.0, 15: 70.0, 16: 150.0}
+# Reading a key back from the page cache: "an 80 MiB key reads back in ~25-70 ms"
+# (same notes); the middle of that range, proportional to the key's bytes.
+KEY_LOAD_MS_PER_80MIB = 47.5
+KEY_LOAD_MS_PER_BYTE = KEY_LOAD_MS_PER_80MIB / (80 * 2**20)
+# Measured with Lattigo v6.1.1 (shared notes, lattigo-bootstrapping.md): one bootstrap of
+# N16QP1546H192H32 took 28.5 s, one rotation at level 9 on its evaluator 0.089 s, so a
+# bootstrap costs about 319 rotations (183 at log N 14).  The weight of a table without a
+# measured ``bootstrap`` weight.
+BOOTSTRAP_ROTATIONS = 319.0
+
+_UNIT_SECONDS = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}
 
 # per_level_ms measurement of each priced operation
 _PER_LEVEL_KEYS = ("rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
                    "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product",
                    "block_product_q", "block_baby_q", "block_q", "cmul_tensor", "relin")
+# a Q-mode weight missing from an older table: priced as its QP counterpart
+_FALLBACK = {"block_product_q": "block_product", "block_baby_q": "block_finish", "block_q": "add",
+             "cmul_tensor": "cmul_relin"}
 
 
-class LevelWeights:
-    """Per-level milliseconds of a calibrated table, linearly interpolated in the level."""
+def interpolate(points: Sequence[tuple[int, float]], level: int) -> float:
+    """The value at ``level`` of (level, value) points sorted by level: linear between two
+    points, the nearest point's value outside them."""
+    if level <= points[0][0]:
+        return points[0][1]
+    for (l0, v0), (l1, v1) in zip(points, points[1:], strict=False):
+        if level <= l1:
+            return v0 + (v1 - v0) * (level - l0) / (l1 - l0)
+    return points[-1][1]
 
-    def __init__(self, table: CostTable):
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
+
+
+def _key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:
+    """One key's load in a calibrated table.  The key store reads a key with
+    GaloisKey.ReadFrom, which parses as it reads: what ``read_file`` times when the
+    calibration cycles through the block's key files (``key_read_keys``; n14boot: 0.60
+    ms/MB against 0.43-0.65 ms/MB measured by keymeasure's runs, ``key_load_ms_per_mb``).
+    Older tables read one key file over and over from the caches (n14: 0.2 ms/MB against
+    1.2-3 ms/MB for LoLa's key sets; with it LoLa's half-cap schedule chose 207 loads, 1.32x
+    keep-all measured), so their price adds unmarshal (an in-memory parse, which faults in
+    fresh pages: 2-21 ms at n14boot between calibrations) as a stand-in for the disk."""
+    if isinstance(read_keys, int) and read_keys > 1 and "read_file" in load:
+        return float(load["read_file"])
+    return float(sum(float(v) for v in load.values()))
+
+
+class TimeModel:
+    """A cost table's prices (module docstring).  Weights are in the table's unit
+    (``unit``); ``ms_per_unit`` converts them to milliseconds (1 for a table in
+    milliseconds; the measured rotation's milliseconds for a table in rotations)."""
+
+    def __init__(self, table: CostTable, *, ms_per_unit: float | None = None,
+                 load_ms_per_byte: float | None = None, source: str | None = None):
+        self.table = table
+        w = table.weights
+        self.weights = w
         meas: Mapping[str, Any] = table.measurements or {}
         per = meas.get("per_level_ms") or {}
         self.points: dict[str, list[tuple[int, float]]] = {}
@@ -46,7 +137,6 @@ class LevelWeights:
             pts = sorted((int(lv), float(m[key])) for lv, m in per.items() if key in m)
             if pts:
                 self.points[key] = pts
-        w = table.weights
         top = {"rotate": w.rotation, "hoisted_rotation_extra": w.hoisted_rotation, "pmul": w.pmul,
                "cmul_relin": w.cmul, "add": w.add, "rescale": w.rescale, "block_fixed": w.block,
                "block_finish": w.block, "block_base": w.block_base,
@@ -55,120 +145,357 @@ class LevelWeights:
                "cmul_tensor": w.cmul_tensor, "relin": w.relin}
         self.top = {k: v for k, v in top.items() if v is not None}
         self.fused = w.fused  # the table prices what the executor fuses
-        self.poly = w.poly
-        self.bootstrap = w.bootstrap_weight()
-        self.scale = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}[table.unit]
+        self.bootstrap = w.bootstrap if w.bootstrap is not None else BOOTSTRAP_ROTATIONS * w.rotation
+        unit_s = _UNIT_SECONDS.get(table.unit)
+        self.seconds_per_unit = unit_s if unit_s is not None else (ms_per_unit or 0.0) * 1e-3
+        self.ms_per_unit = ms_per_unit if ms_per_unit is not None else (unit_s or 0.0) * 1e3
+        if load_ms_per_byte is None:
+            load = meas.get("key_load_ms")
+            kb = meas.get("galois_key_bytes")
+            if isinstance(load, dict) and isinstance(kb, int | float) and kb > 0:
+                load_ms_per_byte = _key_load_ms(load, meas.get("key_read_keys")) / float(kb)
+            else:
+                load_ms_per_byte = KEY_LOAD_MS_PER_BYTE
+        self.load_ms_per_byte = load_ms_per_byte
+        self.source = source or f"cost table {table.name}"
 
-    # a Q-mode weight missing from an older table: priced as its QP counterpart
-    _FALLBACK = {"block_product_q": "block_product", "block_baby_q": "block_finish", "block_q": "add",
-                 "cmul_tensor": "cmul_relin"}
+    # -- weights by level ------------------------------------------------------------
 
     def at(self, key: str, level: int) -> float:
-        """Milliseconds (the table's unit) of ``key`` at ``level``."""
+        """``key`` at ``level`` in the table's unit."""
         pts = self.points.get(key)
-        if not pts and key not in self.top and key in self._FALLBACK:
-            return self.at(self._FALLBACK[key], level)
+        if not pts and key not in self.top and key in _FALLBACK:
+            return self.at(_FALLBACK[key], level)
         if not pts:
             return self.top.get(key, 0.0)
-        if level <= pts[0][0]:
-            return pts[0][1]
-        for (l0, v0), (l1, v1) in zip(pts, pts[1:], strict=False):
-            if level <= l1:
-                return v0 + (v1 - v0) * (level - l0) / (l1 - l0)
-        return pts[-1][1]
+        return interpolate(pts, level)
+
+    def rot_ms(self, level: int) -> float:
+        """One rotation (key switch) at ``level``, milliseconds."""
+        return self.at("rotate", level) * self.ms_per_unit
+
+    def hoist_ms(self, level: int) -> float:
+        """One more offset of a hoisted rotation at ``level``, milliseconds."""
+        return self.at("hoisted_rotation_extra", level) * self.ms_per_unit
+
+    def split_ms(self, level: int) -> float:
+        """What one more sub-group of a hoisted rotation costs: a decomposition."""
+        return max(0.0, self.rot_ms(level) - self.hoist_ms(level))
+
+    def load_ms(self, nbytes: int) -> float:
+        """Reading one key of ``nbytes`` from the key store, milliseconds."""
+        return nbytes * self.load_ms_per_byte
+
+    # -- the objective (a candidate's cost vector, top-level weights) ------------------
+
+    def vector(self, c: CostVector) -> float:
+        """A cost vector in the table's unit at the top-level weights: the solver's
+        objective for one candidate (fused blocks as the executor runs them when the
+        table prices them)."""
+        w = self.weights
+        f = c.fused
+        if not w.fused:
+            f = type(f)()
+        # a hoisted group pays one full rotation, its other offsets the hoisted price
+        extra_hoisted = (c.hoisted_rotations - f.hoisted_rotations) - (c.hoisted_groups - f.hoisted_groups)
+        rotations = c.rotations - f.rot - f.hoisted_rotations
+        base = (
+            w.rotation * (rotations - extra_hoisted)
+            + w.hoisted_rotation * extra_hoisted
+            + w.pmul * (c.pmul - f.pmul)
+            + w.cmul * (c.cmul - f.cmul)
+            + _or(w.cmul_tensor, w.cmul) * f.cmul + _or(w.relin, 0.0) * f.sums
+            + w.add * (c.add - f.add)
+            + w.rescale * (c.rescale - f.rescale + f.block_rescales)
+            + w.poly * c.poly
+            + w.depth * c.depth
+            + (self.bootstrap * c.bootstraps if c.bootstraps else 0.0)
+        )
+        if f.blocks or f.q_blocks:
+            assert w.block is not None and w.block_baby is not None
+            assert w.block_giant is not None and w.block_product is not None
+            base += (w.block * f.blocks + w.block_baby * f.babies + w.block_giant * f.giants
+                     + w.block_product * f.products + (w.block_base or 0.0) * f.bases)
+        if f.q_blocks:
+            assert w.block is not None and w.block_product is not None
+            base += (_or(w.block_product_q, w.block_product) * f.q_products
+                     + _or(w.block_baby_q, w.block) * f.q_babies + _or(w.block_q, w.add) * f.q_blocks)
+        return base
+
+    def units(self, c: CostVector) -> int:
+        """:meth:`vector` in the solvers' integer objective units."""
+        return int(round(self.vector(c) * OBJECTIVE_SCALE))
+
+    def bootstrap_units(self) -> int:
+        """Objective units of bootstrapping one ciphertext."""
+        return int(round(self.bootstrap * OBJECTIVE_SCALE))
+
+    def node_key_load(self, nbytes: int) -> float:
+        """The objective's estimate of loading one key of ``nbytes`` under a cap (table
+        units; each node loads its distinct keys once, before the instruction-level key
+        schedule exists): the constants' load-to-rotation ratio at log N 16
+        (:data:`KEY_LOAD_MS_PER_80MIB` over ``ROTATION_MS[16]``) times the table's rotation
+        weight.  Kept as it was when the model was unified, so that plans stay byte for
+        byte as they were; it is not the calibrated :meth:`load_ms` (at n14boot 8.6x
+        lower), which the instruction-level schedule and the runtime use."""
+        return self.weights.rotation * (KEY_LOAD_MS_PER_80MIB / ROTATION_MS[16]) * nbytes / (80 * 2**20)
+
+    # -- a program, level by level ------------------------------------------------------
+
+    def instr(self, ins: Any, lv: int) -> float:
+        """One instruction run as written at level ``lv`` (table units)."""
+        if isinstance(ins, ir.RotHoisted):
+            n = ins.count()
+            return self.at("rotate", lv) + self.at("hoisted_rotation_extra", lv) * max(0, n - 1)
+        if isinstance(ins, ir.Rot):
+            return self.at("rotate", lv) * ins.count()
+        if isinstance(ins, ir.PMul):
+            return self.at("pmul", lv)
+        if isinstance(ins, ir.CMul):
+            return self.at("cmul_relin", lv)
+        if isinstance(ins, ir.Rescale):
+            return self.at("rescale", lv)
+        if isinstance(ins, ir.Poly):
+            # calibrated once, at the top level (``once_ms.poly3``); a polynomial is its
+            # ciphertext products and rescales, so it scales with the level as a product
+            # does (LeNet-5 at n14boot: priced flat, its polys measured 0.45-0.77 of the
+            # model relative to the rotations of the same run)
+            prod = self.points.get("cmul_relin")
+            if prod and prod[-1][1] > 0:
+                return self.weights.poly * self.at("cmul_relin", lv) / prod[-1][1]
+            return self.weights.poly
+        if ir.is_bootstrap(ins):
+            return self.bootstrap * ins.count()
+        if ins.counter == "add":
+            return self.at("add", lv) * ins.count()
+        if ins.counter == "rotations":  # other rotating instructions (e.g. CinS butterflies)
+            return self.at("rotate", lv) * ins.count()
+        return 0.0
+
+    def program_costs(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> list[float]:
+        """Each instruction's cost (table units) with every instruction and fused block at
+        its level; a fused block or product sum is charged at its root, the instructions it
+        absorbs cost nothing of their own."""
+        prog = [ir.decode(dict(raw)) for raw in program]
+        cost = [0.0] * len(prog)
+        depth = register_depths(program)
+        blocks, skip = fused_blocks(program, slots)
+        # product sums: each cmul term a tensor product at its level, one relinearisation at
+        # the lowest level of its terms (where the executor accumulates)
+        sum_of: dict[int, int] = {}
+        sums = product_sums(prog) if self.fused else []
+        for n, ps in enumerate(sums):
+            skip = skip | set(ps.instrs)
+            sum_of.update((i, n) for i in ps.instrs)
+        sum_level: dict[int, int] = {}
+        pending: dict[str, bool] = {}
+
+        def level(reg: str) -> int:
+            return max(0, max_level - depth.get(reg, 0) + (1 if pending.get(reg) else 0))
+
+        for i, ins in enumerate(prog):
+            reads = ins.reads()
+            lv = max((level(r) for r in reads), default=max_level)
+            if isinstance(ins, ir.PMul | ir.CMul | ir.Poly) and any(pending.get(r) for r in reads):
+                # the executor rescales an unrescaled operand before multiplying it
+                if i not in skip or isinstance(ins, ir.CMul):
+                    cost[i] += self.at("rescale", lv)
+                lv -= 1
+                for r in reads:
+                    pending[r] = False
+            if i not in skip:
+                cost[i] += self.instr(ins, lv)
+            elif i in sum_of:
+                n = sum_of[i]
+                if isinstance(ins, ir.CMul):
+                    cost[i] += self.at("cmul_tensor", lv)
+                    sum_level[n] = min(sum_level.get(n, lv), lv)
+                if i == sums[n].root:
+                    cost[i] += self.at("relin", sum_level[n])
+            dirty = isinstance(ins, ir.PMul | ir.CMul) or (
+                not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
+            for w in ins.writes():
+                pending[w] = dirty
+        babies: dict[str, set[tuple[str, int]]] = {}
+        q_babies: dict[str, set[tuple[str, int]]] = {}
+        decomposed: set[str] = set()
+        split = self.weights.block_base is not None  # decomposition once per base
+        for blk in blocks:
+            lv = level(blk.base)
+            fixed = 0.0
+            c = 0.0
+            if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
+                new_q = blk.babies - q_babies.setdefault(blk.base, set())
+                c += (self.at("block_q", lv) + self.at("block_product_q", lv) * blk.products
+                      + self.at("block_baby_q", lv) * len(new_q))
+                q_babies[blk.base] |= new_q
+            else:
+                fixed = self.at("block_finish", lv) if split else self.at("block_fixed", lv)
+                c += self.at("block_giant", lv) * blk.giants + self.at("block_product", lv) * blk.products
+            regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
+            if split and regs:
+                fixed += self.at("block_base", lv) * len(regs)
+            decomposed |= regs
+            c += fixed
+            if blk.rescaled:
+                c += self.at("rescale", lv)
+            new = blk.babies - babies.setdefault(blk.base, set())
+            c += self.at("block_baby", lv) * len(new)
+            babies[blk.base] |= new
+            cost[blk.root if 0 <= blk.root < len(cost) else len(cost) - 1] += c
+        return cost
+
+    def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> dict[str, float]:
+        """:meth:`program_costs` in milliseconds summed by the op of the instruction charged
+        (a fused block's or product sum's cost under ``fused``), for comparing with the
+        executor's measured seconds per op."""
+        blocks, skip = fused_blocks(program, slots)
+        roots = {b.root for b in blocks}
+        out: dict[str, float] = {}
+        for i, (raw, c) in enumerate(zip(program, self.program_costs(program, max_level, slots), strict=True)):
+            if c:
+                name = "fused" if i in skip or i in roots else str(raw.get("op"))
+                out[name] = out.get(name, 0.0) + c * self.ms_per_unit
+        return out
+
+    def program_seconds(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> float:
+        """The program's modelled compute time in seconds (:meth:`program_costs`)."""
+        return sum(self.program_costs(program, max_level, slots)) * self.seconds_per_unit
 
 
 def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_level: int, slots: int) -> float:
-    """The program's modelled time in seconds, every instruction and fused block priced at
-    its level (module docstring)."""
-    lw = LevelWeights(table)
-    depth = register_depths(program)
-    blocks, skip = fused_blocks(program, slots)
-    # product sums: each cmul term a tensor product at its level, one relinearisation at
-    # the lowest level of its terms (where the executor accumulates)
-    sum_of: dict[int, int] = {}
-    sums = product_sums([ir.decode(dict(raw)) for raw in program]) if lw.fused else []
-    for n, ps in enumerate(sums):
-        skip = skip | set(ps.instrs)
-        sum_of.update((i, n) for i in ps.instrs)
-    sum_level: dict[int, int] = {}
-    pending: dict[str, bool] = {}
-    total = 0.0
-
-    def level(reg: str) -> int:
-        return max(0, max_level - depth.get(reg, 0) + (1 if pending.get(reg) else 0))
-
-    for i, raw in enumerate(program):
-        ins = ir.decode(dict(raw))
-        reads = ins.reads()
-        lv = max((level(r) for r in reads), default=max_level)
-        if isinstance(ins, ir.PMul | ir.CMul | ir.Poly) and any(pending.get(r) for r in reads):
-            # the executor rescales an unrescaled operand before multiplying it
-            if i not in skip or isinstance(ins, ir.CMul):
-                total += lw.at("rescale", lv)
-            lv -= 1
-            for r in reads:
-                pending[r] = False
-        if i not in skip:
-            total += _instr_ms(ins, lv, lw)
-        elif i in sum_of:
-            n = sum_of[i]
-            if isinstance(ins, ir.CMul):
-                total += lw.at("cmul_tensor", lv)
-                sum_level[n] = min(sum_level.get(n, lv), lv)
-            if i == sums[n].root:
-                total += lw.at("relin", sum_level[n])
-        dirty = isinstance(ins, ir.PMul | ir.CMul) or (
-            not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
-        for w in ins.writes():
-            pending[w] = dirty
-    babies: dict[str, set[tuple[str, int]]] = {}
-    q_babies: dict[str, set[tuple[str, int]]] = {}
-    decomposed: set[str] = set()
-    split = table.weights.block_base is not None  # decomposition once per base
-    for blk in blocks:
-        lv = level(blk.base)
-        fixed = 0.0
-        if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
-            new_q = blk.babies - q_babies.setdefault(blk.base, set())
-            total += (lw.at("block_q", lv) + lw.at("block_product_q", lv) * blk.products
-                      + lw.at("block_baby_q", lv) * len(new_q))
-            q_babies[blk.base] |= new_q
-        else:
-            fixed = lw.at("block_finish", lv) if split else lw.at("block_fixed", lv)
-            total += lw.at("block_giant", lv) * blk.giants + lw.at("block_product", lv) * blk.products
-        regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
-        if split and regs:
-            fixed += lw.at("block_base", lv) * len(regs)
-        decomposed |= regs
-        total += fixed
-        if blk.rescaled:
-            total += lw.at("rescale", lv)
-        new = blk.babies - babies.setdefault(blk.base, set())
-        total += lw.at("block_baby", lv) * len(new)
-        babies[blk.base] |= new
-    return total * lw.scale
+    """The program's modelled time in seconds under ``table``, every instruction and fused
+    block priced at its level (module docstring)."""
+    return TimeModel(table).program_seconds(program, max_level, slots)
 
 
-def _instr_ms(ins: Any, lv: int, lw: LevelWeights) -> float:
-    if isinstance(ins, ir.RotHoisted):
-        n = ins.count()
-        return lw.at("rotate", lv) + lw.at("hoisted_rotation_extra", lv) * max(0, n - 1)
-    if isinstance(ins, ir.Rot):
-        return lw.at("rotate", lv) * ins.count()
-    if isinstance(ins, ir.PMul):
-        return lw.at("pmul", lv)
-    if isinstance(ins, ir.CMul):
-        return lw.at("cmul_relin", lv)
-    if isinstance(ins, ir.Rescale):
-        return lw.at("rescale", lv)
-    if isinstance(ins, ir.Poly):
-        return lw.poly
-    if ir.is_bootstrap(ins):
-        return lw.bootstrap * ins.count()
-    if ins.counter == "add":
-        return lw.at("add", lv) * ins.count()
-    if ins.counter == "rotations":  # other rotating instructions (e.g. CinS butterflies)
-        return lw.at("rotate", lv) * ins.count()
-    return 0.0
+def rotation_ms(params: Params) -> float:
+    """A top-level rotation at the ring size of ``params`` (:data:`ROTATION_MS`)."""
+    if params.log_n in ROTATION_MS:
+        return ROTATION_MS[params.log_n]
+    # outside the table: N log N scaling from the nearest entry
+    ref = min(ROTATION_MS, key=lambda n: abs(n - params.log_n))
+    return ROTATION_MS[ref] * (2 ** (params.log_n - ref)) * params.log_n / ref
 
+
+def time_model(params: Params) -> TimeModel:
+    """The time model of a preset: its calibrated table ``<preset>-lattigo`` when there is
+    one, else the default table's weights in milliseconds of a rotation at its ring size
+    (:func:`rotation_ms`) and loads at :data:`KEY_LOAD_MS_PER_BYTE`."""
+    name = f"{params.name}-lattigo"
+    if name in COST_TABLES:
+        t = COST_TABLES.create(name)
+        if t.is_time:
+            return TimeModel(t)
+    return TimeModel(load_costs("default"), ms_per_unit=rotation_ms(params), load_ms_per_byte=KEY_LOAD_MS_PER_BYTE,
+                     source=f"default table x {rotation_ms(params)} ms per rotation (planner.cost.timing.ROTATION_MS)")
+
+
+def block_keys_in_line(params: Params, stream: int | None) -> int:
+    """Bytes of bootstrapping keys the key store reads when the plan loads the block
+    ``boot`` (backends/lattigo/keystore.go ``loadBlock``): every key, or with ``stream``
+    all but the Galois keys."""
+    if params.boot is None:
+        return 0
+    if stream is None:
+        return params.boot.key_bytes
+    return params.boot.key_bytes - params.boot.galois_keys * params.rotation_key_bytes(params.key_max_level)
+
+
+def plan_model(plan: Mapping[str, Any], params: Params, table: str | Path | None = None) -> TimeModel | None:
+    """The model a plan's time is reported under: the calibrated table its objective used,
+    else its preset's ``<preset>-lattigo``; ``table``: that table instead; None without a
+    calibrated one."""
+    t = load_costs(table if table is not None else str((plan.get("options") or {}).get("costs") or "default"))
+    if not t.is_time:
+        alt = f"{params.name}-lattigo"
+        if alt not in COST_TABLES:
+            return None
+        t = load_costs(alt)
+    return TimeModel(t)
+
+
+@dataclass
+class ModelledTime:
+    total_ms: float
+    compute_ms: float
+    load_ms: float  # all loads, whether hidden or not
+    stall_ms: float  # time the program waited for a key
+
+    def to_json(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in vars(self).items()}
+
+
+def modelled_time(
+    program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int], tm: TimeModel,
+    prefetch: bool = True,
+    preload_prologue: bool = True,
+) -> ModelledTime:
+    """The program's modelled evaluation time: compute as :meth:`TimeModel.program_costs`
+    prices it (fused blocks included), and its key traffic.  Keys named by ``load_key``
+    are read by one background loader in ``load_key`` order from that point on
+    (``prefetch``) and the program waits at a key's first use until it is read; without
+    ``prefetch`` a load runs in line.  A plan without key schedule has every key in memory
+    beforehand (keep-all); with ``preload_prologue`` so have the keys a schedule loads
+    before its first computing instruction or block load (the counterpart of keep-all's
+    up-front loads: both read before the clock, as BenchPlan's ``preload_prologue``).  The
+    block ``boot`` is read in line where the plan loads it (:func:`block_keys_in_line`);
+    keep-all has it resident beforehand."""
+    prog = ir.decode_program(program)
+    cost = tm.program_costs(program, params.max_level, params.slots)
+    clock = compute = loads = stall = 0.0
+    loader_free = 0.0
+    ready: dict[int, float] = {}
+    top = params.rotation_key_bytes()
+    prologue = preload_prologue
+    stream = False
+    for ins, units in zip(prog, cost, strict=True):
+        if prologue and not (isinstance(ins, ir.Input) or isinstance(ins, ir.LoadKey) and ins.k is not None):
+            prologue = False
+        if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
+            stream = isinstance(ins, ir.LoadKey) and ins.stream is not None
+            if isinstance(ins, ir.LoadKey) and params.boot is not None:
+                # the block's keys are read in line where the plan loads it (a streamed
+                # block: its relinearisation and encapsulation keys; the loader reads the
+                # Galois keys during the bootstraps, below)
+                ms = tm.load_ms(block_keys_in_line(params, ins.stream))
+                loads += ms
+                clock += ms
+            continue
+        if isinstance(ins, ir.LoadKey):
+            if ins.k is None:
+                continue
+            ms = tm.load_ms(key_bytes.get(int(ins.k), top))
+            loads += ms
+            if prologue:
+                ready[int(ins.k)] = 0.0
+            elif prefetch:
+                start = max(clock, loader_free)
+                loader_free = start + ms
+                ready[int(ins.k)] = loader_free
+            else:
+                clock += ms
+            continue
+        if isinstance(ins, ir.DropKey):
+            if ins.k is not None and ready.get(int(ins.k), 0.0) > clock:
+                stall += ready[int(ins.k)] - clock
+                clock = ready[int(ins.k)]
+            continue
+        wait = max((ready.get(k, 0.0) for k in ins.rot_keys()), default=0.0)
+        if wait > clock:
+            stall += wait - clock
+            clock = wait
+        ms = units * tm.ms_per_unit
+        compute += ms
+        clock += ms
+        if stream and ir.is_bootstrap(ins) and params.boot is not None:
+            # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
+            # key once: a lower bound, DFT stages share a few) while it runs
+            read = params.boot.galois_keys * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
+            loads += read
+            start = max(clock - ms, loader_free)
+            loader_free = start + read
+            if loader_free > clock:
+                stall += loader_free - clock
+                clock = loader_free
+    return ModelledTime(clock, compute, loads, stall)

@@ -326,6 +326,7 @@ class FusedBlock:
     babies: frozenset[tuple[str, int]]
     rescaled: bool
     qmode: bool = False  # evaluated in Q (module docstring)
+    root: int = -1  # the instruction where the executor runs the block (its last)
 
 
 def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:
@@ -333,7 +334,8 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     absorb (the same analysis as ``fused_counts``)."""
     roots, skip, _ = _analyse(program, slots)
     blocks = [
-        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled, f.qmode)
+        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled, f.qmode,
+                   f.instrs[-1])
         for f in roots
     ]
     return blocks, skip

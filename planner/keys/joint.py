@@ -20,18 +20,16 @@ things together, all at exact cost:
    (and the cap check) count the prefetched key from there.  The Lattigo executor loads a
    key in a background goroutine from its ``load_key`` on and waits only at the first use.
 
-Of the candidates, the one with the smallest modelled time (:func:`modelled_time`, the
-prefetching runtime simulated with one background loader) wins.
+Of the candidates, the one with the smallest modelled time (:func:`planner.cost.timing.modelled_time`,
+the prefetching runtime simulated with one background loader) wins.
 
-Time model (:class:`TimeModel`): per-level rotation, hoisted-rotation and operation times,
-and key load time per byte, from the calibrated cost table ``<preset>-lattigo`` when there
-is one (``slotplan calibrate``: Lattigo on this machine), else the constants of
-:mod:`api.keybench`.
+Time model: :mod:`planner.cost.timing`, the objective's (per-level operation times, fused blocks
+as the executor runs them, bootstraps, key loads), from the calibrated cost table
+``<preset>-lattigo`` when there is one.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +38,7 @@ import numpy as np
 
 from common import progress
 from planner import ir
+from planner.cost.timing import ModelledTime, TimeModel, modelled_time, time_model
 from planner.frontend.params import Params
 from planner.ir.analysis import register_depths, rotation_key_levels
 from planner.ir.hoisting import Split, collapse, fully_split
@@ -47,12 +46,7 @@ from solver import keyplan_model, keyset_model
 
 __all__ = [
     "JointChoice",
-    "TimeModel",
-    "collapse",
-    "fully_split",
-    "modelled_time",
     "plan_joint",
-    "time_model",
 ]
 
 # Budgets for the key-set model, as multiples of the keys that fit next to the largest
@@ -65,181 +59,6 @@ Z3_MAX_POINTS = 300
 # Hoisted groups of more offsets than this are packed greedily (consecutive offsets while
 # they fit) instead of being modelled pairwise (a group of g offsets costs g^2 literals).
 MODEL_GROUP_MAX = 24
-
-
-# --------------------------------------------------------------------------------------
-# Time model
-# --------------------------------------------------------------------------------------
-
-
-def _interp(table: Mapping[int, float], level: int) -> float:
-    lv = sorted(table)
-    if level <= lv[0]:
-        return table[lv[0]]
-    if level >= lv[-1]:
-        return table[lv[-1]]
-    i = bisect.bisect_left(lv, level)
-    a, b = lv[i - 1], lv[i]
-    return table[a] + (table[b] - table[a]) * (level - a) / (b - a)
-
-
-@dataclass(frozen=True)
-class TimeModel:
-    """Milliseconds per operation (by level for rotations; other operations scale like a
-    rotation between levels) and per byte of key loaded."""
-
-    top_level: int
-    rotation_ms: dict[int, float]
-    hoisted_extra_ms: dict[int, float]
-    op_ms: dict[str, float]  # at the top level, by summary counter (pmul, add, cmul, rescale, poly)
-    load_ms_per_byte: float
-    source: str
-
-    def rot_ms(self, level: int) -> float:
-        return _interp(self.rotation_ms, level)
-
-    def hoist_ms(self, level: int) -> float:
-        return _interp(self.hoisted_extra_ms, level)
-
-    def split_ms(self, level: int) -> float:
-        """What one more sub-group of a hoisted rotation costs: a decomposition."""
-        return max(0.0, self.rot_ms(level) - self.hoist_ms(level))
-
-    def load_ms(self, nbytes: int) -> float:
-        return nbytes * self.load_ms_per_byte
-
-    def instr_ms(self, ins: ir.Instr, level: int) -> float:
-        if isinstance(ins, ir.Rot):
-            return self.rot_ms(level)
-        if isinstance(ins, ir.RotHoisted):
-            return self.rot_ms(level) + (len(set(ins.ks)) - 1) * self.hoist_ms(level)
-        w = self.op_ms.get(ins.counter or "", 0.0)
-        return w * self.rot_ms(level) / max(1e-9, self.rot_ms(self.top_level))
-
-
-def _key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:
-    """One key's load in a calibrated table (time_model's comment)."""
-    if isinstance(read_keys, int) and read_keys > 1 and "read_file" in load:
-        return float(load["read_file"])
-    return float(sum(float(v) for v in load.values()))
-
-
-def time_model(params: Params) -> TimeModel:
-    from planner.cost.tables import COST_TABLES
-
-    name = f"{params.name}-lattigo"
-    if name in COST_TABLES:
-        t = COST_TABLES.create(name)
-        meas = t.measurements or {}
-        rot = meas.get("rotation_ms_by_level")
-        hoist = meas.get("hoisted_rotation_extra_ms_by_level")
-        load = meas.get("key_load_ms")
-        kb = meas.get("galois_key_bytes")
-        if isinstance(rot, dict) and isinstance(hoist, dict) and isinstance(load, dict) and isinstance(kb, int | float):
-            w = t.weights
-            return TimeModel(
-                params.max_level,
-                {int(k): float(v) for k, v in rot.items()},
-                {int(k): float(v) for k, v in hoist.items()},
-                {"pmul": w.pmul, "add": w.add, "cmul": w.cmul, "rescale": w.rescale, "poly": w.poly},
-                # The key store reads a key with GaloisKey.ReadFrom, which parses as it
-                # reads: what read_file times when the calibration cycles through the
-                # block's key files (key_read_keys; n14boot: 0.60 ms/MB against 0.43-0.65
-                # ms/MB measured by keymeasure's runs, key_load_ms_per_mb). Older tables
-                # read one key file over and over from the caches (n14: 0.2 ms/MB against
-                # 1.2-3 ms/MB for LoLa's key sets; with it LoLa's half-cap schedule chose
-                # 207 loads, 1.32x keep-all measured), so their price adds unmarshal (an
-                # in-memory parse, which faults in fresh pages: 2-21 ms at n14boot between
-                # calibrations) as a stand-in for the disk.
-                _key_load_ms(load, meas.get("key_read_keys")) / float(kb),
-                f"cost table {name}",
-            )
-    from api.keybench import KEY_LOAD_MS_PER_BYTE, rotation_ms
-
-    r = rotation_ms(params)
-    return TimeModel(
-        params.max_level, {params.max_level: r}, {params.max_level: 0.3 * r},
-        {"pmul": 0.02 * r, "add": 0.004 * r, "cmul": r, "rescale": 0.1 * r, "poly": 2.3 * r},
-        KEY_LOAD_MS_PER_BYTE, "api.keybench constants",
-    )
-
-
-@dataclass
-class ModelledTime:
-    total_ms: float
-    compute_ms: float
-    load_ms: float  # all loads, whether hidden or not
-    stall_ms: float  # time the program waited for a key
-
-    def to_json(self) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in vars(self).items()}
-
-
-def modelled_time(
-    program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int], tm: TimeModel,
-    prefetch: bool = True,
-    preload_prologue: bool = True,
-) -> ModelledTime:
-    """The program's modelled evaluation time.  Keys named by ``load_key`` are read by one
-    background loader in ``load_key`` order from that point on (``prefetch``) and the
-    program waits at a key's first use until it is read; without ``prefetch`` a load runs
-    in line.  A plan without key schedule has every key in memory beforehand (keep-all);
-    with ``preload_prologue`` so have the keys a schedule loads before its first computing
-    instruction (the counterpart of keep-all's up-front loads: both read before the clock)."""
-    prog = ir.decode_program(program)
-    depth = register_depths(prog)
-    L = params.max_level
-    clock = compute = loads = stall = 0.0
-    loader_free = 0.0
-    ready: dict[int, float] = {}
-    top = params.rotation_key_bytes()
-    prologue = preload_prologue
-    stream = False
-    for ins in prog:
-        if prologue and not isinstance(ins, ir.Input | ir.LoadKey):
-            prologue = False
-        if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:
-            stream = isinstance(ins, ir.LoadKey) and ins.stream is not None
-            continue
-        if isinstance(ins, ir.LoadKey):
-            if ins.k is None:
-                continue
-            ms = tm.load_ms(key_bytes.get(int(ins.k), top))
-            loads += ms
-            if prologue:
-                ready[int(ins.k)] = 0.0
-            elif prefetch:
-                start = max(clock, loader_free)
-                loader_free = start + ms
-                ready[int(ins.k)] = loader_free
-            else:
-                clock += ms
-            continue
-        if isinstance(ins, ir.DropKey):
-            if ins.k is not None and ready.get(int(ins.k), 0.0) > clock:
-                stall += ready[int(ins.k)] - clock
-                clock = ready[int(ins.k)]
-            continue
-        wait = max((ready.get(k, 0.0) for k in ins.rot_keys()), default=0.0)
-        if wait > clock:
-            stall += wait - clock
-            clock = wait
-        reads = ins.reads()
-        level = max(0, L - depth[reads[0]]) if reads and reads[0] in depth else L
-        ms = tm.instr_ms(ins, level)
-        compute += ms
-        clock += ms
-        if stream and ir.is_bootstrap(ins) and params.boot is not None:
-            # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
-            # key once: a lower bound, DFT stages share a few) while it runs
-            read = params.boot.galois_keys * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
-            loads += read
-            start = max(clock - ms, loader_free)
-            loader_free = start + read
-            if loader_free > clock:
-                stall += loader_free - clock
-                clock = loader_free
-    return ModelledTime(clock, compute, loads, stall)
 
 
 # --------------------------------------------------------------------------------------
@@ -511,12 +330,7 @@ def _prefetch(ch: JointChoice, params: Params, cap: int | None, tm: TimeModel, d
     load = base.copy()
     for k, a, b in ch.intervals:
         load[a : b + 1] += ch.size[k]
-    L = params.max_level
-    ms = []
-    for raw in prog:
-        ins = ir.decode(raw)
-        reads = ins.reads()
-        ms.append(tm.instr_ms(ins, max(0, L - depth[reads[0]]) if reads and reads[0] in depth else L))
+    ms = [u * tm.ms_per_unit for u in tm.program_costs(prog, params.max_level, params.slots)]
     prev_end: dict[int, int] = {}
     out: list[tuple[int, int, int]] = []
     for k, a, b in sorted(ch.intervals, key=lambda t: (t[1], t[0])):

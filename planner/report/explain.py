@@ -21,6 +21,7 @@ from typing import Any
 
 from common.errors import SlotplanError
 from planner.cost.tables import OBJECTIVE_SCALE
+from planner.cost.timing import TimeModel
 from planner.kernels.base import Candidate, CostVector
 from planner.kernels.convert import plan_conversion
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanProblem, build_problem, solve_problem
@@ -157,7 +158,8 @@ def _local_cost(problem: PlanProblem, ch: Mapping[str, int], node_id: str, cand:
     res["depth"] = cand.cost(S).depth + conv_depth
     res["rotation_keys"] = len(keys)
     res["key_bytes"] = len(keys) * problem.params.rotation_key_bytes()
-    res["objective"] = sum(problem.costs.iscore(v) for v in vecs) if possible else None
+    tm = TimeModel(problem.costs)
+    res["objective"] = sum(tm.units(v) for v in vecs) if possible else None
     return res
 
 

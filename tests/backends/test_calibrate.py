@@ -297,6 +297,7 @@ def test_bootstrap_weight_in_the_table(n12) -> None:  # noqa: ANN001
     tests/backends/test_lattigo_boot.py and `slotplan calibrate --params n14boot`)."""
     from backends.calibrate import cost_table, measure
     from planner.cost.tables import CostTable
+    from planner.cost.timing import TimeModel
 
     raw = measure(n12, repeat=1)
     assert "bootstrap" not in raw["once"] and "boot" not in raw  # a plain preset times no bootstrap
@@ -309,7 +310,7 @@ def test_bootstrap_weight_in_the_table(n12) -> None:  # noqa: ANN001
     }
     table = cost_table(n12, raw)
     assert table["weights"]["bootstrap"] == 4250.0
-    assert CostTable.model_validate(table).weights.bootstrap_weight() == 4250.0
+    assert TimeModel(CostTable.model_validate(table)).bootstrap == 4250.0
     b = table["measurements"]["bootstrap"]
     assert b["median_ms"] == 4250.0 and b["samples_ms"] == [4250.0, 4500.0]
     assert b["evaluation_key_bytes"] == 1455522709 and b["matrix_bytes"] == 461666240

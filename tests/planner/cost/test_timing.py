@@ -7,16 +7,17 @@ import pytest
 
 from backends.lattigo_bench import modelled_seconds, mvm_graph
 from planner.cost.tables import load_costs
-from planner.cost.timing import LevelWeights, program_seconds
+from planner.cost.timing import TimeModel, program_seconds
 from planner.frontend.params import load_params
 from planner.ir.fusion import fused_blocks, fused_counts
 from planner.kernels.base import count_program
 from planner.pipeline import PlanOptions, plan_graph
+from tests.helpers import q_mode_forms, qp_block_program
 
 
 def test_level_weights_interpolate_between_calibrated_levels() -> None:
     table = load_costs("n14-lattigo")
-    lw = LevelWeights(table)
+    lw = TimeModel(table)
     per = table.measurements["per_level_ms"]  # type: ignore[index]
     levels = sorted(int(lv) for lv in per)
     lo, hi = levels[0], levels[-1]
@@ -42,7 +43,7 @@ def test_one_block_at_the_top_level_prices_as_the_objective(n: int, k: int) -> N
     assert sum(b.products for b in blocks) == fc.products
     assert sum(b.giants for b in blocks) == fc.giants
     table = load_costs("n13-lattigo")
-    lw = LevelWeights(table)
+    lw = TimeModel(table)
     # the block alone (at the top level) is priced exactly with the top-level weights
     b = blocks[0]
     w = table.weights
@@ -55,7 +56,7 @@ def test_one_block_at_the_top_level_prices_as_the_objective(n: int, k: int) -> N
     # the whole plan: never more than the objective's top-level pricing (later
     # instructions run lower), and equal to it when nothing runs below the top
     cv = count_program(list(prog), 0, 0, 0, 0, 0.0, params.slots)
-    top = table.score(cv) * 1e-3
+    top = TimeModel(table).vector(cv) * 1e-3
     got = program_seconds(prog, table, params.max_level, params.slots)
     assert 0 < got <= top * (1 + 1e-9)
     assert modelled_seconds(res.plan, params) == pytest.approx(got, abs=1e-6)
@@ -82,22 +83,12 @@ def test_deeper_plans_cost_less_per_layer() -> None:
     assert len(blocks) == 2
     level_aware = program_seconds(prog, table, params.max_level, params.slots)
     cv = count_program(list(prog), 0, 0, 0, 0, 0.0, params.slots)
-    assert level_aware < table.score(cv) * 1e-3
+    assert level_aware < TimeModel(table).vector(cv) * 1e-3
 
 
 def _q_mode_program() -> list[dict]:
-    """Two giantless forms on x over one baby offset: y1 = a*rot(x,1) + b*x, y2 = c*rot(x,1)
-    (2 blocks > 1 distinct baby: Q mode, planner.ir.fusion)."""
-    return [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "rot_hoisted", "dsts": ["r1"], "src": "x", "ks": [1]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "x", "pt": "pb"},
-        {"op": "add", "dst": "y1", "a": "a", "b": "b"},
-        {"op": "pmul", "dst": "y2", "src": "r1", "pt": "pc"},
-        {"op": "output", "src": "y1", "tensor": "y1", "table": "y1"},
-        {"op": "output", "src": "y2", "tensor": "y2", "table": "y2"},
-    ]
+    """Two giantless forms on the input x over one baby offset (tests.helpers.q_mode_forms)."""
+    return [{"op": "input", "dst": "x", "tensor": "x", "table": "x"}, *q_mode_forms("x")]
 
 
 def test_q_mode_blocks_counted_and_priced_by_hand() -> None:
@@ -117,20 +108,13 @@ def test_q_mode_blocks_counted_and_priced_by_hand() -> None:
     # the objective (top-level weights) prices the same
     w = table.weights
     cv = count_program(prog, 0, 1, 3, 2, 0.0, params.slots)
-    assert table.score(cv) == pytest.approx(
+    assert TimeModel(table).vector(cv) == pytest.approx(
         w.block_base + w.block_baby + w.block_baby_q + 2 * w.block_q + 3 * w.block_product_q)
 
 
 def test_a_block_with_more_babies_than_blocks_stays_in_qp() -> None:
     """One giantless block over two babies: QP (two ModDowns once, not two per baby)."""
-    prog = [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "rot_hoisted", "dsts": ["r1", "r2"], "src": "x", "ks": [1, 2]},
-        {"op": "pmul", "dst": "a", "src": "r1", "pt": "pa"},
-        {"op": "pmul", "dst": "b", "src": "r2", "pt": "pb"},
-        {"op": "add", "dst": "y", "a": "a", "b": "b"},
-        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
-    ]
+    prog = qp_block_program()
     fc = fused_counts(prog, 4096)
     assert (fc.blocks, fc.products, fc.babies, fc.q_blocks) == (1, 2, 2, 0)
 
@@ -142,7 +126,7 @@ def test_q_mode_weights_missing_from_an_older_table_fall_back() -> None:
     meas = {"per_level_ms": {lv: {k: v for k, v in m.items() if not k.endswith("_q")}
                              for lv, m in table.measurements["per_level_ms"].items()}}  # type: ignore[union-attr]
     old = table.model_copy(update={"weights": old_w, "measurements": meas})
-    lw = LevelWeights(old)
+    lw = TimeModel(old)
     for lv in (0, 3):
         assert lw.at("block_product_q", lv) == lw.at("block_product", lv)
         assert lw.at("block_baby_q", lv) == lw.at("block_finish", lv)
@@ -150,7 +134,7 @@ def test_q_mode_weights_missing_from_an_older_table_fall_back() -> None:
     prog = _q_mode_program()
     cv = count_program(prog, 0, 1, 3, 2, 0.0, 4096)
     w = old_w
-    assert old.score(cv) == pytest.approx(
+    assert TimeModel(old).vector(cv) == pytest.approx(
         w.block_base + w.block_baby + w.block + 2 * w.add + 3 * w.block_product)
 
 
@@ -208,10 +192,10 @@ def test_product_sum_counted_and_priced_by_hand() -> None:
     fc = fused_counts(prog, params.slots)
     assert (fc.sums, fc.cmul, fc.add, fc.blocks) == (1, 2, 1, 0)
     top, mid = params.max_level, params.max_level - 1
-    lw = LevelWeights(table)
+    lw = TimeModel(table)
     want = (2 * lw.at("cmul_tensor", top) + lw.at("relin", top)  # the sum at the top level
             + lw.at("rescale", top) + lw.at("cmul_relin", mid))  # s rescaled, then u one level down
     assert program_seconds(prog, table, params.max_level, params.slots) == pytest.approx(want * 1e-3)
     w = table.weights
     cv = count_program(prog, 0, 2, 0, 1, 0.0, params.slots)
-    assert table.score(cv) == pytest.approx(2 * w.cmul_tensor + w.relin + w.cmul)
+    assert TimeModel(table).vector(cv) == pytest.approx(2 * w.cmul_tensor + w.relin + w.cmul)

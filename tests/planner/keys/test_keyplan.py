@@ -17,11 +17,12 @@ import pytest
 
 from backends.sim import simulate
 from planner import ir
+from planner.cost.timing import modelled_time, time_model
 from planner.frontend.graph import parse_graph
 from planner.frontend.params import load_params
 from planner.frontend.reference import random_values, reference
 from planner.ir.hoisting import collapse, fully_split
-from planner.keys.joint import modelled_time, plan_joint, time_model
+from planner.keys.joint import plan_joint
 from planner.keys.profile import KeyCapError
 from planner.keys.schedule import schedule_keys, schedule_plan
 from planner.pipeline import PlanOptions, plan_graph
@@ -310,8 +311,8 @@ def test_key_load_price_from_the_calibrated_read() -> None:
     key_read_file (ReadFrom parses as it reads); an older one-file table adds unmarshal."""
     import json
 
+    from planner.cost.timing import time_model
     from planner.frontend.params import load_params
-    from planner.keys.joint import time_model
 
     for preset in ("n14boot", "n14"):
         meas = json.loads((REPO_ROOT / f"data/costs/{preset}-lattigo.json").read_text())[
