@@ -239,9 +239,9 @@ def _program_ops(plan: Mapping[str, Any], op: str) -> list[Mapping[str, Any]]:
 
 
 def _plan_json(plan: Mapping[str, Any]) -> str:
-    from backends.lattigo_backend import _json_default
+    from backends.lattigo_backend import go_plan_json
 
-    return json.dumps(dict(plan), default=_json_default)
+    return go_plan_json(plan)
 
 
 def _go() -> tuple[Any, Any]:

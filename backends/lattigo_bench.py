@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.lattigo_backend import LattigoError, _call, _ext, _json_default, pack_vectors
+from backends.lattigo_backend import LattigoError, _call, _ext, go_plan_json, pack_vectors
 from planner.costs import DATA_DIR
 from planner.errors import SlotplanError
 from planner.graph import Graph, load_graph, parse_graph
@@ -239,7 +239,7 @@ def run_plan_bench(
     raw = json.loads(
         _call(
             mod.BenchPlan,
-            json.dumps(plan, default=_json_default),
+            go_plan_json(plan),
             go.Slice_byte.from_bytes(packed_in),
             go.Slice_byte.from_bytes(packed_pt),
             json.dumps({"repeat": int(repeat), "memory_limit_bytes": memory_budget(0.85) or 0}),

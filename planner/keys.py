@@ -43,6 +43,7 @@ import numpy as np
 
 from planner import ir
 from planner.errors import SlotplanError
+from planner.fused_plan import annotate
 from planner.params import Params
 from planner.summary import (
     memory_series,
@@ -1171,4 +1172,6 @@ def schedule_plan(
             {**n, **span_counts(sched.program[a:z]), "span": [a, z]}
             for n, (a, z) in zip(nodes, spans, strict=True)
         ]
+    if "fused" in new:  # the annotation names instructions of the old program: decided anew
+        annotate(new)
     return new, sched

@@ -40,6 +40,7 @@ from planner.convert import plan_conversion
 from planner.costs import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.errors import SlotplanError
 from planner.fold import add_scaled_variants, foldable_into
+from planner.fused_plan import annotate
 from planner.graph import Graph, Node
 from planner.ir import PLAN_SCHEMA
 from planner.kernels.base import Candidate
@@ -894,7 +895,9 @@ def plan_graph(
     if options.batch is not None:
         from planner.batch import plan_batched
 
-        return plan_batched(graph, params, options, record_timings, wall_limit_s, wall_started)
+        res = plan_batched(graph, params, options, record_timings, wall_limit_s, wall_started)
+        annotate(res.plan)  # the batched program's fused blocks (planner.fused_plan)
+        return res
     t0 = time.perf_counter()
     from planner.params import check_security
 
@@ -935,6 +938,8 @@ def plan_graph(
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
         raise PlanWallTimeout(str(e)) from None
+    # the fused blocks the Lattigo executor runs, decided once here (planner.fused_plan)
+    annotate(plan)
     seconds = time.perf_counter() - t0
     if insecure:
         plan["summary"]["insecure"] = True
