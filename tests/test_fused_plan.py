@@ -304,6 +304,17 @@ def test_key_schedule_decides_the_blocks_of_its_own_program() -> None:
     read_fused(plan)
 
 
+
+def test_batched_plan_annotates_its_own_program() -> None:
+    """A batched plan rewrites the small plan's rotation offsets: its blocks are decided on
+    the batched program (not copied from the small plan's)."""
+    from backends.lattigo_bench import mvm_graph
+
+    plan = plan_graph(mvm_graph(64, 64), load_params("n13"), PlanOptions(batch=4)).plan
+    assert list(plan)[-1] == "fused" and plan["fused"]["blocks"]
+    assert plan["fused"] == fused_annotation(plan["program"], plan["params"]["slots"], plan_key_levels(plan))
+    read_fused(plan)
+
 # --------------------------------------------------------------------------------------
 # Lattigo: the executor runs the planner's blocks
 
