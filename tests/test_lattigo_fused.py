@@ -76,9 +76,9 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
 @needs_lattigo
 @pytest.mark.parametrize("fraction", [None, 0.75])
 def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
-    """The executor's Q-mode blocks (fused.go markQMode) are the ones planner.fusion counts,
-    with and without a key schedule; under one, one-product blocks are fused in Q mode only
-    (fused.go dropLoneQPBlocks), as many as without it."""
+    """The executor runs the Q-mode blocks planner.fusion decides (the plan's fused
+    annotation), with and without a key schedule; under one, one-product blocks are fused in
+    Q mode only, as many as without it."""
     graph = conv_workload("conv2").graph
     params = load_params("n12")
     cap = None if fraction is None else int(_peak_keys(graph, None) * fraction)

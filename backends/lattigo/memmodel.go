@@ -45,7 +45,7 @@ type fusedBlockInfo struct {
 	// lazily (empty: the register is multiplied as it is, through P times it)
 	Bases map[string][]int `json:"bases"`
 	Terms int              `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
-	// QMode: evaluated in Q (markQMode); its plaintexts are encoded before it runs even
+	// QMode: evaluated in Q (the annotation's mode "q"); its plaintexts are encoded before it runs even
 	// without a plaintext cache (a QP-mode block then streams them: one per worker)
 	QMode bool `json:"qmode"`
 	// The block's plaintexts (a cache across evaluations, BenchPlan's, keeps them in QP).
