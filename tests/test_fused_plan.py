@@ -315,6 +315,21 @@ def test_batched_plan_annotates_its_own_program() -> None:
     assert plan["fused"] == fused_annotation(plan["program"], plan["params"]["slots"], plan_key_levels(plan))
     read_fused(plan)
 
+
+def test_digests_do_not_depend_on_the_annotation() -> None:
+    """Keys, ciphertext files and tables made for a plan written before the annotation
+    existed stay valid for the same plan with it (the inference plan digest and the tables'
+    digest leave it out)."""
+    from backends.inference import inference_plan_digest
+    from planner.io import plan_digest
+
+    plan = plan_graph(load_graph(WORKLOADS / "conv1.json"), load_params("n13")).plan
+    old = {k: v for k, v in plan.items() if k != "fused"}
+    assert plan["fused"]["blocks"]
+    assert inference_plan_digest(plan) == inference_plan_digest(old)
+    assert plan_digest(plan) == plan_digest(old)
+    assert inference_plan_digest(plan) != inference_plan_digest({**old, "program": old["program"][:-1]})
+
 # --------------------------------------------------------------------------------------
 # Lattigo: the executor runs the planner's blocks
 
