@@ -278,7 +278,8 @@ class _Reader:
             at = self.users[str(self.prog[i].get("dst"))][0]
             n_rot, n_res, giant = out[at]
             if self.ops[at] == "rot":
-                n_rot, giant = n_rot + 1, int(self.prog[at].get("k", 0)) % self.slots
+                k = self.prog[at].get("k")
+                n_rot, giant = n_rot + 1, (k if isinstance(k, int) else 0) % self.slots
             elif self.ops[at] == "rescale":
                 n_res += 1
             out[i] = (n_rot, n_res, giant)

@@ -287,7 +287,9 @@ func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, 
 			switch prog[at].Op {
 			case "rot":
 				pa.rots++
-				pa.giant = norm(*prog[at].K)
+				if prog[at].K != nil { // (validate() refuses a rot without k)
+					pa.giant = norm(*prog[at].K)
+				}
 			case "rescale":
 				pa.rescales++
 			}
