@@ -40,7 +40,7 @@ from backends.lattigo_backend import (
     PLAINTEXT_INLINE_BYTES,
     _call,
     _ext,
-    _json_default,
+    go_plan_json,
     pack_vectors,
     write_plaintexts,
 )
@@ -98,7 +98,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
             opts["plaintext_file"] = str(Path(tmp) / "plaintexts.f64")
             write_plaintexts(plan, weights, tables, opts["plaintext_file"])
         t0 = time.perf_counter()
-        raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default),
+        raw = json.loads(_call(mod.BenchPlan, go_plan_json(plan),
                                go.Slice_byte.from_bytes(packed_in), go.Slice_byte.from_bytes(packed_pt), json.dumps(opts)))
         wall = time.perf_counter() - t0
     st = raw["stats"]

@@ -187,8 +187,10 @@ def _canonical(obj: Any) -> bytes:
 
 def inference_plan_digest(plan: Mapping[str, Any]) -> str:
     """sha256 of the plan's canonical JSON: keys and ciphertexts belong to exactly this plan
-    (its program decides the inputs, the rotation keys and their levels)."""
-    return hashlib.sha256(_canonical(dict(plan))).hexdigest()
+    (its program decides the inputs, the rotation keys and their levels). The ``fused``
+    annotation is left out: it is derived from the program, changes no key, input or
+    level, and a plan written before it existed keeps its digest (and its keys)."""
+    return hashlib.sha256(_canonical({k: v for k, v in plan.items() if k != "fused"})).hexdigest()
 
 
 def params_digest(plan: Mapping[str, Any]) -> str:
@@ -239,9 +241,9 @@ def _program_ops(plan: Mapping[str, Any], op: str) -> list[Mapping[str, Any]]:
 
 
 def _plan_json(plan: Mapping[str, Any]) -> str:
-    from backends.lattigo_backend import _json_default
+    from backends.lattigo_backend import go_plan_json
 
-    return json.dumps(dict(plan), default=_json_default)
+    return go_plan_json(plan)
 
 
 def _go() -> tuple[Any, Any]:

@@ -280,6 +280,16 @@ _BASIC_OPS = frozenset({"input", "output", "rot", "rot_hoisted", "add", "sub", "
                         "poly", "rescale", "load_key", "drop_key", "mul_i", "conj"})
 
 
+def go_plan_json(plan: Mapping[str, Any]) -> str:
+    """The plan as the Go executor gets it: with its ``fused`` annotation (the blocks the
+    planner decided, checked here), or, for a plan without one (older or hand-written), the
+    annotation :mod:`planner.ir.fused_plan` computes now. The Go side runs exactly these
+    blocks and decides none itself."""
+    from planner.ir.fused_plan import with_fused
+
+    return json.dumps(with_fused(plan), default=_json_default)
+
+
 def check_executable(plan: Mapping[str, Any]) -> None:
     """Refuse, before any key is generated, a plan that cannot run as written (issue 38: a
     malformed plan is bad input, exit 2, not a mismatch): a bootstrap in a plan whose params
@@ -287,7 +297,9 @@ def check_executable(plan: Mapping[str, Any]) -> None:
     resident under the plan's key schedule or a register deeper than ``params.max_level``
     (SPEC section 4's depth rule).  Raises :class:`PlanFileError` naming the instruction."""
     from common.errors import PlanFileError
+    from planner.ir.fused_plan import read_fused
 
+    read_fused(plan)  # a malformed fused-block annotation: one line naming the field
     params = plan.get("params") or {}
     prog = plan.get("program") or []
     ops = [ins.get("op") for ins in prog if isinstance(ins, Mapping)]
@@ -441,7 +453,7 @@ def _run_plan(plan: Mapping[str, Any], inputs: Mapping[str, np.ndarray], weights
         else:
             packed_inputs, packed_pts = pack_vectors(plan, inputs, weights, tables)
         pack_seconds = time.perf_counter() - t0
-        result = run_raw(json.dumps(plan, default=_json_default), packed_inputs, packed_pts, options)
+        result = run_raw(go_plan_json(plan), packed_inputs, packed_pts, options)
     vectors = [
         OutputVector(
             tensor=o["tensor"],

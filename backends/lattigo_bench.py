@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from backends.lattigo_backend import LattigoError, _call, _ext, _json_default, pack_vectors
+from backends.lattigo_backend import LattigoError, _call, _ext, go_plan_json, pack_vectors
 from common.errors import SlotplanError
-from planner.cost.tables import DATA_DIR
+from common.paths import DATA_DIR
 from planner.frontend.graph import Graph, load_graph, parse_graph
 from planner.frontend.params import Params
 from planner.frontend.reference import random_values, reference
@@ -239,7 +239,7 @@ def run_plan_bench(
     raw = json.loads(
         _call(
             mod.BenchPlan,
-            json.dumps(plan, default=_json_default),
+            go_plan_json(plan),
             go.Slice_byte.from_bytes(packed_in),
             go.Slice_byte.from_bytes(packed_pt),
             json.dumps({"repeat": int(repeat), "memory_limit_bytes": memory_budget(0.85) or 0}),

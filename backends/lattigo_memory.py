@@ -129,11 +129,11 @@ def boot_series(program: list[Any], live: np.ndarray, boot: BootMemory | None, g
 
 def executor_memory(plan: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
     """Go's ``ExecutorMemory`` for a plan: sizes of the executor's buffers and fused blocks."""
-    from backends.lattigo_backend import _call, _ext, _json_default
+    from backends.lattigo_backend import _call, _ext, go_plan_json
 
     mod, _ = _ext()
     opts = {"workers": int(workers)} if workers else {}
-    return dict(json.loads(_call(mod.ExecutorMemory, json.dumps(plan, default=_json_default), json.dumps(opts))))
+    return dict(json.loads(_call(mod.ExecutorMemory, go_plan_json(plan), json.dumps(opts))))
 
 
 def fused_series(program: list[Any], params: Params, mem: Mapping[str, Any], streamed: bool = False) -> np.ndarray:

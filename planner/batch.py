@@ -39,6 +39,7 @@ import numpy as np
 from planner.assign.candidates import PlanError
 from planner.frontend.params import Params
 from planner.ir.builder import LazyTables, TableSpec
+from planner.ir.fused_plan import annotate
 from planner.layout.channels import MappedLayout
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "seconds": None if seconds is None else round(seconds / options.batch, 6),
         "rotations": round(plan["summary"]["rotations"] / options.batch, 6),
     }
+    annotate(plan)  # the batched program's fused blocks (planner.ir.fused_plan)
     return PlanResult(plan, tables, res.solution, res.problem, res.seconds, claims, info)
 
 

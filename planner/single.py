@@ -20,6 +20,7 @@ from planner.assign.solve import PlanTimeout, PlanWallTimeout, solve_problem
 from planner.frontend.graph import Graph
 from planner.frontend.params import Params
 from planner.ir.builder import LazyTables
+from planner.ir.fused_plan import annotate
 from planner.lower.lowering import LayoutClaim, lower_solution
 from solver.model import Solution, Status
 
@@ -91,6 +92,8 @@ def plan_single(
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
         raise PlanWallTimeout(str(e)) from None
+    # the fused blocks the Lattigo executor runs, decided once here (planner.ir.fused_plan)
+    annotate(plan)
     seconds = time.perf_counter() - t0
     if insecure:
         plan["summary"]["insecure"] = True

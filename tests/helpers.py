@@ -105,14 +105,14 @@ def bench_encrypted(res: PlanResult, graph: Graph, options: dict[str, Any], seed
     error per output against numpy)."""
     import json
 
-    from backends.lattigo_backend import _call, _ext, _json_default, pack_vectors
+    from backends.lattigo_backend import _call, _ext, go_plan_json, pack_vectors
     from backends.lattigo_bench import _scatter
 
     vals = random_values(graph, seed)
     pin, ppt = pack_vectors(res.plan, {t: vals[t] for t in graph.inputs}, {t: vals[t] for t in graph.weights},
                             res.tables)
     mod, go = _ext()
-    raw = json.loads(_call(mod.BenchPlan, json.dumps(res.plan, default=_json_default), go.Slice_byte.from_bytes(pin),
+    raw = json.loads(_call(mod.BenchPlan, go_plan_json(res.plan), go.Slice_byte.from_bytes(pin),
                            go.Slice_byte.from_bytes(ppt), json.dumps(options)))
     outs = _scatter(raw["outputs"], res.tables, {t: graph.shape(t) for t in graph.outputs})
     ref = reference(graph, vals)

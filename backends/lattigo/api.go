@@ -161,7 +161,7 @@ type stats struct {
 	FusedProducts       int                `json:"fused_products"`
 	ProductSums         int                `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
 	ProductSumTerms     int                `json:"product_sum_terms"` // their cmul terms
-	FusedQBlocks        int                `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (markQMode)
+	FusedQBlocks        int                `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (the annotation's mode "q")
 	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy
 	// baby rotations; products: plaintext products accumulated in QP; giants: ModDown, key
 	// switch and automorphism per giant step; finish: final ModDowns, rescale), summed over

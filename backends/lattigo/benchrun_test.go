@@ -19,7 +19,8 @@ func TestBenchRunsStartAfreshWithoutCache(t *testing.T) {
 	const slots = 2048
 	v := randVecs(5, 4, slots)
 	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
-	planJSON := planHeadXP3 + `
+	// (the planner's blocks for this program: planner/ir/fused_plan.py)
+	planJSON := withFused(planHeadXP3, `{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "qp"}], "babies": [1]}`) + `
 	    {"op": "rot_hoisted", "dsts": ["b1", "b2", "b3"], "src": "x", "ks": [1, 2, 3]},
 	    {"op": "pmul", "dst": "y1", "src": "b1", "pt": "p0"},
 	    {"op": "pmul", "dst": "y2", "src": "b2", "pt": "p1"},

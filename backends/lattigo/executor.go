@@ -94,6 +94,7 @@ type executor struct {
 	fusedEvalSec float64
 	cins         *cinsPlan        // to_cins / fused bootstrap_cins (cins_exec.go)
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
+	initErr      error            // a malformed "fused" annotation (plans not read by loadPlan)
 }
 
 // executorOptions: fuse linear blocks (default on), workers for fused blocks (0: GOMAXPROCS),
@@ -182,7 +183,14 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 	st.Workers = e.nWorkers
 	e.cins = analyseCins(p, params.MaxSlots())
 	if !opt.NoFuse && e.cins == nil { // (a CinS plan's convolutions fuse into its bootstraps: cins_exec.go)
-		e.fusion = analyseFusion(p, params.MaxSlots())
+		// the blocks of the plan's "fused" annotation, checked by loadPlan (fused.go)
+		if p.fusion == nil {
+			var err error
+			if p.fusion, err = readFusion(p, params.MaxSlots()); err != nil {
+				e.initErr = err
+			}
+		}
+		e.fusion = p.fusion
 	}
 	for i, in := range p.Program {
 		for _, r := range e.regsAt(i, in) {
@@ -251,6 +259,9 @@ func (e *executor) exec(i int, in instr) (string, error) {
 }
 
 func (e *executor) run() error {
+	if e.initErr != nil {
+		return e.initErr
+	}
 	if e.scheduled && e.plan.usesConjugation() {
 		// the conjugation key is resident throughout (docs/formats.md): no schedule places it
 		if err := e.keys.load(conjOffset); err != nil {

@@ -1,9 +1,11 @@
 package slotlattigo
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
-	"math"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/lintrans"
@@ -14,7 +16,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
-// Fused linear blocks (what Lattigo's lintrans does, recognised in any plan).
+// Fused linear blocks (Lattigo's lintrans BSGS evaluation, over a plan's instructions).
 //
 // A plan of SPEC section 4 spells a diagonal matrix product as rotations of one ciphertext
 // x (rot_hoisted / rot: the baby steps), a pmul of each rotation (or of x itself) by a
@@ -23,9 +25,18 @@ import (
 //
 //	y = sum_g rot_g( sum_{(b, pt) in g} pt * rot_b(x) )    (rescaled once, or not at all)
 //
-// The executor recognises such a block from the dataflow alone (no attribute, no new op;
-// a plan stays executable instruction by instruction) and evaluates it like lintrans'
-// MultiplyByDiagMatrixBSGS, with double hoisting:
+// Which instructions form such a block is decided once, by the planner
+// (planner/ir/fusion.py, written into the plan as its "fused" annotation by
+// planner/ir/fused_plan.py; docs/formats.md). The executor runs the blocks it is given and
+// decides none itself: readFusion checks the annotation against the program (indices in
+// range, operations, each block a tree whose only outside reads are its products'
+// registers, one rescale state and at most one giant rotation per product, lazily rotated
+// baby outputs read by block products only) and refuses a malformed one with one line
+// naming the field. A plan without the annotation runs unfused (the Python backend adds it
+// before a plan reaches Go). The plan stays executable instruction by instruction: the
+// annotation changes no instruction.
+//
+// A block is evaluated like lintrans' MultiplyByDiagMatrixBSGS, with double hoisting:
 //
 //   - x's c1 is decomposed once; every baby step is a lazy hoisted automorphism kept in
 //     the extended basis QP (no ModDown) and cached for every block on the same x;
@@ -35,39 +46,18 @@ import (
 //     QP and the block ends with one ModDown per output polynomial and one Rescale when
 //     the plan rescales the block;
 //   - the giant steps (and the baby steps) are split over the executor's workers (one
-//     Lattigo evaluator each; partial sums added in QP at the end).
+//     Lattigo evaluator each; partial sums added in QP at the end);
+//   - a block of mode "q" (no giant step) accumulates its products in Q from the base's
+//     babies brought down to Q once (evalFusedQ).
 //
-// Recognition rules (abstract interpretation of the program, fusionAnalysis):
-//   - a "baby" is a register written by rot_hoisted/rot of a register that is no linear
-//     form; pmul of a baby (or of any other register that is no form: beta 0) starts a form;
-//   - add of two forms on the same x with the same rescale state merges them (groups with
-//     the same giant offset merge); rescale marks a not-yet-rescaled form rescaled; rot of
-//     a form made only of unrotated products makes it one giant step;
-//   - a form is absorbed into the instruction that consumes it only when that is its only
-//     use; a form that is not absorbed is a root: it is evaluated fused where its last
-//     instruction stood (when it has more than one product or any rotation), and the
-//     instructions of its tree are skipped. Rotations whose every use is skipped are
-//     skipped too.
-//   - the registers a form multiplies may be its origin or rotations of rotations of it
-//     (a key schedule's two-hop rotations): a form records each product's register and
-//     offset; a baby rotation that runs as an instruction (another rotation reads its
-//     output, or a product outside any block) is multiplied as it is (offset 0 on its
-//     output), so no key is needed for it at the root;
-//   - under a key schedule (load_key/drop_key) only blocks of two or more products are
-//     fused; their skipped baby rotations are computed where they stand, into the cache of
-//     the rotated register (their keys are resident there, and the schedule may drop them
-//     right after). A block runs whole only when its giant rotations' keys stay resident
-//     until its root (no drop_key of the offset or of the block "boot" in between) and
-//     reach the base's level; otherwise the analysis is repeated with those giant
-//     rotations not absorbed, so that each giant step's products (up to its rescale) are
-//     one block and the plan's giant rotations and additions run as written.
+// Under a key schedule the annotation's baby rotations are computed where they stand, into
+// the cache of the rotated register (their keys are resident there, and the schedule may
+// drop them right after); without one every baby of a base is made at its first block.
 
 type fTerm struct {
-	base  string // the register the baby rotation rotates (beta 0: the multiplied register)
-	beta  int
-	pt    string
-	rotAt int    // the instruction of the baby rotation (-1: beta 0, no rotation)
-	reg   string // the register the plan multiplies (the baby rotation's output)
+	base string // the register the baby rotation rotates (beta 0: the multiplied register)
+	beta int
+	pt   string
 }
 
 type fForm struct {
@@ -76,18 +66,8 @@ type fForm struct {
 	base     string
 	groups   map[int][]fTerm // giant offset -> products
 	rescaled bool
-	rotated  bool // some group carries its giant rotation (no further rot)
 	instrs   []int
-	// giant offsets the plan rotates after the form's rescale (one level below the base,
-	// where the fused block rotates): their keys may have been generated a level lower
-	lowGiants map[int]bool
-	// qmode: evaluated in Q (set by buildFusion, see markQMode)
-	qmode bool
-}
-
-// giantless: the form has no giant step (only the group of giant offset 0).
-func (f *fForm) giantless() bool {
-	return len(f.groups) == 1 && f.groups[0] != nil
+	qmode    bool // evaluated in Q (the annotation's mode "q")
 }
 
 func (f *fForm) terms() int {
@@ -96,23 +76,6 @@ func (f *fForm) terms() int {
 		n += len(g)
 	}
 	return n
-}
-
-func (f *fForm) worth() bool {
-	if f.terms() > 1 {
-		return true
-	}
-	for g, ts := range f.groups {
-		if g != 0 {
-			return true
-		}
-		for _, t := range ts {
-			if t.beta != 0 {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // bases returns the registers the form's products read (rotated lazily or multiplied as
@@ -142,28 +105,12 @@ func (f *fForm) gammas() []int {
 	return out
 }
 
-func mergeForms(a, b *fForm, rotated bool) *fForm {
-	out := &fForm{base: a.base, groups: map[int][]fTerm{}, rescaled: a.rescaled, rotated: rotated,
-		lowGiants: map[int]bool{}}
-	for _, f := range []*fForm{a, b} {
-		for g := range f.lowGiants {
-			out.lowGiants[g] = true
-		}
-		for g, ts := range f.groups {
-			out.groups[g] = append(out.groups[g], ts...)
-		}
-		out.instrs = append(out.instrs, f.instrs...)
-	}
-	return out
-}
-
 type fusionPlan struct {
 	roots     map[int]*fForm // instruction index -> the fused block evaluated there (its dst)
 	rootDst   map[int]string
 	skip      []bool
 	baseRoots map[string]int      // fused roots per base register (the baby cache is freed after the last)
 	baseBetas map[string][]int    // non-zero baby offsets of all fused roots per base (sorted)
-	babyAt    []bool              // instructions that rotate a base for a block (rot / rot_hoisted)
 	pre       []bool              // skipped baby rotations computed where they stand (key schedule)
 	sums      map[int]*productSum // product-sum roots (relin.go), by instruction
 }
@@ -173,195 +120,255 @@ type baby struct {
 	beta int
 }
 
-// analyseFusion finds the fused blocks of a plan (rules above).
-func analyseFusion(p *plan, slots int) *fusionPlan {
-	fp, split := analyseForms(p, slots, nil)
-	if len(split) > 0 {
-		// blocks whose giant rotations cannot run fused (their keys are dropped before
-		// the root, or were generated a level below the base) are fused group by group:
-		// each giant step's products as one block, rescaled, and the plan's own giant
-		// rotations and additions as written
-		fp, _ = analyseForms(p, slots, split)
-	}
-	return fp
+// fusedAnnotation is the plan's "fused" object (docs/formats.md, planner/ir/fused_plan.py).
+type fusedAnnotation struct {
+	Blocks []fusedBlockSpec `json:"blocks"`
+	Babies []int            `json:"babies"`
 }
 
-// analyseForms finds the fused blocks of a plan, the giant rotations in noGiant not
-// absorbed; it returns them and the giant rotations of the blocks it had to refuse for
-// their giant keys.
-func analyseForms(p *plan, slots int, noGiant map[int]bool) (*fusionPlan, map[int]bool) {
-	scheduled := p.hasKeySchedule()
-	levels, err := p.keyLevels()
-	if err != nil {
-		levels = nil // validate() refuses such a plan before it runs
+type fusedBlockSpec struct {
+	Instrs []int  `json:"instrs"`
+	Mode   string `json:"mode"`
+}
+
+// decodeFused reads the raw "fused" object strictly (unknown keys refused).
+func decodeFused(raw json.RawMessage) (*fusedAnnotation, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var a fusedAnnotation
+	if err := dec.Decode(&a); err != nil {
+		return nil, fmt.Errorf("plan field \"fused\": %s", strings.Join(strings.Fields(err.Error()), " "))
 	}
+	if a.Blocks == nil || a.Babies == nil {
+		return nil, fmt.Errorf("plan field \"fused\": must be an object {\"blocks\": [...], \"babies\": [...]}")
+	}
+	return &a, nil
+}
+
+// readFusion makes the fusion plan of the plan's "fused" annotation (no fused block
+// without one; product sums as relin.go decides them), checked against the program.
+func readFusion(p *plan, slots int) (*fusionPlan, error) {
 	prog := p.Program
+	n := len(prog)
+	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, pre: make([]bool, n),
+		sums: map[int]*productSum{}}
+	if len(p.Fused) > 0 && string(p.Fused) != "null" {
+		ann, err := decodeFused(p.Fused)
+		if err != nil {
+			return nil, err
+		}
+		if err = fp.readBlocks(prog, ann, slots, p.hasKeySchedule()); err != nil {
+			return nil, err
+		}
+	}
+	if !p.hasKeySchedule() {
+		analyseProductSums(p, fp)
+	}
+	return fp, nil
+}
+
+// readBlocks checks the annotation's blocks and babies against the program (the rules of
+// planner/ir/fused_plan.py read_fused) and fills fp with them.
+func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, scheduled bool) error {
+	n := len(prog)
+	norm := func(k int) int { return ((k % slots) + slots) % slots }
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("plan field \"fused%s\": %s", field, fmt.Sprintf(format, args...))
+	}
+	index := func(v int, field string) error {
+		if v < 0 || v >= n {
+			return bad(field, "%d is not an instruction index (0..%d)", v, n-1)
+		}
+		return nil
+	}
+	writer := map[string]int{}
 	users := map[string][]int{}
+	rotated := map[string]baby{} // a rotation's output -> (its source, offset mod slots)
 	for i, in := range prog {
+		for _, r := range in.defs() {
+			writer[r] = i
+		}
 		for _, r := range in.uses() {
 			users[r] = append(users[r], i)
 		}
-	}
-	single := func(r string) bool { return len(users[r]) == 1 }
-	norm := func(k int) int { return ((k % slots) + slots) % slots }
-	babies := map[string]baby{}
-	babyInstr := map[string]int{}
-	origin := map[string]string{} // rotations (of rotations) of a register -> that register
-	originOf := func(r string) string {
-		if o, ok := origin[r]; ok {
-			return o
-		}
-		return r
-	}
-	forms := map[string]*fForm{}
-	absorbed := map[string]bool{}
-	for i, in := range prog {
 		switch in.Op {
-		case "rot_hoisted":
-			if forms[in.Src] == nil {
-				for j, d := range in.Dsts {
-					babies[d] = baby{in.Src, norm(in.Ks[j])}
-					babyInstr[d] = i
-					origin[d] = originOf(in.Src)
-				}
-			}
 		case "rot":
-			f := forms[in.Src]
-			if f == nil {
-				if in.K != nil {
-					babies[in.Dst] = baby{in.Src, norm(*in.K)}
-					babyInstr[in.Dst] = i
-					origin[in.Dst] = originOf(in.Src)
+			if in.K != nil {
+				rotated[in.Dst] = baby{in.Src, norm(*in.K)}
+			}
+		case "rot_hoisted":
+			for j, d := range in.Dsts {
+				if j < len(in.Ks) {
+					rotated[d] = baby{in.Src, norm(in.Ks[j])}
 				}
-				continue
 			}
-			if single(in.Src) && !f.rotated && len(f.groups) == 1 && f.groups[0] != nil && in.K != nil && !noGiant[i] {
-				g := norm(*in.K)
-				nf := &fForm{base: f.base, groups: map[int][]fTerm{g: f.groups[0]}, rescaled: f.rescaled, rotated: true,
-					lowGiants: map[int]bool{}, instrs: append(append([]int{}, f.instrs...), i)}
-				if f.rescaled {
-					nf.lowGiants[g] = true
+		}
+	}
+	babySet := map[int]bool{}
+	for j, i := range ann.Babies {
+		f := fmt.Sprintf(".babies[%d]", j)
+		if err := index(i, f); err != nil {
+			return err
+		}
+		if op := prog[i].Op; op != "rot" && op != "rot_hoisted" {
+			return bad(f, "instruction %d (%s) is no rot/rot_hoisted", i, prog[i].opName())
+		}
+		if babySet[i] {
+			return bad(f, "instruction %d is listed twice", i)
+		}
+		babySet[i] = true
+	}
+	owner := map[int]int{}
+	lazyReaders := map[int]bool{}
+	for b, spec := range ann.Blocks {
+		w := fmt.Sprintf(".blocks[%d]", b)
+		if spec.Mode != "qp" && spec.Mode != "q" {
+			return bad(w+".mode", "%q is not one of [\"qp\", \"q\"]", spec.Mode)
+		}
+		if len(spec.Instrs) == 0 {
+			return bad(w+".instrs", "must be a non-empty list of instruction indices")
+		}
+		inside := map[int]bool{}
+		for j, i := range spec.Instrs {
+			f := fmt.Sprintf("%s.instrs[%d]", w, j)
+			if err := index(i, f); err != nil {
+				return err
+			}
+			if j > 0 && i <= spec.Instrs[j-1] {
+				return bad(f, "indices must be strictly increasing (the root last)")
+			}
+			switch prog[i].Op {
+			case "pmul", "add", "rescale", "rot":
+			default:
+				return bad(f, "instruction %d (%s) cannot be part of a block (only pmul, add, rescale, rot)", i, prog[i].opName())
+			}
+			if o, ok := owner[i]; ok {
+				return bad(f, "instruction %d is already in block %d", i, o)
+			}
+			if babySet[i] {
+				return bad(f, "instruction %d is also listed in \"fused.babies\"", i)
+			}
+			owner[i] = b
+			inside[i] = true
+		}
+		root := spec.Instrs[len(spec.Instrs)-1]
+		// the tree: every value but the root's is read once, inside the block; every operand
+		// of an add/rescale/rot is a value of the block, a pmul's register comes from outside
+		for j, i := range spec.Instrs {
+			in := prog[i]
+			f := fmt.Sprintf("%s.instrs[%d]", w, j)
+			if i != root {
+				us := users[in.Dst]
+				if len(us) != 1 || !inside[us[0]] {
+					return bad(f, "instruction %d (%s) writes %s, which must be read once, by an instruction of the same block", i, in.Op, in.Dst)
 				}
-				forms[in.Dst] = nf
-				absorbed[in.Src] = true
 			}
-		case "pmul":
-			if b, ok := babies[in.Src]; ok {
-				forms[in.Dst] = &fForm{base: originOf(b.base),
-					groups: map[int][]fTerm{0: {{b.base, b.beta, in.Pt, babyInstr[in.Src], in.Src}}}, instrs: []int{i}}
-			} else if forms[in.Src] == nil {
-				forms[in.Dst] = &fForm{base: originOf(in.Src), groups: map[int][]fTerm{0: {{in.Src, 0, in.Pt, -1, in.Src}}},
-					instrs: []int{i}}
-			}
-		case "add":
-			fa, fb := forms[in.A], forms[in.B]
-			if fa == nil || fb == nil || in.A == in.B || !single(in.A) || !single(in.B) ||
-				fa.base != fb.base || fa.rescaled != fb.rescaled {
+			if in.Op == "pmul" {
 				continue
 			}
-			nf := mergeForms(fa, fb, fa.rotated || fb.rotated)
-			nf.instrs = append(nf.instrs, i)
-			forms[in.Dst] = nf
-			absorbed[in.A], absorbed[in.B] = true, true
-		case "rescale":
-			f := forms[in.Src]
-			if f == nil || f.rescaled || !single(in.Src) {
+			rs := in.uses()
+			if in.Op == "add" && rs[0] == rs[1] {
+				return bad(f, "instruction %d (add) adds %s to itself", i, rs[0])
+			}
+			for _, r := range rs {
+				if wi, ok := writer[r]; !ok || !inside[wi] {
+					return bad(f, "instruction %d (%s) reads %s, which no instruction of the block writes (a block's only outside reads are its products' registers)", i, in.Op, r)
+				}
+			}
+		}
+		// (rotations, rescales, giant offset) strictly above each instruction, root first
+		type path struct{ rots, rescales, giant int }
+		above := map[int]path{root: {}}
+		for j := len(spec.Instrs) - 2; j >= 0; j-- {
+			i := spec.Instrs[j]
+			at := users[prog[i].Dst][0]
+			pa := above[at]
+			switch prog[at].Op {
+			case "rot":
+				pa.rots++
+				if prog[at].K != nil { // (validate() refuses a rot without k)
+					pa.giant = norm(*prog[at].K)
+				}
+			case "rescale":
+				pa.rescales++
+			}
+			above[i] = pa
+		}
+		f := &fForm{groups: map[int][]fTerm{}, instrs: append([]int{}, spec.Instrs...), qmode: spec.Mode == "q"}
+		rescales := map[int]bool{}
+		for j, i := range spec.Instrs {
+			in := prog[i]
+			if in.Op != "pmul" {
 				continue
 			}
-			forms[in.Dst] = &fForm{base: f.base, groups: f.groups, rescaled: true, rotated: f.rotated, lowGiants: f.lowGiants,
-				instrs: append(append([]int{}, f.instrs...), i)}
-			absorbed[in.Src] = true
-		}
-	}
-	cands := map[string]*fForm{}
-	split := map[int]bool{}
-	for r, f := range forms {
-		if absorbed[r] || !f.worth() {
-			continue
-		}
-		if keyLevelsFit(f, levels) && (!scheduled || giantKeysStay(prog, f, norm)) {
-			cands[r] = f
-			continue
-		}
-		for _, i := range f.instrs {
-			if prog[i].Op == "rot" {
-				split[i] = true
+			pa := above[i]
+			if pa.rots > 1 || pa.rescales > 1 {
+				return bad(fmt.Sprintf("%s.instrs[%d]", w, j), "product %d reaches the root through %d rotations and %d rescales (at most one of each)", i, pa.rots, pa.rescales)
 			}
+			rescales[pa.rescales] = true
+			t := fTerm{base: in.Src, beta: 0, pt: in.Pt}
+			if wi, ok := writer[in.Src]; ok && babySet[wi] {
+				if rb, ok := rotated[in.Src]; ok {
+					t.base, t.beta = rb.base, rb.beta
+					lazyReaders[i] = true
+				}
+			}
+			f.groups[pa.giant] = append(f.groups[pa.giant], t)
 		}
-	}
-	if scheduled {
-		dropLoneQPBlocks(cands)
-	}
-	fp := buildFusion(len(prog), cands, babyInstr, users)
-	if !scheduled {
-		analyseProductSums(p, fp)
-		return fp, split
-	}
-	// the skipped baby rotations are computed where they stand (their keys are resident
-	// there, and the schedule may drop them right after), into the cache of their base
-	for i := range fp.skip {
-		fp.pre[i] = fp.skip[i] && fp.babyAt[i]
-	}
-	return fp, split
-}
-
-// buildFusion makes the fusion plan of the chosen forms (by their root register).
-func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, users map[string][]int) *fusionPlan {
-	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, babyAt: make([]bool, n), pre: make([]bool, n),
-		sums: map[int]*productSum{}}
-	for r, f := range chosen {
-		at := rootOf(f)
-		fp.roots[at] = f
-		fp.rootDst[at] = r
-		for _, i := range f.instrs {
+		if len(f.groups) == 0 {
+			return bad(w+".instrs", "a block has at least one pmul")
+		}
+		if len(rescales) > 1 {
+			return bad(w+".instrs", "its products do not share one rescale state (every product is rescaled once, or none)")
+		}
+		f.rescaled = rescales[1]
+		if f.qmode && (len(f.groups) != 1 || f.groups[0] == nil) {
+			return bad(w+".mode", "\"q\" is for blocks without a giant rotation")
+		}
+		// the origin: the registers the products read are it or rotations (of rotations) of it
+		f.base = f.bases()[0]
+		for seen := 0; seen < n; seen++ {
+			rb, ok := rotated[f.base]
+			if !ok {
+				break
+			}
+			f.base = rb.base
+		}
+		fp.roots[root] = f
+		fp.rootDst[root] = prog[root].Dst
+		for _, i := range spec.Instrs {
 			fp.skip[i] = true
 		}
 	}
-	byInstr := map[int][]string{}
-	for d, i := range babyInstr {
-		byInstr[i] = append(byInstr[i], d)
-		fp.babyAt[i] = true
-	}
-	// baby rotations whose every use is fused are not executed; a rotation that another
-	// baby rotation reads (a two-hop rotation's first hop) runs, since its output is rotated
-	// again as a ciphertext, and so does a rotation nothing reads
-	for i, ds := range byInstr {
-		all, used := true, false
-		for _, d := range ds {
-			for _, u := range users[d] {
+	// a lazily rotated baby's outputs are read only by block products (they are never made)
+	for j, i := range ann.Babies {
+		used := false
+		for _, r := range prog[i].defs() {
+			for _, u := range users[r] {
 				used = true
-				if !fp.skip[u] || fp.babyAt[u] {
-					all = false
+				if !lazyReaders[u] {
+					return bad(fmt.Sprintf(".babies[%d]", j), "instruction %d (%s): its outputs must be read, and only by the pmul products of blocks", i, prog[i].Op)
 				}
 			}
 		}
-		if all && used {
-			fp.skip[i] = true
+		if !used {
+			return bad(fmt.Sprintf(".babies[%d]", j), "instruction %d (%s): its outputs must be read, and only by the pmul products of blocks", i, prog[i].Op)
 		}
+		fp.skip[i] = true
+		// under a key schedule computed where it stands, into the cache of its base
+		fp.pre[i] = scheduled
 	}
-	// a product of a baby that the plan computes anyway multiplies that ciphertext (P times
-	// it in QP, no second rotation): no key is needed for it at the root
-	for _, f := range chosen {
-		for g, ts := range f.groups {
-			nt := make([]fTerm, len(ts))
-			for j, t := range ts {
-				if t.rotAt >= 0 && !fp.skip[t.rotAt] {
-					t = fTerm{base: t.reg, beta: 0, pt: t.pt, rotAt: -1, reg: t.reg}
-				}
-				nt[j] = t
-			}
-			f.groups[g] = nt
-		}
+	// per base register: its blocks (the baby cache is freed after the last) and every
+	// lazily rotated offset over all blocks (one decomposition each)
+	seen := map[baby]bool{}
+	for _, i := range sortedRoots(fp.roots) {
+		f := fp.roots[i]
 		for _, b := range f.bases() {
 			fp.baseRoots[b]++
 		}
-	}
-	// every register's lazily rotated offsets over all blocks (one decomposition each)
-	seen := map[baby]bool{}
-	for _, f := range chosen {
-		for _, ts := range f.groups {
-			for _, t := range ts {
+		for _, g := range f.gammas() {
+			for _, t := range f.groups[g] {
 				if t.beta != 0 && !seen[baby{t.base, t.beta}] {
 					seen[baby{t.base, t.beta}] = true
 					fp.baseBetas[t.base] = append(fp.baseBetas[t.base], t.beta)
@@ -372,120 +379,17 @@ func buildFusion(n int, chosen map[string]*fForm, babyInstr map[string]int, user
 	for _, bs := range fp.baseBetas {
 		sort.Ints(bs)
 	}
-	markQMode(chosen)
-	return fp
+	return nil
 }
 
-// dropLoneQPBlocks keeps a key schedule's one-product blocks only where they run in Q
-// mode. A schedule's split groups leave many one-product blocks (a baby rotation and its
-// pmul); in QP each pays two ModDowns where the plan's hoisted rotation pays one (LoLa at
-// n14 under a half cap: 9181 such blocks, 36.7 s fused against 10.6 s as written). In Q
-// mode they share their base's babies as without a schedule (ResNet-20 at n14boot: 2936
-// of its 3068 Q-mode blocks have one product; run as written under a cap they cost
-// 1.16x keep-all). planner/ir/fusion.py applies the same rule.
-func dropLoneQPBlocks(cands map[string]*fForm) {
-	markQMode(cands)
-	for r, f := range cands {
-		if f.terms() < 2 && !f.qmode {
-			delete(cands, r)
-		}
+// sortedRoots lists the blocks' root instructions in program order.
+func sortedRoots(roots map[int]*fForm) []int {
+	out := make([]int, 0, len(roots))
+	for i := range roots {
+		out = append(out, i)
 	}
-}
-
-// markQMode chooses how the giantless blocks of each base are evaluated. In QP (the
-// lintrans way) every block ends with two ModDowns; in Q ("Q mode") each distinct baby
-// rotation of the base is brought down to Q once (two ModDowns per baby, shared by the
-// base's Q-mode blocks) and the products accumulate in Q, with no ModDown per block. A
-// base's giantless blocks take Q mode when they outnumber the distinct non-zero baby
-// offsets they use (a convolution's many small output blocks over a few rotations of one
-// input: conv2 at n13 has 688 blocks of 1.3 products over 32 babies); blocks with giant
-// steps always run in QP. planner/ir/fusion.py applies the same rule.
-func markQMode(chosen map[string]*fForm) {
-	// per origin: its giantless blocks and the distinct lazily rotated babies they read
-	blocks := map[string]int{}
-	betas := map[string]map[baby]bool{}
-	for _, f := range chosen {
-		f.qmode = false
-		if !f.giantless() {
-			continue
-		}
-		blocks[f.base]++
-		if betas[f.base] == nil {
-			betas[f.base] = map[baby]bool{}
-		}
-		for _, t := range f.groups[0] {
-			if t.beta != 0 {
-				betas[f.base][baby{t.base, t.beta}] = true
-			}
-		}
-	}
-	for _, f := range chosen {
-		if f.giantless() && blocks[f.base] > len(betas[f.base]) {
-			f.qmode = true
-		}
-	}
-}
-
-// dropsBetween reports whether a drop_key of one of keys (or of the block "boot") stands
-// strictly between instructions lo and hi.
-func dropsBetween(prog []instr, lo, hi int, keys map[int]bool, norm func(int) int) bool {
-	for q := lo + 1; q < hi; q++ {
-		in := prog[q]
-		if in.Op == "drop_key" && (in.Block != "" || (in.K != nil && keys[norm(*in.K)])) {
-			return true
-		}
-	}
-	return false
-}
-
-// keyLevelsFit: a fused block rotates its giant steps at the base's level, where the plan
-// may rotate one level lower (after the form's rescale) with a key generated there. Such
-// a giant key (with a recorded level) must reach the base's level. Every lazily rotated
-// baby's key reaches it (the plan rotates the base with it), so the base's level is at
-// most the lowest of them (a key without a recorded level is at the top); without such a
-// baby key the base's level is unknown here and the block runs unfused.
-func keyLevelsFit(f *fForm, levels map[int]int) bool {
-	if len(f.lowGiants) == 0 || len(levels) == 0 {
-		return true
-	}
-	bound, babies := math.MaxInt, false
-	for _, ts := range f.groups {
-		for _, t := range ts {
-			if t.beta == 0 {
-				continue
-			}
-			babies = true
-			if lvl, ok := levels[t.beta]; ok {
-				bound = min(bound, lvl)
-			}
-		}
-	}
-	for g := range f.lowGiants {
-		lvl, ok := levels[g]
-		if ok && (!babies || lvl < bound) {
-			return false
-		}
-	}
-	return true
-}
-
-// rootOf is the last instruction of a form, where the fused block runs (a form's
-// instructions are appended in program order, the consuming one last).
-func rootOf(f *fForm) int {
-	return f.instrs[len(f.instrs)-1]
-}
-
-// giantKeysStay: every giant rotation's key stays resident from its instruction to the
-// block's root, where the fused block rotates.
-func giantKeysStay(prog []instr, f *fForm, norm func(int) int) bool {
-	root := rootOf(f)
-	for _, i := range f.instrs {
-		in := prog[i]
-		if in.Op == "rot" && in.K != nil && dropsBetween(prog, i, root, map[int]bool{norm(*in.K): true}, norm) {
-			return false
-		}
-	}
-	return true
+	sort.Ints(out)
+	return out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1037,7 +941,7 @@ func (e *executor) blockDone(base string, bc *babyCache, levelQ int) {
 	}
 }
 
-// evalFusedQ evaluates a giantless block in Q (markQMode): the products of the base's
+// evalFusedQ evaluates a giantless block in Q (the annotation's mode "q"): the products of the base's
 // babies (brought down to Q once per base) or of the base itself accumulate lazily in Q
 // with the plaintexts' Q parts (NTT, Montgomery), reduced as often as the QP path.
 func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlwe.Ciphertext,

@@ -8,12 +8,20 @@ import (
 	"testing"
 )
 
-// Fusion under a key schedule: baby rotations are computed where they stand (their keys
-// may be dropped right after), a giant rotation's key must stay resident until the
-// block's root, where the fused block rotates; otherwise the block is fused group by group
-// (each giant step's products fused, the plan's giant rotations and additions as written).
+// The executor decides no fused block: it runs the blocks of the plan's "fused" annotation
+// (planner/ir/fused_plan.py decides them; tests/test_fused_plan.py checks that the planner's
+// rules give the annotations used here for the same programs).
+
+// withFused adds a "fused" annotation to a plan's JSON text.
+func withFused(planJSON, fused string) string {
+	return strings.Replace(planJSON, `"schema": "slotplan.plan/1",`, `"schema": "slotplan.plan/1", "fused": `+fused+`,`, 1)
+}
+
+// Under a key schedule the annotation's baby rotations are computed where they stand (their
+// keys may be dropped right after); a block split by the planner (its giant key dropped
+// before the root) runs its giant step's products fused and the giant rotation as written.
 func TestFusionUnderKeySchedule(t *testing.T) {
-	plan := func(afterBaby, afterGiant string) string {
+	plan := func(afterGiant string) string {
 		return `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
 	                 "p2": {"source": "w", "table": "pt/p2"}},
@@ -22,7 +30,6 @@ func TestFusionUnderKeySchedule(t *testing.T) {
 	    {"op": "load_key", "k": 1},
 	    {"op": "load_key", "k": 4},
 	    {"op": "rot_hoisted", "dsts": ["b1"], "src": "x", "ks": [1]},
-	    ` + afterBaby + `
 	    {"op": "pmul", "dst": "m1", "src": "b1", "pt": "p1"},
 	    {"op": "pmul", "dst": "m0", "src": "x", "pt": "p0"},
 	    {"op": "add", "dst": "s0", "a": "m0", "b": "m1"},
@@ -33,95 +40,46 @@ func TestFusionUnderKeySchedule(t *testing.T) {
 	    {"op": "output", "src": "y", "tensor": "y", "table": "out/y"}
 	  ]}`
 	}
-	const babyAt, groupAt, giantAt = 3, 6, 7
 	cases := []struct {
-		name, afterBaby, afterGiant string
-		whole                       bool // fused as one block (else group by group)
+		name, afterGiant, fused string
+		root                    int
+		groups                  int
 	}{
-		{"keys resident throughout", "", "", true},
-		{"another key dropped inside", `{"op": "load_key", "k": 5}, {"op": "drop_key", "k": 5},`, "", true},
-		{"the baby key dropped after its rotation", `{"op": "drop_key", "k": 1},`, "", true},
-		{"the giant key dropped before the root", "", `{"op": "drop_key", "k": 4},`, false},
-		{"the boot block dropped before the root", "", `{"op": "drop_key", "block": "boot"},`, false},
+		{"keys resident throughout", "", `{"blocks": [{"instrs": [4, 5, 6, 7, 8, 9], "mode": "qp"}], "babies": [3]}`, 9, 2},
+		{"the giant key dropped before the root", `{"op": "drop_key", "k": 4},`,
+			`{"blocks": [{"instrs": [4, 5, 6], "mode": "qp"}], "babies": [3]}`, 6, 1},
 	}
 	for _, c := range cases {
-		p, err := parsePlan(plan(c.afterBaby, c.afterGiant))
+		p, _, _, err := loadPlan(withFused(plan(c.afterGiant), c.fused))
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		fp := analyseFusion(p, 2048)
-		if len(fp.roots) != 1 {
-			t.Fatalf("%s: %d fused blocks, want 1 (%v)", c.name, len(fp.roots), fp.roots)
+		fp := p.fusion
+		f := fp.roots[c.root]
+		if len(fp.roots) != 1 || f == nil {
+			t.Fatalf("%s: blocks %v, want one at instruction %d", c.name, fp.roots, c.root)
 		}
-		root := len(p.Program) - 2
-		if !c.whole {
-			root = groupAt
-			if c.afterBaby != "" {
-				root += strings.Count(c.afterBaby, "op")
-			}
+		if len(f.groups) != c.groups || f.terms() != c.groups+1 || f.base != "x" {
+			t.Errorf("%s: groups %v (origin %s)", c.name, f.groups, f.base)
 		}
-		f := fp.roots[root]
-		if f == nil {
-			t.Fatalf("%s: no block at instruction %d (%v)", c.name, root, fp.roots)
-		}
-		if c.whole && len(f.groups) != 2 {
-			t.Errorf("%s: the block should have two giant groups (0 and 4): %v", c.name, f.groups)
-		}
-		if !c.whole && (len(f.groups) != 1 || f.groups[0] == nil || fp.skip[giantAt]) {
-			t.Errorf("%s: the giant step's products fused, its rotation as written: %v, skip %v", c.name, f.groups, fp.skip)
+		if c.groups == 1 && fp.skip[7] {
+			t.Errorf("%s: the giant rotation must run as written", c.name)
 		}
 		for i := range fp.skip {
-			if fp.pre[i] != (i == babyAt) {
+			if fp.pre[i] != (i == 3) {
 				t.Errorf("%s: instruction %d computed ahead: %v", c.name, i, fp.pre[i])
 			}
 		}
 	}
 }
 
-// A giant rotation the plan makes after the form's rescale, with a key generated one level
-// lower, cannot run at the base's level in a fused block: the block is fused up to its
-// rescale then, and the plan's giant rotation runs as written.
-func TestFusionKeepsKeyLevels(t *testing.T) {
-	plan := func(giantLevel int) string {
-		return `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
-	  "keys": {"1": {"level": 4}, "4": {"level": ` + strconv.Itoa(giantLevel) + `}},
-	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"}},
-	  "program": [
-	    {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
-	    {"op": "rot_hoisted", "dsts": ["b1"], "src": "x", "ks": [1]},
-	    {"op": "pmul", "dst": "m1", "src": "b1", "pt": "p1"},
-	    {"op": "pmul", "dst": "m0", "src": "x", "pt": "p0"},
-	    {"op": "add", "dst": "s0", "a": "m0", "b": "m1"},
-	    {"op": "rescale", "dst": "s1", "src": "s0"},
-	    {"op": "rot", "dst": "g", "src": "s1", "k": 4},
-	    {"op": "output", "src": "g", "tensor": "y", "table": "out/y"}
-	  ]}`
-	}
-	for _, c := range []struct {
-		level int
-		fused bool
-	}{{4, true}, {3, false}} {
-		p, err := parsePlan(plan(c.level))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fp := analyseFusion(p, 2048)
-		root := 6 // the giant rotation (fused whole)
-		if !c.fused {
-			root = 5 // the rescale (the giant step's products)
-		}
-		if len(fp.roots) != 1 || fp.roots[root] == nil {
-			t.Errorf("giant key at level %d: blocks %v, want one at instruction %d", c.level, fp.roots, root)
-		}
-	}
-}
-
-// A key schedule's two-hop rotations make babies of babies: b3 = rot(b2, 1) with
-// b2 = rot(x, 2). The block reads several registers of one origin: b2 runs as an
-// instruction (another rotation reads it) and its product multiplies it as it is; b3 is
-// rotated lazily from b2; b1, computed by the same instruction as b2, is multiplied as it is.
+// A block's products as the executor reads them from the annotation: a key schedule's
+// two-hop rotations make babies of babies (b3 = rot(b2, 1), b2 = rot(x, 2)); b2 runs as an
+// instruction (another rotation reads it) and its product multiplies it as it is; b3,
+// listed among the babies, is rotated lazily from b2; b1 (not listed) is multiplied as it is.
 func TestFusionTwoHopBabies(t *testing.T) {
-	p, err := parsePlan(`{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	p, _, _, err := loadPlan(`{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	  "fused": {"blocks": [{"instrs": [3, 4, 5, 6, 7, 8, 9], "mode": "qp"}], "babies": [2]},
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}, "p1": {"source": "w", "table": "pt/p1"},
 	                 "p2": {"source": "w", "table": "pt/p2"}, "p3": {"source": "w", "table": "pt/p3"}},
 	  "program": [
@@ -140,13 +98,13 @@ func TestFusionTwoHopBabies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp := analyseFusion(p, 2048)
+	fp := p.fusion
 	f := fp.roots[9]
 	if len(fp.roots) != 1 || f == nil {
 		t.Fatalf("want one block at instruction 9: %v", fp.roots)
 	}
-	if f.base != "x" || f.terms() != 4 {
-		t.Errorf("origin %s, %d products; want x, 4", f.base, f.terms())
+	if f.base != "x" || f.terms() != 4 || f.rescaled || f.qmode {
+		t.Errorf("origin %s, %d products, rescaled %v, q %v; want x, 4, false, false", f.base, f.terms(), f.rescaled, f.qmode)
 	}
 	got := map[string]int{}
 	for _, tm := range f.groups[0] {
@@ -159,43 +117,33 @@ func TestFusionTwoHopBabies(t *testing.T) {
 			break
 		}
 	}
-	if fp.skip[1] || !fp.skip[2] {
-		t.Errorf("the first hop runs (another rotation reads it), the second is lazy: skip %v", fp.skip)
+	if fp.skip[1] || !fp.skip[2] || fp.pre[2] {
+		t.Errorf("the first hop runs, the second is lazy (no schedule: made at the block): skip %v pre %v", fp.skip, fp.pre)
 	}
-	if fp.baseRoots["x"] != 1 || fp.baseRoots["b2"] != 1 || fp.baseRoots["b1"] != 1 {
-		t.Errorf("base roots %v", fp.baseRoots)
+	if fp.baseRoots["x"] != 1 || fp.baseRoots["b2"] != 1 || fp.baseRoots["b1"] != 1 || len(fp.baseBetas["b2"]) != 1 {
+		t.Errorf("base roots %v, betas %v", fp.baseRoots, fp.baseBetas)
 	}
 }
 
-// Under a key schedule a one-product block is fused only in Q mode: blocks of one product
-// that share their base's babies (here two blocks over one baby; the unrotated product is
-// no block) run in Q, with the baby
-// computed where the plan rotates it (its key is dropped right after); a lone one-product
-// block, which in QP would pay two ModDowns for the plan's one, runs as written. Both give
-// the numpy-style reference.
-func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
+// The executor runs exactly the annotation's blocks: two Q-mode blocks over one baby
+// computed where the plan rotates it (its key dropped right after), or none (the planner
+// leaves a lone one-product block of a key schedule as written; a plan without the
+// annotation runs unfused). Every variant gives the reference, and the executor's block
+// count is the annotation's.
+func TestFusionRunsTheAnnotatedBlocks(t *testing.T) {
 	const slots = 2048
 	v := randVecs(3, 4, slots)
 	x, p0, p1, p2 := v[0], v[1], v[2], v[3]
-	head := planHeadXP3 + `
+	planJSON := planHeadXP3 + `
 	    {"op": "load_key", "k": 1},
 	    {"op": "rot_hoisted", "dsts": ["b1"], "src": "x", "ks": [1]},
 	    {"op": "drop_key", "k": 1},
-	    {"op": "pmul", "dst": "y1", "src": "b1", "pt": "p0"},`
-	cases := []struct {
-		name, tail string
-		blocks     int
-		want       [][]float64 // per output, per slot
-	}{
-		{"three blocks over one baby: Q mode", `
+	    {"op": "pmul", "dst": "y1", "src": "b1", "pt": "p0"},
 	    {"op": "pmul", "dst": "y2", "src": "b1", "pt": "p1"},
 	    {"op": "pmul", "dst": "y3", "src": "x", "pt": "p2"},
 	    {"op": "output", "src": "y1", "tensor": "y1", "table": "out/y1"},
 	    {"op": "output", "src": "y2", "tensor": "y2", "table": "out/y2"},
-	    {"op": "output", "src": "y3", "tensor": "y3", "table": "out/y3"}]}`, 2, nil},
-		{"a lone block: as written", `
-	    {"op": "output", "src": "y1", "tensor": "y1", "table": "out/y1"}]}`, 0, nil},
-	}
+	    {"op": "output", "src": "y3", "tensor": "y3", "table": "out/y3"}]}`
 	ref := func(pt []float64, k int) []float64 {
 		out := make([]float64, slots)
 		for s := range out {
@@ -203,29 +151,22 @@ func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
 		}
 		return out
 	}
-	cases[0].want = [][]float64{ref(p0, 1), ref(p1, 1), ref(p2, 0)}
-	cases[1].want = [][]float64{ref(p0, 1)}
-	for _, c := range cases {
-		planJSON := head + c.tail
-		p, err := parsePlan(planJSON)
+	want := [][]float64{ref(p0, 1), ref(p1, 1), ref(p2, 0)}
+	for _, c := range []struct {
+		fused  string
+		blocks int
+	}{
+		{`{"blocks": [{"instrs": [4], "mode": "q"}, {"instrs": [5], "mode": "q"}], "babies": [2]}`, 2},
+		{`{"blocks": [], "babies": []}`, 0},
+		{"", 0},
+	} {
+		pj := planJSON
+		if c.fused != "" {
+			pj = withFused(planJSON, c.fused)
+		}
+		out, err := BenchPlan(pj, packVecs(x), packVecs(p0, p1, p2), `{"prefetch": true}`)
 		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		fp := analyseFusion(p, slots)
-		if len(fp.roots) != c.blocks {
-			t.Fatalf("%s: %d fused blocks, want %d", c.name, len(fp.roots), c.blocks)
-		}
-		for _, f := range fp.roots {
-			if !f.qmode {
-				t.Errorf("%s: a one-product block fused in QP: %+v", c.name, f)
-			}
-		}
-		if c.blocks > 0 && !fp.pre[2] {
-			t.Errorf("%s: the baby is not computed where the plan rotates it", c.name)
-		}
-		out, err := BenchPlan(planJSON, packVecs(x), packVecs(p0, p1, p2), `{"prefetch": true}`)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
+			t.Fatalf("%s: %v", c.fused, err)
 		}
 		var r struct {
 			Outputs []outputRecord `json:"outputs"`
@@ -234,16 +175,64 @@ func TestFusionLoneBlocksUnderKeySchedule(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
 		}
-		if got := int(r.Stats["fused_q_blocks"].(float64)); got != c.blocks {
-			t.Errorf("%s: executor fused %d Q-mode blocks, want %d", c.name, got, c.blocks)
+		if got := int(r.Stats["fused_blocks"].(float64)); got != c.blocks {
+			t.Errorf("%s: executor ran %d fused blocks, the annotation has %d", c.fused, got, c.blocks)
 		}
-		for o, want := range c.want {
+		if got := int(r.Stats["fused_q_blocks"].(float64)); got != c.blocks {
+			t.Errorf("%s: executor ran %d Q-mode blocks, want %d", c.fused, got, c.blocks)
+		}
+		for o, w := range want {
 			got := decodeOut(t, r.Outputs[o].Data)
-			for s := range want {
-				if math.Abs(got[s]-want[s]) > 1e-5 {
-					t.Fatalf("%s: output %d slot %d: %g, want %g", c.name, o, s, got[s], want[s])
+			for s := range w {
+				if math.Abs(got[s]-w[s]) > 1e-5 {
+					t.Fatalf("%s: output %d slot %d: %g, want %g", c.fused, o, s, got[s], w[s])
 				}
 			}
+		}
+	}
+}
+
+// A malformed annotation is refused before anything runs, with one line naming the field.
+func TestFusionRefusesMalformedAnnotation(t *testing.T) {
+	planJSON := planHeadXP3 + `
+	    {"op": "rot_hoisted", "dsts": ["b1", "b2"], "src": "x", "ks": [1, 2]},
+	    {"op": "pmul", "dst": "m1", "src": "b1", "pt": "p0"},
+	    {"op": "pmul", "dst": "m2", "src": "b2", "pt": "p1"},
+	    {"op": "add", "dst": "s", "a": "m1", "b": "m2"},
+	    {"op": "rescale", "dst": "r", "src": "s"},
+	    {"op": "rot", "dst": "g", "src": "r", "k": 4},
+	    {"op": "pmul", "dst": "m3", "src": "x", "pt": "p2"},
+	    {"op": "output", "src": "g", "tensor": "y", "table": "out/y"},
+	    {"op": "output", "src": "m3", "tensor": "z", "table": "out/z"}]}`
+	good := `{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "qp"}], "babies": [1]}`
+	if _, _, _, err := loadPlan(withFused(planJSON, good)); err != nil {
+		t.Fatalf("a well-formed annotation refused: %v", err)
+	}
+	for _, c := range []struct{ fused, field string }{
+		{`[1, 2]`, `"fused"`},
+		{`{"blocks": []}`, `"fused"`},
+		{`{"blocks": [], "babies": [], "extra": 1}`, `"fused"`},
+		{`{"blocks": [{"instrs": [2, 3, 40], "mode": "qp"}], "babies": [1]}`, `fused.blocks[0].instrs[2]`},
+		{`{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "fast"}], "babies": [1]}`, `fused.blocks[0].mode`},
+		{`{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "q"}], "babies": [1]}`, `fused.blocks[0].mode`},
+		{`{"blocks": [{"instrs": [3, 2, 4, 5, 6], "mode": "qp"}], "babies": [1]}`, `fused.blocks[0].instrs[1]`},
+		{`{"blocks": [{"instrs": [], "mode": "qp"}], "babies": [1]}`, `fused.blocks[0].instrs`},
+		{`{"blocks": [{"instrs": [0, 2, 3, 4], "mode": "qp"}], "babies": []}`, `fused.blocks[0].instrs[0]`},
+		{`{"blocks": [{"instrs": [2, 3, 4], "mode": "qp"}, {"instrs": [4, 5], "mode": "qp"}], "babies": [1]}`, `fused.blocks[1].instrs[0]`},
+		{`{"blocks": [{"instrs": [2, 4], "mode": "qp"}], "babies": []}`, `fused.blocks[0].instrs`},
+		{`{"blocks": [{"instrs": [3, 4, 5, 6], "mode": "qp"}], "babies": []}`, `fused.blocks[0].instrs[1]`},
+		{`{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "qp"}], "babies": [7]}`, `fused.babies[0]`},
+		{`{"blocks": [{"instrs": [2, 3, 4, 5, 6], "mode": "qp"}], "babies": [1, 1]}`, `fused.babies[1]`},
+		{`{"blocks": [], "babies": [1]}`, `fused.babies[0]`},
+		{`{"blocks": [{"instrs": [2.5], "mode": "qp"}], "babies": []}`, `"fused"`},
+	} {
+		_, _, _, err := loadPlan(withFused(planJSON, c.fused))
+		if err == nil {
+			t.Errorf("%s: accepted", c.fused)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, c.field) || strings.Contains(msg, "\n") {
+			t.Errorf("%s: %q does not name %s on one line", c.fused, msg, c.field)
 		}
 	}
 }

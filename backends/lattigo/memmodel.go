@@ -28,9 +28,9 @@ import (
 //     (accumulators, temporaries, cQP, the plaintext buffer) plus the decomposition
 //     buffers (allocated at the first block, kept).
 //
-// The fusion analysis is the executor's (analyseFusion); the walk over blocks (which baby
-// rotations are held, and the pool they return to) is replayed in Python from the blocks
-// listed here.
+// The fused blocks are the plan's (its "fused" annotation, fused.go readFusion); the walk
+// over blocks (which baby rotations are held, and the pool they return to) is replayed in
+// Python from the blocks listed here.
 
 // defaultGCPercent is GOGC during Run unless the options say otherwise: with Go's
 // default 100 the heap grows to twice the live bytes (the resident keys) before a
@@ -45,7 +45,7 @@ type fusedBlockInfo struct {
 	// lazily (empty: the register is multiplied as it is, through P times it)
 	Bases map[string][]int `json:"bases"`
 	Terms int              `json:"terms"` // plaintext products (QP plaintexts encoded for the block)
-	// QMode: evaluated in Q (markQMode); its plaintexts are encoded before it runs even
+	// QMode: evaluated in Q (the annotation's mode "q"); its plaintexts are encoded before it runs even
 	// without a plaintext cache (a QP-mode block then streams them: one per worker)
 	QMode bool `json:"qmode"`
 	// The block's plaintexts (a cache across evaluations, BenchPlan's, keeps them in QP).
@@ -158,13 +158,14 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	if noFuse {
 		return m
 	}
-	fp := analyseFusion(p, slots)
-	roots := make([]int, 0, len(fp.roots))
-	for i := range fp.roots {
-		roots = append(roots, i)
+	fp := p.fusion
+	if fp == nil {
+		var err error
+		if fp, err = readFusion(p, slots); err != nil {
+			return m // (loadPlan refuses such a plan before)
+		}
 	}
-	sort.Ints(roots)
-	for _, i := range roots {
+	for _, i := range sortedRoots(fp.roots) {
 		f := fp.roots[i]
 		bi := fusedBlockInfo{Root: i, First: i, Base: f.base, Terms: f.terms(), QMode: f.qmode, Bases: map[string][]int{}}
 		for _, j := range f.instrs {

@@ -85,6 +85,11 @@ type plan struct {
 	// Keys: per rotation offset, the level its key is generated at (written by a key
 	// schedule; a key used only at lower levels is smaller). Absent: all at one level.
 	Keys map[string]planKey `json:"keys"`
+	// Fused: the fused blocks the planner decided (docs/formats.md; fused.go readFusion),
+	// kept raw so that a malformed one is refused with its field named
+	Fused json.RawMessage `json:"fused"`
+	// fusion: the checked blocks of Fused (loadPlan; nil until read)
+	fusion *fusionPlan
 }
 
 type planKey struct {
@@ -488,6 +493,9 @@ func loadPlan(planJSON string) (*plan, *evalSetup, int, error) {
 		return nil, nil, 0, err
 	}
 	if err = p.checkCinsKeys(slots); err != nil {
+		return nil, nil, 0, err
+	}
+	if p.fusion, err = readFusion(p, slots); err != nil {
 		return nil, nil, 0, err
 	}
 	if i, ok := p.usesBootBlock(); ok && setup.btp == nil {

@@ -17,6 +17,7 @@ import numpy as np
 from common.errors import PlanFileError, SlotplanError, ValuesError
 from planner.frontend.graph import Graph
 from planner.ir.builder import LazyTables
+from planner.ir.fused_plan import read_fused
 from planner.ir.plan import MAX_PROGRAM_LENGTH, validate_plan
 
 # Tables above this size are refused unless the user raises the limit (SPEC section 4):
@@ -152,7 +153,12 @@ def load_plan(path: str | Path) -> dict[str, Any]:
         raise PlanFileError(f"plan file {p}: JSON nested too deeply") from None
     except OSError as e:
         raise PlanFileError(f"plan file {p}: cannot read ({e.strerror or e})") from None
-    return validate_plan(plan, f"plan file {p}")
+    plan = validate_plan(plan, f"plan file {p}")
+    try:
+        read_fused(plan)  # a malformed fused-block annotation: one line naming the field
+    except PlanFileError as e:
+        raise PlanFileError(f"plan file {p}: {e}") from None
+    return plan
 
 
 def plan_digest(plan: Mapping[str, Any]) -> str:

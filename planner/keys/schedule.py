@@ -48,6 +48,7 @@ from planner.ir.analysis import (
     span_counts,
     summarize,
 )
+from planner.ir.fused_plan import annotate
 from planner.keys.basis import BASES, _sites, choose_basis, rewrite_rotations
 from planner.keys.profile import (
     KeyCapError,
@@ -402,4 +403,6 @@ def schedule_plan(
             {**n, **span_counts(sched.program[a:z]), "span": [a, z]}
             for n, (a, z) in zip(nodes, spans, strict=True)
         ]
+    if "fused" in new:  # the annotation names instructions of the old program: decided anew
+        annotate(new)
     return new, sched

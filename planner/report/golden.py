@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import SlotplanError
-from planner.cost.tables import DATA_DIR
+from common.paths import DATA_DIR
 from planner.frontend.graph import load_graph
 from planner.frontend.params import load_params
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanResult, PlanTimeout, plan_graph
