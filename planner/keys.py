@@ -45,6 +45,7 @@ from planner import ir
 from planner.errors import SlotplanError
 from planner.params import Params
 from planner.summary import (
+    default_key_level,
     memory_series,
     reg_writes,
     register_depths,
@@ -1020,7 +1021,7 @@ def _schedule_with_block(
         for k in ks:
             uses.setdefault(k, []).append(i)
             use = use_level[i]
-            lv = use if key_levels and use is not None else L
+            lv = use if key_levels and use is not None else default_key_level(prog, params)
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
@@ -1168,7 +1169,7 @@ def schedule_plan(
         # each node keeps what it owns, so the per-node counts still add up
         spans = remap_spans(plan["program"], [n["span"] for n in nodes], sched.program)
         new["nodes"] = [
-            {**n, **span_counts(sched.program[a:z]), "span": [a, z]}
+            {**n, **span_counts(sched.program[a:z], plan["params"].get("slots")), "span": [a, z]}
             for n, (a, z) in zip(nodes, spans, strict=True)
         ]
     return new, sched
