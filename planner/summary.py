@@ -78,6 +78,7 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
     rotated) runs fused on Lattigo before the rescale, at the products' base level
     (backends/lattigo/fused.go), so its key is made for that level."""
     depth = register_depths(program)
+    top = max_level + given_back_levels(program)  # (a register may lie above max_level)
     rescaled: set[str] = set()
     out: list[int | None] = []
     for raw in program:
@@ -91,7 +92,7 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
         lv = max(0, max_level - depth[src])
         # a fused bootstrap_cins rotates its convolution's operands, a level above its source
         up = src in rescaled or (isinstance(ins, ir.BootstrapCins) and bool(ins.fused))
-        out.append(min(max_level, lv + 1) if up else lv)
+        out.append(min(top, lv + 1) if up else lv)
     return out
 
 

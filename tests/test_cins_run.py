@@ -94,6 +94,31 @@ def test_plan_uses_every_cins_form() -> None:
     assert claimed_levels(prog) == [6, 6, 8]  # (9 - 3, then 12 - 2 - 2 - 1 - 1, 11 - 2 - 1)
 
 
+def test_cins_keys_reach_the_levels_given_back() -> None:
+    """Rotations above the top residual level (the layer after a CinS layer) need keys
+    generated that high: keep-all keys at top + stoc_levels (as the Lattigo client makes
+    them, plan.defaultKeyLevel), scheduled keys at the level of their highest use; the
+    memory model sizes them so."""
+    from planner.keys import schedule_plan
+    from planner.summary import rotation_key_levels
+
+    res = cins_plan()
+    assert N14BOOT.boot is not None
+    top = N14BOOT.max_level + N14BOOT.boot.stoc_levels
+    _, ka = schedule_plan(res.plan, None, "keep-all", key_levels=False)
+    assert ka.keys and all(k.level == top for k in ka.keys.values())
+    assert all(k.bytes == N14BOOT.rotation_key_bytes(top) for k in ka.keys.values())
+    assert res.plan["summary"]["peak_bytes"]["keys"] >= len(ka.keys) * N14BOOT.rotation_key_bytes(top)
+    sched_plan, sched = schedule_plan(res.plan, None, "keep-all", key_levels=True)
+    prog = [ir.decode(r) for r in sched_plan["program"]]
+    use = rotation_key_levels(sched_plan["program"], N14BOOT.max_level)
+    assert max(lv for lv in use if lv is not None) == top  # the last layer's to_cins rotates above the top
+    for ins, lv in zip(prog, use, strict=True):
+        for k in ins.rot_keys():  # a key the block does not serve is made for its highest use
+            if k not in N14BOOT.boot.key_offsets:
+                assert lv is not None and sched.keys[k].level >= lv
+
+
 def claimed_levels(prog: list[ir.Instr]) -> list[int]:
     """The level each bootstrap_cins reads its operand at, by the plan's depths."""
     assert N14BOOT.boot is not None
