@@ -28,18 +28,8 @@ N14BOOT = preset("n14boot")
 # worst case (fan-in * max|w| * max|x|) within boot.max_abs before its bootstrap, so the
 # closer the data come to that bound, the fewer bits the bootstrap's error takes
 # (docs/cins.md)
-NET: dict[str, Any] = {
-    "schema": "slotplan.graph/1", "name": "cins-net",
-    "tensors": {"x": {"shape": [4, 8, 8], "role": "input", "range": [0.5, 1.0]},
-                "w0": {"shape": [8, 4, 3, 3], "role": "weight", "range": [0.05, 0.1]},
-                "w1": {"shape": [8, 1, 3, 3], "role": "weight", "range": [0.05, 0.1]},
-                "w2": {"shape": [8, 8, 3, 3], "role": "weight", "range": [0.05, 0.1]}},
-    "nodes": [{"id": "c0", "op": "conv2d", "inputs": ["x", "w0"], "padding": [1, 1], "stride": [2, 2]},
-              {"id": "a0", "op": "poly", "inputs": ["c0"], "coeffs": [0.0, 0.5, 0.125], "range": [0.0, 3.5]},
-              {"id": "c1", "op": "conv2d", "inputs": ["a0", "w1"], "padding": [1, 1], "groups": 8},
-              {"id": "c2", "op": "conv2d", "inputs": ["c1", "w2"], "padding": [1, 1]}],
-    "outputs": ["c2"],
-}
+# (data/cins/cins_net_n14boot.json, also keymeasure's CinS workload: data/suites/keymemrt_cins.json)
+NET: dict[str, Any] = json.loads((Path(__file__).resolve().parent.parent / "data" / "cins" / "cins_net_n14boot.json").read_text())
 KERNELS = ("cins-bsgs", "cins-dw", "elementwise")
 
 
