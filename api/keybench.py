@@ -45,6 +45,9 @@ class KeySuiteWorkload(BaseModel):
     params: str
     note: str = ""
     paper: dict[str, Any] = Field(default_factory=dict)
+    # the kernels the workload is planned with (default: the planner's); e.g. only CinS
+    # layers, so that keymeasure covers a CinS plan's keys (issue 37)
+    kernels: list[str] | None = None
 
 
 class KeySuite(BaseModel):

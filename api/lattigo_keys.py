@@ -152,8 +152,11 @@ def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params) 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
+    kernels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Keep-all and one run per cap fraction (see the module docstring)."""
+    """Keep-all and one run per cap fraction (see the module docstring); ``kernels``: the
+    kernels every plan may use (default: the planner's)."""
+    kern = tuple(kernels) if kernels else PlanOptions().kernels
     # weights scaled by 1/sqrt(fan-in), as a trained net's: activations stay O(1), which a
     # bootstrapping plan needs (|x| <= params.boot.max_abs; unit weights overflow LeNet's)
     values = random_values(graph, seed, "fan-in")
@@ -164,7 +167,7 @@ def measure_graph(
         samples = [random_values(graph, seed + 1 + i, "fan-in") for i in range(CALIBRATION_SAMPLES)]
         graph = calibrated_graph(graph, {t: values[t] for t in graph.weights}, samples)
     tm = time_model(params)
-    res = plan_graph(graph, params, PlanOptions(time_limit_s=time_limit_s))
+    res = plan_graph(graph, params, PlanOptions(time_limit_s=time_limit_s, kernels=kern))
     ka_plan, ka = schedule_plan(res.plan, None, "keep-all", key_levels=False)
     ka_peak = ka.peak_bytes
     ka_time = modelled_time(res.plan["program"], params, {}, tm)
@@ -180,14 +183,14 @@ def measure_graph(
         cap = int(ka_peak["total"] * f)
         below: dict[str, Any] = {}
         try:
-            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
+            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s, kernels=kern))
         except KeyCapError as e:
             # below what one step needs (e.g. a bootstrap's key block and DFT matrices): the
             # row is measured at the smallest feasible cap and says so
             below = {"requested_cap": cap, "requested_fraction": f, "below_min_feasible_cap": e.where}
             cap = e.min_cap
             f = round(cap / ka_peak["total"], 4)
-            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s))
+            r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s, kernels=kern))
         s = r.plan["summary"]
         ks = s["key_schedule"]
         mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
@@ -229,7 +232,7 @@ def measure_suite(
         if only and g.name not in only:
             continue
         yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
-                            plaintext_cache=plaintext_cache, workers=workers)
+                            plaintext_cache=plaintext_cache, workers=workers, kernels=w.kernels)
 
 
 def geomean(values: Sequence[float]) -> float | None:

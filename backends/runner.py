@@ -344,12 +344,12 @@ def _model_at_run_key_levels(plan: Mapping[str, Any], stats: Mapping[str, Any]) 
     if not params_json.get("boot") or plan.get("keys") or not gk:
         return None
     from planner import ir
-    from planner.ir.analysis import memory_series
+    from planner.ir.analysis import default_key_level, memory_series
 
     params = Params.from_json(params_json)
-    if int(gk) == params.rotation_key_bytes():
-        return None
     program = ir.decode_program(plan["program"])
+    if int(gk) == params.rotation_key_bytes(default_key_level(program, params)):
+        return None
     series = memory_series(program, params, key_bytes={k: int(gk) for k in ir.rot_keys_of(program)})
     return int(max(series["keys"] + series["plaintexts"] + series["ciphertexts"], default=0))
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from common.errors import SlotplanError
 from planner import ir
+from planner.frontend.params import STOC_LEVELS
 from planner.ir.analysis import register_depths
 from planner.layout import cins
 
@@ -154,6 +155,8 @@ class _Machine:
         # the same offsets while resident) and the largest |value| a bootstrap accepts
         self.boot_offsets: frozenset[int] = frozenset(int(k) for k in boot["key_offsets"]) if boot else frozenset()
         self.boot_max_abs: float | None = float(boot["max_abs"]) if boot else None
+        # the SlotsToCoeffs levels a bootstrap_cins may give back (planner.frontend.params.STOC_LEVELS)
+        self.stoc_levels = STOC_LEVELS.get(str(boot.get("literal")), 0) if boot else 0
         self.boot_resident = False
         self.boot_streamed = False  # a streamed block's keys serve only its bootstraps
         self.bootstraps = 0
@@ -270,6 +273,10 @@ class _Machine:
     def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
         if self.dom.get(ins.src) != int(ins.l):
             raise SimulationError(f"instruction {i} ({ins.op}): {ins.src!r} is not a cins(l={ins.l}) register")
+        if (ins.stoc_levels or 0) > self.stoc_levels:
+            raise SimulationError(
+                f"instruction {i} ({ins.op}): field 'stoc_levels': {ins.stoc_levels} levels given back, but "
+                f"the parameters' bootstrap leaves {self.stoc_levels} SlotsToCoeffs levels free")
         x = self.get(ins.src, i)
         self.check_boot_input(x, i, f"{ins.op} {ins.dsts[0]}, {ins.dsts[1]} <- {ins.src}", "coefficient")
         re, im = cins.bootstrap_cins(x, int(ins.l))
@@ -463,8 +470,11 @@ def simulate(
             missing = int((~m.written[t]).sum())
             raise SimulationError(f"output {t!r}: {missing} elements never written")
         outputs[t] = v.reshape(m.shapes[t]) if t in m.shapes else v
+    # a fused bootstrap_cins makes its S_(N/2<-l) K's rotations in place of its convolution's
+    # (what the Lattigo executor runs: planner.ir.executed_rotations)
+    rotations = m.rotations + ir.fused_rotation_delta([i for i in program if i is not None], m.S)
     return SimResult(
-        outputs=outputs, counts=dict(counts), rotations=m.rotations, key_loads=m.loads,
+        outputs=outputs, counts=dict(counts), rotations=rotations, key_loads=m.loads,
         peak_resident_keys=peak_keys, seconds=time.perf_counter() - t0, written=m.written,
         leaked_slots=m.leaked, registers={**kept, **{r: m.regs[r] for r in keep if r in m.regs}},
         domain_exits=m.domain_exits,

@@ -98,15 +98,19 @@ def _depth(
     # R[g] = D[g], or boot_post when g is bootstrapped (b[g]); a bootstrapped value also
     # needs its scaling level before the bootstrap: D[g] + boot_pre * b[g] <= max_depth
     L = model.max_depth
-    D = {g.name: m.new_int_var(0, L, f"D[{g.name}]") for g in model.groups}
+    # depths may go below 0 (lo) where a CinS layer's bootstrap gives levels back; big-M
+    # terms then span L - lo
+    lo = model.depth_floor
+    M = L - lo
+    D = {g.name: m.new_int_var(lo, L, f"D[{g.name}]") for g in model.groups}
     R: dict[str, cp_model.IntVar] = dict(D)
     for g in model.bootable():
         bvar[g.name] = m.new_bool_var(f"b[{g.name}]")
         m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
-        R[g.name] = m.new_int_var(0, L, f"R[{g.name}]")
-        m.add(R[g.name] >= D[g.name] - L * bvar[g.name])
-        if g.boot_post:
-            m.add(R[g.name] >= g.boot_post * bvar[g.name])
+        R[g.name] = m.new_int_var(lo, L, f"R[{g.name}]")
+        m.add(R[g.name] >= D[g.name] - M * bvar[g.name])
+        if g.boot_post or lo:  # a bootstrapped value is read at boot_post (not below 0)
+            m.add(R[g.name] >= lo + (g.boot_post - lo) * bvar[g.name])
         # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
         # levels of the scaling or mask before the bootstrap
         zs = []
@@ -120,15 +124,23 @@ def _depth(
     # options that bootstrap inside themselves: their levels before the reset
     # (P[g], within max_depth) and the fixed depth of their result
     P: dict[str, cp_model.IntVar] = dict(D)
+    inc = model.incoming()
     for g in model.groups:
         pre = D[g.name]
         if g.has_resets:
-            pre = P[g.name] = m.new_int_var(0, L, f"P[{g.name}]")
+            pre = P[g.name] = m.new_int_var(lo, L, f"P[{g.name}]")
             resets = [(g.reset(o), v) for o, v in enumerate(x[g.name])]
-            m.add(D[g.name] >= pre - L * sum(v for r, v in resets if r is not None))
-            m.add(D[g.name] >= sum(r * v for r, v in resets if r))
-        if g.depths:
+            m.add(D[g.name] >= pre - M * sum(v for r, v in resets if r is not None))
+            if lo:  # the chosen option's result depth (D >= lo holds by its domain)
+                m.add(D[g.name] >= sum((r - lo) * v for r, v in resets if r is not None and r != lo) + lo)
+            else:
+                m.add(D[g.name] >= sum(r * v for r, v in resets if r))
+        if g.depths and (not lo or g.name not in inc):
+            # (below-0 depths: a group read by edges starts from its operands', which may be
+            # below 0; one without operands starts from 0)
             m.add(pre >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
+        elif lo and g.name not in inc:
+            m.add(pre >= 0)
     for ei, e in enumerate(model.edges):
         kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
         cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())

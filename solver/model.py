@@ -53,9 +53,10 @@ class Group:
     boot_pres: tuple[int, ...] = ()  # per option (empty: 0): e.g. a mask of a dirty layout
     boot_post: int = 0
     boot_hint: bool = False
-    # per option (empty: none): -1, or the depth of the result of an option that
-    # bootstraps inside itself (its ``depths`` entry: the levels it uses before that)
-    resets: tuple[int, ...] = ()
+    # per option (empty: none): None, or the depth of the result of an option that
+    # bootstraps inside itself (its ``depths`` entry: the levels it uses before that); it may
+    # be below 0 when the bootstrap leaves levels above the top (a CinS layer, docs/cins.md)
+    resets: tuple[int | None, ...] = ()
 
     def depth(self, o: int) -> int:
         return self.depths[o] if self.depths else 0
@@ -68,12 +69,11 @@ class Group:
 
     def reset(self, o: int) -> int | None:
         """The result depth of option ``o`` when it bootstraps inside itself, else None."""
-        r = self.resets[o] if self.resets else -1
-        return None if r < 0 else r
+        return self.resets[o] if self.resets else None
 
     @property
     def has_resets(self) -> bool:
-        return any(r >= 0 for r in self.resets)
+        return any(r is not None for r in self.resets)
 
     def keep(self, opts: list[int], hint: int | None = None) -> Group:
         """The group restricted to options ``opts`` (in that order)."""
@@ -111,6 +111,13 @@ class ChoiceModel:
     max_depth: int | None = None
     # cost of bootstrapping one ciphertext (None: the parameters cannot bootstrap)
     boot_weight: int | None = None
+
+    @property
+    def depth_floor(self) -> int:
+        """The lowest depth a value can have: 0, or below when an option's result leaves
+        above the top level (a CinS layer whose bootstrap gives SlotsToCoeffs' levels back,
+        ``Group.resets`` below 0)."""
+        return min([0, *(r for g in self.groups for r in g.resets if r is not None)])
 
     @property
     def bootstraps(self) -> bool:

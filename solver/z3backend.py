@@ -90,26 +90,32 @@ def _depth(
     assert model.max_depth is not None
     b: dict[str, z3.BoolRef] = {}
     L = model.max_depth
+    # depths may go below 0 (lo) where a CinS layer's bootstrap gives levels back
+    lo = model.depth_floor
+    inc = model.incoming()
     D = {g.name: z3.Int(f"D[{g.name}]") for g in model.groups}
     R: dict[str, z3.ArithRef] = dict(D)
     P: dict[str, z3.ArithRef] = dict(D)
     for g in model.groups:
-        opt.add(D[g.name] >= 0, D[g.name] <= L)
+        opt.add(D[g.name] >= lo, D[g.name] <= L)
         if g.has_resets:  # bootstraps inside the option (see solver.model)
             P[g.name] = z3.Int(f"P[{g.name}]")
-            opt.add(P[g.name] >= 0, P[g.name] <= L)
+            opt.add(P[g.name] >= lo, P[g.name] <= L)
             for o, v in enumerate(x[g.name]):
                 r = g.reset(o)
                 opt.add(z3.Implies(v, D[g.name] >= (P[g.name] if r is None else r)))
-        if g.depths:
+        if g.depths and (not lo or g.name not in inc):
+            # (a group read by edges starts from its operands' depth, which may be below 0)
             opt.add(P[g.name] >= z3.Sum([z3.If(v, d, 0) for d, v in zip(g.depths, x[g.name], strict=True)]))
+        elif lo and g.name not in inc:
+            opt.add(P[g.name] >= 0)
     for g in model.bootable():
         bg = b[g.name] = z3.Bool(f"b[{g.name}]")
         R[g.name] = z3.Int(f"R[{g.name}]")
-        opt.add(R[g.name] >= 0, R[g.name] <= L)
-        opt.add(R[g.name] >= D[g.name] - L * z3.If(bg, 1, 0))
-        if g.boot_post:
-            opt.add(R[g.name] >= z3.If(bg, g.boot_post, 0))
+        opt.add(R[g.name] >= lo, R[g.name] <= L)
+        opt.add(R[g.name] >= D[g.name] - (L - lo) * z3.If(bg, 1, 0))
+        if g.boot_post or lo:  # a bootstrapped value is read at boot_post (not below 0)
+            opt.add(R[g.name] >= z3.If(bg, g.boot_post, lo))
         pres = [z3.If(z3.And(v, bg), g.boot_pre(o), 0) for o, v in enumerate(x[g.name]) if g.boot_pre(o)]
         if pres:
             opt.add(D[g.name] + z3.Sum(pres) <= L)

@@ -316,10 +316,10 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if ptFile != nil {
 		defer ptFile.close()
 	}
-	keyLevel := setup.top
+	keyLevel := p.defaultKeyLevel(setup.top)
 	if opt.KeyLevel != nil {
-		if *opt.KeyLevel < 0 || *opt.KeyLevel > setup.top {
-			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", setup.top, *opt.KeyLevel)
+		if *opt.KeyLevel < 0 || *opt.KeyLevel > keyLevel {
+			return "", fmt.Errorf("options: key_level must be in 0..%d, got %d", keyLevel, *opt.KeyLevel)
 		}
 		keyLevel = *opt.KeyLevel
 	}

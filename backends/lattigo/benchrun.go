@@ -241,7 +241,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		// as Run: without a key schedule the boot block stays resident and its
 		// relinearisation key serves the plan's multiplications
 		relin := p.needsRelin() && (p.hasKeySchedule() || !withBlock)
-		m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, setup.top, levels, withBlock)
+		m, genSec, writeSec, err := c.writeKeySet(keyDir, offsets, relin, p.defaultKeyLevel(setup.top), levels, withBlock)
 		if err != nil {
 			return "", err
 		}

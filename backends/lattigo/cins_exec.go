@@ -670,9 +670,18 @@ func (e *executor) bootstrapCins(in instr) error {
 	e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, nowSeconds()-t)
 	e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, levelIn)
 	e.st.CinsOutLevels = append(e.st.CinsOutLevels, re.Level())
+	// the levels SlotsToCoeffs leaves free: the plan keeps stoc_levels of them above the
+	// top residual level (its depth -stoc_levels), the rest are dropped
+	want := e.top
+	if in.StocLevels != nil {
+		want += *in.StocLevels
+	}
 	for _, c := range []*rlwe.Ciphertext{re, im} {
-		if c.Level() > e.top { // the levels SlotsToCoeffs leaves free: not used yet (docs/neujeans.md)
-			e.eval.DropLevel(c, c.Level()-e.top)
+		if c.Level() < want {
+			return fmt.Errorf("bootstrap_cins of %q: the plan keeps %d levels above the top %d, the bootstrap returned level %d", in.Src, want-e.top, e.top, c.Level())
+		}
+		if c.Level() > want {
+			e.eval.DropLevel(c, c.Level()-want)
 		}
 	}
 	e.set(in.Dsts[0], re)

@@ -139,7 +139,7 @@ func keygen(planJSON, keyDir, optionsJSON string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	m, genSec, writeSec, err := c.writeKeySet(evalDir, ks.offsets, ks.relin, setup.top, ks.levels, ks.withBlock)
+	m, genSec, writeSec, err := c.writeKeySet(evalDir, ks.offsets, ks.relin, p.defaultKeyLevel(setup.top), ks.levels, ks.withBlock)
 	if err != nil {
 		return "", err
 	}

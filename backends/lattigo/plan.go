@@ -72,6 +72,27 @@ type instr struct {
 	Levels *int    `json:"levels"`
 	Fused  *bool   `json:"fused"`
 	Keys   []int   `json:"keys"` // CinS: the rotation keys the planner counted for the op (checked: checkCinsKeys)
+	// bootstrap_cins: the SlotsToCoeffs levels its outputs keep above the top residual
+	// level (docs/cins.md; absent: none)
+	StocLevels *int `json:"stoc_levels"`
+}
+
+// givenBackLevels is the most SlotsToCoeffs levels a bootstrap_cins of the plan gives back:
+// its registers reach the top residual level plus that, and so must its rotation keys when
+// the plan records no per-key levels (planner.ir.analysis.default_key_level).
+func (p *plan) givenBackLevels() int {
+	n := 0
+	for _, in := range p.Program {
+		if in.Op == "bootstrap_cins" && in.StocLevels != nil && *in.StocLevels > n {
+			n = *in.StocLevels
+		}
+	}
+	return n
+}
+
+// defaultKeyLevel is the level of a key the plan records no level for.
+func (p *plan) defaultKeyLevel(top int) int {
+	return top + p.givenBackLevels()
 }
 
 // maxStreamDepth bounds a streamed block's read-ahead (keys resident at once: depth + 1).

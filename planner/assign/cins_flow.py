@@ -138,7 +138,8 @@ def conv_layer(
 # ---------------------------------------------------------------------- layer candidates
 
 
-def layer_candidate(raw: Candidate, scale: int = 1, levels: int = DEFAULT_TO_CINS_LEVELS) -> Candidate:
+def layer_candidate(raw: Candidate, scale: int = 1, levels: int = DEFAULT_TO_CINS_LEVELS,
+                    stoc_levels: int = 0) -> Candidate:
     """A NeuJeans conv layer as one candidate of the choice model (issue 13): it reads its
     operand in the slot domain, in the Re/Im pair layout of the conv's CinS input (any
     other layout converts on the edge, priced like every conversion), then ``to_cins``,
@@ -150,7 +151,11 @@ def layer_candidate(raw: Candidate, scale: int = 1, levels: int = DEFAULT_TO_CIN
     depth that does not depend on its operand's: the candidate ``resets``.
 
     ``scale`` is a power of two with every coefficient of the conv's result (valid cells
-    and the partial sums in the padding alike) within the bootstrap's ``max_abs``."""
+    and the partial sums in the padding alike) within the bootstrap's ``max_abs``.
+
+    ``stoc_levels``: the SlotsToCoeffs levels each ``bootstrap_cins`` gives back
+    (``Boot.stoc_levels``): the result leaves at depth ``1 - stoc_levels`` (the exit mask's
+    level taken from them), so the following layers use them (issue 37)."""
     k: CinsConv = raw.source
     if scale != 1:
         k = replace(k, scale=scale)
@@ -173,7 +178,7 @@ def layer_candidate(raw: Candidate, scale: int = 1, levels: int = DEFAULT_TO_CIN
         outs = k.lower(b, {k.x: cins_regs}, node)
         res = []
         for q, r in enumerate(outs):
-            pair = b.bootstrap_cins(r, lin.l, True)
+            pair = b.bootstrap_cins(r, lin.l, True, stoc_levels)
             for j, reg in zip((2 * q, 2 * q + 1), pair, strict=True):
                 if where_out[j] is None:
                     continue  # the Im half of a slice holds no cell of the output

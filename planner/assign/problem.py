@@ -118,7 +118,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
                   depths=tuple(c.cost(S).depth if rd is None else rd[0] for c, rd in zip(cs, rds, strict=True)),
                   n_cts=tuple(c.out_layout.n_ct for c in cs) if params.boot is not None else (),
                   bootable=bootable, boot_pres=pres, boot_post=post,
-                  resets=tuple(-1 if rd is None else rd[1] for rd in rds) if any(rds) else ())
+                  resets=tuple(None if rd is None else rd[1] for rd in rds) if any(rds) else ())
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -240,7 +240,7 @@ def _cins_candidates(graph: Graph, node: Node, ctx: _CinsContext) -> list[Candid
         if make is None:
             continue
         try:
-            out.extend(layer_candidate(c, scale) for c in make(graph, node, ctx.params.slots)
+            out.extend(layer_candidate(c, scale, stoc_levels=boot.stoc_levels) for c in make(graph, node, ctx.params.slots)
                        if ctx.decompose or not c.params.get("decomposed"))
         except (KernelError, LayoutError):
             continue
@@ -442,10 +442,10 @@ def min_depth(model: ChoiceModel) -> int:
     for g in model.groups:
         row = []
         for o in range(len(g.costs)):
-            d = 0
-            for e in inc.get(g.name, []):
-                arr = [best[e.src][a] + e.depth(a, o) for a in range(len(best[e.src])) if e.costs[a][o] is not None]
-                d = max(d, min(arr, default=big))
+            # (an operand may arrive below depth 0: a CinS layer gives levels back)
+            d = max((min([best[e.src][a] + e.depth(a, o) for a in range(len(best[e.src]))
+                          if e.costs[a][o] is not None], default=big)
+                     for e in inc.get(g.name, [])), default=0)
             reset = g.reset(o)
             row.append(d + g.depth(o) if reset is None else reset)  # (its levels before the reset ignored)
         best[g.name] = row

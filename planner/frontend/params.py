@@ -127,6 +127,13 @@ class ParamsLiteral(BaseModel):
     boot: BootLiteral | None = None
 
 
+# SlotsToCoeffs levels of a Lattigo bootstrapping literal (its
+# SlotsToCoeffsFactorizationDepthAndLogScales: N16QP1546H192H32 has three 39-bit levels,
+# the primes 10..12 of _BOOT_LOG_Q; the executor measures EvalMod's output at level 12 =
+# levels_after + 3 at n14boot)
+STOC_LEVELS: Mapping[str, int] = MappingProxyType({"N16QP1546H192H32": 3})
+
+
 @dataclass(frozen=True)
 class Boot:
     """What a bootstrapping preset adds (SPEC section 3): Lattigo's bootstrapping parameter
@@ -154,6 +161,13 @@ class Boot:
     @property
     def log_qp(self) -> int:
         return sum(self.log_q) + sum(self.log_p)
+
+    @property
+    def stoc_levels(self) -> int:
+        """Levels of the literal's SlotsToCoeffs (the primes above the residual ones): a
+        bootstrap in NeuJeans' order (``bootstrap_cins``) skips it, so its outputs have
+        these levels above ``levels_after`` (docs/cins.md). 0 for a literal not listed."""
+        return STOC_LEVELS.get(self.literal, 0)
 
     @property
     def block_bytes(self) -> int:
@@ -265,12 +279,19 @@ class Params:
         return len(self.boot.log_p) if self.boot is not None else len(self.log_p)
 
     # -- memory model ------------------------------------------------------------------------
+    @property
+    def ct_max_level(self) -> int:
+        """The highest level a ciphertext of a plan reaches: ``max_level``, plus the
+        SlotsToCoeffs levels a ``bootstrap_cins`` gives back (bootstrapping presets)."""
+        return self.max_level + (self.boot.stoc_levels if self.boot is not None else 0)
+
     def _level(self, level: int | None) -> int:
         if level is None:
             return self.max_level
-        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= self.max_level:
+        top = self.ct_max_level
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= top:
             raise ParamsError(
-                f"level must be an integer in 0..{self.max_level}, got {level!r}", field="level"
+                f"level must be an integer in 0..{top}, got {level!r}", field="level"
             )
         return level
 

@@ -14,6 +14,7 @@ from planner.ir.instructions import (
     CMul,
     Conj,
     DropKey,
+    FusedCins,
     Input,
     Instr,
     KeyOp,
@@ -32,6 +33,9 @@ from planner.ir.instructions import (
     UnknownOpError,
     decode,
     decode_program,
+    executed_rotations,
+    fused_cins,
+    fused_rotation_delta,
     galois_key_count,
     has_key_schedule,
     instruction,
@@ -46,7 +50,7 @@ from planner.ir.plan import MAX_PROGRAM_LENGTH, PLAN_SCHEMA, Plan, validate_plan
 
 __all__ = [
     "BOOTSTRAP_OPS", "MAX_POLY_COEFF_ABS", "MAX_PROGRAM_LENGTH", "OPS", "PLAN_SCHEMA", "Add", "Bootstrap", "BootstrapCins",
-    "CMul", "Conj", "DropKey", "Input", "Instr", "KeyOp", "LoadKey", "MulI", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
+    "CMul", "Conj", "DropKey", "FusedCins", "executed_rotations", "fused_cins", "fused_rotation_delta", "Input", "Instr", "KeyOp", "LoadKey", "MulI", "Output", "PAdd", "PMul", "PSub", "Plan", "Poly", "Rescale", "Rot",
     "RotHoisted", "Sub", "ToCins", "UnknownOpError", "decode", "decode_program", "galois_key_count", "has_key_schedule", "instruction",
     "is_bootstrap", "op_name", "rot_keys_of", "to_json_program", "try_decode", "uses_conjugation", "validate_plan",
 ]

@@ -25,6 +25,21 @@ from planner import ir
 from planner.frontend.params import Params
 
 
+def given_back_levels(program: Sequence[Any]) -> int:
+    """The most SlotsToCoeffs levels a ``bootstrap_cins`` of the program gives back (its
+    ``stoc_levels``; docs/cins.md): registers reach ``max_level`` plus that."""
+    return max((int(i.stoc_levels or 0) for ins in program if isinstance(i := ir.decode(ins), ir.BootstrapCins)),
+               default=0)
+
+
+def default_key_level(program: Sequence[Any], params: Params) -> int:
+    """The level a plan's rotation keys are generated at when the plan records none
+    (``keys``): the top residual level, raised by the levels a ``bootstrap_cins`` gives
+    back (a rotation above the top needs a key that high; the Lattigo client does the same,
+    backends/lattigo/api.go)."""
+    return params.max_level + given_back_levels(program)
+
+
 def plan_key_bytes(plan: Mapping[str, Any]) -> dict[int, int] | None:
     """Per-key sizes recorded by a key schedule (``plan["keys"]``), or None."""
     keys = plan.get("keys")
@@ -63,6 +78,7 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
     rotated) runs fused on Lattigo before the rescale, at the products' base level
     (backends/lattigo/fused.go), so its key is made for that level."""
     depth = register_depths(program)
+    top = max_level + given_back_levels(program)  # (a register may lie above max_level)
     rescaled: set[str] = set()
     out: list[int | None] = []
     for raw in program:
@@ -76,7 +92,7 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
         lv = max(0, max_level - depth[src])
         # a fused bootstrap_cins rotates its convolution's operands, a level above its source
         up = src in rescaled or (isinstance(ins, ir.BootstrapCins) and bool(ins.fused))
-        out.append(min(max_level, lv + 1) if up else lv)
+        out.append(min(top, lv + 1) if up else lv)
     return out
 
 
@@ -86,13 +102,16 @@ def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
 NODE_COUNT_FIELDS = ("rotations", "pmul", "cmul", "add", "rescale", "poly", "key_loads")
 
 
-def span_counts(program: Program) -> dict[str, int]:
-    """The summary's counters over a slice of a program (one node's span)."""
+def span_counts(program: Program, slots: int | None = None) -> dict[str, int]:
+    """The summary's counters over a slice of a program (one node's span; ``slots`` given,
+    rotations as the executor makes them: ``planner.ir.executed_rotations``)."""
     counts: dict[str, int] = dict.fromkeys(NODE_COUNT_FIELDS, 0)
-    for raw in program:
-        ins = ir.decode(raw)
+    prog = ir.decode_program(program)
+    for ins in prog:
         if ins.counter in counts:
             counts[ins.counter] += ins.count()
+    if slots:
+        counts["rotations"] = ir.executed_rotations(prog, slots)
     return counts
 
 
@@ -159,7 +178,7 @@ def summarize(
     out_depth = max((depth[ins.src] for ins in prog if isinstance(ins, ir.Output)), default=0)
     mem = memory_profile(prog, params, depth, key_bytes)
     return {
-        "rotations": counts.get("rotations", 0),
+        "rotations": ir.executed_rotations(prog, params.slots),
         "rotation_keys": ir.galois_key_count(prog),
         "pmul": counts.get("pmul", 0),
         "cmul": counts.get("cmul", 0),
@@ -221,7 +240,7 @@ def memory_series(
     life = lifetimes(program, depth, L)
     last_use, pt_first, pt_last, pt_level = life.last_use, life.pt_first, life.pt_last, life.pt_level
     has_schedule = ir.has_key_schedule(program)
-    top_key = params.rotation_key_bytes()
+    top_key = params.rotation_key_bytes(default_key_level(program, params))
 
     def kb(k: int) -> int:
         return key_bytes.get(k, top_key) if key_bytes is not None else top_key

@@ -217,9 +217,12 @@ class ProgramBuilder:
         self._emit(ir.ToCins(dst, re, im, l, levels, to_cins_keys(l, levels, self.slots)))
         return dst
 
-    def bootstrap_cins(self, src: str, l: int, fused: bool | None = None) -> tuple[str, str]:  # noqa: E741
-        re, im = self._reg(0), self._reg(0)
-        self._emit(ir.BootstrapCins((re, im), src, l, fused, stoc_keys(l, self.slots)))
+    def bootstrap_cins(self, src: str, l: int, fused: bool | None = None,  # noqa: E741
+                       stoc_levels: int = 0) -> tuple[str, str]:
+        """``stoc_levels``: the SlotsToCoeffs levels the bootstrap gives back (the outputs'
+        depth is minus that, docs/cins.md)."""
+        re, im = self._reg(-stoc_levels), self._reg(-stoc_levels)
+        self._emit(ir.BootstrapCins((re, im), src, l, fused, stoc_keys(l, self.slots), stoc_levels or None))
         return re, im
 
     def output(self, src: str, tensor: str, table: str, gen: TableGen) -> None:

@@ -600,6 +600,10 @@ class BootstrapCins(Instr):
     # the rotation keys of its S_(N/2<-l) (fused: S_(N/2<-l) K) on Lattigo (stoc_keys; None
     # in plans from before issue 37)
     keys: tuple[int, ...] | None = None
+    # the SlotsToCoeffs levels the bootstrap leaves free (NeuJeans' order skips the stock
+    # SlotsToCoeffs at its end): the outputs have depth -stoc_levels, i.e. lie that many
+    # levels above the residual top (Boot.stoc_levels; None or 0: at the top, as before)
+    stoc_levels: int | None = None
 
     def rot_keys(self) -> tuple[int, ...]:
         return tuple(self.keys or ())
@@ -613,13 +617,110 @@ class BootstrapCins(Instr):
         if "fused" in d and not isinstance(d["fused"], bool):
             raise bad("fused", "fused is true or false")
         _check_keys(bad, d, slots)
+        if "stoc_levels" in d:
+            sl = d["stoc_levels"]
+            if not _is_int(sl) or not 0 <= sl <= MAX_STOC_LEVELS:  # type: ignore[operator]
+                raise bad("stoc_levels", f"stoc_levels is an integer in [0, {MAX_STOC_LEVELS}], got {json.dumps(sl)}")
 
     def write_fields(self) -> Iterator[tuple[str, str]]:
         for j, r in enumerate(self.dsts):
             yield f"dsts[{j}]", r
 
     def depth(self, d: Mapping[str, int]) -> int:
-        return 0
+        return -int(self.stoc_levels or 0)
+
+
+# a bootstrap_cins gives back at most this many SlotsToCoeffs levels (the executors check
+# the plan's parameters' own number, planner.frontend.params.Boot.stoc_levels)
+MAX_STOC_LEVELS = 8
+
+
+def _cins_registers(program: Sequence[Instr]) -> set[str]:
+    """The registers of the cins domain (docs/cins.md: ``input`` with ``l`` and ``to_cins``
+    write them; rot, add, sub, pmul, padd, psub, rescale keep their operand's domain)."""
+    cins: set[str] = set()
+    keep = (Rot, RotHoisted, Add, Sub, PMul, PAdd, PSub, Rescale)
+    for ins in program:
+        if isinstance(ins, ToCins) or (isinstance(ins, Input) and ins.l is not None) or (
+                isinstance(ins, keep) and any(r in cins for r in ins.reads())):
+            cins.update(ins.writes())
+    return cins
+
+
+@dataclass(frozen=True)
+class FusedCins:
+    """A fused ``bootstrap_cins`` (at program index ``at``) and the convolution it absorbs
+    (the instructions ``instrs``, reading the registers ``bases``): what the Lattigo executor
+    evaluates as one matrix S_(N/2<-l) K_b per base (backends/lattigo/cins_exec.go,
+    analyseCins: back from ``src`` through rescale, add, sub, rot, rot_hoisted and cins
+    pmuls)."""
+
+    at: int
+    l: int  # noqa: E741
+    instrs: frozenset[int]
+    bases: tuple[str, ...]
+
+    def rotations(self, slots: int) -> int:
+        """The rotations the executor makes for it: per base, Lattigo's BSGS over the
+        diagonals of S_(N/2<-l) K_b, every slice diagonal ``k l`` (S_(N/2<-l) has them all
+        and K_b's are multiples of ``l``; none when one slice fills the ciphertext)."""
+        if self.l >= slots:
+            return 0
+        return len(self.bases) * lattigo_bsgs_rotations({k * self.l for k in range(slots // self.l)}, slots)
+
+
+def fused_cins(program: Sequence[Instr]) -> list[FusedCins]:
+    """The fused ``bootstrap_cins`` of a decoded program and their convolutions."""
+    if not any(isinstance(ins, BootstrapCins) and ins.fused for ins in program):
+        return []
+    cins = _cins_registers(program)
+    defs: dict[str, int] = {}
+    for i, ins in enumerate(program):
+        for r in ins.writes():
+            defs[r] = i
+    out = []
+    for i, ins in enumerate(program):
+        if not (isinstance(ins, BootstrapCins) and ins.fused):
+            continue
+        region: set[int] = set()
+        bases: set[str] = set()
+        stack = [ins.src]
+        while stack:
+            r = stack.pop()
+            j = defs.get(r)
+            p = program[j] if j is not None else None
+            linear = isinstance(p, Rescale | Add | Sub | Rot | RotHoisted) or (
+                isinstance(p, PMul) and p.src in cins)
+            if p is None or not linear:
+                bases.add(r)
+                continue
+            assert j is not None
+            if j not in region:
+                region.add(j)
+                stack.extend(p.reads())
+        out.append(FusedCins(i, int(ins.l), frozenset(region), tuple(sorted(bases))))
+    return out
+
+
+def executed_rotations(program: Sequence[Instr], slots: int) -> int:
+    """``summary.rotations``: the rotations the Lattigo executor makes for the program.
+    Each instruction counts its own (``rot``, ``rot_hoisted``, ``conj``, ``to_cins``'s
+    factors), except that a fused ``bootstrap_cins`` replaces the rotations of the
+    convolution it absorbs by those of its S_(N/2<-l) K matrices (:class:`FusedCins`)."""
+    return sum(ins.count() for ins in program if ins.counter == "rotations") + fused_rotation_delta(program, slots)
+
+
+def fused_rotation_delta(program: Sequence[Instr], slots: int) -> int:
+    """What the executor's CinS matrices add to the instructions' own rotation count: a
+    fused convolution's S_(N/2<-l) K matrices less the instructions it absorbs, and an
+    unfused ``bootstrap_cins``'s S_(N/2<-l) (one lintrans)."""
+    total = 0
+    for ins in program:
+        if isinstance(ins, BootstrapCins) and not ins.fused and ins.l < slots:
+            total += lattigo_bsgs_rotations({k * ins.l for k in range(slots // ins.l)}, slots)
+    for f in fused_cins(program):
+        total += f.rotations(slots) - sum(program[j].count() for j in f.instrs if program[j].counter == "rotations")
+    return total
 
 
 # ---------------------------------------------------------------------- complex slots

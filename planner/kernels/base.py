@@ -89,14 +89,16 @@ def count_program(
     keys: set[int] = set()
     hoisted = 0
     hoisted_rot = 0
-    for raw in instrs:
-        ins = ir.decode(raw)
+    prog = [ir.decode(raw) for raw in instrs]
+    for ins in prog:
         if ins.counter is not None:
             counts[ins.counter] += ins.count()
         keys.update(ins.rot_keys())
         if isinstance(ins, ir.RotHoisted):
             hoisted += 1
             hoisted_rot += ins.count()
+    if slots:  # a fused CinS convolution makes its S_(N/2<-l) K's rotations instead of its own
+        counts["rotations"] = ir.executed_rotations(prog, slots)
     return CostVector(
         rotations=counts["rotations"],
         rot_keys=frozenset(keys),

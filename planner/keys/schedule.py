@@ -42,6 +42,7 @@ from common import progress
 from planner import ir
 from planner.frontend.params import Params
 from planner.ir.analysis import (
+    default_key_level,
     register_depths,
     remap_spans,
     rotation_key_levels,
@@ -252,7 +253,7 @@ def _schedule_with_block(
         for k in ks:
             uses.setdefault(k, []).append(i)
             use = use_level[i]
-            lv = use if key_levels and use is not None else L
+            lv = use if key_levels and use is not None else default_key_level(prog, params)
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
@@ -400,7 +401,7 @@ def schedule_plan(
         # each node keeps what it owns, so the per-node counts still add up
         spans = remap_spans(plan["program"], [n["span"] for n in nodes], sched.program)
         new["nodes"] = [
-            {**n, **span_counts(sched.program[a:z]), "span": [a, z]}
+            {**n, **span_counts(sched.program[a:z], plan["params"].get("slots")), "span": [a, z]}
             for n, (a, z) in zip(nodes, spans, strict=True)
         ]
     if "fused" in new:  # the annotation names instructions of the old program: decided anew

@@ -95,7 +95,7 @@ def lower_solution(
                 "kernel": cand.kernel,
                 "params": cand.params,
                 **({"min_cap_bytes": cand.min_cap_bytes} if cand.min_cap_bytes is not None else {}),
-                **span_counts(b.instrs[start:end]),
+                **span_counts(b.instrs[start:end], S),
                 "span": [start, end],
                 "cost": cv.to_json(),
                 "in_layouts": [

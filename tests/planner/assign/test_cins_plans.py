@@ -126,14 +126,15 @@ def test_cins_options() -> None:
 
 
 def with_resets(m: ChoiceModel, seed: int) -> ChoiceModel:
-    """``m`` with some options bootstrapping inside themselves (result depth 0 or 1)."""
+    """``m`` with some options bootstrapping inside themselves (result depth -3 .. 1: below
+    0 when the bootstrap gives levels back, as a CinS layer's does)."""
     rng = np.random.default_rng(1000 + seed)
     groups = []
     for g in m.groups:
         if g.name.startswith("input") or rng.random() < 0.3:
             groups.append(g)
             continue
-        resets = tuple(int(rng.integers(0, 2)) if rng.random() < 0.5 else -1 for _ in g.costs)
+        resets = tuple(int(rng.integers(-3, 2)) if rng.random() < 0.5 else None for _ in g.costs)
         groups.append(replace(g, resets=resets))
     return ChoiceModel(tuple(groups), m.edges, m.max_depth, m.boot_weight)
 

@@ -253,6 +253,28 @@ def test_ir_round_trip() -> None:
     from planner.ir.instructions import to_cins_rotations
 
     assert ir.ToCins("a", "b", "c", 1024, 2).count() == to_cins_rotations(1024, 2) > 0
+    # stoc_levels: the SlotsToCoeffs levels a bootstrap_cins gives back (its outputs' depth)
+    d = {"op": "bootstrap_cins", "dsts": ["c4", "c5"], "src": "c3", "l": 8, "fused": True, "stoc_levels": 3}
+    got = ir.Instr.from_json(d, slots=64)
+    assert got.to_json() == d and got.depth({"c3": 5}) == -3
+    for bad in (-1, 1.5, True, 99):
+        with pytest.raises(PlanFileError, match="field 'stoc_levels'"):
+            ir.Instr.from_json({**d, "stoc_levels": bad}, slots=64)
+
+
+def test_simulator_refuses_levels_the_bootstrap_does_not_give_back() -> None:
+    # one conv layer whose bootstrap_cins claims levels above the top: the plan's params
+    # name no bootstrapping literal with SlotsToCoeffs levels, so none may be given back
+    b = ProgramBuilder(16)
+    lay = cins.CinSLayout((1, 2, 2), 1, 2, 2, 4, 2, 16, 1)
+    a = b.input("x", "in/a", _gen(lay, 0), l=4)
+    b.bootstrap_cins(a, 4, None, stoc_levels=3)
+    assert b.depth[b.instrs[-1]["dsts"][0]] == -3
+    with pytest.raises(SimulationError, match="field 'stoc_levels': 3 levels given back"):
+        simulate(_plan(b, {}), LazyTables(b.tables), {"x": np.ones((1, 2, 2))})
+    plan = _plan(b, {})
+    plan["params"]["boot"]["literal"] = "N16QP1546H192H32"  # three SlotsToCoeffs levels
+    simulate(plan, LazyTables(b.tables), {"x": np.full((1, 2, 2), 0.5)})
 
 
 def test_registered_families_give_exact_cost_vectors() -> None:
