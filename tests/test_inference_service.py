@@ -333,3 +333,69 @@ def test_openapi_documents_binary_bodies(env: Env) -> None:
     assert ev["responses"]["200"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
     assert "202" in ev["responses"] and "503" in ev["responses"]
     assert "/v1/weights" in doc["paths"] and "/v1/jobs/{job_id}/result" in doc["paths"]
+
+
+# ------------------------------------------------------------------------------ a real server, kill -9
+
+
+def _start(db: Path, keys_file: Path, port: int) -> Any:
+    import subprocess
+    import sys
+
+    import httpx
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--db", str(db),
+                             "--workers", "1", "--eval-workers", "1", "--api-keys", str(keys_file)], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+def test_kill_9_keeps_acknowledged_uploads(env: Env, tmp_path: Path) -> None:
+    """Uploads answered 201 survive kill -9 of the server; one cut off mid-body leaves nothing."""
+    import socket
+
+    import slotplan
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(A + "\n")
+    db = tmp_path / "plans.sqlite3"
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(db, keys_file, port)
+    try:
+        remote = slotplan.RemoteServer(url, A)
+        remote.create_plan(GRAPH, "n13", OPTIONS)
+        assert remote.plan().digest == env.plan.digest  # the same request, the same plan: env's keys fit
+        key_id = remote.upload_keys(env.keys)
+        weights_id = remote.upload_weights(WEIGHTS)
+        # a key upload cut off by the kill: its first bytes are on the server's disk, unacknowledged
+        body = _eval_tar(env.keys.path)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"POST /v1/plans/{remote.plan_id}/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: {A}\r\n"
+                     f"Content-Type: application/x-tar\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body[: len(body) // 2])
+        time.sleep(0.5)
+        proc.kill()  # SIGKILL
+        proc.wait()
+        sock.close()
+        proc = _start(db, keys_file, port)
+        data = Path(str(db) + ".data")
+        assert list((data / "tmp").iterdir()) == []  # the cut-off upload was swept
+        assert len(list((data / "keys").iterdir())) == 1
+        again = slotplan.RemoteServer(url, A, remote.plan_id, key_id=key_id, weights_id=weights_id)
+        x = np.random.default_rng(5).uniform(-1, 1, (2, 32))
+        _close(env.client.decrypt(again.evaluate(env.client.encrypt({"x": x})))["y"], _ref(x, WEIGHTS))
+    finally:
+        proc.kill()
+        proc.wait()
