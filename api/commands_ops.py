@@ -452,6 +452,8 @@ def serve(
     eval_worker_idle: Annotated[float, typer.Option("--eval-worker-idle", help="an evaluation worker idle this many seconds is recycled")] = 300.0,
     eval_worker_memory: Annotated[str | None, typer.Option("--eval-worker-memory", help="cap on an evaluation worker's resident memory (default: the plan's process model with headroom)")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="where uploaded keys and weights live (default: beside the plan store, DB.data/)")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="evaluation workers: local (processes) or ray (actors; the ray extra)")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="with --engine ray: the Ray cluster (default: a local Ray with --eval-workers CPUs)")] = None,
 ) -> None:
     """REST service: POST /v1/plans, GET /v1/plans, GET /v1/plans/ID, GET /v1/plans/ID/tables,
     GET /v1/plans/ID/view, DELETE /v1/plans/ID, GET /v1/jobs/ID, POST /v1/diff, GET /healthz,
@@ -493,7 +495,12 @@ def serve(
                             max_weights_bytes=parse_size(max_weights), max_ciphertext_bytes=parse_size(max_ciphertext),
                             eval_timeout_s=eval_timeout, eval_worker_idle_s=eval_worker_idle,
                             eval_worker_memory_bytes=parse_size(eval_worker_memory) if eval_worker_memory else None,
-                            data_dir=str(data_dir) if data_dir is not None else None)
+                            data_dir=str(data_dir) if data_dir is not None else None,
+                            eval_engine="ray" if engine == "ray" else "local", ray_address=address)
+        if engine not in ("local", "ray"):
+            raise SlotplanError(f"--engine {engine!r}: local or ray")
+        if address is not None and engine != "ray":
+            raise SlotplanError("--address is for --engine ray")
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None

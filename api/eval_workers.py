@@ -36,7 +36,7 @@ from typing import Any
 
 from api.workers import JobKilled, _worker_main, rss_bytes
 
-__all__ = ["EvalPool", "EvalResult", "JobKilled", "Triple", "evaluate_job", "memory_bound"]
+__all__ = ["EvalPool", "EvalResult", "JobKilled", "RayEvalPool", "Triple", "evaluate_job", "memory_bound"]
 
 Triple = tuple[str, str, str]  # (plan content id, key set id, weights id)
 
@@ -139,8 +139,9 @@ def evaluate_job(triple: Triple, plan_json: str | None, eval_dir: str, weights_p
 
 @dataclass
 class _Worker:
-    proc: multiprocessing.process.BaseProcess
-    conn: Connection
+    proc: Any  # a multiprocessing process (local pool) or a Ray actor handle (RayEvalPool)
+    conn: Connection | None
+    pid: int = 0
     triple: Triple | None = None
     bound: int | None = None
     busy: bool = False
@@ -177,7 +178,7 @@ class EvalPool:
                                  name="slotplan-eval-worker", daemon=True)
         proc.start()
         child.close()
-        w = _Worker(proc, parent)
+        w = _Worker(proc, parent, proc.pid or 0)
         try:
             ready = parent.poll(self.start_timeout_s) and parent.recv() == ("ready", None)
         except (EOFError, OSError):
@@ -188,17 +189,21 @@ class EvalPool:
         return w
 
     def _kill(self, w: _Worker, why: str | None) -> None:
-        with contextlib.suppress(OSError):
-            w.proc.kill()
-        w.proc.join(5)
-        with contextlib.suppress(OSError):
-            w.conn.close()
+        self._stop(w)
         with self._cond:
             if w in self._workers:
                 self._workers.remove(w)
             if why is not None:
                 self.recycled[why] = self.recycled.get(why, 0) + 1
             self._cond.notify_all()
+
+    def _stop(self, w: _Worker) -> None:
+        with contextlib.suppress(OSError):
+            w.proc.kill()
+        w.proc.join(5)
+        if w.conn is not None:
+            with contextlib.suppress(OSError):
+                w.conn.close()
 
     def _acquire(self, triple: Triple) -> tuple[_Worker, bool]:
         """A free worker holding ``triple`` (warm), else a new one, else the free worker
@@ -257,6 +262,7 @@ class EvalPool:
         ``deadline_s`` or grew over its memory bound (the worker is then replaced)."""
         w, warm = self._acquire(triple)
         t0 = time.monotonic()
+        assert w.conn is not None
         try:
             w.conn.send((evaluate_job, (triple, None if warm else plan_json, eval_dir, weights_path, ct,
                                         self.max_memory_bytes)))
@@ -268,7 +274,7 @@ class EvalPool:
                     raise JobKilled("crash", "the evaluation worker died mid-evaluation")
                 if time.monotonic() - t0 > deadline_s:
                     raise JobKilled("wall_time", f"the evaluation took longer than {deadline_s:g} s")
-                if w.bound is not None and rss_bytes(w.proc.pid or 0) > w.bound:
+                if w.bound is not None and rss_bytes(w.pid) > w.bound:
                     raise JobKilled("memory", f"the evaluation grew its worker over {w.bound} bytes, the plan's "
                                               "modelled process memory with headroom")
         except JobKilled as e:
@@ -280,10 +286,12 @@ class EvalPool:
         if kind != "ok":
             self._kill(w, "crash")
             raise JobKilled("crash", f"the evaluation worker failed: {value}")
-        res: EvalResult = value
+        return self._done(w, triple, value)
+
+    def _done(self, w: _Worker, triple: Triple, res: EvalResult) -> EvalResult:
         w.triple = triple if res.error is None else None
         w.bound = res.memory_bound or None
-        if w.bound is not None and rss_bytes(w.proc.pid or 0) > w.bound:
+        if w.bound is not None and rss_bytes(w.pid) > w.bound:
             self._kill(w, "memory")  # holds more than its plan allows: the next request gets a fresh one
         else:
             self._release(w)
@@ -293,18 +301,18 @@ class EvalPool:
 
     def pids(self) -> list[int]:
         with self._cond:
-            return sorted(w.proc.pid or 0 for w in self._workers)
+            return sorted(w.pid for w in self._workers)
 
     def status(self) -> list[dict[str, Any]]:
         """One entry per worker: pid, busy, the triple it holds, its bound and resident bytes."""
         with self._cond:
             ws = list(self._workers)
-        return [{"pid": w.proc.pid, "busy": w.busy, "triple": w.triple, "memory_bound": w.bound,
-                 "rss": rss_bytes(w.proc.pid or 0)} for w in ws]
+        return [{"pid": w.pid, "busy": w.busy, "triple": w.triple, "memory_bound": w.bound,
+                 "rss": rss_bytes(w.pid)} for w in ws]
 
     def busy_pids(self) -> list[int]:
         with self._cond:
-            return sorted(w.proc.pid or 0 for w in self._workers if w.busy)
+            return sorted(w.pid for w in self._workers if w.busy)
 
     def shutdown(self) -> None:
         self._closed = True
@@ -313,5 +321,97 @@ class EvalPool:
             self._cond.notify_all()
         for w in ws:
             with contextlib.suppress(OSError):
-                os.kill(w.proc.pid or 0, signal.SIGKILL)
+                os.kill(w.pid, signal.SIGKILL)
             w.proc.join(2)
+
+
+# ------------------------------------------------------------------------------------
+# On Ray (serve --engine ray)
+
+
+class _EvalActor:
+    """A Ray actor process: the same state and function as a local worker."""
+
+    def __init__(self) -> None:
+        _warm()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, triple: Triple, plan_json: str | None, eval_dir: str, weights_path: str, ct: bytes,
+            cap: int | None) -> EvalResult:
+        return evaluate_job(triple, plan_json, eval_dir, weights_path, ct, cap)
+
+
+class RayEvalPool(EvalPool):
+    """The pool's routing (warm triples, new actors up to ``size``, the idle longest
+    repurposed) over Ray actors, one CPU each; a local Ray with ``size`` CPUs when no
+    ``address`` is given.  Actors read the key set and weights by path: on a cluster the
+    data directory must be shared storage mounted at the same path on every node."""
+
+    def __init__(self, size: int, address: str | None = None, **kw: Any) -> None:
+        from planner.errors import SlotplanError
+
+        try:
+            import ray
+        except ImportError:
+            raise SlotplanError("--engine ray needs ray, an optional dependency: pip install 'slotplan[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            try:
+                if address:
+                    ray.init(address=address, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=max(1, int(size)), include_dashboard=False, log_to_driver=False)
+            except Exception as e:  # noqa: BLE001 - connection refused, bad address, ...
+                raise SlotplanError(f"cannot start or reach Ray{f' at {address}' if address else ''}: "
+                                    f"{' '.join(str(e).split())[:300]}") from None
+            self._started = True
+        self._actor: Any = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_EvalActor)
+        super().__init__(size, **kw)
+
+    def _spawn(self) -> _Worker:
+        h: Any = self._actor.remote()
+        try:
+            pid = int(self._ray.get(h.pid.remote(), timeout=self.start_timeout_s))
+        except Exception:  # noqa: BLE001 - the actor did not come up
+            with contextlib.suppress(Exception):
+                self._ray.kill(h)
+            raise JobKilled("crash", "a Ray evaluation actor did not start") from None
+        return _Worker(h, None, pid)
+
+    def _stop(self, w: _Worker) -> None:
+        with contextlib.suppress(Exception):
+            self._ray.kill(w.proc)
+
+    def call(self, triple: Triple, plan_json: str, eval_dir: str, weights_path: str, ct: bytes,
+             deadline_s: float) -> EvalResult:
+        from ray import exceptions as rex
+
+        w, warm = self._acquire(triple)
+        try:
+            ref = w.proc.run.remote(triple, None if warm else plan_json, eval_dir, weights_path, ct,
+                                    self.max_memory_bytes)
+            res: EvalResult = self._ray.get(ref, timeout=deadline_s)
+        except rex.GetTimeoutError:
+            self._kill(w, "wall_time")
+            raise JobKilled("wall_time", f"the evaluation took longer than {deadline_s:g} s") from None
+        except rex.RayError as e:
+            self._kill(w, "crash")
+            raise JobKilled("crash", f"the Ray evaluation actor died mid-evaluation ({type(e).__name__})") from None
+        except BaseException:
+            self._kill(w, "crash")
+            raise
+        return self._done(w, triple, res)
+
+    def shutdown(self) -> None:
+        self._closed = True
+        with self._cond:
+            ws = list(self._workers)
+            self._cond.notify_all()
+        for w in ws:
+            self._stop(w)
+        if self._started:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()

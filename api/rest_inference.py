@@ -290,8 +290,15 @@ class InferenceService:
         for sub in ("keys", "weights", "tmp", "jobs"):
             (self.data / sub).mkdir(parents=True, exist_ok=True)
         self.sweep()
-        self.pool = EvalPool(limits.eval_workers, idle_s=limits.eval_worker_idle_s,
-                             max_memory_bytes=limits.eval_worker_memory_bytes)
+        if limits.eval_engine == "ray":
+            from api.eval_workers import RayEvalPool
+
+            self.pool: EvalPool = RayEvalPool(limits.eval_workers, limits.ray_address,
+                                              idle_s=limits.eval_worker_idle_s,
+                                              max_memory_bytes=limits.eval_worker_memory_bytes)
+        else:
+            self.pool = EvalPool(limits.eval_workers, idle_s=limits.eval_worker_idle_s,
+                                 max_memory_bytes=limits.eval_worker_memory_bytes)
         self.jobs: dict[str, EvalJob] = {}
         self._plans: OrderedDict[str, _PlanInfo] = OrderedDict()
         self._lock = threading.Lock()

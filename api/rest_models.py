@@ -83,6 +83,10 @@ class RestLimits:
     eval_job_ttl_s: float = 900.0
     # where uploads live (None: beside the plan store, "<db>.data/")
     data_dir: str | None = None
+    # evaluation workers: local processes, or Ray actors (a local Ray, or the cluster at
+    # ray_address)
+    eval_engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
 
 
 # --------------------------------------------------------------------------------------
