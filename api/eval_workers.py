@@ -94,6 +94,9 @@ class EvalResult:
     sample_seconds: list[float] = field(default_factory=list)
     memory_bound: int = 0
     pid: int = 0
+    # seconds the Go key store spent reading evaluation keys in this call (it reads them
+    # from the key directory as the plan's key schedule asks, warm worker or not)
+    key_load_seconds: float = 0.0
 
 
 def evaluate_job(triple: Triple, plan_json: str | None, eval_dir: str, weights_path: str, ct: bytes,
@@ -129,8 +132,9 @@ def evaluate_job(triple: Triple, plan_json: str | None, eval_dir: str, weights_p
         if not warm:
             _STATE.clear()
         return EvalResult(None, " ".join(str(e).split()), warm, time.perf_counter() - t0, pid=os.getpid())
+    go = stats.get("go") or {}
     return EvalResult(out, None, warm, time.perf_counter() - t0, list(stats.get("sample_seconds", [])),
-                      int(_STATE["bound"]), os.getpid())
+                      int(_STATE["bound"]), os.getpid(), float(go.get("key_load_seconds") or 0.0))
 
 
 # ------------------------------------------------------------------------------------

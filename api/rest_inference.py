@@ -514,7 +514,8 @@ class InferenceService:
             self.m_bytes.labels("in").inc(len(ct))
             self.m_bytes.labels("out").inc(len(res.data))
             self._observe("ok", warm, res)
-            job.headers = {"x-slotplan-warm": warm, "x-slotplan-eval-seconds": f"{res.seconds:.6f}"}
+            job.headers = {"x-slotplan-warm": warm, "x-slotplan-eval-seconds": f"{res.seconds:.6f}",
+                           "x-slotplan-key-load-seconds": f"{res.key_load_seconds:.6f}"}
             if keep_file:
                 path = self.data / "jobs" / f"{job.id}.ct"
                 await run_in_threadpool(path.write_bytes, res.data)

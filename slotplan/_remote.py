@@ -214,5 +214,6 @@ class RemoteServer:
                     break
                 time.sleep(self.poll_s)
         self.last = {"warm": r.headers.get("x-slotplan-warm"),
-                     "seconds": float(r.headers.get("x-slotplan-eval-seconds") or "nan")}
+                     "seconds": float(r.headers.get("x-slotplan-eval-seconds") or "nan"),
+                     "key_load_seconds": float(r.headers.get("x-slotplan-key-load-seconds") or "nan")}
         return Ciphertext.from_bytes(r.content)

@@ -17,7 +17,7 @@ import pytest
 
 from api.rest import RestLimits, create_app
 from backends.lattigo_backend import available
-from tests.test_inference_service import A, GRAPH, HA, OCTET, OPTIONS, WEIGHTS, _close, _ref
+from tests.test_inference_service import GRAPH, HA, OCTET, OPTIONS, WEIGHTS, A, _close, _ref
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
