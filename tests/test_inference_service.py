@@ -399,3 +399,23 @@ def test_kill_9_keeps_acknowledged_uploads(env: Env, tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_limits_apply_to_the_new_routes(tmp_path: Path) -> None:
+    """The per-key rate limit, the failed-authentication limit and the body limits guard
+    the inference routes as they guard planning; no evaluation worker starts for them."""
+    limits = RestLimits(executor="thread", api_keys=frozenset({A, B}), rate_limit_per_min=3, auth_fail_per_min=2,
+                        max_ciphertext_bytes=1000, max_weights_bytes=2000)
+    with TestClient(create_app(tmp_path / "p.sqlite3", limits), raise_server_exceptions=False) as tc:
+        small = _npz({"W": np.ones(3)})
+        codes = [tc.post("/v1/weights", content=small, headers={**HA, **OCTET}).status_code for _ in range(4)]
+        assert codes == [201, 201, 201, 429]
+        r = tc.post("/v1/weights", content=_npz({"W": np.ones(500)}), headers={**HB, **OCTET})
+        assert r.status_code == 413 and r.json()["field"] == "limits.max_weights_bytes"
+        r = tc.post(f"/v1/plans/{'0' * 64}/evaluate", params={"key_id": "0" * 64, "weights_id": "0" * 64},
+                    content=b"x" * 2000, headers={**HB, **OCTET})
+        assert r.status_code == 404  # no such plan: checked before the body is read
+        bad = [tc.post("/v1/weights", content=small, headers={"X-API-Key": "wrong-key-0123456789", **OCTET}).status_code
+               for _ in range(3)]
+        assert bad == [401, 401, 429]
+        assert tc.app.state.inference.pool.pids() == []  # type: ignore[attr-defined]
