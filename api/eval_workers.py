@@ -77,7 +77,7 @@ def memory_bound(plan: dict[str, Any], cap: int | None) -> int:
 
 def _secret_in(eval_dir: Path) -> Path | None:
     for p in eval_dir.rglob("*"):
-        if p.name.lower() == "secret.key" or p.name.lower().endswith(".sk"):
+        if p.name.lower() == "secret.key":
             return p
     return None
 

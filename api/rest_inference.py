@@ -456,7 +456,20 @@ class InferenceService:
 
         try:
             h, _ = inf.ciphertext_header(ct, "ciphertext file")
-            inf._check_ct(h, info.plan, "inputs", "ciphertext file")
+            # backends.inference._check_ct's rules, with this plan's digests computed once
+            if h.kind != "inputs":
+                raise inf.InferenceError(f"ciphertext file: holds {h.kind}, expected inputs (encrypt writes inputs, "
+                                         "evaluate outputs)")
+            if h.params_digest != info.params_digest:
+                raise inf.InferenceError(f"ciphertext file: made for other parameters (params digest "
+                                         f"{h.params_digest[:12]}...)")
+            if h.plan_digest != info.digest:
+                raise inf.InferenceError(f"ciphertext file: made for another plan (plan digest {h.plan_digest[:12]}..., "
+                                         f"this plan's {info.digest[:12]}...)")
+            per = len(inf._program_ops(info.plan, "input"))
+            if len(h.ciphertexts) != h.samples * per:
+                raise inf.InferenceError(f"ciphertext file: {len(h.ciphertexts)} ciphertexts for {h.samples} samples "
+                                         f"of {per}")
         except SlotplanError as e:
             raise _err(422, "ciphertext", " ".join(str(e).split()), field="body",
                        rule="a ciphertext file encrypt wrote for this plan and key set") from None
@@ -507,7 +520,8 @@ class InferenceService:
         warm = "warm" if res.warm else "cold"
         if res.error is not None:
             job.status, job.error_status = "failed", 422
-            job.error = {"error": "evaluate", "message": res.error, "field": "weights_id|key_id|body"}
+            fld = "weights_id" if res.error.startswith("weight") else "key_id" if "evaluation keys" in res.error else "body"
+            job.error = {"error": "evaluate", "message": res.error, "field": fld}
             self._observe("bad_input", warm, res)
         else:
             assert res.data is not None

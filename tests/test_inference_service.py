@@ -246,6 +246,12 @@ def test_wrong_ciphertexts_and_weights_refused(env: Env, tmp_path: Path) -> None
     other.keygen()
     r = env.evaluate(other.encrypt({"x": np.zeros(32)}).to_bytes())
     assert r.status_code == 422 and "other keys" in r.json()["message"]
+    # a ciphertext of another plan (with that plan's own keys)
+    other_plan = slotplan.plan({**GRAPH, "name": "another"}, params="n13", clean_outputs=False)
+    oc = slotplan.Client(other_plan, tmp_path / "K4")
+    oc.keygen()
+    r = env.evaluate(oc.encrypt({"x": np.zeros(32)}).to_bytes())
+    assert r.status_code == 422 and "another plan" in r.json()["message"], r.text
     # outputs instead of inputs
     out = env.remote.evaluate(good).to_bytes()
     r = env.evaluate(out)
@@ -254,7 +260,7 @@ def test_wrong_ciphertexts_and_weights_refused(env: Env, tmp_path: Path) -> None
     wid = env.remote.upload_weights({"W": np.ones((4, 4))})
     env.remote.weights_id = env.weights_id
     r = env.evaluate(good, weights_id=wid)
-    assert r.status_code == 422 and "weight" in r.json()["message"], r.text
+    assert r.status_code == 422 and "weight" in r.json()["message"] and r.json()["field"] == "weights_id", r.text
     assert env.evaluate(good).status_code == 200
     r = env.tc.post("/v1/weights", content=b"PK not a zip", headers={**HA, **OCTET})
     assert r.status_code == 422 and r.json()["error"] == "weights"
