@@ -425,3 +425,33 @@ def test_limits_apply_to_the_new_routes(tmp_path: Path) -> None:
                for _ in range(3)]
         assert bad == [401, 401, 429]
         assert tc.app.state.inference.pool.pids() == []  # type: ignore[attr-defined]
+
+
+def test_requests_go_to_the_worker_that_holds_their_triple(env: Env, tmp_path: Path) -> None:
+    """Two workers, two weights: alternating requests stay warm, each on its own worker;
+    a worker idle past its limit is recycled."""
+    import slotplan
+
+    limits = RestLimits(executor="thread", api_keys=frozenset({A}), eval_workers=2, eval_worker_idle_s=8.0)
+    with TestClient(create_app(tmp_path / "p.sqlite3", limits), raise_server_exceptions=False) as tc:
+        svc = tc.app.state.inference  # type: ignore[attr-defined]
+        r = slotplan.RemoteServer("http://testserver", A, http=tc)
+        r.create_plan(GRAPH, "n13", OPTIONS)
+        r.upload_keys(env.keys)
+        w2 = {"W": WEIGHTS["W"] * 0.5, "b": WEIGHTS["b"]}
+        wids = [r.upload_weights(WEIGHTS), r.upload_weights(w2)]
+        x = np.random.default_rng(7).uniform(-1, 1, 32)
+        ct = env.client.encrypt({"x": x})
+        warm = []
+        for k in range(6):
+            r.weights_id = wids[k % 2]
+            _close(env.client.decrypt(r.evaluate(ct))["y"], _ref(x, WEIGHTS if k % 2 == 0 else w2))
+            warm.append(r.last["warm"])
+        assert warm == ["cold", "cold", "warm", "warm", "warm", "warm"], (warm, svc.pool.recycled, svc.pool.status())
+        held = {st["triple"][2]: st["pid"] for st in svc.pool.status()}
+        assert len(held) == 2 and len(set(held.values())) == 2
+        for _ in range(200):  # idle for longer than eval_worker_idle_s: recycled
+            if not svc.pool.pids():
+                break
+            time.sleep(0.1)
+        assert svc.pool.pids() == [] and svc.pool.recycled["idle"] == 2
