@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -166,6 +167,7 @@ class EvalPool:
         self.start_timeout_s = start_timeout_s
         self.warm_fn = warm
         self._ctx = multiprocessing.get_context("spawn")
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="slotplan-eval-spawner")
         self._workers: list[_Worker] = []
         self._starting = 0
         self._cond = threading.Condition()
@@ -177,6 +179,13 @@ class EvalPool:
     # -------------------------------------------------------------- workers
 
     def _spawn(self) -> _Worker:
+        # The worker asks for PR_SET_PDEATHSIG, which Linux sends when the *thread* that
+        # forked it exits: a request thread (anyio retires idle ones) would take its worker
+        # down with it, mid-evaluation.  Workers are therefore started by one thread that
+        # lives as long as the pool.
+        return self._spawner.submit(self._spawn_here).result()
+
+    def _spawn_here(self) -> _Worker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker_main, args=(child, os.getpid(), self.warm_fn),
                                  name="slotplan-eval-worker", daemon=True)
@@ -327,6 +336,7 @@ class EvalPool:
             with contextlib.suppress(OSError):
                 os.kill(w.pid, signal.SIGKILL)
             w.proc.join(2)
+        self._spawner.shutdown(wait=False)
 
 
 # ------------------------------------------------------------------------------------

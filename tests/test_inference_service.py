@@ -455,3 +455,20 @@ def test_requests_go_to_the_worker_that_holds_their_triple(env: Env, tmp_path: P
                 break
             time.sleep(0.1)
         assert svc.pool.pids() == [] and svc.pool.recycled["idle"] == 2
+
+
+def test_a_worker_outlives_the_thread_that_asked_for_it() -> None:
+    """PR_SET_PDEATHSIG fires when the forking *thread* exits: a worker started for a
+    request thread that then ends must live on (the pool starts workers from its own thread)."""
+    from api.eval_workers import EvalPool
+
+    pool = EvalPool(1, warm=None)
+    try:
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: box.update(w=pool._acquire(("p", "k", "w"))[0]))
+        t.start()
+        t.join()
+        time.sleep(1.0)
+        assert box["w"].proc.is_alive()
+    finally:
+        pool.shutdown()
