@@ -426,6 +426,7 @@ class RayEvalPool(EvalPool):
             self._cond.notify_all()
         for w in ws:
             self._stop(w)
+        self._spawner.shutdown(wait=False)
         if self._started:
             with contextlib.suppress(Exception):
                 self._ray.shutdown()
