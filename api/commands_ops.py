@@ -444,10 +444,22 @@ def serve(
     trust_proxy: Annotated[str | None, typer.Option("--trust-proxy", help="address of the reverse proxy whose X-Forwarded-For names the client (default: the header is ignored)")] = None,
     auth_fail_limit: Annotated[int, typer.Option("--auth-fail-limit", min=0, help="failed authentications per minute per client address before 429; 0: unlimited")] = 10,
     worker_idle_memory: Annotated[str, typer.Option("--worker-idle-memory", help="a planning worker holding more than this after a job is replaced")] = "1GiB",
+    eval_workers: Annotated[int, typer.Option("--eval-workers", min=1, max=64, help="evaluation worker processes (each keeps one plan, key set and weights warm)")] = 2,
+    max_eval_keys: Annotated[str, typer.Option("--max-eval-keys", help="largest evaluation key upload (n14boot: 1.4 GB)")] = "4GiB",
+    max_weights: Annotated[str, typer.Option("--max-weights", help="largest weights upload")] = "512MiB",
+    max_ciphertext: Annotated[str, typer.Option("--max-ciphertext", help="largest ciphertext file to evaluate")] = "256MiB",
+    eval_timeout: Annotated[float, typer.Option("--eval-timeout", help="wall-time limit of one evaluation, seconds")] = 600.0,
+    eval_worker_idle: Annotated[float, typer.Option("--eval-worker-idle", help="an evaluation worker idle this many seconds is recycled")] = 300.0,
+    eval_worker_memory: Annotated[str | None, typer.Option("--eval-worker-memory", help="cap on an evaluation worker's resident memory (default: the plan's process model with headroom)")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="where uploaded keys and weights live (default: beside the plan store, DB.data/)")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="evaluation workers: local (processes) or ray (actors; the ray extra)")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="with --engine ray: the Ray cluster (default: a local Ray with --eval-workers CPUs)")] = None,
 ) -> None:
     """REST service: POST /v1/plans, GET /v1/plans, GET /v1/plans/ID, GET /v1/plans/ID/tables,
     GET /v1/plans/ID/view, DELETE /v1/plans/ID, GET /v1/jobs/ID, POST /v1/diff, GET /healthz,
-    /readyz, /metrics (docs/rest.md)."""
+    /readyz, /metrics (docs/rest.md); private inference: POST /v1/plans/ID/keys, POST /v1/weights,
+    POST /v1/plans/ID/evaluate, GET /v1/jobs/ID/result, DELETE /v1/keys/ID, /v1/weights/ID
+    (docs/inference-service.md)."""
     from api.rest import RestLimits, default_allowed_hosts, is_loopback, read_api_keys
     from api.rest import serve as run_server
     from api.store import PlanStore
@@ -478,7 +490,17 @@ def serve(
                             rate_limit_per_min=rate_limit or None, request_timeout_s=request_timeout,
                             worker_memory_bytes=parse_size(worker_memory), max_work=max_work,
                             admin_keys=admins, trust_proxy=trust_proxy, auth_fail_per_min=auth_fail_limit,
-                            worker_idle_memory_bytes=parse_size(worker_idle_memory))
+                            worker_idle_memory_bytes=parse_size(worker_idle_memory),
+                            eval_workers=eval_workers, max_eval_keys_bytes=parse_size(max_eval_keys),
+                            max_weights_bytes=parse_size(max_weights), max_ciphertext_bytes=parse_size(max_ciphertext),
+                            eval_timeout_s=eval_timeout, eval_worker_idle_s=eval_worker_idle,
+                            eval_worker_memory_bytes=parse_size(eval_worker_memory) if eval_worker_memory else None,
+                            data_dir=str(data_dir) if data_dir is not None else None,
+                            eval_engine="ray" if engine == "ray" else "local", ray_address=address)
+        if engine not in ("local", "ray"):
+            raise SlotplanError(f"--engine {engine!r}: local or ray")
+        if address is not None and engine != "ray":
+            raise SlotplanError("--address is for --engine ray")
         store = PlanStore(db)
     except SlotplanError as e:
         raise fail(e) from None

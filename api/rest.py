@@ -161,6 +161,9 @@ def create_app(  # noqa: C901, PLR0915
     metrics = Metrics()
     service = PlanService(store, limits, metrics)
     configure_logging()
+    from api.rest_inference import InferenceService
+
+    inference: InferenceService | None = None  # created with the app's routes below
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -168,6 +171,8 @@ def create_app(  # noqa: C901, PLR0915
             yield
         finally:
             service.shutdown()
+            if inference is not None:
+                inference.shutdown()
 
     app = FastAPI(
         title="slotplan",
@@ -264,6 +269,12 @@ def create_app(  # noqa: C901, PLR0915
     async def get_job(job_id: str, request: Request) -> JSONResponse:
         if not _ID_RE.match(job_id):
             raise _err(404, "not_found", f"no job {job_id[:80]!r}: ids are 64 hex digits")
+        ev = inference.job(job_id, _owner(request), _admin(request)) if inference is not None else None
+        if ev is not None and inference is not None:  # an evaluation job (api/rest_inference.py)
+            hdrs = {"Retry-After": str(limits.retry_after_s)} if ev.status == "running" else {}
+            if ev.status == "done":
+                hdrs["Location"] = f"/v1/jobs/{job_id}/result"
+            return JSONResponse(inference.job_status(ev).model_dump(), headers=hdrs)
         st = await service.job(job_id, _owner(request), _admin(request))
         if st is None:
             raise _err(404, "not_found", f"no job with id {job_id}")
@@ -384,6 +395,9 @@ def create_app(  # noqa: C901, PLR0915
         metrics.queue.set(service.pending)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    from api.rest_inference import register as register_inference  # issue 39: keys, weights, evaluate
+
+    inference = register_inference(app, store, limits, metrics)
     from api.plan_page import register as register_plan_page  # issue 17: GET /v1/plans/{id}/view + Link
     register_plan_page(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)  # type: ignore[arg-type]

@@ -67,7 +67,9 @@ def method_of(method: str) -> str:
 
 _ROUTE_IDS = re.compile(r"/[0-9a-f]{64}(?=/|$)")
 _ROUTES = ("/v1/plans", "/v1/plans/{id}", "/v1/plans/{id}/tables", "/v1/plans/{id}/view", "/v1/jobs/{id}",
-           "/v1/diff", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs")
+           "/v1/diff", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs",
+           "/v1/plans/{id}/keys", "/v1/plans/{id}/evaluate", "/v1/keys/{id}", "/v1/weights", "/v1/weights/{id}",
+           "/v1/jobs/{id}/result")
 
 
 def route_of(path: str) -> str:
@@ -161,6 +163,13 @@ class BodyLimitMiddleware:
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        from api.rest_inference import is_binary_route
+
+        if is_binary_route(str(scope.get("path", ""))):
+            # binary bodies (keys, weights, ciphertexts): streamed by their routes, each
+            # under its own limit (api/rest_inference.py)
             await self.app(scope, receive, send)
             return
         too_big = {"error": "too_large", "message": f"request body over the limit of {self.max_bytes} bytes",

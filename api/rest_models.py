@@ -69,6 +69,24 @@ class RestLimits:
     # a worker whose resident memory after a job is over this is replaced before the next
     # job (a job's own limit, worker_memory_bytes, counts its growth during the job)
     worker_idle_memory_bytes: int | None = 1 * 2**30
+    # private inference (docs/inference-service.md): upload limits (an n14boot key set is
+    # 1.4 GB, n16boot 7.9 GB), evaluation workers, their bounds and the jobs' lifetime
+    max_eval_keys_bytes: int = 4 * 2**30
+    max_weights_bytes: int = 512 * 2**20
+    max_ciphertext_bytes: int = 256 * 2**20
+    eval_workers: int = 2
+    eval_timeout_s: float = 600.0
+    eval_sync_wait_s: float = 60.0
+    eval_worker_idle_s: float = 300.0
+    # a cap on the evaluation worker's own bound (the plan's process model with headroom)
+    eval_worker_memory_bytes: int | None = None
+    eval_job_ttl_s: float = 900.0
+    # where uploads live (None: beside the plan store, "<db>.data/")
+    data_dir: str | None = None
+    # evaluation workers: local processes, or Ray actors (a local Ray, or the cluster at
+    # ray_address)
+    eval_engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
 
 
 # --------------------------------------------------------------------------------------

@@ -63,9 +63,20 @@ CREATE INDEX IF NOT EXISTS owned_by_ref ON owned(ref);
 CREATE TABLE IF NOT EXISTS pages (id TEXT PRIMARY KEY, html BLOB NOT NULL, explain BLOB);
 CREATE TABLE IF NOT EXISTS rate (who TEXT PRIMARY KEY, tokens REAL NOT NULL, last REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS rate_by_last ON rate(last);
+CREATE TABLE IF NOT EXISTS blobs (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    plan_ref TEXT,
+    meta TEXT NOT NULL,
+    path TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created REAL NOT NULL
+);
 """
 
 PLAN = "plan"
+KEYS = "keys"
+WEIGHTS = "weights"
 ANONYMOUS = ""
 
 
@@ -94,6 +105,21 @@ def default_db_path() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME")
     base = Path(cache).expanduser() if cache else Path.home() / ".cache"
     return base / "slotplan" / "plans.sqlite3"
+
+
+@dataclass(frozen=True)
+class StoredBlob:
+    """An uploaded resource kept on disk (an evaluation key set or a weights file): its
+    content id, kind, the plan it was uploaded for (key sets), what was checked about it
+    (``meta``), where it lies and its size."""
+
+    id: str
+    kind: str
+    plan_ref: str | None
+    meta: dict[str, Any]
+    path: str
+    bytes: int
+    created: float
 
 
 @dataclass(frozen=True)
@@ -309,6 +335,54 @@ class PlanStore:
                 item["owner"] = r[5][:16]
             items.append(item)
         return total, items
+
+    # ---------------------------------------------------------------- uploads (keys, weights)
+
+    def put_blob(self, owner: str, kind: str, blob_id: str, plan_ref: str | None, meta: Mapping[str, Any],
+                 path: str, nbytes: int) -> str:
+        """Record an upload already durable at ``path`` and give it to ``owner``, in one
+        transaction (committed before the service acknowledges it); returns its owned id."""
+        oid = owned_id(owner, blob_id)
+        now = time.time()
+        with self._connect() as con:
+            con.execute("PRAGMA synchronous=FULL")  # the commit reaches the disk before the 201
+            con.execute("INSERT INTO blobs(id, kind, plan_ref, meta, path, bytes, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (blob_id, kind, plan_ref, json.dumps(dict(meta), sort_keys=True), path, int(nbytes), now))
+            con.execute("INSERT INTO owned(id, owner, kind, ref, created) VALUES (?, ?, ?, ?, ?)",
+                        (oid, owner, kind, blob_id, now))
+        return oid
+
+    def get_blob(self, owner: str, oid: str, kind: str, admin: bool = False) -> StoredBlob | None:
+        ref = self.resolve(owner, oid, admin, kind)
+        if ref is None:
+            return None
+        with self._connect() as con:
+            row = con.execute("SELECT id, kind, plan_ref, meta, path, bytes, created FROM blobs WHERE id = ?",
+                              (ref,)).fetchone()
+        if row is None:
+            return None
+        return StoredBlob(id=row[0], kind=row[1], plan_ref=row[2], meta=json.loads(row[3]), path=row[4],
+                          bytes=int(row[5]), created=float(row[6]))
+
+    def delete_blob(self, owner: str, oid: str, kind: str, admin: bool = False) -> StoredBlob | None:
+        """Forget ``owner``'s upload ``oid`` (committed); returns it so that the caller
+        removes its files, or None when ``owner`` has no such upload."""
+        blob = self.get_blob(owner, oid, kind, admin)
+        if blob is None:
+            return None
+        with self._connect() as con:
+            con.execute("DELETE FROM owned WHERE ref = ? AND kind = ?", (blob.id, kind))
+            con.execute("DELETE FROM blobs WHERE id = ?", (blob.id,))
+        return blob
+
+    def blob_paths(self) -> set[str]:
+        """The paths of every recorded upload (what a start-up sweep must keep)."""
+        with self._connect() as con:
+            return {str(r[0]) for r in con.execute("SELECT path FROM blobs").fetchall()}
+
+    def blob_count(self, kind: str) -> int:
+        with self._connect() as con:
+            return int(con.execute("SELECT COUNT(*) FROM blobs WHERE kind = ?", (kind,)).fetchone()[0])
 
     # ---------------------------------------------------------------- rendered pages
 

@@ -25,6 +25,7 @@ from backends.inference import InferenceError
 from common.errors import GraphError, ModelError, ParamsError, PlanFileError, SlotplanError, ValuesError
 from slotplan._inference import Ciphertext, Client, EvalKeys, Server
 from slotplan._plan import Plan, plan
+from slotplan._remote import RemoteError, RemoteServer
 from slotplan._version import __version__
 
 
@@ -45,6 +46,8 @@ __all__ = [
     "ParamsError",
     "Plan",
     "PlanFileError",
+    "RemoteError",
+    "RemoteServer",
     "SlotplanError",
     "Server",
     "ValuesError",
