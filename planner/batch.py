@@ -32,6 +32,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -184,8 +185,23 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     if named:
         raise BatchError(f"field 'batch': the CinS kernels ({', '.join(named)}) cannot be batched: their "
                          "registers are not slot vectors")
-    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False)
-    res = plan_graph(graph, block_params(params, info.stride), small_opts, record_timings, wall_limit_s, wall_started)
+    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False, densify=True)
+    # a padded batch (B < P) with clean outputs: the output ciphertexts are masked to the B
+    # real samples (one pmul and rescale each), so one level must be left for the mask
+    pad_mask = options.clean_outputs and info.batch < info.blocks
+    block = block_params(params, info.stride)
+    res = plan_graph(graph, block, small_opts, record_timings, wall_limit_s, wall_started)
+    if pad_mask and not _mask_fits(res.plan, graph, block.max_level):
+        if block.max_level < 1:
+            raise BatchError(f"field 'batch': {info.batch} samples need a level for the padding mask; "
+                             f"params {params.name} have none (plan {info.blocks} samples)")
+        block = _reserve_level(block, info.stride)
+        try:
+            res = plan_graph(graph, block, small_opts, record_timings, wall_limit_s, wall_started)
+        except PlanError as e:
+            raise BatchError(f"field 'batch': {info.batch} samples leave {info.blocks - info.batch} padding "
+                             f"samples whose outputs need one more level to be zeroed, and the plan has none "
+                             f"left ({e}); plan {info.blocks} samples, or pass --raw-outputs") from None
     small = res.plan
     for i, d in enumerate(small["program"]):
         if d["op"] in REFUSED_OPS:
@@ -201,16 +217,22 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         program.append(d)
     sizes = {t: math.prod(graph.shape(t)) for t in (*graph.inputs, *graph.outputs)}
     tables = _batched_tables(res.tables, small, sizes, info)
-    summary = summarize(program, params, len(small["plaintexts"]))
+    nodes = [dict(n) for n in small["nodes"]]
+    plaintexts = dict(small["plaintexts"])
+    masked = False
+    if pad_mask:
+        program, tables, masked = _mask_padding(program, nodes, plaintexts, tables, graph, info)
+    summary = summarize(program, params, len(plaintexts))
     s0 = small["summary"]
     for key in ("solver", "plan_seconds", "bootstrapping", "insecure"):
         if key in s0:
             summary[key] = s0[key]
     summary["memory_cap_bytes"] = options.memory_cap_bytes
-    # padding samples (B < P) compute the network on a zero sample in slots no table names
-    summary["clean_outputs"] = bool(s0["clean_outputs"]) and info.batch == P
+    # padding samples (B < P) compute the network on a zero sample: their output slots are
+    # masked to zero (clean outputs asked for), else left (clean_outputs false)
+    summary["clean_outputs"] = bool(s0["clean_outputs"]) and (info.batch == P or masked)
     nodes = [{**n, "in_layouts": [batched_notation(x, info) for x in n["in_layouts"]],
-              "out_layout": batched_notation(n["out_layout"], info)} for n in small["nodes"]]
+              "out_layout": batched_notation(n["out_layout"], info)} for n in nodes]
     plan: dict[str, Any] = {
         **small,
         "params": params.to_json(),
@@ -218,6 +240,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "summary": summary,
         "outputs": {t: [options.batch, *graph.shape(t)] for t in graph.outputs},
         "nodes": nodes,
+        "plaintexts": plaintexts,
         "program": program,
     }
     if options.memory_cap_bytes is not None:
@@ -231,6 +254,96 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "rotations": round(plan["summary"]["rotations"] / options.batch, 6),
     }
     return PlanResult(plan, tables, res.solution, res.problem, res.seconds, claims, info)
+
+
+def _output_regs(program: list[dict[str, Any]], graph: Graph) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for d in program:
+        if d["op"] == "output" and graph.producer(d["tensor"]) is not None:
+            out.setdefault(d["tensor"], []).append(d["src"])
+    return out
+
+
+def _mask_fits(plan: Mapping[str, Any], graph: Graph, max_level: int) -> bool:
+    """Whether every output ciphertext has a level left for the padding mask."""
+    from planner.summary import register_depths
+
+    depth = register_depths(plan["program"])
+    return all(depth[r] + 1 <= max_level for rs in _output_regs(plan["program"], graph).values() for r in rs)
+
+
+def _reserve_level(block: Params, stride: int) -> Params:
+    """The block parameters with one level fewer (the padding mask takes it)."""
+    return BlockParams(block.log_n, block.log_q[:-1], block.log_p, block.log_scale, block.name, block.note,
+                       block.boot, block_slots=stride)
+
+
+def _mask_padding(program: list[dict[str, Any]], nodes: list[dict[str, Any]], plaintexts: dict[str, Any],
+                  tables: LazyTables, graph: Graph, info: BatchInfo
+                  ) -> tuple[list[dict[str, Any]], LazyTables, bool]:
+    """Zero the padding samples' slots of every output ciphertext (B < P): after the span of
+    the node that makes an output, one pmul by a mask (1 on the slots the output table names,
+    which are the B real samples' only, 0 elsewhere) and one rescale per ciphertext; the
+    output instructions read the masked registers.  The instructions join that node's span
+    and counts.  Outputs that are graph inputs (no node) are left: returns False then."""
+    regs = _output_regs(program, graph)
+    out_tables = {d["src"]: d["table"] for d in program if d["op"] == "output"}
+    span_of = {n["id"]: i for i, n in enumerate(nodes)}
+    if any(graph.producer(t) is None for t in graph.outputs if graph.encrypted(t)):
+        return program, tables, False
+    n_reg = 1 + max(int(r[1:]) for d in program for r in ir_regs(d) if r[:1] == "c" and r[1:].isdigit())
+    n_pt = 1 + max((int(p[1:]) for p in plaintexts if p[:1] == "p" and p[1:].isdigit()), default=-1)
+    def keep(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        return np.asarray(tables[f"{name}.idx"]), tables.get(f"{name}.coef")
+
+    specs = {name: TableSpec(name, partial(keep, name)) for name in tables.table_names()}
+    inserts: dict[int, list[dict[str, Any]]] = {}
+    renamed: dict[str, str] = {}
+    for t, rs in regs.items():
+        ni = span_of[graph.producer(t).id]  # type: ignore[union-attr]
+        for r in rs:
+            table = f"pt/batch/pad/{out_tables[r]}"
+
+            def coef(out_table: str = out_tables[r]) -> tuple[np.ndarray, np.ndarray]:
+                idx = np.asarray(tables[f"{out_table}.idx"])
+                return np.full(idx.shape, -1, dtype=np.int64), (idx >= 0).astype(np.float64)
+
+            specs[table] = TableSpec(table, coef)
+            pt = f"p{n_pt}"
+            n_pt += 1
+            plaintexts[pt] = {"source": "const", "table": table}
+            m, o = f"c{n_reg}", f"c{n_reg + 1}"
+            n_reg += 2
+            inserts.setdefault(ni, []).extend([{"op": "pmul", "dst": m, "src": r, "pt": pt},
+                                               {"op": "rescale", "dst": o, "src": m}])
+            renamed[r] = o
+            nodes[ni]["pmul"] += 1
+            nodes[ni]["rescale"] += 1
+    out: list[dict[str, Any]] = []
+    shift = 0
+    ends = {n["span"][1]: i for i, n in enumerate(nodes) if i in inserts}
+    new_spans = []
+    for i, n in enumerate(nodes):
+        a, z = n["span"]
+        extra = len(inserts.get(i, []))
+        new_spans.append([a + shift, z + shift + extra])
+        shift += extra
+    for pos, d in enumerate(program):
+        if pos in ends and ends[pos] in inserts:
+            out.extend(inserts.pop(ends[pos]))
+        out.append({**d, "src": renamed[d["src"]]} if d["op"] == "output" and d["src"] in renamed else d)
+    for i in list(inserts):  # a span that ends the program
+        out.extend(inserts.pop(i))
+    for n, sp in zip(nodes, new_spans, strict=True):
+        n["span"] = sp
+    return out, LazyTables(specs), True
+
+
+def ir_regs(d: Mapping[str, Any]) -> list[str]:
+    from planner import ir
+
+    ins = ir.decode(dict(d))
+    return [*ins.reads(), *ins.writes()]
 
 
 def batched_values(values: Mapping[str, np.ndarray], graph: Graph, samples: int) -> list[dict[str, np.ndarray]]:
@@ -288,3 +401,66 @@ def plan_auto_batch(graph: Graph, params: Params, options: PlanOptions, record_t
         raise BatchError(f"field 'batch': no batch fits ({rows[-1]['refused'] if rows else 'no candidate'})")
     best.plan["summary"]["batch_auto"] = {"chosen": best.plan["summary"]["batch"], "candidates": rows}
     return best
+
+
+def _dense_route(lay: Any) -> tuple[Any, Any] | None:
+    """For a gapped channel layout (a strided conv computed in place leaves ``lh = s W``,
+    ``lw = s``, channel blocks of the input's size), the two steps that pack it densely:
+    the grid of every channel block made row-major at the block's start, then the channel
+    blocks packed to the natural layout.  None when the natural layout needs as many
+    ciphertexts (nothing to gain: the bootstraps and kernels count ciphertexts)."""
+    from planner.layout import ChannelLayout, LayoutError, natural_layout
+
+    if not isinstance(lay, ChannelLayout) or lay.reps != 1 or lay.axes or lay.is_natural:
+        return None
+    try:
+        dense = natural_layout(lay.shape, lay.slots)
+    except LayoutError:
+        return None
+    if not isinstance(dense, ChannelLayout) or dense.n_ct >= lay.n_ct or dense.axes:
+        return None
+    mid = replace(lay, lh=lay.width, lw=1, base=0, clean=True)
+    try:
+        mid.validate()
+    except LayoutError:
+        return None
+    return mid, dense.with_clean(True)
+
+
+def densified_variants(cands: list[Any], slots: int) -> list[Any]:
+    """Batched plans (``PlanOptions.densify``): next to each candidate whose output layout
+    has gaps that cost ciphertexts, the candidate followed by the two permutes that pack its
+    output densely (``_dense_route``; two levels, priced by lowering like every conversion).
+
+    A one-sample plan at a large ring keeps a strided conv's gapped output (ResNet-20 at
+    n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext); in
+    the block ring of a batch the same layout needs twice the ciphertexts, so every later
+    kernel, product and bootstrap would be paid per sample again.  The solver weighs the
+    packing's rotations against the ciphertexts (and bootstraps) it saves downstream."""
+    from planner.convert import plan_conversion
+    from planner.kernels.base import Candidate, sequential
+    from planner.program import ProgramBuilder
+
+    out: list[Any] = []
+    for c in cands:
+        route = _dense_route(c.out_layout)
+        if route is None or c.resets:
+            continue
+        mid, dense = route
+        first = plan_conversion(c.out_layout, mid)
+        second = plan_conversion(mid, dense)
+
+        def lower(b: ProgramBuilder, regs: dict[str, list[str]], c: Any = c, first: Any = first,
+                  second: Any = second) -> list[str]:
+            r = first.lower(b, c.lower(b, regs), f"dense/{c.node}/grid")
+            return second.lower(b, r, f"dense/{c.node}/channels")
+
+        def analytic(c: Any = c, first: Any = first, second: Any = second) -> Any:
+            return sequential(sequential(c.cost(slots), first.cost()), second.cost())
+
+        out.append(Candidate(
+            node=c.node, kernel=c.kernel, params={**c.params, "densify": True}, in_layouts=c.in_layouts,
+            out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
+            analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
+        ))
+    return out

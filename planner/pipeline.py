@@ -119,6 +119,9 @@ class PlanOptions:
     cins_decompose: bool = True
     packing: str = "real"
     batch: int | None = None
+    # batched plans only (planner/batch.py, never in the plan's options): strided outputs
+    # may also be packed densely (batch.densified_variants)
+    densify: bool = False
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -292,6 +295,10 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         out = _node_candidates(graph, node, cands, pinned, options, S, cins_ctx)
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
+        if options.densify:
+            from planner.batch import densified_variants
+
+            out = out + densified_variants(out, S)
         cands[node.id] = _prune(out, costs, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")
