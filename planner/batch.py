@@ -192,16 +192,16 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     block = block_params(params, info.stride)
     res = plan_graph(graph, block, small_opts, record_timings, wall_limit_s, wall_started)
     if pad_mask and not _mask_fits(res.plan, graph, block.max_level):
-        if block.max_level < 1:
-            raise BatchError(f"field 'batch': {info.batch} samples need a level for the padding mask; "
-                             f"params {params.name} have none (plan {info.blocks} samples)")
-        block = _reserve_level(block, info.stride)
-        try:
-            res = plan_graph(graph, block, small_opts, record_timings, wall_limit_s, wall_started)
-        except PlanError as e:
-            raise BatchError(f"field 'batch': {info.batch} samples leave {info.blocks - info.batch} padding "
-                             f"samples whose outputs need one more level to be zeroed, and the plan has none "
-                             f"left ({e}); plan {info.blocks} samples, or pass --raw-outputs") from None
+        # no level left for the mask: plan with one level reserved; when nothing fits then,
+        # keep the plan and leave the padding samples' outputs (clean_outputs false)
+        pad_mask = False
+        if block.max_level >= 1:
+            try:
+                res = plan_graph(graph, _reserve_level(block, info.stride), small_opts, record_timings, wall_limit_s,
+                                 wall_started)
+                pad_mask = True
+            except PlanError:
+                pass
     small = res.plan
     for i, d in enumerate(small["program"]):
         if d["op"] in REFUSED_OPS:
