@@ -89,3 +89,16 @@ def test_padded_batch_outputs_exact(B: int) -> None:
     masks = [p for p, v in res.plan["plaintexts"].items() if v["table"].startswith("pt/batch/pad/")]
     assert masks and any(d["op"] == "pmul" and d["pt"] in masks for d in prog)
     assert res.plan["outputs"]["y"] == [B, 3]
+
+
+def test_batched_plan_at_an_insecure_preset_needs_no_flag() -> None:
+    """n14boot (a built-in test preset) plans a batch as it plans one sample: labelled
+    insecure, no --allow-insecure needed; custom insecure parameters are still refused."""
+    from planner.params import PRESETS, Params, ParamsError
+
+    g = parse_graph(downsampling_block(2, 8))
+    res = plan_graph(g, PRESETS["n14boot"], PlanOptions(batch=2))
+    assert res.plan["summary"]["insecure"] is True
+    custom = Params(log_n=12, log_q=(60,) * 12, log_p=(60,), log_scale=40, name="custom")
+    with pytest.raises(ParamsError, match="not 128-bit secure"):
+        plan_graph(g, custom, PlanOptions(batch=2))
