@@ -422,6 +422,7 @@ def orion_bench(
     as_json: Annotated[bool, typer.Option("--json", help="print the row as JSON")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write the row as a JSON file")] = None,
     calibrate_now: Annotated[bool, typer.Option("--calibrate", help="calibrate Orion's chain first, in this job, and also price our plan with that table")] = False,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="our plan holds this many samples per ciphertext (Orion's input in each): samples per second for both")] = None,
 ) -> None:
     """Orion's MLP (784-128-128-10, x^2) encrypted by Orion and by slotplan in one job, on the
     same weights, input and modulus chain; times, errors against float64, keys."""
@@ -435,7 +436,7 @@ def orion_bench(
         if output is not None and output.suffix.lower() != ".json":
             raise SlotplanError(f"--out {str(output)!r}: expected a .json file")
         with _table_now(load_params(str(PARAMS)), calibrate_now) as table_now:
-            row = run_bench(orion_python, repeat, seed, table_now)
+            row = run_bench(orion_python, repeat, seed, table_now, batch)
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
     if output is not None:
@@ -445,6 +446,10 @@ def orion_bench(
         print(json.dumps(row, sort_keys=True))
     else:
         _print_orion(row, repeat)
+        if batch is not None and "samples_per_second" in row["ours"]:
+            print(f"samples per second: Orion {row['orion']['samples_per_second']:.4g} (one per inference), "
+                  f"slotplan {row['ours']['samples_per_second']:.4g} (batch {batch}): "
+                  f"{row['ours_over_orion_samples_per_second']:.4g}x")
     err_ours = float(row["ours"].get("max_rel_error") or 0.0)
     if err_ours > ORION_RTOL:
         raise ExitError(f"orion-bench: ours: max relative error {err_ours:.2e} > {ORION_RTOL:g}", 1)

@@ -247,8 +247,15 @@ def run_plan_bench(
     )
     del packed_in, packed_pt
     st = raw["stats"]
-    outs = _scatter(raw["outputs"], res.tables, {t: graph.shape(t) for t in graph.outputs})
-    ref = reference(graph, values)
+    batch = summary.get("batch")  # a batched plan (SPEC section 8): inputs and outputs lead with B
+    lead = () if batch is None else (int(batch),)
+    outs = _scatter(raw["outputs"], res.tables, {t: (*lead, *graph.shape(t)) for t in graph.outputs})
+    if batch is None:
+        ref = reference(graph, values)
+    else:
+        from planner.batch import batched_reference
+
+        ref = batched_reference(graph, values, int(batch))
     max_abs = max_rel = 0.0
     for t in graph.outputs:
         if t not in outs or np.isnan(outs[t]).any():

@@ -32,6 +32,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -180,8 +181,28 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     if named:
         raise BatchError(f"field 'batch': the CinS kernels ({', '.join(named)}) cannot be batched: their "
                          "registers are not slot vectors")
-    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False)
-    res = plan_single(graph, block_params(params, info.stride), small_opts, record_timings, wall_limit_s, wall_started)
+    from planner.frontend.params import check_security
+
+    # the real ring's parameters are what must be secure (or a built-in preset, or allowed):
+    # the block parameters share their chain and are no preset of their own
+    check_security(params, options.allow_insecure)
+    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False, densify=True, allow_insecure=True)
+    # a padded batch (B < P) with clean outputs: the output ciphertexts are masked to the B
+    # real samples (one pmul and rescale each), so one level must be left for the mask
+    pad_mask = options.clean_outputs and info.batch < info.blocks
+    block = block_params(params, info.stride)
+    res = plan_single(graph, block, small_opts, record_timings, wall_limit_s, wall_started)
+    if pad_mask and not _mask_fits(res.plan, graph, block.max_level):
+        # no level left for the mask: plan with one level reserved; when nothing fits then,
+        # keep the plan and leave the padding samples' outputs (clean_outputs false)
+        pad_mask = False
+        if block.max_level >= 1:
+            try:
+                res = plan_single(graph, _reserve_level(block, info.stride), small_opts, record_timings, wall_limit_s,
+                                 wall_started)
+                pad_mask = True
+            except PlanError:
+                pass
     small = res.plan
     for i, d in enumerate(small["program"]):
         if d["op"] in REFUSED_OPS:
@@ -197,16 +218,22 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         program.append(d)
     sizes = {t: math.prod(graph.shape(t)) for t in (*graph.inputs, *graph.outputs)}
     tables = _batched_tables(res.tables, small, sizes, info)
-    summary = summarize(program, params, len(small["plaintexts"]))
+    nodes = [dict(n) for n in small["nodes"]]
+    plaintexts = dict(small["plaintexts"])
+    masked = False
+    if pad_mask:
+        program, tables, masked = _mask_padding(program, nodes, plaintexts, tables, graph, info)
+    summary = summarize(program, params, len(plaintexts))
     s0 = small["summary"]
     for key in ("solver", "plan_seconds", "bootstrapping", "insecure"):
         if key in s0:
             summary[key] = s0[key]
     summary["memory_cap_bytes"] = options.memory_cap_bytes
-    # padding samples (B < P) compute the network on a zero sample in slots no table names
-    summary["clean_outputs"] = bool(s0["clean_outputs"]) and info.batch == P
+    # padding samples (B < P) compute the network on a zero sample: their output slots are
+    # masked to zero (clean outputs asked for), else left (clean_outputs false)
+    summary["clean_outputs"] = bool(s0["clean_outputs"]) and (info.batch == P or masked)
     nodes = [{**n, "in_layouts": [batched_notation(x, info) for x in n["in_layouts"]],
-              "out_layout": batched_notation(n["out_layout"], info)} for n in small["nodes"]]
+              "out_layout": batched_notation(n["out_layout"], info)} for n in nodes]
     plan: dict[str, Any] = {
         **small,
         "params": params.to_json(),
@@ -214,6 +241,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "summary": summary,
         "outputs": {t: [options.batch, *graph.shape(t)] for t in graph.outputs},
         "nodes": nodes,
+        "plaintexts": plaintexts,
         "program": program,
     }
     if options.memory_cap_bytes is not None:
@@ -228,6 +256,96 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     }
     annotate(plan)  # the batched program's fused blocks (planner.ir.fused_plan)
     return PlanResult(plan, tables, res.solution, res.problem, res.seconds, claims, info)
+
+
+def _output_regs(program: list[dict[str, Any]], graph: Graph) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for d in program:
+        if d["op"] == "output" and graph.producer(d["tensor"]) is not None:
+            out.setdefault(d["tensor"], []).append(d["src"])
+    return out
+
+
+def _mask_fits(plan: Mapping[str, Any], graph: Graph, max_level: int) -> bool:
+    """Whether every output ciphertext has a level left for the padding mask."""
+    from planner.ir.analysis import register_depths
+
+    depth = register_depths(plan["program"])
+    return all(depth[r] + 1 <= max_level for rs in _output_regs(plan["program"], graph).values() for r in rs)
+
+
+def _reserve_level(block: Params, stride: int) -> Params:
+    """The block parameters with one level fewer (the padding mask takes it)."""
+    return BlockParams(block.log_n, block.log_q[:-1], block.log_p, block.log_scale, block.name, block.note,
+                       block.boot, block_slots=stride)
+
+
+def _mask_padding(program: list[dict[str, Any]], nodes: list[dict[str, Any]], plaintexts: dict[str, Any],
+                  tables: LazyTables, graph: Graph, info: BatchInfo
+                  ) -> tuple[list[dict[str, Any]], LazyTables, bool]:
+    """Zero the padding samples' slots of every output ciphertext (B < P): after the span of
+    the node that makes an output, one pmul by a mask (1 on the slots the output table names,
+    which are the B real samples' only, 0 elsewhere) and one rescale per ciphertext; the
+    output instructions read the masked registers.  The instructions join that node's span
+    and counts.  Outputs that are graph inputs (no node) are left: returns False then."""
+    regs = _output_regs(program, graph)
+    out_tables = {d["src"]: d["table"] for d in program if d["op"] == "output"}
+    span_of = {n["id"]: i for i, n in enumerate(nodes)}
+    if any(graph.producer(t) is None for t in graph.outputs if graph.encrypted(t)):
+        return program, tables, False
+    n_reg = 1 + max(int(r[1:]) for d in program for r in ir_regs(d) if r[:1] == "c" and r[1:].isdigit())
+    n_pt = 1 + max((int(p[1:]) for p in plaintexts if p[:1] == "p" and p[1:].isdigit()), default=-1)
+    def keep(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        return np.asarray(tables[f"{name}.idx"]), tables.get(f"{name}.coef")
+
+    specs = {name: TableSpec(name, partial(keep, name)) for name in tables.table_names()}
+    inserts: dict[int, list[dict[str, Any]]] = {}
+    renamed: dict[str, str] = {}
+    for t, rs in regs.items():
+        ni = span_of[graph.producer(t).id]  # type: ignore[union-attr]
+        for r in rs:
+            table = f"pt/batch/pad/{out_tables[r]}"
+
+            def coef(out_table: str = out_tables[r]) -> tuple[np.ndarray, np.ndarray]:
+                idx = np.asarray(tables[f"{out_table}.idx"])
+                return np.full(idx.shape, -1, dtype=np.int64), (idx >= 0).astype(np.float64)
+
+            specs[table] = TableSpec(table, coef)
+            pt = f"p{n_pt}"
+            n_pt += 1
+            plaintexts[pt] = {"source": "const", "table": table}
+            m, o = f"c{n_reg}", f"c{n_reg + 1}"
+            n_reg += 2
+            inserts.setdefault(ni, []).extend([{"op": "pmul", "dst": m, "src": r, "pt": pt},
+                                               {"op": "rescale", "dst": o, "src": m}])
+            renamed[r] = o
+            nodes[ni]["pmul"] += 1
+            nodes[ni]["rescale"] += 1
+    out: list[dict[str, Any]] = []
+    shift = 0
+    ends = {n["span"][1]: i for i, n in enumerate(nodes) if i in inserts}
+    new_spans = []
+    for i, n in enumerate(nodes):
+        a, z = n["span"]
+        extra = len(inserts.get(i, []))
+        new_spans.append([a + shift, z + shift + extra])
+        shift += extra
+    for pos, d in enumerate(program):
+        if pos in ends and ends[pos] in inserts:
+            out.extend(inserts.pop(ends[pos]))
+        out.append({**d, "src": renamed[d["src"]]} if d["op"] == "output" and d["src"] in renamed else d)
+    for i in list(inserts):  # a span that ends the program
+        out.extend(inserts.pop(i))
+    for n, sp in zip(nodes, new_spans, strict=True):
+        n["span"] = sp
+    return out, LazyTables(specs), True
+
+
+def ir_regs(d: Mapping[str, Any]) -> list[str]:
+    from planner import ir
+
+    ins = ir.decode(dict(d))
+    return [*ins.reads(), *ins.writes()]
 
 
 def batched_values(values: Mapping[str, np.ndarray], graph: Graph, samples: int) -> list[dict[str, np.ndarray]]:

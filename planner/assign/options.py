@@ -86,6 +86,9 @@ class PlanOptions:
     cins_decompose: bool = True
     packing: str = "real"
     batch: int | None = None
+    # batched plans only (planner/batch.py, never in the plan's options): strided outputs
+    # may also be packed densely (batch.densified_variants)
+    densify: bool = False
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:

@@ -26,6 +26,7 @@ from planner.assign.candidates import (
     view_candidates,
     with_clean_output,
 )
+from planner.assign.densify import densified_variants
 from planner.assign.fold import add_scaled_variants, foldable_into
 from planner.assign.options import PlanOptions, resolve_objective
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable, load_costs
@@ -91,6 +92,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         out = _node_candidates(graph, node, cands, pinned, options, S, cins_ctx)
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
+        if options.densify:
+            out = out + densified_variants(out, S)
         cands[node.id] = _prune(out, tm, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")

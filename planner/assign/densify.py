@@ -1,0 +1,70 @@
+"""Dense packing of gapped outputs, offered to batched plans (``PlanOptions.densify``,
+:mod:`planner.batch`): a candidate whose strided output leaves gaps that cost ciphertexts in
+a batch's block ring gets a variant followed by the two permutes that pack it densely."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from planner.ir.builder import ProgramBuilder
+from planner.kernels.base import Candidate, sequential
+from planner.kernels.convert import plan_conversion
+from planner.layout.channels import ChannelLayout, LayoutError, natural_layout
+
+
+def _dense_route(lay: Any) -> tuple[Any, Any] | None:
+    """For a gapped channel layout (a strided conv computed in place leaves ``lh = s W``,
+    ``lw = s``, channel blocks of the input's size), the two steps that pack it densely:
+    the grid of every channel block made row-major at the block's start, then the channel
+    blocks packed to the natural layout.  None when the natural layout needs as many
+    ciphertexts (nothing to gain: the bootstraps and kernels count ciphertexts)."""
+    if not isinstance(lay, ChannelLayout) or lay.reps != 1 or lay.axes or lay.is_natural:
+        return None
+    try:
+        dense = natural_layout(lay.shape, lay.slots)
+    except LayoutError:
+        return None
+    if not isinstance(dense, ChannelLayout) or dense.n_ct >= lay.n_ct or dense.axes:
+        return None
+    mid = replace(lay, lh=lay.width, lw=1, base=0, clean=True)
+    try:
+        mid.validate()
+    except LayoutError:
+        return None
+    return mid, dense.with_clean(True)
+
+
+def densified_variants(cands: list[Any], slots: int) -> list[Any]:
+    """Batched plans (``PlanOptions.densify``): next to each candidate whose output layout
+    has gaps that cost ciphertexts, the candidate followed by the two permutes that pack its
+    output densely (``_dense_route``; two levels, priced by lowering like every conversion).
+
+    A one-sample plan at a large ring keeps a strided conv's gapped output (ResNet-20 at
+    n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext); in
+    the block ring of a batch the same layout needs twice the ciphertexts, so every later
+    kernel, product and bootstrap would be paid per sample again.  The solver weighs the
+    packing's rotations against the ciphertexts (and bootstraps) it saves downstream."""
+    out: list[Any] = []
+    for c in cands:
+        route = _dense_route(c.out_layout)
+        if route is None or c.resets:
+            continue
+        mid, dense = route
+        first = plan_conversion(c.out_layout, mid)
+        second = plan_conversion(mid, dense)
+
+        def lower(b: ProgramBuilder, regs: dict[str, list[str]], c: Any = c, first: Any = first,
+                  second: Any = second) -> list[str]:
+            r = first.lower(b, c.lower(b, regs), f"dense/{c.node}/grid")
+            return second.lower(b, r, f"dense/{c.node}/channels")
+
+        def analytic(c: Any = c, first: Any = first, second: Any = second) -> Any:
+            return sequential(sequential(c.cost(slots), first.cost()), second.cost())
+
+        out.append(Candidate(
+            node=c.node, kernel=c.kernel, params={**c.params, "densify": True}, in_layouts=c.in_layouts,
+            out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
+            analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
+        ))
+    return out
