@@ -35,6 +35,7 @@ import tarfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -618,29 +619,39 @@ def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -
     async def post_keys(plan_id: str, request: Request) -> JSONResponse:
         ref, _ = await _plan_ref(plan_id, request)
         _ctype(request, ("application/x-tar", "application/tar"))
-        tmp = svc._tmp(".tar")
+        # the tar itself may be a little larger than the keys it holds (512-byte headers)
+        return await _upload(request, "keys", ".tar", limits.max_eval_keys_bytes + (1 << 20), "max_eval_keys_bytes",
+                             lambda tmp: svc.store_keys(_owner(request), ref, plan_id, tmp))
+
+    async def _upload(request: Request, kind: str, suffix: str, limit: int, limit_name: str,
+                      store_fn: Callable[[Path], BaseModel]) -> JSONResponse:
+        """Stream a body to a temporary file (bounded), store it (one line on a refusal) and
+        count it; the temporary file never outlives the request."""
+        tmp = svc._tmp(suffix)
         try:
-            # the tar itself may be a little larger than the keys it holds (512-byte headers)
-            size = await svc.receive(request, tmp, limits.max_eval_keys_bytes + (1 << 20), "max_eval_keys_bytes")
-            created = await run_in_threadpool(svc.store_keys, _owner(request), ref, plan_id, tmp)
+            size = await svc.receive(request, tmp, limit, limit_name)
+            created = await run_in_threadpool(store_fn, tmp)
         except ApiError:
-            svc.m_uploads.labels("keys", "refused").inc()
+            svc.m_uploads.labels(kind, "refused").inc()
             raise
         finally:
             _rm(tmp)
-        svc.m_uploads.labels("keys", "stored").inc()
-        svc.m_upload_bytes.labels("keys").inc(size)
+        svc.m_uploads.labels(kind, "stored").inc()
+        svc.m_upload_bytes.labels(kind).inc(size)
         return JSONResponse(created.model_dump(), status_code=201)
+
+    async def _delete(request: Request, blob_id: str, kind: str, what: str, field: str) -> Response:
+        await _blob(blob_id, kind, request, what)
+        blob = await run_in_threadpool(store.delete_blob, _owner(request), blob_id, kind, _admin(request))
+        if blob is None:
+            raise _err(404, "not_found", f"no {what} with id {blob_id}", field=field)
+        await run_in_threadpool(_rm, Path(blob.path))
+        return Response(status_code=204)
 
     @app.delete("/v1/keys/{key_id}", status_code=204, response_class=Response, responses=_ERRORS,
                 summary="Delete an uploaded key set")
     async def delete_keys(key_id: str, request: Request) -> Response:
-        await _blob(key_id, KEYS, request, "key set")
-        blob = await run_in_threadpool(store.delete_blob, _owner(request), key_id, KEYS, _admin(request))
-        if blob is None:
-            raise _err(404, "not_found", f"no key set with id {key_id}", field="key_id")
-        await run_in_threadpool(_rm, Path(blob.path))
-        return Response(status_code=204)
+        return await _delete(request, key_id, KEYS, "key set", "key_id")
 
     @app.post("/v1/weights", status_code=201, response_model=WeightsCreated, responses=up_errors,
               summary="Upload weights (.npz)",
@@ -649,28 +660,13 @@ def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -
                                                     "limits.max_weights_bytes")})
     async def post_weights(request: Request) -> JSONResponse:
         _ctype(request, ("application/octet-stream", "application/x-npz"))
-        tmp = svc._tmp(".npz")
-        try:
-            size = await svc.receive(request, tmp, limits.max_weights_bytes, "max_weights_bytes")
-            created = await run_in_threadpool(svc.store_weights, _owner(request), tmp)
-        except ApiError:
-            svc.m_uploads.labels("weights", "refused").inc()
-            raise
-        finally:
-            _rm(tmp)
-        svc.m_uploads.labels("weights", "stored").inc()
-        svc.m_upload_bytes.labels("weights").inc(size)
-        return JSONResponse(created.model_dump(), status_code=201)
+        return await _upload(request, "weights", ".npz", limits.max_weights_bytes, "max_weights_bytes",
+                             lambda tmp: svc.store_weights(_owner(request), tmp))
 
     @app.delete("/v1/weights/{weights_id}", status_code=204, response_class=Response, responses=_ERRORS,
                 summary="Delete uploaded weights")
     async def delete_weights(weights_id: str, request: Request) -> Response:
-        await _blob(weights_id, WEIGHTS, request, "weights")
-        blob = await run_in_threadpool(store.delete_blob, _owner(request), weights_id, WEIGHTS, _admin(request))
-        if blob is None:
-            raise _err(404, "not_found", f"no weights with id {weights_id}", field="weights_id")
-        await run_in_threadpool(_rm, Path(blob.path))
-        return Response(status_code=204)
+        return await _delete(request, weights_id, WEIGHTS, "weights", "weights_id")
 
     @app.post("/v1/plans/{plan_id}/evaluate", summary="Evaluate the plan on a ciphertext file",
               response_class=Response,

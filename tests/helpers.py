@@ -136,3 +136,22 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def tiny_mlp_graph(name: str) -> dict[str, Any]:
+    """A one-layer MLP with a quadratic activation (the client/server tests' graph):
+    ``y = 0.1 + 0.5 h + 0.2 h^2`` with ``h = W x + b``; see :func:`tiny_mlp_reference`."""
+    return {
+        "schema": "slotplan.graph/1", "name": name,
+        "tensors": {"W": {"shape": [16, 32], "role": "weight"}, "b": {"shape": [16], "role": "weight"},
+                    "x": {"shape": [32], "role": "input", "range": [-1, 1]}},
+        "nodes": [{"id": "h", "op": "matvec", "inputs": ["W", "x"]},
+                  {"id": "h2", "op": "add", "inputs": ["h", "b"]},
+                  {"id": "y", "op": "poly", "inputs": ["h2"], "coeffs": [0.1, 0.5, 0.2]}],
+        "outputs": ["y"],
+    }
+
+
+def tiny_mlp_reference(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
+    h = x @ w["W"].T + w["b"]
+    return 0.1 + 0.5 * h + 0.2 * h * h

@@ -22,7 +22,7 @@ import pytest
 
 from api.rest import RestLimits, create_app
 from backends.lattigo_backend import available
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, tiny_mlp_graph, tiny_mlp_reference
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -38,20 +38,10 @@ TAR = {"Content-Type": "application/x-tar"}
 # service keeps clean_outputs, so that no partial sum of the weights reaches the client)
 OPTIONS = {"clean_outputs": False, "time_limit_s": 10}
 
-GRAPH: dict[str, Any] = {
-    "schema": "slotplan.graph/1", "name": "tiny-service",
-    "tensors": {"W": {"shape": [16, 32], "role": "weight"}, "b": {"shape": [16], "role": "weight"},
-                "x": {"shape": [32], "role": "input", "range": [-1, 1]}},
-    "nodes": [{"id": "h", "op": "matvec", "inputs": ["W", "x"]},
-              {"id": "h2", "op": "add", "inputs": ["h", "b"]},
-              {"id": "y", "op": "poly", "inputs": ["h2"], "coeffs": [0.1, 0.5, 0.2]}],
-    "outputs": ["y"],
-}
+GRAPH: dict[str, Any] = tiny_mlp_graph("tiny-service")
 
 
-def _ref(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
-    h = x @ w["W"].T + w["b"]
-    return 0.1 + 0.5 * h + 0.2 * h * h
+_ref = tiny_mlp_reference
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> None:

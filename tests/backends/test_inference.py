@@ -20,26 +20,16 @@ import numpy as np
 import pytest
 
 from backends.lattigo_backend import available
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, tiny_mlp_graph, tiny_mlp_reference
 
 pytestmark = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
 ROOT = REPO_ROOT
 
-GRAPH: dict[str, Any] = {
-    "schema": "slotplan.graph/1", "name": "tiny-split",
-    "tensors": {"W": {"shape": [16, 32], "role": "weight"}, "b": {"shape": [16], "role": "weight"},
-                "x": {"shape": [32], "role": "input", "range": [-1, 1]}},
-    "nodes": [{"id": "h", "op": "matvec", "inputs": ["W", "x"]},
-              {"id": "h2", "op": "add", "inputs": ["h", "b"]},
-              {"id": "y", "op": "poly", "inputs": ["h2"], "coeffs": [0.1, 0.5, 0.2]}],
-    "outputs": ["y"],
-}
+GRAPH: dict[str, Any] = tiny_mlp_graph("tiny-split")
 
 
-def _ref(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
-    h = x @ w["W"].T + w["b"]
-    return 0.1 + 0.5 * h + 0.2 * h * h
+_ref = tiny_mlp_reference
 
 
 @pytest.fixture(scope="module")
