@@ -149,51 +149,31 @@ def _openapi_extras(schema: dict[str, Any], limits: RestLimits) -> dict[str, Any
 
 # create_app registers every route as a closure over the app's store, pool and limits: each
 # route is short, but mccabe and the statement count add them all to the factory.
-def create_app(  # noqa: C901, PLR0915
-    db_path: str | Path | None = None,
-    limits: RestLimits | None = None,
-    store: PlanStore | None = None,
-) -> FastAPI:
-    """The FastAPI application.  ``db_path`` (or ``$SLOTPLAN_DB``, or the user cache dir)
-    holds the plan store; ``limits`` bounds what a request may ask for and who may ask."""
-    limits = limits or RestLimits()
-    store = store or PlanStore(db_path)
-    metrics = Metrics()
-    service = PlanService(store, limits, metrics)
-    configure_logging()
-    from api.rest_inference import InferenceService
+def _owner(request: Request) -> str:
+    return str(getattr(request.state, "owner", ANONYMOUS))
 
-    inference: InferenceService | None = None  # created with the app's routes below
+def _admin(request: Request) -> bool:
+    return bool(getattr(request.state, "admin", False))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            service.shutdown()
-            if inference is not None:
-                inference.shutdown()
+def _accepted(plan_id: str, limits: RestLimits) -> JSONResponse:
+    loc = f"/v1/jobs/{plan_id}"
+    return JSONResponse(JobStatus(id=plan_id, status="running").model_dump(), status_code=202,
+                        headers={"Location": loc, "Retry-After": str(limits.retry_after_s),
+                                 "x-slotplan-plan-id": plan_id})
 
-    app = FastAPI(
-        title="slotplan",
-        version="0.1.0",
-        description="Layout planning for CKKS tensor programs (docs/rest.md).",
-        lifespan=lifespan,
-    )
-    app.state.service = service
-    app.state.limits = limits
-    app.state.metrics = metrics
 
-    def custom_openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
+async def _stored(store: PlanStore, plan_id: str, request: Request) -> tuple[str, str]:
+    if not _ID_RE.match(plan_id):
+        raise _err(404, "not_found", f"no plan {plan_id[:80]!r}: ids are 64 hex digits")
+    request.state.plan_id = plan_id
+    stored = await run_in_threadpool(store.get_owned, _owner(request), plan_id, _admin(request))
+    if stored is None:
+        raise _err(404, "not_found", f"no plan with id {plan_id}")
+    return plan_id, stored.plan_json
 
-            doc = get_openapi(title=app.title, version=app.version, description=app.description,
-                              routes=app.routes)
-            app.openapi_schema = _openapi_extras(doc, limits)
-        return app.openapi_schema
 
-    app.openapi = custom_openapi  # type: ignore[method-assign]
+def _register_error_handlers(app: FastAPI) -> None:
+    """Every error as one JSON body with a kind and a message; never a traceback."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -226,17 +206,9 @@ def create_app(  # noqa: C901, PLR0915
         return JSONResponse({"error": "internal", "message": f"internal error: {type(e).__name__}"},
                             status_code=500)
 
-    def _owner(request: Request) -> str:
-        return str(getattr(request.state, "owner", ANONYMOUS))
 
-    def _admin(request: Request) -> bool:
-        return bool(getattr(request.state, "admin", False))
-
-    def _accepted(plan_id: str) -> JSONResponse:
-        loc = f"/v1/jobs/{plan_id}"
-        return JSONResponse(JobStatus(id=plan_id, status="running").model_dump(), status_code=202,
-                            headers={"Location": loc, "Retry-After": str(limits.retry_after_s),
-                                     "x-slotplan-plan-id": plan_id})
+def _register_plan_routes(app: FastAPI, service: PlanService, store: PlanStore, limits: RestLimits) -> None:
+    """Planning: POST /v1/plans (answered, or a job) and the jobs."""
 
     @app.post("/v1/plans", response_model=PlanResponse, summary="Plan a graph",
               responses={**_ERRORS, 202: {"model": JobStatus, "description": "planning takes long: poll the "
@@ -258,7 +230,7 @@ def create_app(  # noqa: C901, PLR0915
         request.state.plan_id = oid
         request.state.cache = "hit" if hit else "miss"
         if status == 202:
-            return _accepted(oid)
+            return _accepted(oid, limits)
         if status != 200:
             assert isinstance(body, dict)
             raise ApiError(status, body)
@@ -269,6 +241,7 @@ def create_app(  # noqa: C901, PLR0915
     async def get_job(job_id: str, request: Request) -> JSONResponse:
         if not _ID_RE.match(job_id):
             raise _err(404, "not_found", f"no job {job_id[:80]!r}: ids are 64 hex digits")
+        inference = getattr(app.state, "inference", None)
         ev = inference.job(job_id, _owner(request), _admin(request)) if inference is not None else None
         if ev is not None and inference is not None:  # an evaluation job (api/rest_inference.py)
             hdrs = {"Retry-After": str(limits.retry_after_s)} if ev.status == "running" else {}
@@ -283,14 +256,10 @@ def create_app(  # noqa: C901, PLR0915
             headers["Location"] = f"/v1/plans/{job_id}"
         return JSONResponse(st.model_dump(), headers=headers)
 
-    async def _stored(plan_id: str, request: Request) -> tuple[str, str]:
-        if not _ID_RE.match(plan_id):
-            raise _err(404, "not_found", f"no plan {plan_id[:80]!r}: ids are 64 hex digits")
-        request.state.plan_id = plan_id
-        stored = await run_in_threadpool(store.get_owned, _owner(request), plan_id, _admin(request))
-        if stored is None:
-            raise _err(404, "not_found", f"no plan with id {plan_id}")
-        return plan_id, stored.plan_json
+
+
+def _register_stored_routes(app: FastAPI, service: PlanService, store: PlanStore, limits: RestLimits) -> None:
+    """The stored plans of an API key: list, read, delete, their tables, diffs."""
 
     @app.get("/v1/plans", response_model=PlanList, responses=_ERRORS, summary="Stored plans, newest first")
     async def list_plans(request: Request, limit: int = Query(50, ge=1, le=500),
@@ -307,7 +276,7 @@ def create_app(  # noqa: C901, PLR0915
 
     @app.get("/v1/plans/{plan_id}", response_model=PlanResponse, responses=_ERRORS, summary="A stored plan")
     async def get_plan(plan_id: str, request: Request) -> Response:
-        pid, plan_json = await _stored(plan_id, request)
+        pid, plan_json = await _stored(store, plan_id, request)
         return await run_in_threadpool(_plan_response, pid, plan_json, True)
 
     @app.delete("/v1/plans/{plan_id}", status_code=204, response_class=Response, responses=_ERRORS,
@@ -329,7 +298,7 @@ def create_app(  # noqa: C901, PLR0915
         summary="The slot tables of a stored plan (npz)",
     )
     async def get_tables(plan_id: str, request: Request) -> Response:
-        pid, plan_json = await _stored(plan_id, request)
+        pid, plan_json = await _stored(store, plan_id, request)
         plan = json.loads(plan_json)
         slots = int(plan["params"]["slots"])
         estimate = len(plan_table_names(plan)) * slots * 8
@@ -347,7 +316,7 @@ def create_app(  # noqa: C901, PLR0915
                         format: Literal["json", "md"] = Query("json", description="json or md")) -> Response:
         async def resolve(x: dict[str, Any] | str) -> dict[str, Any]:
             if isinstance(x, str):
-                _, text = await _stored(x, request)
+                _, text = await _stored(store, x, request)
                 obj: dict[str, Any] = json.loads(text)
                 return obj
             return x
@@ -365,6 +334,10 @@ def create_app(  # noqa: C901, PLR0915
         if format == "md":
             return PlainTextResponse(render_markdown(report), media_type="text/markdown")
         return JSONResponse(report.to_json())
+
+
+def _register_ops_routes(app: FastAPI, service: PlanService, store: PlanStore, limits: RestLimits, metrics: Metrics) -> None:
+    """Liveness, readiness and Prometheus metrics."""
 
     @app.get("/healthz", response_model=Health, summary="Liveness and store status (no API key needed)")
     async def healthz() -> Health:
@@ -395,9 +368,58 @@ def create_app(  # noqa: C901, PLR0915
         metrics.queue.set(service.pending)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+
+def create_app(
+    db_path: str | Path | None = None,
+    limits: RestLimits | None = None,
+    store: PlanStore | None = None,
+) -> FastAPI:
+    """The FastAPI application.  ``db_path`` (or ``$SLOTPLAN_DB``, or the user cache dir)
+    holds the plan store; ``limits`` bounds what a request may ask for and who may ask."""
+    limits = limits or RestLimits()
+    store = store or PlanStore(db_path)
+    metrics = Metrics()
+    service = PlanService(store, limits, metrics)
+    configure_logging()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            service.shutdown()
+            inference = getattr(app.state, "inference", None)
+            if inference is not None:
+                inference.shutdown()
+
+    app = FastAPI(
+        title="slotplan",
+        version="0.1.0",
+        description="Layout planning for CKKS tensor programs (docs/rest.md).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.limits = limits
+    app.state.metrics = metrics
+
+    def custom_openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                              routes=app.routes)
+            app.openapi_schema = _openapi_extras(doc, limits)
+        return app.openapi_schema
+
+    app.openapi = custom_openapi  # type: ignore[method-assign]
+    _register_error_handlers(app)
+    _register_plan_routes(app, service, store, limits)
+    _register_stored_routes(app, service, store, limits)
+    _register_ops_routes(app, service, store, limits, metrics)
+
     from api.rest_inference import register as register_inference  # issue 39: keys, weights, evaluate
 
-    inference = register_inference(app, store, limits, metrics)
+    app.state.inference = register_inference(app, store, limits, metrics)
     from api.plan_page import register as register_plan_page  # issue 17: GET /v1/plans/{id}/view + Link
     register_plan_page(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)  # type: ignore[arg-type]
