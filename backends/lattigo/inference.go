@@ -495,6 +495,53 @@ type evaluateResult struct {
 	Seconds        float64       `json:"seconds"`
 }
 
+// servingKeys keeps the key store of the last evaluation key directory a serving process
+// (one that passes a cache key: an evaluation worker holding one plan, key set and
+// weights) evaluated with, so that the keys it loaded stay resident for the next request
+// instead of being read from disk again. One store, used by one call at a time: a call
+// that finds it busy, or asks for another directory, opens its own (and leaves it as the
+// kept one when it is done). A key directory is never rewritten in place (an upload gets
+// a new directory), so a kept store cannot go stale.
+var servingKeys = struct {
+	sync.Mutex
+	dir  string
+	s    *keyStore
+	busy bool
+}{}
+
+func servingKeyStore(dir string, params ckks.Parameters, keep bool) (*keyStore, error) {
+	if !keep {
+		return openKeyStore(dir, params)
+	}
+	servingKeys.Lock()
+	if servingKeys.s != nil && servingKeys.dir == dir && !servingKeys.busy && servingKeys.s.params.Equal(&params) {
+		servingKeys.busy = true
+		s := servingKeys.s
+		servingKeys.Unlock()
+		return s, nil
+	}
+	servingKeys.Unlock()
+	s, err := openKeyStore(dir, params)
+	if err != nil {
+		return nil, err
+	}
+	servingKeys.Lock()
+	if !servingKeys.busy {
+		servingKeys.dir, servingKeys.s, servingKeys.busy = dir, s, true
+	}
+	servingKeys.Unlock()
+	return s, nil
+}
+
+// releaseServingKeys marks the kept store free again once the call that used it is done.
+func releaseServingKeys(s *keyStore) {
+	servingKeys.Lock()
+	if servingKeys.s == s {
+		servingKeys.busy = false
+	}
+	servingKeys.Unlock()
+}
+
 // serverCaches keeps the plaintext caches of recent (plan, weights) pairs across Evaluate
 // calls of one process (a server): the weights are encoded once.
 var serverCaches = struct {
@@ -571,6 +618,9 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 	if err != nil {
 		return "", err
 	}
+	defer releaseServingKeys(ev.keys)
+	// a kept key store counts across calls: this call's reads are the difference
+	load0, read0 := ev.keys.loadSeconds, ev.keys.readBytes.Load()
 	res.CacheHit = hit
 	res.SetupSeconds = time.Since(ts).Seconds()
 	var outs []*rlwe.Ciphertext
@@ -588,7 +638,7 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 	if res.Outputs, err = writeFrames(outPath, outs); err != nil {
 		return "", err
 	}
-	res.KeyLoadSeconds, res.KeyLoadBytes = ev.keys.loadSeconds, ev.keys.readBytes.Load()
+	res.KeyLoadSeconds, res.KeyLoadBytes = ev.keys.loadSeconds-load0, ev.keys.readBytes.Load()-read0
 	res.CachedBytes = ev.cache.bytes
 	res.Seconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(res)
@@ -599,7 +649,8 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 // non-empty fields) and builds the executor.
 func newEvaluator(evalDir string, setup *evalSetup, p *plan, ptValues map[string][]float64, ptFile *plaintextFile,
 	cacheKey string, cacheLimit int64, want identity) (*evaluator, bool, error) {
-	keys, err := openKeyStore(evalDir, setup.params)
+	// keys stay resident across calls only where no schedule loads and drops them
+	keys, err := servingKeyStore(evalDir, setup.params, cacheKey != "" && !p.hasKeySchedule())
 	if err != nil {
 		return nil, false, err
 	}
@@ -609,6 +660,7 @@ func newEvaluator(evalDir string, setup *evalSetup, p *plan, ptValues map[string
 		{"params_digest", m.ParamsDigest, want.ParamsDigest},
 	} {
 		if f.want != "" && f.have != f.want {
+			releaseServingKeys(keys)
 			return nil, false, fmt.Errorf("evaluation keys %s: manifest %s %.12s... differs from the ciphertexts' %.12s...", evalDir, f.name, f.have, f.want)
 		}
 	}

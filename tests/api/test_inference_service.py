@@ -423,7 +423,9 @@ def test_requests_go_to_the_worker_that_holds_their_triple(env: Env, tmp_path: P
     a worker idle past its limit is recycled."""
     import slotplan
 
-    limits = RestLimits(executor="thread", api_keys=frozenset({A}), eval_workers=2, eval_worker_idle_s=8.0)
+    # idle limit long enough that a loaded machine's slow evaluations never recycle a worker
+    # between the alternating requests; shortened below to see the idle recycling
+    limits = RestLimits(executor="thread", api_keys=frozenset({A}), eval_workers=2, eval_worker_idle_s=600.0)
     with TestClient(create_app(tmp_path / "p.sqlite3", limits), raise_server_exceptions=False) as tc:
         svc = tc.app.state.inference  # type: ignore[attr-defined]
         r = slotplan.RemoteServer("http://testserver", A, http=tc)
@@ -441,7 +443,8 @@ def test_requests_go_to_the_worker_that_holds_their_triple(env: Env, tmp_path: P
         assert warm == ["cold", "cold", "warm", "warm", "warm", "warm"], (warm, svc.pool.recycled, svc.pool.status())
         held = {st["triple"][2]: st["pid"] for st in svc.pool.status()}
         assert len(held) == 2 and len(set(held.values())) == 2
-        for _ in range(200):  # idle for longer than eval_worker_idle_s: recycled
+        svc.pool.idle_s = 2.0
+        for _ in range(200):  # idle for longer than the pool's idle limit: recycled
             if not svc.pool.pids():
                 break
             time.sleep(0.1)

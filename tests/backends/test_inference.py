@@ -83,6 +83,29 @@ def test_round_trip_samples_keys_once(tmp_path: Path, planned: tuple[dict[str, A
     assert est["go"]["cache_hit"] is True
 
 
+def test_a_serving_process_keeps_its_keys(tmp_path: Path, planned: tuple[dict[str, Any], Any],
+                                          weights: dict[str, np.ndarray]) -> None:
+    """Evaluations in one process on one key directory read the keys once (the Go side
+    keeps the last directory's key store, inference.go servingKeyStore); another directory
+    is read again, and every answer stays right."""
+    from backends import inference as inf
+
+    plan, tables = planned
+    inf.keygen(plan, tmp_path / "K")
+    inf.keygen(plan, tmp_path / "K2")
+    rng = np.random.default_rng(5)
+    read: list[int] = []
+    for kd in ("K", "K", "K", "K2", "K"):
+        x = rng.uniform(-1, 1, 32)
+        ct = inf.encrypt(plan, tmp_path / kd, {"x": x}, tables=tables)
+        est: dict[str, Any] = {}
+        out = inf.evaluate(plan, tmp_path / kd / "eval", weights, ct, tables=tables, stats=est)
+        read.append(int(est["go"]["key_load_bytes"]))
+        _close(inf.decrypt(plan, tmp_path / kd, out, tables=tables)["y"], _ref(x, weights))
+    assert read[0] > 0 and read[1] == 0 and read[2] == 0, read
+    assert read[3] > 0 and read[4] > 0, read  # another directory replaces the kept store
+
+
 def _run_evaluator(args: list[str], env_tmp: Path) -> subprocess.CompletedProcess[str]:
     """``slotplan evaluate`` in a separate Python process whose audit hook aborts on any
     attempt to open a file named secret.key, with its own empty TMPDIR."""
