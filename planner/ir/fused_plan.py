@@ -37,6 +37,7 @@ from typing import Any
 
 from common.errors import PlanFileError
 from planner.ir.fusion import _analyse
+from planner.ir.instructions import UnknownOpError
 
 FIELD = "fused"
 MODES = ("qp", "q")
@@ -86,7 +87,12 @@ def with_fused(plan: Mapping[str, Any]) -> dict[str, Any]:
     if FIELD in plan:
         read_fused(plan)
         return dict(plan)
-    return annotate(dict(plan))
+    try:
+        return annotate(dict(plan))
+    except UnknownOpError:
+        # a program the executor cannot decode either: it is handed over unannotated, and
+        # the executor's own validation names the instruction at fault
+        return dict(plan)
 
 
 @dataclass(frozen=True)

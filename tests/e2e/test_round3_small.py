@@ -76,7 +76,8 @@ def _malformed(tmp_path: Path) -> dict[str, Path]:
         ("depth", prog[:j] + chain + [{**prog[j], "src": "d4"}] + prog[j + 1:]),
     ):
         f = tmp_path / f"{name}.json"
-        f.write_text(json.dumps({**p, "program": program}))
+        # an edited program: the planner's fused annotation no longer describes it
+        f.write_text(json.dumps({**{k: v for k, v in p.items() if k != "fused"}, "program": program}))
         out[name] = f
     return out
 
