@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from backends.lattigo_backend import available
-from tests.helpers import REPO_ROOT, tiny_mlp_graph, tiny_mlp_reference
+from tests.helpers import REPO_ROOT, mem_available, tiny_mlp_graph, tiny_mlp_reference
 
 pytestmark = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
@@ -246,14 +246,9 @@ def test_commands_round_trip(tmp_path: Path, planned: tuple[dict[str, Any], Any]
     _close(np.load(tmp_path / "y.npz")["y"], _ref(x, weights))
 
 
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 1 << 62
 
 
-@pytest.mark.skipif(_mem_available() < 5 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory")
+@pytest.mark.skipif(mem_available() < 5 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory")
 @pytest.mark.skipif(os.environ.get("SLOTPLAN_SLOW") != "1", reason="slow (n14boot keys, ~1.4 GB): SLOTPLAN_SLOW=1")
 def test_bootstrapping_plan_through_the_split(tmp_path: Path) -> None:
     """n14boot: the bootstrapping keys generated once by keygen, two samples evaluated in

@@ -25,21 +25,11 @@ from backends.sim import simulate
 from common.errors import PlanFileError
 from planner import ir
 from planner.frontend.params import preset
-
-
-def _mem_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
+from tests.helpers import mem_available
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)"),
-    pytest.mark.skipif(_mem_available() < 4 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory"),
+    pytest.mark.skipif(mem_available() < 4 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory"),
 ]
 
 P = preset("n14boot")

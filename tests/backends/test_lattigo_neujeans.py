@@ -16,8 +16,6 @@ Skipped when the extension is not built or less than 4 GiB of memory is availabl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -25,21 +23,11 @@ from backends.lattigo_backend import available
 from backends.lattigo_neujeans import NeujeansLayer, run_neujeans_layers
 from planner.frontend.params import preset
 from planner.layout import cins
-
-
-def _mem_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
+from tests.helpers import mem_available
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)"),
-    pytest.mark.skipif(_mem_available() < 4 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory"),
+    pytest.mark.skipif(mem_available() < 4 << 30, reason="a bootstrap at log N 14 needs ~3 GB of memory"),
 ]
 
 P = preset("n14boot")
