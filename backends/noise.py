@@ -208,13 +208,13 @@ class NoisyMachine(sim._Machine):
         self.var[dst] = base + sigma**2
         self.added[op] = self.added.get(op, 0.0) + sigma**2 * v.size
 
-    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str) -> None:
+    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str, share: float = 1.0) -> None:
         # the plan's values were checked against boot.max_abs; CKKS noise may push a value
         # at the bound just past it (Lattigo does not fail on that): allow a 1e-6 margin
         if self.boot_max_abs is not None:
-            m = self.boot_max_abs
+            m = self.boot_max_abs * share
             x = np.where(np.abs(x) <= m * (1 + 1e-6), np.clip(np.real(x), -m, m), x)
-        super().check_boot_input(x, i, what, where)
+        super().check_boot_input(x, i, what, where, share)
 
     def level(self, r: str) -> int:
         return self.max_level - self.depths.get(r, 0)

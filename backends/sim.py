@@ -155,6 +155,9 @@ class _Machine:
         # the same offsets while resident) and the largest |value| a bootstrap accepts
         self.boot_offsets: frozenset[int] = frozenset(int(k) for k in boot["key_offsets"]) if boot else frozenset()
         self.boot_max_abs: float | None = float(boot["max_abs"]) if boot else None
+        # the sparse bootstrap variants the params offer (their log2 slot counts, issue 36)
+        self.boot_variants: frozenset[int] = frozenset(
+            int(v["log_slots"]) for v in (boot.get("variants") or ())) if boot else frozenset()
         # the SlotsToCoeffs levels a bootstrap_cins may give back (planner.frontend.params.STOC_LEVELS)
         self.stoc_levels = STOC_LEVELS.get(str(boot.get("literal")), 0) if boot else 0
         self.boot_resident = False
@@ -284,9 +287,10 @@ class _Machine:
         self.put(ins.dsts[1], im, i)
         self.bootstraps += 1
 
-    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str) -> None:
+    def check_boot_input(self, x: np.ndarray, i: int, what: str, where: str, share: float = 1.0) -> None:
         """A bootstrap needs params with a 'boot' object, the key block resident (in a plan
-        with a key schedule) and every value within boot.max_abs."""
+        with a key schedule) and every value within boot.max_abs (times ``share``: 1/2 for
+        two real values packed as one complex one)."""
         op = what.split(" ")[0]
         if self.boot_max_abs is None:
             raise SimulationError(f"instruction {i} ({op}): the plan's params carry no 'boot' object")
@@ -294,10 +298,11 @@ class _Machine:
             raise SimulationError(f"instruction {i} ({op}): the key block 'boot' is not resident")
         if x.size:
             s = int(np.argmax(np.abs(x)))
-            if not abs(x[s]) <= self.boot_max_abs:
+            if not abs(x[s]) <= self.boot_max_abs * share:
+                limit = "boot.max_abs" if share == 1.0 else f"boot.max_abs * {share:g} (packed variant)"
                 raise SimulationError(
                     f"instruction {i} ({what}): |value| {abs(float(x[s])):.6g} at {where} "
-                    f"{s} exceeds boot.max_abs {self.boot_max_abs:g} (Lattigo would return garbage)"
+                    f"{s} exceeds {limit} {self.boot_max_abs * share:g} (Lattigo would return garbage)"
                 )
 
     def exec_poly(self, ins: ir.Poly, i: int) -> None:
@@ -335,9 +340,46 @@ class _Machine:
     def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
-        self.check_boot_input(x, i, f"bootstrap {ins.dst} <- {ins.src}", "slot")
-        self.put(ins.dst, x.copy(), i)
+        what = f"bootstrap {ins.dst} <- {ins.src}"
+        if ins.period is None:
+            self.check_boot_input(x, i, what, "slot")
+            self.put(ins.dst, x.copy(), i)
+        else:
+            span = ins.period * (2 if ins.halves else 1)
+            self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))
+            self.put(ins.dst, x * (1.0 if ins.scale is None else float(ins.scale)), i)
         self.bootstraps += 1
+
+    def exec_bootstrap2(self, ins: ir.Bootstrap2, i: int) -> None:
+        for j, r in enumerate(ins.srcs):
+            self.slot_only(r, i, ins.op)
+            x = self.get(r, i)
+            self.check_variant(x, i, f"bootstrap2 {ins.dsts[j]} <- {r}", int(ins.log_slots), ins.period, True)
+        for r, d in zip(ins.srcs, ins.dsts, strict=True):
+            self.put(d, self.get(r, i) * (1.0 if ins.scale is None else float(ins.scale)), i)
+        self.bootstraps += 1
+
+    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool) -> None:
+        """A sparse bootstrap (issue 36): the params offer its slot count, the value is zero
+        outside slots [0, span) (the sparse bootstrap sums the slot vector's blocks) and
+        within boot.max_abs (/ 2 when two real values travel as one complex one)."""
+        op = what.split(" ")[0]
+        if log_slots not in self.boot_variants:
+            offered = ", ".join(str(k) for k in sorted(self.boot_variants)) or "none"
+            raise SimulationError(
+                f"instruction {i} ({op}): field 'log_slots': the params' boot object offers no sparse bootstrap "
+                f"at 2^{log_slots} slots (boot.variants: {offered})")
+        if span > x.size:
+            raise SimulationError(f"instruction {i} ({op}): field 'log_slots': {span} slots exceed the {x.size} slots")
+        tail = np.abs(x[span:])
+        if tail.size and np.any(tail != 0):
+            s = span + int(np.argmax(tail))
+            raise SimulationError(
+                f"instruction {i} ({what}): slot {s} holds {complex(x[s]).real:.6g}, but a bootstrap at 2^{log_slots} "
+                f"slots{' (halves)' if span > (1 << log_slots) else ''} needs zeros from slot {span} on")
+        if np.iscomplexobj(x) and np.any(x.imag != 0):
+            raise SimulationError(f"instruction {i} ({what}): a sparse bootstrap variant refreshes real values only")
+        self.check_boot_input(x, i, what, "slot", 0.5 if packed else 1.0)
 
     def _block(self, ins: ir.KeyOp, i: int, load: bool) -> None:
         if ins.block != "boot" or self.boot_max_abs is None:
@@ -415,6 +457,7 @@ _EXEC: dict[type[ir.Instr], Callable[[_Machine, Any, int], None]] = {
     ir.ToCins: _Machine.exec_to_cins,
     ir.BootstrapCins: _Machine.exec_bootstrap_cins,
     ir.Bootstrap: _Machine.exec_bootstrap,
+    ir.Bootstrap2: _Machine.exec_bootstrap2,
     ir.LoadKey: _Machine.exec_load_key,
     ir.DropKey: _Machine.exec_drop_key,
     ir.Output: _Machine.exec_output,

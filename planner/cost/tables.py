@@ -75,6 +75,11 @@ class CostTable(BaseModel):
     weights: Weights
     params: dict[str, object] | None = None
     measurements: dict[str, object] | None = None
+    # issue 36: measured time of each sparse bootstrap variant of one instruction, level 0
+    # in, unpacking included, in ``unit``; keys "s<k>" (bootstrap log_slots=k), "h<k>"
+    # (bootstrap log_slots=k, halves) and "p<k>" (bootstrap2 log_slots=k). A variant the
+    # table does not price is not offered to the choice model.
+    boot_variants: dict[str, float] | None = None
 
     @property
     def is_time(self) -> bool:

@@ -55,6 +55,8 @@ __all__ = [
     "AUTO",
     "Boot",
     "BootLiteral",
+    "BootVariant",
+    "BootVariantLiteral",
     "KEY_OVERHEAD_BYTES",
     "LOG_N_RANGE",
     "PRESETS",
@@ -87,6 +89,19 @@ PRIME_BITS_RANGE = range(20, 62)  # 20..61: Lattigo generates NTT primes of at m
 MAX_PRIMES = 128  # an absurd chain is a mistake, not a parameter set
 
 
+class BootVariantLiteral(BaseModel):
+    """One sparse bootstrap a bootstrapping preset offers (issue 36, docs/formats.md): the
+    bootstrapping parameters at ``log_slots`` (2^log_slots < slots), the slot rotation
+    offsets of their Galois keys (besides the conjugation key, which every variant has), and
+    the bytes of their DFT matrices, measured from Lattigo."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    log_slots: StrictInt
+    key_offsets: list[StrictInt]
+    matrix_bytes: StrictInt
+
+
 class BootLiteral(BaseModel):
     """JSON form of a preset's ``boot`` object (SPEC section 3). ``log_q``/``log_p`` are the
     bootstrapping chain (residual primes first), on which every key of a bootstrapping plan
@@ -104,6 +119,7 @@ class BootLiteral(BaseModel):
     log_q: list[StrictInt]
     log_p: list[StrictInt]
     log_qp: StrictInt | None = None
+    variants: list[BootVariantLiteral] | None = None
 
 
 class ParamsLiteral(BaseModel):
@@ -135,6 +151,20 @@ STOC_LEVELS: Mapping[str, int] = MappingProxyType({"N16QP1546H192H32": 3})
 
 
 @dataclass(frozen=True)
+class BootVariant:
+    """A sparse bootstrap a preset offers (:class:`BootVariantLiteral`): its bootstrapping
+    parameters run at 2^log_slots slots; the Galois keys of its rotation offsets (and the
+    conjugation key) and its DFT matrices join the key block ``boot`` of a plan that uses it."""
+
+    log_slots: int
+    key_offsets: tuple[int, ...]
+    matrix_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"log_slots": self.log_slots, "key_offsets": list(self.key_offsets), "matrix_bytes": self.matrix_bytes}
+
+
+@dataclass(frozen=True)
 class Boot:
     """What a bootstrapping preset adds (SPEC section 3): Lattigo's bootstrapping parameter
     literal, the levels left for computation after a bootstrap, the largest |value| a
@@ -153,10 +183,16 @@ class Boot:
     matrix_bytes: int
     log_q: tuple[int, ...]
     log_p: tuple[int, ...]
+    # the sparse bootstraps offered (issue 36; empty: the full-slot bootstrap only)
+    variants: tuple[BootVariant, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("key_offsets", "log_q", "log_p"):
+        for key in ("key_offsets", "log_q", "log_p", "variants"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
+
+    def variant(self, log_slots: int) -> BootVariant | None:
+        """The sparse bootstrap at 2^log_slots slots, if offered."""
+        return next((v for v in self.variants if v.log_slots == log_slots), None)
 
     @property
     def log_qp(self) -> int:
@@ -191,6 +227,7 @@ class Boot:
             "log_q": list(self.log_q),
             "log_p": list(self.log_p),
             "log_qp": self.log_qp,
+            **({"variants": [v.to_json() for v in self.variants]} if self.variants else {}),
         }
 
     @classmethod
@@ -205,7 +242,14 @@ class Boot:
             matrix_bytes=lit.matrix_bytes,
             log_q=tuple(lit.log_q),
             log_p=tuple(lit.log_p),
+            variants=tuple(BootVariant(v.log_slots, tuple(v.key_offsets), v.matrix_bytes)
+                           for v in (lit.variants or ())),
         )
+        seen: set[int] = set()
+        for j, v in enumerate(boot.variants):
+            if v.log_slots in seen or v.log_slots < 1:
+                raise ParamsError(f"log_slots {v.log_slots} repeated or below 1", field=f"boot.variants[{j}].log_slots")
+            seen.add(v.log_slots)
         if lit.log_qp is not None and lit.log_qp != boot.log_qp:
             raise ParamsError(
                 f"given log_qp = {lit.log_qp} disagrees with the bootstrapping chain, which gives {boot.log_qp}",
@@ -498,6 +542,16 @@ def _validate_boot(p: Params, b: Boot) -> None:
         raise ParamsError(
             f"key_offsets must be sorted distinct rotation offsets in 1..{p.slots - 1}", field="boot.key_offsets"
         )
+    for j, v in enumerate(b.variants):
+        if not 1 <= v.log_slots < p.log_n - 1:
+            raise ParamsError(f"a sparse bootstrap has 2^1..2^{p.log_n - 2} slots, got 2^{v.log_slots}",
+                              field=f"boot.variants[{j}].log_slots")
+        if list(v.key_offsets) != sorted(set(v.key_offsets)) or any(not 1 <= k < p.slots for k in v.key_offsets):
+            raise ParamsError(f"key_offsets must be sorted distinct rotation offsets in 1..{p.slots - 1}",
+                              field=f"boot.variants[{j}].key_offsets")
+        if v.matrix_bytes <= 0:
+            raise ParamsError(f"must be a positive number of bytes, got {v.matrix_bytes}",
+                              field=f"boot.variants[{j}].matrix_bytes")
     for key in ("key_bytes", "matrix_bytes"):
         if getattr(b, key) <= 0:
             raise ParamsError(f"must be a positive number of bytes, got {getattr(b, key)}", field=f"boot.{key}")

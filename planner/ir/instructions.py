@@ -519,10 +519,40 @@ class Rescale(Instr):
     src: str
 
 
+def _check_boot_variant(d: Mapping[str, Any], bad: Bad, slots: int | None, *, span: int) -> None:
+    """``log_slots`` (the period 2^log_slots of a sparse bootstrap; ``span`` times it must
+    fit the slots) and ``scale`` of a bootstrap variant (docs/formats.md)."""
+    ls = d.get("log_slots")
+    top = (slots.bit_length() - 1) if slots else MAX_BOOT_LOG_SLOTS
+    total = slots or 1 << MAX_BOOT_LOG_SLOTS
+    if not _is_int(ls) or ls < 1 or (1 << ls) >= total or (1 << ls) * span > total:  # type: ignore[operator]
+        raise bad("log_slots", f"log_slots is an integer k >= 1 with 2^k < the slots (2^{top})"
+                  f"{' and 2^(k+1) <= the slots' if span > 1 else ''}, got {json.dumps(ls)[:40]}")
+    if "scale" in d:
+        sc = d["scale"]
+        if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc) or sc == 0 \
+                or abs(sc) > MAX_BOOT_SCALE or abs(sc) < 1 / MAX_BOOT_SCALE:
+            raise bad("scale", f"scale is a finite nonzero number with 1/{MAX_BOOT_SCALE:g} <= |scale| <= {MAX_BOOT_SCALE:g}, got {json.dumps(sc)}")
+
+
+# the largest log2 slot count a plan's bootstrap variant may name (n17) and the largest
+# |scale| folded into a variant's unpacking plaintext
+MAX_BOOT_LOG_SLOTS = 16
+MAX_BOOT_SCALE = 2.0**20
+
+
 @instruction
 @dataclass(frozen=True, slots=True)
 class Bootstrap(Instr):
-    """Value unchanged, depth reset (bootstrapping presets)."""
+    """Value unchanged, depth reset (bootstrapping presets).
+
+    Variants (issue 36, docs/formats.md): with ``log_slots = k`` the bootstrap runs Lattigo's
+    sparse bootstrapping at 2^k slots. ``src`` must be zero outside slots ``[0, 2^k)``
+    (``halves``: outside ``[0, 2^(k+1))``, whose two halves travel as the real and imaginary
+    part of one complex slot vector). The executor unpacks (masks) the result with one
+    plaintext product, so ``dst = scale * src`` (``scale`` default 1) at depth 1.  With
+    ``halves`` every |value| must be within boot.max_abs / 2.  Without ``log_slots``: the
+    full-slot bootstrap, ``dst = src`` at depth 0 (``halves`` and ``scale`` not allowed)."""
 
     op: ClassVar[str] = "bootstrap"
     counter: ClassVar[str | None] = "bootstraps"
@@ -530,9 +560,69 @@ class Bootstrap(Instr):
     read_fields: ClassVar[tuple[str, ...]] = ("src",)
     dst: str
     src: str
+    log_slots: int | None = None
+    halves: bool | None = None
+    scale: float | None = None
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        if "log_slots" not in d:
+            for f in ("halves", "scale"):
+                if f in d:
+                    raise bad(f, f"{f} belongs to a sparse bootstrap (give log_slots)")
+            return
+        if "halves" in d and not isinstance(d["halves"], bool):
+            raise bad("halves", "halves is true or false")
+        _check_boot_variant(d, bad, slots, span=2 if d.get("halves") else 1)
 
     def depth(self, d: Mapping[str, int]) -> int:
-        return 0
+        return 0 if self.log_slots is None else 1
+
+    @property
+    def period(self) -> int | None:
+        """2^log_slots, or None for the full-slot bootstrap."""
+        return None if self.log_slots is None else 1 << int(self.log_slots)
+
+
+@instruction
+@dataclass(frozen=True, slots=True)
+class Bootstrap2(Instr):
+    """Two slot registers bootstrapped together (issue 36, docs/formats.md): both must be
+    zero outside slots ``[0, 2^log_slots)``; they travel as the real and imaginary part of
+    one complex slot vector through one sparse bootstrap at 2^log_slots slots and are
+    unpacked with plaintext products: ``dsts[j] = scale * srcs[j]`` at depth 1.  Every
+    |value| must be within boot.max_abs / 2."""
+
+    op: ClassVar[str] = "bootstrap2"
+    counter: ClassVar[str | None] = "bootstraps"
+    dsts: tuple[str, ...]
+    srcs: tuple[str, ...]
+    log_slots: int
+    scale: float | None = None
+
+    def reads(self) -> tuple[str, ...]:
+        return tuple(self.srcs)
+
+    def write_fields(self) -> Iterator[tuple[str, str]]:
+        for j, r in enumerate(self.dsts):
+            yield f"dsts[{j}]", r
+
+    @classmethod
+    def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        for f in ("dsts", "srcs"):
+            v = d.get(f)
+            if not isinstance(v, list) or len(v) != 2 or not all(isinstance(r, str) for r in v):
+                raise bad(f, f"bootstrap2 {'writes' if f == 'dsts' else 'reads'} two registers")
+        if d["srcs"][0] == d["srcs"][1]:
+            raise bad("srcs", "bootstrap2 reads two different registers")
+        _check_boot_variant(d, bad, slots, span=1)
+
+    def depth(self, d: Mapping[str, int]) -> int:
+        return 1
+
+    @property
+    def period(self) -> int:
+        return 1 << int(self.log_slots)
 
 
 @instruction
@@ -844,7 +934,7 @@ def op_name(d: Mapping[str, Any] | Instr) -> str:
 
 
 # Instructions that bootstrap (each needs the key block "boot" resident).
-BOOTSTRAP_OPS: tuple[type[Instr], ...] = (Bootstrap, BootstrapCins)
+BOOTSTRAP_OPS: tuple[type[Instr], ...] = (Bootstrap, Bootstrap2, BootstrapCins)
 
 
 def is_bootstrap(ins: Instr) -> bool:

@@ -40,6 +40,8 @@ EXAMPLES: list[dict[str, object]] = [
     {"op": "load_key", "block": "boot"},
     {"op": "mul_i", "dst": "c17", "src": "c11"},
     {"op": "conj", "dst": "c18", "src": "c17"},
+    {"op": "bootstrap", "dst": "c19", "src": "c12", "log_slots": 3, "halves": True, "scale": 0.5},
+    {"op": "bootstrap2", "dsts": ["c20", "c21"], "srcs": ["c12", "c19"], "log_slots": 2},
     {"op": "output", "src": "c12", "tensor": "y", "table": "out/y/0"},
 ]
 
@@ -49,11 +51,13 @@ SPEC_OPS = {"input", "rot", "rot_hoisted", "add", "sub", "pmul", "padd", "psub",
 CINS_OPS = {"to_cins", "bootstrap_cins"}
 # complex packing (docs/formats.md: an extension, only in plans with options.packing "complex")
 COMPLEX_OPS = {"mul_i", "conj"}
+# sparse bootstrap variants (docs/formats.md, issue 36)
+BOOT_VARIANT_OPS = {"bootstrap2"}
 
 
 def test_every_spec_op_has_one_class() -> None:
-    assert set(ir.OPS) == SPEC_OPS | CINS_OPS | COMPLEX_OPS
-    assert {d["op"] for d in EXAMPLES} == SPEC_OPS | CINS_OPS | COMPLEX_OPS
+    assert set(ir.OPS) == SPEC_OPS | CINS_OPS | COMPLEX_OPS | BOOT_VARIANT_OPS
+    assert {d["op"] for d in EXAMPLES} == SPEC_OPS | CINS_OPS | COMPLEX_OPS | BOOT_VARIANT_OPS
     assert len(set(ir.OPS.values())) == len(ir.OPS)
 
 
@@ -96,7 +100,8 @@ def test_semantics() -> None:
     assert (d["c17"], d["c18"]) == (d["c11"], d["c11"])
     assert ir.rot_keys_of(prog) == {32, 1, 2}
     assert ir.uses_conjugation(prog) and ir.galois_key_count(prog) == 4
-    assert not ir.uses_conjugation(prog[:-2]) and ir.galois_key_count(prog[:-3]) == 3
+    assert not ir.uses_conjugation(prog[:-4]) and ir.galois_key_count(prog[:-5]) == 3
+    assert (d["c19"], d["c20"], d["c21"]) == (1, 1, 1)  # a sparse bootstrap unpacks with one product
     assert ir.has_key_schedule(prog) and not ir.has_key_schedule(prog[:3])
 
 
