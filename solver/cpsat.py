@@ -7,6 +7,7 @@ import time
 from ortools.sat.python import cp_model
 
 from common import progress
+from solver.limits import set_time_limit
 from solver.model import ChoiceModel, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
@@ -61,7 +62,7 @@ class CpSatSolver:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
         m.minimize(sum(c * v for c, v in obj))
         s = cp_model.CpSolver()
-        s.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+        set_time_limit(s.parameters, time_limit_s, 0.01)
         s.parameters.num_workers = CPSAT_WORKERS
         s.parameters.random_seed = CPSAT_SEED
         s.parameters.relative_gap_limit = CPSAT_RELATIVE_GAP

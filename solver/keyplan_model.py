@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from solver.limits import set_time_limit
+
 CPSAT_WORKERS = 1
 CPSAT_SEED = 0
 
@@ -256,7 +258,7 @@ def solve_cpsat(
 
     def solver(limit: float) -> cp_model.CpSolver:
         s = cp_model.CpSolver()
-        s.parameters.max_time_in_seconds = max(0.05, limit)
+        set_time_limit(s.parameters, limit, 0.05)
         s.parameters.num_workers = CPSAT_WORKERS
         s.parameters.random_seed = CPSAT_SEED
         return s
@@ -283,7 +285,8 @@ def solve_cpsat(
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     bound = full - int(s1.best_objective_bound)
     peak: int | None = None
-    remaining = time_limit_s - (time.perf_counter() - t0)
+    # deterministic: phase 2 gets what phase 1's work left of the limit (solver.limits)
+    remaining = time_limit_s - s1.deterministic_time
     if minimize_peak and remaining > 0.05 and b.seg_fixed:
         m2 = cp_model.CpModel()
         cap_var = m2.new_int_var(max(b.seg_fixed), p.capacity, "peak")

@@ -31,6 +31,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from solver.limits import set_time_limit
+
 # One worker and a fixed seed keep CP-SAT deterministic (same as solver.cpsat).
 CPSAT_WORKERS = 1
 CPSAT_SEED = 0
@@ -163,7 +165,7 @@ def solve_cpsat(
 
     def solver(limit: float) -> cp_model.CpSolver:
         s = cp_model.CpSolver()
-        s.parameters.max_time_in_seconds = max(0.05, limit)
+        set_time_limit(s.parameters, limit, 0.05)
         s.parameters.num_workers = CPSAT_WORKERS
         s.parameters.random_seed = CPSAT_SEED
         return s
@@ -186,7 +188,8 @@ def solve_cpsat(
     bound = n_uses - forced - int(s1.best_objective_bound)
     # phase 2: same number of loads, smallest peak over the segments
     peak: int | None = None
-    remaining = time_limit_s - (time.perf_counter() - t0)
+    # deterministic: phase 2 gets what phase 1's work left of the limit (solver.limits)
+    remaining = time_limit_s - s1.deterministic_time
     if minimize_peak and remaining > 0.05:
         m2 = cp_model.CpModel()
         cap_var = m2.new_int_var(max(c.seg_fixed), p.capacity, "peak")

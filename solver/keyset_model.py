@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from solver.limits import set_time_limit
+
 
 @dataclass(frozen=True)
 class Site:
@@ -102,7 +104,7 @@ def solve_cpsat(p: KeySetProblem, time_limit_s: float = 10.0) -> KeySetSolution:
             obj.append(s.weight * s.first_cost * y)
     m.minimize(sum(obj))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+    set_time_limit(solver.parameters, time_limit_s, 0.05)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     st = solver.solve(m)
