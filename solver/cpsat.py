@@ -7,7 +7,7 @@ import time
 from ortools.sat.python import cp_model
 
 from common import progress
-from solver.model import ChoiceModel, Solution, Status
+from solver.model import FULL, BootOption, ChoiceModel, Group, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
 # gives the same plan byte for byte (the brief's rule).  The machine has 2 cores anyway.
@@ -55,7 +55,8 @@ class CpSatSolver:
             for b in range(len(xd)):
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
             edge_pairs.append(pairs)
-        bvar = _depth(m, model, x, edge_pairs, obj) if model.max_depth is not None else {}
+        vvar: dict[str, list[tuple[str, cp_model.IntVar]]] = {}
+        bvar = _depth(m, model, x, edge_pairs, obj, vvar) if model.max_depth is not None else {}
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
@@ -79,18 +80,22 @@ class CpSatSolver:
             objective: int | None = int(round(s.objective_value))
             bound: int | None = int(round(s.best_objective_bound))
             boots = tuple(name for name, v in bvar.items() if s.value(v))
+            variants = tuple((name, label) for name in boots for label, v in vvar.get(name, ())
+                             if label != FULL and s.value(v))
         else:
-            choice, objective, bound, boots = (), None, None, ()
-        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots)
+            choice, objective, bound, boots, variants = (), None, None, (), ()
+        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots, variants)
 
 
 
 def _depth(
     m: cp_model.CpModel, model: ChoiceModel, x: dict[str, list[cp_model.IntVar]],
     edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]], obj: list[tuple[int, cp_model.IntVar]],
+    vvar: dict[str, list[tuple[str, cp_model.IntVar]]],
 ) -> dict[str, cp_model.IntVar]:
     """Step 4 of the model: depth constraints, bootstrap decisions and their costs (added
-    to ``obj``); returns b[g]."""
+    to ``obj``); returns b[g] (and fills ``vvar``: each group's (variant label, variable)
+    pairs where it offers bootstrap variants)."""
     assert model.max_depth is not None
     bvar: dict[str, cp_model.IntVar] = {}
     # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
@@ -109,6 +114,9 @@ def _depth(
         m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
         R[g.name] = m.new_int_var(lo, L, f"R[{g.name}]")
         m.add(R[g.name] >= D[g.name] - M * bvar[g.name])
+        if g.has_variants:
+            vvar[g.name] = _variants(m, model, g, x[g.name], bvar[g.name], D[g.name], R[g.name], lo, obj)
+            continue
         if g.boot_post or lo:  # a bootstrapped value is read at boot_post (not below 0)
             m.add(R[g.name] >= lo + (g.boot_post - lo) * bvar[g.name])
         # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
@@ -146,6 +154,33 @@ def _depth(
         cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
         m.add(P[e.dst] >= R[e.src] + cd + kd)
     return bvar
+
+
+def _variants(
+    m: cp_model.CpModel, model: ChoiceModel, g: Group, xs: list[cp_model.IntVar], b: cp_model.IntVar,
+    D: cp_model.IntVar, R: cp_model.IntVar, lo: int, obj: list[tuple[int, cp_model.IntVar]],
+) -> list[tuple[str, cp_model.IntVar]]:
+    """A bootstrapped group with variants (solver.model): one (option, variant) pair
+    ``v`` when ``b``, of the chosen option; its cost, its levels before (``D + pre <= L``)
+    and the depth its readers see (``R >= post``)."""
+    assert model.max_depth is not None
+    L = model.max_depth
+    vs: list[tuple[BootOption, cp_model.IntVar]] = []
+    for o, xo in enumerate(xs):
+        for j, bc in enumerate((g.boot_choice(o, FULL, model.boot_weight or 0), *g.variants(o))):
+            assert bc is not None
+            v = m.new_bool_var(f"v[{g.name}][{o}][{j}]")
+            m.add_implication(v, xo)
+            m.add_hint(v, 1 if g.boot_hint and o == g.hint and j == 0 else 0)
+            if bc.cost:
+                obj.append((bc.cost, v))
+            vs.append((bc, v))
+    m.add(sum(v for _, v in vs) == b)
+    if any(bc.pre for bc, _ in vs):
+        m.add(D + sum(bc.pre * v for bc, v in vs if bc.pre) <= L)
+    if any(bc.post for bc, _ in vs) or lo:  # (not below lo when not bootstrapped)
+        m.add(lo + sum((bc.post - lo) * v for bc, v in vs if bc.post != lo) <= R)
+    return [(bc.label, v) for bc, v in vs]
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):
