@@ -31,6 +31,7 @@ import numpy as np
 
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable
 from planner.frontend.params import Params
+from planner.ir.instructions import MAX_BOOT_SCALE
 from solver.model import FULL, BootOption
 
 _LABEL = re.compile(r"^([shp])(\d+)$")
@@ -128,7 +129,10 @@ def options(
             units += count * int(round(p * OBJECTIVE_SCALE))
         if not ok:
             continue
-        pre = int((s_half if v.packed else s) > 1 or not clean)
+        scale = s_half if v.packed else s
+        if scale > MAX_BOOT_SCALE:  # the unpacking product's factor has a bound
+            continue
+        pre = int(scale > 1 or not clean)
         opt = BootOption(label, units, pre, 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]

@@ -24,6 +24,7 @@ from planner.ir.analysis import span_counts, summarize
 from planner.ir.builder import LazyTables, ProgramBuilder
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
+from planner.lower.boot_report import node_variants, variant_report
 from solver.model import Solution
 
 
@@ -55,6 +56,7 @@ def lower_solution(
     choice = dict(sol.choice)
     boots = frozenset(sol.boots)
     variants = dict(sol.variants)
+    node_variant = node_variants(problem, sol)
     regs: dict[str, list[str]] = {}
     layout_of: dict[str, ChannelLayout] = {}
     claims = claims if claims is not None else []
@@ -110,6 +112,7 @@ def lower_solution(
                 "conversions": conversions,
                 **({"bootstraps": sum(1 for i in b.instrs[start:end] if ir.is_bootstrap(ir.decode(i)))}
                    if params.boot is not None else {}),
+                **({"boot_variant": node_variant[node.id]} if node.id in node_variant else {}),
             }
         )
         progress.advance("lowering", node.id)
@@ -242,6 +245,8 @@ def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
             "values": None if greedy_lazy is None else len(greedy_lazy),
             "bootstraps": n_boot(greedy_lazy, greedy),
         },
+        # issue 36: each bootstrap's variant and its modelled saving (when variants were offered)
+        **variant_report(problem, sol),
     }
 
 
