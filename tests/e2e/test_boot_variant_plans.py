@@ -176,3 +176,51 @@ def test_real_presets_without_variants_plan_as_before(costs: str) -> None:
     b = plan_graph(g, PRESETS["n14boot"], PlanOptions(costs=costs, allow_insecure=True, boot_variants=False))
     assert a.plan["program"] == b.plan["program"]
     assert all(ls is None for _, ls, _ in boot_ops(a))
+
+
+def test_cli_reports_variants_and_diff_explains_the_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``slotplan plan`` prints each bootstrap's variant and saving, ``--boot-variants off``
+    plans the full-slot bootstrap, a bad value is one line and exit 2, and ``slotplan diff``
+    names the node whose variant changed."""
+    import json
+
+    from tests.helpers import run_cli
+
+    g, _ = random_graph(2)
+    gp, pp = tmp_path / "g.json", tmp_path / "params.json"
+    gp.write_text(json.dumps(g.to_json()))
+    pp.write_text(json.dumps(PARAMS.to_json()))
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    base = ["plan", str(gp), "--params", str(pp), "--costs", c, "--allow-insecure"]
+    code, out, _ = run_cli([*base, "-o", str(tmp_path / "on.json")], capsys)
+    assert code == 0
+    assert "bootstrap variants (offered:" in out and "saving" in out and "against full-slot" in out
+    code, out, _ = run_cli([*base, "--boot-variants", "off", "-o", str(tmp_path / "off.json")], capsys)
+    assert code == 0 and "bootstrap variants" not in out
+    code, _, err = run_cli([*base, "--boot-variants", "maybe"], capsys)
+    assert code == 2 and "--boot-variants: expected on or off" in err and "Traceback" not in err
+    code, out, _ = run_cli(["diff", str(tmp_path / "off.json"), str(tmp_path / "on.json"), "--format", "json"], capsys)
+    rep = json.loads(out)
+    changes = [f for e in rep["entries"] for n in e["nodes"] for f in n["fields"] if f["field"] == "boot_variant"]
+    assert changes and all(f["base"] is None and f["head"] not in (None, "full") for f in changes)
+    code, js, _ = run_cli([*base, "--json"], capsys)
+    rows = json.loads(js)["summary"]["bootstrapping"]["per_bootstrap"]
+    assert rows and all({"node", "variant", "ciphertexts", "seconds", "saving_seconds"} <= set(r) for r in rows)
+
+
+def test_key_schedule_under_a_cap_holds_the_variants_block(tmp_path: Path) -> None:
+    """Under a memory cap the key schedule loads the block 'boot' with the variants' keys
+    and matrices: the modelled peak counts them and stays under the cap, the plan's
+    rotations by the block's offsets need no key of their own, and the plan simulates."""
+    g, pinned = random_graph(1)  # matvecs: rotations
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    free = plan(g, c, pinned)
+    used = boot_block.variants_used(free.plan["program"], PARAMS)
+    assert used
+    cap = int(free.plan["summary"]["peak_bytes"]["total"] * 0.98)
+    res = plan(g, c, pinned, memory_cap_bytes=cap)
+    s = res.plan["summary"]
+    assert s["peak_bytes"]["total"] <= cap
+    assert s["peak_bytes"]["keys"] >= boot_block.block_bytes(PARAMS, boot_block.variants_used(res.plan["program"], PARAMS))
+    assert any(i["op"] == "load_key" and i.get("block") == "boot" for i in res.plan["program"])
+    check_plan(res, g)
