@@ -34,6 +34,10 @@ class CpSatSolver:
             m.add_exactly_one(x[g.name])
             for o, v in enumerate(x[g.name]):
                 m.add_hint(v, 1 if o == g.hint else 0)
+        # a model with bootstrap variants gets its hint complete (pairs, depths): planner.assign.solve
+        # hints the full-slot optimum with its variants, which CP-SAT then starts from (plans
+        # without variants keep the search they had, byte for byte)
+        full_hint = model.has_variants and model.max_depth is not None
         # step 3: layout edges (pair variables, tight linking; forbidden pairs excluded)
         obj: list[tuple[int, cp_model.IntVar]] = []
         edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]] = []
@@ -48,6 +52,8 @@ class CpSatSolver:
                         continue
                     y = m.new_bool_var(f"y[{ei}][{a}][{b}]")
                     pairs[(a, b)] = y
+                    if full_hint:
+                        m.add_hint(y, 1 if a == model.group(e.src).hint and b == model.group(e.dst).hint else 0)
                     if c:
                         obj.append((c, y))
             for a in range(len(xs)):
@@ -56,7 +62,7 @@ class CpSatSolver:
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
             edge_pairs.append(pairs)
         vvar: dict[str, list[tuple[str, cp_model.IntVar]]] = {}
-        bvar = _depth(m, model, x, edge_pairs, obj, vvar) if model.max_depth is not None else {}
+        bvar = _depth(m, model, x, edge_pairs, obj, vvar, full_hint) if model.max_depth is not None else {}
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
@@ -91,7 +97,7 @@ class CpSatSolver:
 def _depth(
     m: cp_model.CpModel, model: ChoiceModel, x: dict[str, list[cp_model.IntVar]],
     edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]], obj: list[tuple[int, cp_model.IntVar]],
-    vvar: dict[str, list[tuple[str, cp_model.IntVar]]],
+    vvar: dict[str, list[tuple[str, cp_model.IntVar]]], full_hint: bool = False,
 ) -> dict[str, cp_model.IntVar]:
     """Step 4 of the model: depth constraints, bootstrap decisions and their costs (added
     to ``obj``); returns b[g] (and fills ``vvar``: each group's (variant label, variable)
@@ -124,6 +130,8 @@ def _depth(
         zs = []
         for o, v in enumerate(x[g.name]):
             z = m.new_bool_var(f"z[{g.name}][{o}]")
+            if full_hint:
+                m.add_hint(z, 1 if g.boot_hint and o == g.hint else 0)
             m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
             obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
             zs.append(z)
@@ -149,6 +157,18 @@ def _depth(
             m.add(pre >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
         elif lo and g.name not in inc:
             m.add(pre >= 0)
+    if full_hint:  # the depths of the hinted assignment
+        choice = {g.name: g.hint for g in model.groups}
+        boots = [g.name for g in model.bootable() if g.boot_hint]
+        variants = {g.name: g.variant_hint for g in model.groups if g.name in boots and g.variant_hint != FULL}
+        d, pre_d = model.walk_depths(choice, boots, variants)
+        for g in model.groups:
+            m.add_hint(D[g.name], min(L, max(lo, d[g.name])))
+            if P[g.name] is not D[g.name]:
+                m.add_hint(P[g.name], min(L, max(lo, pre_d[g.name])))
+            if R[g.name] is not D[g.name]:
+                bc = g.boot_choice(g.hint, variants.get(g.name, FULL), model.boot_weight or 0) if g.name in boots else None
+                m.add_hint(R[g.name], min(L, max(lo, bc.post if bc is not None else d[g.name])))
     for ei, e in enumerate(model.edges):
         kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
         cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
@@ -171,7 +191,7 @@ def _variants(
             assert bc is not None
             v = m.new_bool_var(f"v[{g.name}][{o}][{j}]")
             m.add_implication(v, xo)
-            m.add_hint(v, 1 if g.boot_hint and o == g.hint and j == 0 else 0)
+            m.add_hint(v, 1 if g.boot_hint and o == g.hint and bc.label == g.variant_hint else 0)
             if bc.cost:
                 obj.append((bc.cost, v))
             vs.append((bc, v))

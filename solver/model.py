@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cached_property
 
@@ -83,6 +83,8 @@ class Group:
     resets: tuple[int | None, ...] = ()
     # per option (empty: none): the bootstrap variants it offers besides the full one
     boot_variants: tuple[tuple[BootOption, ...], ...] = ()
+    # the variant of the hinted bootstrap (with ``boot_hint`` and ``hint``)
+    variant_hint: str = FULL
 
     def depth(self, o: int) -> int:
         return self.depths[o] if self.depths else 0
@@ -128,6 +130,7 @@ class Group:
             self.boot_post, self.boot_hint,
             tuple(self.resets[o] for o in opts) if self.resets else (),
             tuple(self.boot_variants[o] for o in opts) if self.boot_variants else (),
+            self.variant_hint,
         )
 
 
@@ -232,6 +235,32 @@ class ChoiceModel:
                 return None
         total += sum(bc.cost for bc in chosen.values() if bc is not None)
         return total
+
+    @property
+    def has_variants(self) -> bool:
+        return any(g.has_variants for g in self.groups)
+
+    def without_variants(self) -> ChoiceModel:
+        """The model with the full-slot bootstrap only."""
+        return replace(self, groups=tuple(replace(g, boot_variants=(), variant_hint=FULL) for g in self.groups))
+
+    def improve_variants(self, choice: Mapping[str, int], boots: Collection[str]) -> dict[str, str]:
+        """For a feasible placement, each bootstrapped group in turn (model order) takes its
+        cheapest variant that keeps the assignment feasible and lowers the objective: a
+        solution of the model without variants made a (no dearer) hint for this one."""
+        vs: dict[str, str] = {}
+        cur = self.evaluate_boots(choice, boots, vs)
+        if cur is None:
+            return vs
+        for g in self.groups:
+            if g.name not in boots:
+                continue
+            for v in sorted(g.variants(choice[g.name]), key=lambda v: (v.cost, v.label)):
+                val = self.evaluate_boots(choice, boots, {**vs, g.name: v.label})
+                if val is not None and val < cur:
+                    vs[g.name], cur = v.label, val
+                    break
+        return vs
 
     def best_variants(self, choice: Mapping[str, int], boots: Collection[str]) -> dict[str, str]:
         """For a placement, each bootstrapped group's cheapest variant that keeps the choice

@@ -100,3 +100,18 @@ def test_best_variants_per_placement_reach_the_brute_force_optimum() -> None:
                     if v is not None:
                         vals.append(v)
         assert min(vals) == want[0]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_improve_variants_never_raises_the_objective(seed: int) -> None:
+    """A solution of the model without variants, given improve_variants' variants, stays
+    feasible and no dearer (what planner.assign.solve hints the whole model with)."""
+    m = random_variant_model(seed)
+    sol = create("cpsat").solve(m.without_variants(), 10.0)
+    if sol.status is not Status.OPTIMAL:
+        return
+    ch = dict(sol.choice)
+    vs = m.improve_variants(ch, sol.boots)
+    got = m.evaluate_boots(ch, sol.boots, vs)
+    assert got is not None and sol.objective is not None and got <= sol.objective
+    assert set(vs) <= set(sol.boots)
