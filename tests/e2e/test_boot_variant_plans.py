@@ -224,3 +224,23 @@ def test_key_schedule_under_a_cap_holds_the_variants_block(tmp_path: Path) -> No
     assert s["peak_bytes"]["keys"] >= boot_block.block_bytes(PARAMS, boot_block.variants_used(res.plan["program"], PARAMS))
     assert any(i["op"] == "load_key" and i.get("block") == "boot" for i in res.plan["program"])
     check_plan(res, g)
+
+
+def test_variants_that_do_not_fit_the_cap_give_the_full_slot_plan(tmp_path: Path) -> None:
+    """Variants whose DFT matrices alone exceed what the cap leaves: the plan falls back to
+    the full-slot bootstrap (its options say so) with a warning naming why."""
+    from planner.frontend.params import Params
+
+    raw = PARAMS.to_json()
+    raw["boot"]["variants"] = [dict(v, matrix_bytes=8 * 2**30) for v in raw["boot"]["variants"]]  # type: ignore[index]
+    big = Params.from_json(raw)
+    g, pinned = random_graph(1)
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    off = plan_graph(g, big, PlanOptions(costs=c, allow_insecure=True, boot_variants=False, time_limit_s=60.0))
+    cap = off.plan["summary"]["peak_bytes"]["total"]
+    res = plan_graph(g, big, PlanOptions(costs=c, allow_insecure=True, memory_cap_bytes=cap, time_limit_s=60.0))
+    s = res.plan["summary"]
+    assert res.plan["options"]["boot_variants"] is False and s["peak_bytes"]["total"] <= cap
+    assert any("bootstrap variants not used" in w for w in s["bootstrapping"]["warnings"])
+    assert all(ls is None for _, ls, _ in boot_ops(res))
+    check_plan(res, g)
