@@ -113,7 +113,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     boot_scales: dict[str, int] = {}
     boot_unknown: dict[str, str] = {}
     half_scales: dict[str, int] = {}
-    prices = boot_variants.priced(costs, params, options.boot_variants)
+    # (complex-packed plans keep the full-slot bootstrap: a variant refreshes real values only)
+    prices = boot_variants.priced(costs, params, options.boot_variants and options.packing == "real")
     fused = costs.weights.fused  # price what the Lattigo executor fuses (Candidate.cost)
     for node in graph.nodes:
         cs = cands[node.id]

@@ -58,7 +58,8 @@ def _solve(problem: PlanProblem, limit: float) -> Solution:
     hinted = replace(m, groups=tuple(
         replace(g, hint=choice[g.name], boot_hint=g.name in first.boots, variant_hint=vs.get(g.name, FULL))
         for g in m.groups))
-    sol = backend.solve(hinted, limit)
+    left = progress.remaining()  # (a whole-request wall limit bounds the second step too)
+    sol = backend.solve(hinted, limit if left is None else max(0.05, min(limit, left)))
     start = m.evaluate_boots(choice, first.boots, vs)
     assert start is not None
     if sol.status in (Status.OPTIMAL, Status.FEASIBLE) and sol.objective is not None and sol.objective <= start:
