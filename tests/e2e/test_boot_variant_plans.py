@@ -244,3 +244,25 @@ def test_variants_that_do_not_fit_the_cap_give_the_full_slot_plan(tmp_path: Path
     assert any("bootstrap variants not used" in w for w in s["bootstrapping"]["warnings"])
     assert all(ls is None for _, ls, _ in boot_ops(res))
     check_plan(res, g)
+
+
+def test_time_model_prices_each_variant_instruction(costs: str) -> None:
+    """TimeModel.instr: a variant instruction at its boot_variants price, the full bootstrap
+    at weights.bootstrap, a variant the table does not price at the full one's; a plan's
+    modelled bootstraps add up to the report's seconds."""
+    from planner import ir
+    from planner.cost.tables import load_costs
+    from planner.cost.timing import TimeModel
+
+    tm = TimeModel(load_costs(costs))
+    prices = placeholder_prices(FULL_MS, KS, PARAMS.slots)
+    assert tm.instr(ir.Bootstrap("a", "b", 6, None, 4.0), 0) == prices["s6"]
+    assert tm.instr(ir.Bootstrap("a", "b", 5, True, None), 0) == prices["h5"]
+    assert tm.instr(ir.Bootstrap2(("a", "b"), ("c", "d"), 10, None), 0) == prices["p10"]
+    assert tm.instr(ir.Bootstrap("a", "b"), 0) == pytest.approx(FULL_MS)
+    assert tm.instr(ir.Bootstrap("a", "b", 7, None, None), 0) == pytest.approx(FULL_MS)  # not priced
+    g, pinned = random_graph(0)
+    res = plan(g, costs, pinned)
+    boots = [ir.decode(i) for i in res.plan["program"] if i["op"] in ("bootstrap", "bootstrap2")]
+    total = sum(tm.instr(i, 0) for i in boots) * tm.seconds_per_unit
+    assert total == pytest.approx(res.plan["summary"]["bootstrapping"]["seconds"], abs=1e-3)
