@@ -75,6 +75,7 @@ def plan(
     cut: Annotated[list[str] | None, typer.Option("--output", help="MODEL.onnx only: cut the model at this value (see slotplan import --output); the plan file is -o")] = None,
     allow_error: Annotated[bool, typer.Option("--allow-error", help="MODEL.onnx only: an approximation that misses its error target is a warning, not a refusal")] = False,
     batch: Annotated[str | None, typer.Option("--batch", help="samples per ciphertext set: B (every input gains a leading dimension B, docs/batch.md) | auto (the power of two with the least modelled time per sample)")] = None,
+    boot_variants: Annotated[str, typer.Option("--boot-variants", help="on (default): bootstrap variants (sparse, halves, pairs) where the params offer them and the cost table prices them | off: the full-slot bootstrap only")] = "on",
 ) -> None:
     """Plan one graph (or an ONNX model: imported first, as slotplan import)."""
     from pydantic import ValidationError
@@ -103,6 +104,7 @@ def plan(
             cins=cins,
             cins_decompose=cins_decompose,
             packing=packing,  # type: ignore[arg-type]
+            boot_variants=_on_off("--boot-variants", boot_variants),
         )
         opts = PlanOptions.from_literal(lit)
         n_batch = _batch_option(batch)
@@ -168,6 +170,7 @@ def plan(
         )
         for w in bt.get("warnings", []):
             out.print(f"warning: {escape(w)}")
+        _print_boot_variants(bt)
     out.print(
         "outputs: clean (zeros outside each output tensor)" if summary.get("clean_outputs")
         else "outputs: RAW (--raw-outputs): output ciphertexts may hold partial sums of the weights"
@@ -182,6 +185,20 @@ def plan(
         from api.show import explain_lines
 
         out.print("\n".join(explain_lines(res.plan["explain"])), markup=False, highlight=False)
+
+
+def _on_off(option: str, value: str) -> bool:
+    if value not in ("on", "off"):
+        raise SlotplanError(f"option {option}: expected on or off, got {value!r}")
+    return value == "on"
+
+
+def _print_boot_variants(bootstrapping: dict[str, Any]) -> None:
+    """Each bootstrap's variant and its modelled saving (issue 36; plans that offered variants)."""
+    from planner.report.explain import boot_variant_lines
+
+    for line in boot_variant_lines(bootstrapping):
+        out.print(escape(line))
 
 
 def _batch_option(value: str | None) -> int | str | None:

@@ -82,13 +82,28 @@ def plan_single(
                 # rotation-key schedule under the cap (planner.keys.joint: key set, hoisted-group
                 # splits and residency chosen together for the smallest modelled time; raises
                 # KeyCapError naming the smallest feasible cap); every table stays valid
+                from planner.keys.profile import KeyCapError
                 from planner.keys.schedule import schedule_plan
 
                 left = progress.remaining()
-                plan, _ = schedule_plan(
-                    plan, options.memory_cap_bytes, "joint",
-                    time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
-                )
+                try:
+                    plan, _ = schedule_plan(
+                        plan, options.memory_cap_bytes, "joint",
+                        time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
+                    )
+                except KeyCapError as e:
+                    if not sol.variants:
+                        raise
+                    # issue 36: the bootstrap variants' keys and DFT matrices do not fit the
+                    # cap: the full-slot plan (its options say boot_variants false), with why
+                    res = plan_single(graph, params, replace(options, boot_variants=False), record_timings,
+                                      wall_limit_s, wall_started)
+                    bt = res.plan["summary"].get("bootstrapping")
+                    if bt is not None:
+                        bt.setdefault("warnings", []).append(
+                            f"bootstrap variants not used: with them the plan needs at least {e.min_cap} bytes, "
+                            f"above the memory cap (their keys and DFT matrices join the key block 'boot')")
+                    return res
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
         raise PlanWallTimeout(str(e)) from None

@@ -8,7 +8,7 @@ from ortools.sat.python import cp_model
 
 from common import progress
 from solver.limits import set_time_limit
-from solver.model import ChoiceModel, Solution, Status
+from solver.model import FULL, BootOption, ChoiceModel, Group, Solution, Status
 
 # One search worker with a fixed seed: CP-SAT is then deterministic, and the same request
 # gives the same plan byte for byte (the brief's rule).  The machine has 2 cores anyway.
@@ -35,6 +35,10 @@ class CpSatSolver:
             m.add_exactly_one(x[g.name])
             for o, v in enumerate(x[g.name]):
                 m.add_hint(v, 1 if o == g.hint else 0)
+        # a model with bootstrap variants gets its hint complete (pairs, depths): planner.assign.solve
+        # hints the full-slot optimum with its variants, which CP-SAT then starts from (plans
+        # without variants keep the search they had, byte for byte)
+        full_hint = model.has_variants and model.max_depth is not None
         # step 3: layout edges (pair variables, tight linking; forbidden pairs excluded)
         obj: list[tuple[int, cp_model.IntVar]] = []
         edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]] = []
@@ -49,6 +53,8 @@ class CpSatSolver:
                         continue
                     y = m.new_bool_var(f"y[{ei}][{a}][{b}]")
                     pairs[(a, b)] = y
+                    if full_hint:
+                        m.add_hint(y, 1 if a == model.group(e.src).hint and b == model.group(e.dst).hint else 0)
                     if c:
                         obj.append((c, y))
             for a in range(len(xs)):
@@ -56,7 +62,8 @@ class CpSatSolver:
             for b in range(len(xd)):
                 m.add(sum(y for (_, bb), y in pairs.items() if bb == b) == xd[b])
             edge_pairs.append(pairs)
-        bvar = _depth(m, model, x, edge_pairs, obj) if model.max_depth is not None else {}
+        vvar: dict[str, list[tuple[str, cp_model.IntVar]]] = {}
+        bvar = _depth(m, model, x, edge_pairs, obj, vvar, full_hint) if model.max_depth is not None else {}
         # step 5: objective
         for g in model.groups:
             obj.extend((c, v) for c, v in zip(g.costs, x[g.name], strict=True) if c)
@@ -80,18 +87,22 @@ class CpSatSolver:
             objective: int | None = int(round(s.objective_value))
             bound: int | None = int(round(s.best_objective_bound))
             boots = tuple(name for name, v in bvar.items() if s.value(v))
+            variants = tuple((name, label) for name in boots for label, v in vvar.get(name, ())
+                             if label != FULL and s.value(v))
         else:
-            choice, objective, bound, boots = (), None, None, ()
-        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots)
+            choice, objective, bound, boots, variants = (), None, None, (), ()
+        return Solution(choice, status, objective, bound, time.perf_counter() - t0, self.name, boots, variants)
 
 
 
 def _depth(
     m: cp_model.CpModel, model: ChoiceModel, x: dict[str, list[cp_model.IntVar]],
     edge_pairs: list[dict[tuple[int, int], cp_model.IntVar]], obj: list[tuple[int, cp_model.IntVar]],
+    vvar: dict[str, list[tuple[str, cp_model.IntVar]]], full_hint: bool = False,
 ) -> dict[str, cp_model.IntVar]:
     """Step 4 of the model: depth constraints, bootstrap decisions and their costs (added
-    to ``obj``); returns b[g]."""
+    to ``obj``); returns b[g] (and fills ``vvar``: each group's (variant label, variable)
+    pairs where it offers bootstrap variants)."""
     assert model.max_depth is not None
     bvar: dict[str, cp_model.IntVar] = {}
     # step 4: multiplicative depth (exactly one pair per edge is chosen, so the
@@ -110,6 +121,9 @@ def _depth(
         m.add_hint(bvar[g.name], 1 if g.boot_hint else 0)
         R[g.name] = m.new_int_var(lo, L, f"R[{g.name}]")
         m.add(R[g.name] >= D[g.name] - M * bvar[g.name])
+        if g.has_variants:
+            vvar[g.name] = _variants(m, model, g, x[g.name], bvar[g.name], D[g.name], R[g.name], lo, obj)
+            continue
         if g.boot_post or lo:  # a bootstrapped value is read at boot_post (not below 0)
             m.add(R[g.name] >= lo + (g.boot_post - lo) * bvar[g.name])
         # z[g][o] >= x[g][o] AND b[g]: bootstrap cost w * n_ct(option), and the
@@ -117,6 +131,8 @@ def _depth(
         zs = []
         for o, v in enumerate(x[g.name]):
             z = m.new_bool_var(f"z[{g.name}][{o}]")
+            if full_hint:
+                m.add_hint(z, 1 if g.boot_hint and o == g.hint else 0)
             m.add_bool_or([v.Not(), bvar[g.name].Not(), z])
             obj.append(((model.boot_weight or 0) * g.n_ct(o), z))
             zs.append(z)
@@ -142,11 +158,50 @@ def _depth(
             m.add(pre >= sum(d * v for d, v in zip(g.depths, x[g.name], strict=True)))
         elif lo and g.name not in inc:
             m.add(pre >= 0)
+    if full_hint:  # the depths of the hinted assignment
+        choice = {g.name: g.hint for g in model.groups}
+        boots = [g.name for g in model.bootable() if g.boot_hint]
+        variants = {g.name: g.variant_hint for g in model.groups if g.name in boots and g.variant_hint != FULL}
+        d, pre_d = model.walk_depths(choice, boots, variants)
+        for g in model.groups:
+            m.add_hint(D[g.name], min(L, max(lo, d[g.name])))
+            if P[g.name] is not D[g.name]:
+                m.add_hint(P[g.name], min(L, max(lo, pre_d[g.name])))
+            if R[g.name] is not D[g.name]:
+                bc = g.boot_choice(g.hint, variants.get(g.name, FULL), model.boot_weight or 0) if g.name in boots else None
+                m.add_hint(R[g.name], min(L, max(lo, bc.post if bc is not None else d[g.name])))
     for ei, e in enumerate(model.edges):
         kd = sum(model.group(e.dst).depth(bb) * v for bb, v in enumerate(x[e.dst]))
         cd = sum(e.depth(a, bb) * y for (a, bb), y in edge_pairs[ei].items())
         m.add(P[e.dst] >= R[e.src] + cd + kd)
     return bvar
+
+
+def _variants(
+    m: cp_model.CpModel, model: ChoiceModel, g: Group, xs: list[cp_model.IntVar], b: cp_model.IntVar,
+    D: cp_model.IntVar, R: cp_model.IntVar, lo: int, obj: list[tuple[int, cp_model.IntVar]],
+) -> list[tuple[str, cp_model.IntVar]]:
+    """A bootstrapped group with variants (solver.model): one (option, variant) pair
+    ``v`` when ``b``, of the chosen option; its cost, its levels before (``D + pre <= L``)
+    and the depth its readers see (``R >= post``)."""
+    assert model.max_depth is not None
+    L = model.max_depth
+    vs: list[tuple[BootOption, cp_model.IntVar]] = []
+    for o, xo in enumerate(xs):
+        for j, bc in enumerate((g.boot_choice(o, FULL, model.boot_weight or 0), *g.variants(o))):
+            assert bc is not None
+            v = m.new_bool_var(f"v[{g.name}][{o}][{j}]")
+            m.add_implication(v, xo)
+            m.add_hint(v, 1 if g.boot_hint and o == g.hint and bc.label == g.variant_hint else 0)
+            if bc.cost:
+                obj.append((bc.cost, v))
+            vs.append((bc, v))
+    m.add(sum(v for _, v in vs) == b)
+    if any(bc.pre for bc, _ in vs):
+        m.add(D + sum(bc.pre * v for bc, v in vs if bc.pre) <= L)
+    if any(bc.post for bc, _ in vs) or lo:  # (not below lo when not bootstrapped)
+        m.add(lo + sum((bc.post - lo) * v for bc, v in vs if bc.post != lo) <= R)
+    return [(bc.label, v) for bc, v in vs]
 
 
 class _SolutionProgress(cp_model.CpSolverSolutionCallback):

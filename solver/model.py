@@ -20,6 +20,14 @@ the bootstrap uses, 0 or 1); a bootstrapped value needs ``D[g] + boot_pre <= max
 (the scaling or mask before it, per option).  A bootstrap costs ``boot_weight`` per ciphertext of the chosen
 option (``n_cts``).  Linearised the same way in CP-SAT and z3.
 
+Bootstrap variants (issue 36): an option may offer, besides the full-slot bootstrap above,
+variants (:class:`BootOption`: a sparse bootstrap at 2^k slots, two halves in one, two
+ciphertexts in one), each with its own cost (all the option's ciphertexts), levels before
+it (``pre``) and the level its readers see (``post``: 1, the unpacking product).  A
+bootstrapped group then picks one (option, variant) pair: ``v[g][o][j]`` with
+``sum v = b[g]`` and ``v[g][o][j] -> x[g][o]``; the chosen pair's cost, ``pre`` and ``post``
+replace the full bootstrap's.  Groups without variants keep the encoding above exactly.
+
 Options that bootstrap inside themselves (``resets``: a NeuJeans CinS conv layer ends in
 ``bootstrap_cins``, docs/cins.md) read their operands like any option, with their own
 levels (``depths``) consumed before the reset: ``P[g] = max(R[src] + conversion) + depth
@@ -33,10 +41,26 @@ constraints, depth (and bootstraps), objective.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cached_property
+
+# the label of the full-slot bootstrap (the variant every bootstrapped option has)
+FULL = "full"
+
+
+@dataclass(frozen=True)
+class BootOption:
+    """A bootstrap variant of one option (issue 36): ``label`` (``s<k>``, ``h<k>``,
+    ``p<k>``), the cost of bootstrapping all the option's ciphertexts with it, the levels
+    before it (mask, range scaling) and the depth its readers see after it."""
+
+    label: str
+    cost: int
+    pre: int
+    post: int
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,10 @@ class Group:
     # bootstraps inside itself (its ``depths`` entry: the levels it uses before that); it may
     # be below 0 when the bootstrap leaves levels above the top (a CinS layer, docs/cins.md)
     resets: tuple[int | None, ...] = ()
+    # per option (empty: none): the bootstrap variants it offers besides the full one
+    boot_variants: tuple[tuple[BootOption, ...], ...] = ()
+    # the variant of the hinted bootstrap (with ``boot_hint`` and ``hint``)
+    variant_hint: str = FULL
 
     def depth(self, o: int) -> int:
         return self.depths[o] if self.depths else 0
@@ -70,6 +98,21 @@ class Group:
     def reset(self, o: int) -> int | None:
         """The result depth of option ``o`` when it bootstraps inside itself, else None."""
         return self.resets[o] if self.resets else None
+
+    def variants(self, o: int) -> tuple[BootOption, ...]:
+        """The bootstrap variants option ``o`` offers besides the full one."""
+        return self.boot_variants[o] if self.boot_variants else ()
+
+    @property
+    def has_variants(self) -> bool:
+        return any(self.boot_variants)
+
+    def boot_choice(self, o: int, variant: str, boot_weight: int) -> BootOption | None:
+        """Cost, levels before and depth after bootstrapping option ``o`` with ``variant``
+        (:data:`FULL` or one of :meth:`variants`); None when the option does not offer it."""
+        if variant == FULL:
+            return BootOption(FULL, boot_weight * self.n_ct(o), self.boot_pre(o), self.boot_post)
+        return next((v for v in self.variants(o) if v.label == variant), None)
 
     @property
     def has_resets(self) -> bool:
@@ -86,6 +129,8 @@ class Group:
             self.bootable, tuple(self.boot_pres[o] for o in opts) if self.boot_pres else (),
             self.boot_post, self.boot_hint,
             tuple(self.resets[o] for o in opts) if self.resets else (),
+            tuple(self.boot_variants[o] for o in opts) if self.boot_variants else (),
+            self.variant_hint,
         )
 
 
@@ -132,15 +177,18 @@ class ChoiceModel:
             out.setdefault(e.dst, []).append(e)
         return out
 
-    def depths_of(self, choice: Mapping[str, int], boots: Collection[str] = ()) -> dict[str, int]:
+    def depths_of(self, choice: Mapping[str, int], boots: Collection[str] = (),
+                  variants: Mapping[str, str] | None = None) -> dict[str, int]:
         """Output depth of every group under a full choice (groups are topological), the
-        groups in ``boots`` bootstrapped (their readers see ``boot_post``)."""
-        return self.walk_depths(choice, boots)[0]
+        groups in ``boots`` bootstrapped (their readers see ``boot_post``, or the ``post``
+        of their variant in ``variants``: group -> label, absent: the full bootstrap)."""
+        return self.walk_depths(choice, boots, variants)[0]
 
     def walk_depths(
-        self, choice: Mapping[str, int], boots: Collection[str] = ()
+        self, choice: Mapping[str, int], boots: Collection[str] = (), variants: Mapping[str, str] | None = None
     ) -> tuple[dict[str, int], dict[str, int]]:
         """(output depth, depth before an option's own reset) of every group."""
+        variants = variants or {}
         inc = self.incoming()
         d: dict[str, int] = {}
         pre: dict[str, int] = {}
@@ -152,13 +200,26 @@ class ChoiceModel:
             ) + g.depth(o)
             reset = g.reset(o)
             d[g.name] = pre[g.name] if reset is None else reset
-            r[g.name] = g.boot_post if g.name in boots else d[g.name]
+            if g.name in boots:
+                bc = g.boot_choice(o, variants.get(g.name, FULL), self.boot_weight or 0)
+                r[g.name] = bc.post if bc is not None else g.boot_post
+            else:
+                r[g.name] = d[g.name]
         return d, pre
 
-    def evaluate_boots(self, choice: Mapping[str, int], boots: Collection[str]) -> int | None:
-        """Objective of a choice with the groups ``boots`` bootstrapped (None: infeasible)."""
+    def evaluate_boots(self, choice: Mapping[str, int], boots: Collection[str],
+                       variants: Mapping[str, str] | None = None) -> int | None:
+        """Objective of a choice with the groups ``boots`` bootstrapped, each with its
+        variant in ``variants`` (absent: the full bootstrap) (None: infeasible)."""
         boots = frozenset(boots)
+        variants = variants or {}
         if boots and not self.bootstraps or any(not self.group(b).bootable for b in boots):
+            return None
+        if any(v not in boots for v in variants):
+            return None
+        chosen = {b: self.group(b).boot_choice(choice[b], variants.get(b, FULL), self.boot_weight or 0)
+                  for b in boots}
+        if any(bc is None for bc in chosen.values()):
             return None
         total = sum(g.costs[choice[g.name]] for g in self.groups)
         for e in self.edges:
@@ -167,15 +228,52 @@ class ChoiceModel:
                 return None
             total += c
         if self.max_depth is not None:
-            d, pre = self.walk_depths(choice, boots)
+            d, pre = self.walk_depths(choice, boots, variants)
             if max([*d.values(), *pre.values()], default=0) > self.max_depth:
                 return None
-            if any(d[b] + self.group(b).boot_pre(choice[b]) > self.max_depth for b in boots):
+            if any(d[b] + bc.pre > self.max_depth for b, bc in chosen.items() if bc is not None):
                 return None
-        for b in boots:
-            g = self.group(b)
-            total += (self.boot_weight or 0) * g.n_ct(choice[b])
+        total += sum(bc.cost for bc in chosen.values() if bc is not None)
         return total
+
+    @property
+    def has_variants(self) -> bool:
+        return any(g.has_variants for g in self.groups)
+
+    def without_variants(self) -> ChoiceModel:
+        """The model with the full-slot bootstrap only."""
+        return replace(self, groups=tuple(replace(g, boot_variants=(), variant_hint=FULL) for g in self.groups))
+
+    def improve_variants(self, choice: Mapping[str, int], boots: Collection[str]) -> dict[str, str]:
+        """For a feasible placement, each bootstrapped group in turn (model order) takes its
+        cheapest variant that keeps the assignment feasible and lowers the objective: a
+        solution of the model without variants made a (no dearer) hint for this one."""
+        vs: dict[str, str] = {}
+        cur = self.evaluate_boots(choice, boots, vs)
+        if cur is None:
+            return vs
+        for g in self.groups:
+            if g.name not in boots:
+                continue
+            for v in sorted(g.variants(choice[g.name]), key=lambda v: (v.cost, v.label)):
+                val = self.evaluate_boots(choice, boots, {**vs, g.name: v.label})
+                if val is not None and val < cur:
+                    vs[g.name], cur = v.label, val
+                    break
+        return vs
+
+    def best_variants(self, choice: Mapping[str, int], boots: Collection[str]) -> dict[str, str]:
+        """For a placement, each bootstrapped group's cheapest variant that keeps the choice
+        feasible (brute force over the variants; a baseline and a check on small models)."""
+        names = sorted(b for b in boots if self.group(b).variants(choice[b]))
+        best: tuple[int, dict[str, str]] | None = None
+        for combo in itertools.product(*[[FULL, *(v.label for v in self.group(b).variants(choice[b]))]
+                                         for b in names]):
+            vs = {b: v for b, v in zip(names, combo, strict=True) if v != FULL}
+            val = self.evaluate_boots(choice, boots, vs)
+            if val is not None and (best is None or val < best[0]):
+                best = (val, vs)
+        return best[1] if best is not None else {}
 
     def lazy_boots(self, choice: Mapping[str, int]) -> frozenset[str] | None:
         """The first-fit placement (what a compiler without a placement model does): walk
@@ -320,7 +418,7 @@ class ChoiceModel:
             # same outgoing rows and, for bootstrapping, the same ciphertext count: the two
             # options look alike to every reader and to the bootstrap decision of g; the
             # depth rule below then treats bootstraps like depth (no deeper option dominates)
-            sig = {o: (g.n_ct(o), g.boot_pre(o), g.reset(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
+            sig = {o: (g.n_ct(o), g.boot_pre(o), g.reset(o), g.variants(o), tuple((e.costs[o], e.depths[o] if e.depths else ()) for e in outg.get(g.name, [])))
                    for o in keep[g.name]}
             kept: list[int] = []
             for c2 in sorted(keep[g.name], key=lambda o: (g.costs[o], o)):
@@ -376,6 +474,8 @@ class Solution:
     seconds: float
     solver: str
     boots: tuple[str, ...] = ()  # bootstrapped groups (model order)
+    # the bootstrap variant of each bootstrapped group that is not the full one (issue 36)
+    variants: tuple[tuple[str, str], ...] = ()
 
     def option(self, group: str) -> int:
         return dict(self.choice)[group]

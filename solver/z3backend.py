@@ -13,7 +13,7 @@ import time
 
 import z3
 
-from solver.model import ChoiceModel, Solution, Status
+from solver.model import FULL, BootOption, ChoiceModel, Group, Solution, Status
 
 # Weighted MaxSAT engine for the soft-constraint objective (see the module docstring).
 Z3_MAXSAT_ENGINE = "wmax"
@@ -50,7 +50,8 @@ class Z3Solver:
                         soft.append((z3.Or(z3.Not(va), z3.Not(vb)), ec))
         # step 4: multiplicative depth (the same linear constraints as CP-SAT), with the
         # bootstrap decisions b[g] and the reading depths R[g]
-        bvar = _depth(opt, model, x, terms, soft) if model.max_depth is not None else {}
+        vvar: dict[str, list[tuple[str, z3.BoolRef]]] = {}
+        bvar = _depth(opt, model, x, terms, soft, vvar) if model.max_depth is not None else {}
         # step 5: objective
         total = z3.Sum(terms) if terms else z3.IntVal(0)
         h = None
@@ -79,14 +80,17 @@ class Z3Solver:
         if status is Status.OPTIMAL:
             bound = objective
         boots = tuple(name for name, v in bvar.items() if z3.is_true(mdl.eval(v, True)))
-        return Solution(choice, status, objective, bound, seconds, self.name, boots)
+        variants = tuple((name, label) for name in boots for label, v in vvar.get(name, ())
+                         if label != FULL and z3.is_true(mdl.eval(v, True)))
+        return Solution(choice, status, objective, bound, seconds, self.name, boots, variants)
 
 
 def _depth(
     opt: z3.Optimize, model: ChoiceModel, x: dict[str, list[z3.BoolRef]], terms: list[z3.ArithRef],
-    soft: list[tuple[z3.BoolRef, int]],
+    soft: list[tuple[z3.BoolRef, int]], vvar: dict[str, list[tuple[str, z3.BoolRef]]],
 ) -> dict[str, z3.BoolRef]:
-    """Depth constraints, bootstrap decisions and their costs; returns b[g]."""
+    """Depth constraints, bootstrap decisions and their costs; returns b[g] (and fills
+    ``vvar`` for groups with bootstrap variants, as CP-SAT's ``_variants``)."""
     assert model.max_depth is not None
     b: dict[str, z3.BoolRef] = {}
     L = model.max_depth
@@ -114,6 +118,9 @@ def _depth(
         R[g.name] = z3.Int(f"R[{g.name}]")
         opt.add(R[g.name] >= lo, R[g.name] <= L)
         opt.add(R[g.name] >= D[g.name] - (L - lo) * z3.If(bg, 1, 0))
+        if g.has_variants:
+            vvar[g.name] = _variants(opt, model, g, x[g.name], bg, D[g.name], R[g.name], lo, terms, soft)
+            continue
         if g.boot_post or lo:  # a bootstrapped value is read at boot_post (not below 0)
             opt.add(R[g.name] >= z3.If(bg, g.boot_post, lo))
         pres = [z3.If(z3.And(v, bg), g.boot_pre(o), 0) for o, v in enumerate(x[g.name]) if g.boot_pre(o)]
@@ -131,3 +138,30 @@ def _depth(
               for a, va in enumerate(x[e.src]) for bb, vb in enumerate(x[e.dst]) if e.depth(a, bb)]
         opt.add(P[e.dst] >= R[e.src] + z3.Sum(kd + cd + [z3.IntVal(0)]))
     return b
+
+
+def _variants(
+    opt: z3.Optimize, model: ChoiceModel, g: Group, xs: list[z3.BoolRef], b: z3.BoolRef, D: z3.ArithRef,
+    R: z3.ArithRef, lo: int, terms: list[z3.ArithRef], soft: list[tuple[z3.BoolRef, int]],
+) -> list[tuple[str, z3.BoolRef]]:
+    """A bootstrapped group with variants: one (option, variant) pair when ``b``, of the
+    chosen option, with its cost, levels before and reading depth (as CP-SAT)."""
+    assert model.max_depth is not None
+    L = model.max_depth
+    vs: list[tuple[BootOption, z3.BoolRef]] = []
+    for o, xo in enumerate(xs):
+        for j, bc in enumerate((g.boot_choice(o, FULL, model.boot_weight or 0), *g.variants(o))):
+            assert bc is not None
+            v = z3.Bool(f"v[{g.name}][{o}][{j}]")
+            opt.add(z3.Implies(v, xo))
+            if bc.cost:
+                terms.append(z3.If(v, bc.cost, 0))
+                soft.append((z3.Not(v), bc.cost))
+            vs.append((bc, v))
+    opt.add(z3.Sum([z3.If(v, 1, 0) for _, v in vs]) == z3.If(b, 1, 0))
+    pres = [z3.If(v, bc.pre, 0) for bc, v in vs if bc.pre]
+    if pres:
+        opt.add(D + z3.Sum(pres) <= L)
+    if any(bc.post for bc, _ in vs) or lo:
+        opt.add(lo + z3.Sum([z3.IntVal(0), *(z3.If(v, bc.post - lo, 0) for bc, v in vs if bc.post != lo)]) <= R)
+    return [(bc.label, v) for bc, v in vs]

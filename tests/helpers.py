@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,53 @@ def mem_available() -> int:
     except OSError:
         pass
     return 1 << 62
+
+
+# -- bootstrap variants (issue 36) ----------------------------------------------------------
+# Test stand-ins until the measured data lands: params with sparse bootstrap variants and a
+# cost table pricing them.  Their numbers are placeholders for the planner's tests (each
+# variant's keys a plausible subset of the full set's offsets: those below 2^k and the trace
+# rotations 2^i, k <= i < log N - 1), not measurements.
+
+
+def with_boot_variants(params: Params, log_slots: tuple[int, ...]) -> Params:
+    """``params`` (a bootstrapping preset) offering sparse bootstraps at these 2^k slots."""
+    raw = params.to_json()
+    boot = dict(raw["boot"])  # type: ignore[arg-type]
+    full = boot["key_offsets"]
+    boot["variants"] = [
+        {"log_slots": k,
+         "key_offsets": sorted({o for o in full if o < 1 << k} | {1 << i for i in range(k, params.log_n - 1)}),
+         "matrix_bytes": max(1, boot["matrix_bytes"] * (k + 1) // params.log_n)}
+        for k in log_slots
+    ]
+    raw["boot"] = boot
+    return Params.from_json(raw)
+
+
+def variant_costs(tmp: Path, base: str, prices: dict[str, float], name: str = "variants") -> str:
+    """A copy of cost table ``base`` with ``boot_variants`` = ``prices``, written under
+    ``tmp``; returns its path (what ``--costs`` takes)."""
+    from planner.cost.tables import load_costs
+
+    raw = load_costs(base).model_dump(by_alias=True, exclude_none=True)
+    raw["name"] = name
+    raw["boot_variants"] = prices
+    p = tmp / f"{name}.json"
+    p.write_text(json.dumps(raw))
+    return str(p)
+
+
+def placeholder_prices(full_ms: float, log_slots: tuple[int, ...], slots: int) -> dict[str, float]:
+    """Placeholder variant prices from the full bootstrap's weight (not measurements):
+    a sparse bootstrap at 2^k slots 0.5 + 0.4 k / log2(slots) of it, halves 10% and
+    pairs 15% more."""
+    top = slots.bit_length() - 1
+    out: dict[str, float] = {}
+    for k in log_slots:
+        s = full_ms * (0.5 + 0.4 * k / top)
+        out[f"s{k}"] = round(s, 3)
+        if 2 << k <= slots:
+            out[f"h{k}"] = round(1.1 * s, 3)
+        out[f"p{k}"] = round(1.15 * s, 3)
+    return out

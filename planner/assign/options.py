@@ -68,6 +68,10 @@ class PlanOptionsLiteral(BaseModel):
     # samples per ciphertext set (SPEC section 8, planner/batch.py); unset: one sample, the
     # plan keeps SPEC section 4's shapes (and its bytes)
     batch: int | None = Field(default=None, ge=1)
+    # issue 36: bootstrap variants (sparse, halves, pairs) as options of the choice model
+    # where the params offer them and the cost table prices them; false: the full-slot
+    # bootstrap only
+    boot_variants: bool = True
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class PlanOptions:
     # batched plans only (planner/batch.py, never in the plan's options): strided outputs
     # may also be packed densely (batch.densified_variants)
     densify: bool = False
+    boot_variants: bool = True
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -111,6 +116,7 @@ class PlanOptions:
             cins_decompose=lit.cins_decompose,
             packing=lit.packing,
             batch=lit.batch,
+            boot_variants=lit.boot_variants,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -136,6 +142,8 @@ class PlanOptions:
             out["packing"] = self.packing
         if self.batch is not None:  # only when given: plans of one sample stay byte-identical
             out["batch"] = self.batch
+        if not self.boot_variants:  # only when off: other plans stay byte-identical
+            out["boot_variants"] = False
         return out
 
     def with_packing(self) -> PlanOptions:

@@ -11,6 +11,7 @@ from typing import Any
 from common import progress
 from common.errors import SlotplanError
 from planner import ir
+from planner.assign import boot_variants
 from planner.assign.candidates import (
     COMPLEX_KERNELS,
     KERNEL_FAMILIES,
@@ -38,7 +39,7 @@ from planner.kernels.base import Candidate
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
 from planner.layout.rotom import parse_layout
-from solver.model import ChoiceModel, Edge, Group
+from solver.model import FULL, BootOption, ChoiceModel, Edge, Group
 
 # Bits of precision of one bootstrap on Lattigo relative to the bound of its input, in the
 # worst case (a constant vector at |x| = boot.max_abs = 1/16: 3.2e-8, about 21 bits; see
@@ -68,6 +69,10 @@ class PlanProblem:
     ranges: RangeReport | None = None
     boot_scales: dict[str, int] = field(default_factory=dict)
     boot_unknown: dict[str, str] = field(default_factory=dict)
+    # issue 36: the scale of each bootstrappable value for the packed variants (halves,
+    # pairs: within boot.max_abs / 2), and the variants offered (label -> table units)
+    boot_half_scales: dict[str, int] = field(default_factory=dict)
+    boot_prices: dict[str, float] = field(default_factory=dict)
 
 
 def _group_of(graph: Graph, tensor: str) -> str:
@@ -107,10 +112,15 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
     boot_scales: dict[str, int] = {}
     boot_unknown: dict[str, str] = {}
+    half_scales: dict[str, int] = {}
+    # (complex-packed plans keep the full-slot bootstrap: a variant refreshes real values only)
+    prices = boot_variants.priced(costs, params, options.boot_variants and options.packing == "real")
     fused = costs.weights.fused  # price what the Lattigo executor fuses (Candidate.cost)
     for node in graph.nodes:
         cs = cands[node.id]
         bootable, pres, post = _boot_options(graph, node, cs, params, ranges, boot_scales, boot_unknown)
+        variants = _variant_options(node.id, cs, bootable, pres, post, prices, boot_scales, half_scales, ranges,
+                                    params, tm)
         # a candidate that bootstraps inside itself (a CinS layer): the levels it uses
         # before its bootstraps, and its result's depth
         rds = [c.reset_depths(S) for c in cs]
@@ -121,7 +131,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
                   depths=tuple(c.cost(S).depth if rd is None else rd[0] for c, rd in zip(cs, rds, strict=True)),
                   n_cts=tuple(c.out_layout.n_ct for c in cs) if params.boot is not None else (),
                   bootable=bootable, boot_pres=pres, boot_post=post,
-                  resets=tuple(None if rd is None else rd[1] for rd in rds) if any(rds) else ())
+                  resets=tuple(None if rd is None else rd[1] for rd in rds) if any(rds) else (),
+                  boot_variants=variants)
         )
     edges: list[Edge] = []
     operand_source: dict[tuple[str, str], str] = {}
@@ -153,7 +164,30 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
         model.edges, model.max_depth, model.boot_weight,
     )
     return PlanProblem(graph, params, options, costs, cands, input_options, model, operand_source,
-                       all_candidates, ranges, boot_scales, boot_unknown)
+                       all_candidates, ranges, boot_scales, boot_unknown, half_scales, prices)
+
+
+def _variant_options(
+    node_id: str, cs: Sequence[Candidate], bootable: bool, pres: tuple[int, ...], post: int,
+    prices: Mapping[str, float], scales: Mapping[str, int], half_scales: dict[str, int],
+    ranges: RangeReport | None, params: Params, tm: TimeModel,
+) -> tuple[tuple[BootOption, ...], ...]:
+    """Each candidate's bootstrap variants besides the full bootstrap
+    (planner.assign.boot_variants); () when none is offered."""
+    if not bootable or not prices or ranges is None or params.boot is None:
+        return ()
+    bound = ranges.bound(node_id)
+    assert bound is not None
+    s = scales[node_id]
+    # (a candidate holding a factor times the value, planner.assign.fold, within it too)
+    sh = half_scales[node_id] = boot_scale(bound * max(1.0, *(abs(c.out_scale) for c in cs)), params.boot.max_abs / 2)
+    full_w = tm.bootstrap_units()
+    out = tuple(
+        boot_variants.options(c.out_layout, c.out_layout.n_ct, c.out_layout.clean, s, sh, prices,
+                              BootOption(FULL, full_w * c.out_layout.n_ct, pre, post))
+        for c, pre in zip(cs, pres, strict=True)
+    )
+    return out if any(out) else ()
 
 
 def _boot_options(

@@ -47,6 +47,7 @@ from typing import Any
 from planner import ir
 from planner.cost.tables import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.frontend.params import Params
+from planner.ir import boot_block
 from planner.ir.analysis import register_depths
 from planner.ir.fusion import fused_blocks, product_sums
 from planner.kernels.base import CostVector
@@ -146,6 +147,8 @@ class TimeModel:
         self.top = {k: v for k, v in top.items() if v is not None}
         self.fused = w.fused  # the table prices what the executor fuses
         self.bootstrap = w.bootstrap if w.bootstrap is not None else BOOTSTRAP_ROTATIONS * w.rotation
+        # issue 36: one instruction of each bootstrap variant the table prices
+        self.boot_variants: dict[str, float] = dict(table.boot_variants or {})
         unit_s = _UNIT_SECONDS.get(table.unit)
         self.seconds_per_unit = unit_s if unit_s is not None else (ms_per_unit or 0.0) * 1e-3
         self.ms_per_unit = ms_per_unit if ms_per_unit is not None else (unit_s or 0.0) * 1e3
@@ -264,8 +267,8 @@ class TimeModel:
             if prod and prod[-1][1] > 0:
                 return self.weights.poly * self.at("cmul_relin", lv) / prod[-1][1]
             return self.weights.poly
-        if ir.is_bootstrap(ins):
-            return self.bootstrap * ins.count()
+        if ir.is_bootstrap(ins):  # a variant at its price (the full one's where the table has none)
+            return self.boot_variants.get(boot_block.variant_label(ins) or "", self.bootstrap * ins.count())
         if ins.counter == "add":
             return self.at("add", lv) * ins.count()
         if ins.counter == "rotations":  # other rotating instructions (e.g. CinS butterflies)
@@ -391,17 +394,6 @@ def time_model(params: Params) -> TimeModel:
                      source=f"default table x {rotation_ms(params)} ms per rotation (planner.cost.timing.ROTATION_MS)")
 
 
-def block_keys_in_line(params: Params, stream: int | None) -> int:
-    """Bytes of bootstrapping keys the key store reads when the plan loads the block
-    ``boot`` (backends/lattigo/keystore.go ``loadBlock``): every key, or with ``stream``
-    all but the Galois keys."""
-    if params.boot is None:
-        return 0
-    if stream is None:
-        return params.boot.key_bytes
-    return params.boot.key_bytes - params.boot.galois_keys * params.rotation_key_bytes(params.key_max_level)
-
-
 def plan_model(plan: Mapping[str, Any], params: Params, table: str | Path | None = None) -> TimeModel | None:
     """The model a plan's time is reported under: the calibrated table its objective used,
     else its preset's ``<preset>-lattigo``; ``table``: that table instead; None without a
@@ -439,10 +431,11 @@ def modelled_time(
     beforehand (keep-all); with ``preload_prologue`` so have the keys a schedule loads
     before its first computing instruction or block load (the counterpart of keep-all's
     up-front loads: both read before the clock, as BenchPlan's ``preload_prologue``).  The
-    block ``boot`` is read in line where the plan loads it (:func:`block_keys_in_line`);
+    block ``boot`` is read in line where the plan loads it (``boot_block.keys_in_line``);
     keep-all has it resident beforehand."""
     prog = ir.decode_program(program)
     cost = tm.program_costs(program, params.max_level, params.slots)
+    used = boot_block.variants_used(prog, params)
     clock = compute = loads = stall = 0.0
     loader_free = 0.0
     ready: dict[int, float] = {}
@@ -458,7 +451,7 @@ def modelled_time(
                 # the block's keys are read in line where the plan loads it (a streamed
                 # block: its relinearisation and encapsulation keys; the loader reads the
                 # Galois keys during the bootstraps, below)
-                ms = tm.load_ms(block_keys_in_line(params, ins.stream))
+                ms = tm.load_ms(boot_block.keys_in_line(params, ins.stream, used))
                 loads += ms
                 clock += ms
             continue
@@ -491,7 +484,7 @@ def modelled_time(
         if stream and ir.is_bootstrap(ins) and params.boot is not None:
             # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
             # key once: a lower bound, DFT stages share a few) while it runs
-            read = params.boot.galois_keys * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
+            read = boot_block.galois_keys(params, used) * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
             loads += read
             start = max(clock - ms, loader_free)
             loader_free = start + read

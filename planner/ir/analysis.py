@@ -23,6 +23,7 @@ import numpy as np
 
 from planner import ir
 from planner.frontend.params import Params
+from planner.ir import boot_block
 
 
 def given_back_levels(program: Sequence[Any]) -> int:
@@ -249,11 +250,14 @@ def memory_series(
     # bootstrapping: the block "boot" (bootstrapping keys + DFT matrices); its Galois keys
     # serve plan rotations of the same offsets, so keep-all holds the block and only the
     # other offsets' keys
+    # (with the keys and matrices of the sparse bootstrap variants it uses, issue 36)
     boot = params.boot
-    block = boot.block_bytes if boot is not None else 0
+    used = boot_block.variants_used(program, params)
+    block = boot_block.block_bytes(params, used)
     boots = boot is not None and any(ir.is_bootstrap(ins) for ins in program)
     if boots and boot is not None:
-        all_keys = {k for k in all_keys if k not in boot.key_offsets}
+        offsets = boot_block.block_offsets(params, used)
+        all_keys = {k for k in all_keys if k not in offsets}
     block_resident = False
     pt_start: dict[int, list[str]] = {}
     pt_end: dict[int, list[str]] = {}
@@ -290,10 +294,11 @@ def memory_series(
                 block_resident = True
                 stream = ins.stream
                 held = ins.stream if ins.stream is not None and learned else 0
-                block = params.boot_block_bytes() if stream is None else params.boot_stream_bytes(held)
+                block = boot_block.block_bytes(params, used) if stream is None else boot_block.stream_bytes(
+                    params, used, held)
             keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
         if block_resident and stream is not None and ir.is_bootstrap(ins):
-            block = params.boot_stream_bytes(stream + 1 if learned else 1)
+            block = boot_block.stream_bytes(params, used, stream + 1 if learned else 1)
             keys = conj + sum(kb(k) for k in resident) + block
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
@@ -311,7 +316,7 @@ def memory_series(
         if block_resident and stream is not None and ir.is_bootstrap(ins):
             held = stream + 1 if learned else stream
             learned = True
-            block = params.boot_stream_bytes(held)
+            block = boot_block.stream_bytes(params, used, held)
             keys = conj + sum(kb(k) for k in resident) + block
         if isinstance(ins, ir.DropKey):
             if ins.k is not None:

@@ -310,11 +310,20 @@ class ProgramBuilder:
         self._emit(ir.Rescale(dst, src))
         return dst
 
-    def bootstrap(self, src: str) -> str:
-        """Value unchanged, depth reset to 0 (bootstrapping presets)."""
-        dst = self._reg(0)
-        self._emit(ir.Bootstrap(dst, src))
+    def bootstrap(self, src: str, log_slots: int | None = None, halves: bool | None = None,
+                  scale: float | None = None) -> str:
+        """Value unchanged, depth reset to 0 (bootstrapping presets); with ``log_slots``
+        a sparse variant (issue 36): ``scale`` times the value at depth 1."""
+        dst = self._reg(0 if log_slots is None else 1)
+        self._emit(ir.Bootstrap(dst, src, log_slots, halves, scale))
         return dst
+
+    def bootstrap2(self, srcs: tuple[str, str], log_slots: int, scale: float | None = None) -> tuple[str, str]:
+        """Two registers in one sparse bootstrap at 2^log_slots slots (issue 36): ``scale``
+        times each value at depth 1."""
+        a, b = self._reg(1), self._reg(1)
+        self._emit(ir.Bootstrap2((a, b), tuple(srcs), log_slots, scale))
+        return a, b
 
     def accumulate(self, acc: str | None, term: str) -> str:
         """acc + term, or term when acc is None: summing as terms are produced keeps

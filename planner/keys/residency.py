@@ -15,6 +15,7 @@ import numpy as np
 from common.registry import Registry
 from planner import ir
 from planner.frontend.params import Params
+from planner.ir import boot_block
 from planner.keys.profile import KeyScheduleError, key_memory_profile
 from solver.keys_model import KeyLivenessProblem, solve_cpsat, solve_z3
 
@@ -424,7 +425,7 @@ def _emit(
 def _verify(program: Sequence[Mapping[str, Any]], params: Params, sizes: Mapping[int, int], cap: int | None) -> dict[str, int]:
     resident: set[int] = set()
     block = streamed = False
-    offsets = frozenset(params.boot.key_offsets) if params.boot is not None else frozenset()
+    offsets = boot_block.block_offsets(params, boot_block.variants_used(program, params))
     for i, raw in enumerate(program):
         ins = ir.decode(raw)
         if isinstance(ins, ir.LoadKey | ir.DropKey) and ins.k is None:

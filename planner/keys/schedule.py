@@ -41,6 +41,7 @@ from typing import Any
 from common import progress
 from planner import ir
 from planner.frontend.params import Params
+from planner.ir import boot_block
 from planner.ir.analysis import (
     default_key_level,
     register_depths,
@@ -243,12 +244,15 @@ def _schedule_with_block(
     need: list[list[int]] = []
     level: dict[int, int] = {}
     use_level = rotation_key_levels(prog, L)
+    # the block of this plan: the full bootstrap's and its variants' keys and matrices
+    used = boot_block.variants_used(prog, params)
+    offsets = boot_block.block_offsets(params, used)
     for i, ins in enumerate(prog):
         ks = sorted(set(_rot_keys(ins)))
         if block is not None and block.stream is None and block.covers(i) and params.boot is not None:
             # the block's own Galois keys serve these offsets while it is resident (a
             # streamed block's serve only its bootstraps)
-            ks = [k for k in ks if k not in params.boot.key_offsets]
+            ks = [k for k in ks if k not in offsets]
         need.append(ks)
         for k in ks:
             uses.setdefault(k, []).append(i)
@@ -257,7 +261,7 @@ def _schedule_with_block(
             level[k] = max(level.get(k, 0), lv)
     size = {k: params.rotation_key_bytes(level[k]) for k in uses}
     base = base_profile(prog, params, depth)
-    block_bytes = params.boot_block_bytes(block.stream) if block is not None else 0
+    block_bytes = boot_block.block_bytes(params, used, block.stream) if block is not None else 0
     if block is not None:
         for i in range(block.first, block.last + 1):
             base[i] += block_bytes

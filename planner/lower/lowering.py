@@ -14,6 +14,7 @@ import numpy as np
 
 from common import progress
 from planner import ir
+from planner.assign.boot_variants import Variant, chosen
 from planner.assign.candidates import (
     PlanError,
 )
@@ -23,6 +24,7 @@ from planner.ir.analysis import span_counts, summarize
 from planner.ir.builder import LazyTables, ProgramBuilder
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
+from planner.lower.boot_report import node_variants, variant_report
 from solver.model import Solution
 
 
@@ -53,6 +55,8 @@ def lower_solution(
     b = ProgramBuilder(S)
     choice = dict(sol.choice)
     boots = frozenset(sol.boots)
+    variants = dict(sol.variants)
+    node_variant = node_variants(problem, sol)
     regs: dict[str, list[str]] = {}
     layout_of: dict[str, ChannelLayout] = {}
     claims = claims if claims is not None else []
@@ -82,7 +86,9 @@ def lower_solution(
         outs = cand.lower(b, op_regs)
         out_layout = cand.out_layout
         if node.id in boots:
-            outs, out_layout = _lower_bootstrap(b, outs, out_layout, problem.boot_scales[node.id], node.id)
+            var = chosen(variants, node.id)
+            s = problem.boot_scales[node.id] if var is None or not var.packed else problem.boot_half_scales[node.id]
+            outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var)
         regs[node.id] = outs
         layout_of[node.id] = out_layout
         claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
@@ -106,6 +112,7 @@ def lower_solution(
                 "conversions": conversions,
                 **({"bootstraps": sum(1 for i in b.instrs[start:end] if ir.is_bootstrap(ir.decode(i)))}
                    if params.boot is not None else {}),
+                **({"boot_variant": node_variant[node.id]} if node.id in node_variant else {}),
             }
         )
         progress.advance("lowering", node.id)
@@ -156,26 +163,47 @@ def lower_solution(
 
 
 def _lower_bootstrap(
-    b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str
+    b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str, var: Variant | None = None,
 ) -> tuple[list[str], ChannelLayout]:
     """Bootstrap every ciphertext of a node's result: before it one pmul by ``1/s`` on the
     layout's slots and 0 on its free slots (when scaled, or when the layout is dirty: the
-    free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled)."""
+    free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled).  A
+    variant (``var``, planner.assign.boot_variants) folds that ``s`` into its unpacking
+    product (the instruction's ``scale``) and pairs two ciphertexts per ``bootstrap2``."""
     slots = b.slots
     masked = not lay.clean
-    out: list[str] = []
-    for q, r in enumerate(regs):
+
+    def pre(q: int, r: str) -> str:
         if s > 1 or masked:
+            # (a packed variant's 1/s, of the halved budget, gets a table of its own)
+            half = var is not None and var.packed
             pt = b.const_plaintext(
-                ("boot-in", node_id, q), f"pt/boot/{node_id}/{q}",
+                ("boot-in-half" if half else "boot-in", node_id, q),
+                f"pt/boot/{node_id}/half/{q}" if half else f"pt/boot/{node_id}/{q}",
                 lambda q=q: np.where(lay.index_map(q) >= 0, 1.0 / s, 0.0),  # type: ignore[misc]
             )
             r = b.rescale(b.pmul(r, pt))
-        r = b.bootstrap(r)
-        if s > 1:
-            up = b.const_plaintext(("boot-up", s), f"pt/boot/scale/{s}", lambda: np.full(slots, float(s)))
-            r = b.rescale(b.pmul(r, up))
-        out.append(r)
+        return r
+
+    out: list[str] = []
+    if var is None:
+        for q, r in enumerate(regs):
+            r = b.bootstrap(pre(q, r))
+            if s > 1:
+                up = b.const_plaintext(("boot-up", s), f"pt/boot/scale/{s}", lambda: np.full(slots, float(s)))
+                r = b.rescale(b.pmul(r, up))
+            out.append(r)
+        return out, lay.with_clean(True) if masked else lay
+    scale = float(s) if s > 1 else None
+    q = 0
+    while q < len(regs):
+        if var.kind == "p" and q + 1 < len(regs):
+            a, c = pre(q, regs[q]), pre(q + 1, regs[q + 1])
+            out.extend(b.bootstrap2((a, c), var.log_slots, scale))
+            q += 2
+            continue
+        out.append(b.bootstrap(pre(q, regs[q]), var.log_slots, True if var.kind == "h" else None, scale))
+        q += 1
     return out, lay.with_clean(True) if masked else lay
 
 
@@ -217,6 +245,8 @@ def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
             "values": None if greedy_lazy is None else len(greedy_lazy),
             "bootstraps": n_boot(greedy_lazy, greedy),
         },
+        # issue 36: each bootstrap's variant and its modelled saving (when variants were offered)
+        **variant_report(problem, sol),
     }
 
 

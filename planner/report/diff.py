@@ -84,6 +84,8 @@ def node_digest(node: Mapping[str, Any], layouts: bool = True) -> dict[str, Any]
         "params": dict(node.get("params") or {}),
         "rotations": node.get("rotations"),
     }
+    if "boot_variant" in node:  # issue 36: the variant of the node's bootstrap (plans that offered variants)
+        out["boot_variant"] = node["boot_variant"]
     if layouts:
         if "in_layouts" in node:
             out["in_layouts"] = list(node["in_layouts"])
@@ -308,6 +310,8 @@ def _diff_nodes(base: Sequence[Mapping[str, Any]], head: Sequence[Mapping[str, A
             for f in NODE_FIELDS
             if f in bn and f in hn and bn.get(f) != hn.get(f)
         ]
+        if bn.get("boot_variant") != hn.get("boot_variant"):  # e.g. "full" -> "s12"; absent: no variant offered
+            fields.append(FieldChange(field="boot_variant", base=bn.get("boot_variant"), head=hn.get("boot_variant")))
         bp, hp = bn.get("params") or {}, hn.get("params") or {}
         params = [
             FieldChange(field=k, base=bp.get(k), head=hp.get(k))

@@ -24,6 +24,7 @@ from planner.cost.tables import OBJECTIVE_SCALE
 from planner.cost.timing import TimeModel
 from planner.kernels.base import Candidate, CostVector
 from planner.kernels.convert import plan_conversion
+from planner.lower.boot_report import variant_report
 from planner.pipeline import PlanOptions, PlanOptionsLiteral, PlanProblem, build_problem, solve_problem
 from solver.model import Solution, Status
 
@@ -266,10 +267,31 @@ def explain_choices(problem: PlanProblem, sol: Solution) -> dict[str, Any]:
         entry["runner_up"] = ru
         entry["reason"] = _reason(problem, chosen, ru)
         nodes.append(entry)
+    boots = variant_report(problem, sol)
     return {
         "schema": EXPLAIN_SCHEMA,
         "costs": problem.costs.name,
         "unit": problem.costs.unit,
         "objective": None if base is None else round(base / OBJECTIVE_SCALE, 6),
         "nodes": nodes,
+        # issue 36: each bootstrap's variant against the full-slot bootstrap (when offered)
+        **({"bootstraps": boots["per_bootstrap"], "variants_offered": boots["variants_offered"]} if boots else {}),
     }
+
+
+def boot_variant_lines(bootstrapping: Mapping[str, Any]) -> list[str]:
+    """Per bootstrap of a plan's ``summary.bootstrapping`` (when variants were offered):
+    node, variant, ciphertexts, instructions, modelled seconds and the saving against the
+    full-slot bootstrap of the same ciphertexts; then the plan's total."""
+    rows = bootstrapping.get("per_bootstrap")
+    if not rows:
+        return []
+    lines = [f"bootstrap variants (offered: {', '.join(bootstrapping.get('variants_offered', [])) or 'none'}):"]
+    for r in rows:
+        what = r["variant"] if r["variant"] == "full" else f"{r['variant']} ({r['kind']}, 2^{r['log_slots']} slots)"
+        lines.append(f"  {r['node']}: {what}, {r['ciphertexts']} ciphertext(s) in {r['instructions']} instruction(s), "
+                     f"{r['seconds']:.3f} s modelled, saving {r['saving_seconds']:.3f} s against full-slot "
+                     f"({r['full_seconds']:.3f} s)")
+    lines.append(f"  total {bootstrapping['seconds']:.3f} s modelled against {bootstrapping['full_slot_seconds']:.3f} s "
+                 f"full-slot: saving {bootstrapping['variant_saving_seconds']:.3f} s")
+    return lines

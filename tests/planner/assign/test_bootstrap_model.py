@@ -4,12 +4,13 @@ cost (not first fit), and the first-fit baseline."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from solver import SOLVERS, create
-from solver.model import ChoiceModel, Edge, Group, Status
+from solver.model import FULL, BootOption, ChoiceModel, Edge, Group, Status
 
 
 def chain(n: int, L: int, w: int = 100) -> ChoiceModel:
@@ -125,3 +126,106 @@ def test_minimum_cost_placement_beats_first_fit() -> None:
     for name in SOLVERS:
         sol = create(name).solve(m, 10.0)
         assert sol.boots == ("a",) and sol.objective == 10
+
+
+# -- bootstrap variants (issue 36) ---------------------------------------------------------
+
+
+def random_variant_model(seed: int) -> ChoiceModel:
+    """:func:`random_boot_model` whose options also offer bootstrap variants (a sparse one,
+    halves, pairs) of random cost with one level after them and random levels before."""
+    rng = np.random.default_rng(1000 + seed)
+    m = random_boot_model(seed)
+    groups = []
+    for g in m.groups:
+        if not g.bootable:
+            groups.append(g)
+            continue
+        per = []
+        for _o in range(len(g.costs)):
+            vs = []
+            for kind in ("s", "h", "p"):
+                if rng.random() < 0.6:
+                    vs.append(BootOption(f"{kind}{int(rng.integers(3, 6))}", int(rng.integers(1, 60)),
+                                         int(rng.integers(0, 2)), 1))
+            per.append(tuple(vs))
+        groups.append(replace(g, boot_variants=tuple(per)))
+    return ChoiceModel(tuple(groups), m.edges, m.max_depth, m.boot_weight)
+
+
+def brute_force_variants(m: ChoiceModel) -> tuple[int, int] | None:
+    """(objective, bootstraps) of a cheapest assignment over options, placements and
+    every bootstrapped option's variant."""
+    best: tuple[int, int] | None = None
+    bootable = [g.name for g in m.bootable()]
+    for combo in itertools.product(*[range(len(g.costs)) for g in m.groups]):
+        choice = {g.name: o for g, o in zip(m.groups, combo, strict=True)}
+        for r in range(len(bootable) + 1):
+            for boots in itertools.combinations(bootable, r):
+                labels = [[FULL, *(v.label for v in m.group(b).variants(choice[b]))] for b in boots]
+                for vs in itertools.product(*labels):
+                    v = m.evaluate_boots(choice, boots, {b: x for b, x in zip(boots, vs, strict=True) if x != FULL})
+                    if v is not None and (best is None or (v, r) < best):
+                        best = (v, r)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_solvers_match_brute_force_with_bootstrap_variants(seed: int) -> None:
+    """CP-SAT and z3 give the brute-force optimum over options, placements and variants,
+    and the same variants where the optimum is unique up to its objective."""
+    m = random_variant_model(seed)
+    want = brute_force_variants(m)
+    pruned, _ = m.prune_dominated()
+    got_pruned = brute_force_variants(pruned)
+    assert got_pruned == want or want is None and got_pruned is None
+    for model in (m, pruned):
+        for name in SOLVERS:
+            sol = create(name).solve(model, 30.0)
+            if want is None:
+                assert sol.status is Status.INFEASIBLE
+                continue
+            assert sol.status is Status.OPTIMAL, name
+            assert sol.objective == want[0], (name, sol)
+            vs = dict(sol.variants)
+            assert set(vs) <= set(sol.boots)
+            assert model.evaluate_boots(dict(sol.choice), sol.boots, vs) == want[0]
+            # the solver's variants are the cheapest for its placement
+            best = model.best_variants(dict(sol.choice), sol.boots)
+            assert model.evaluate_boots(dict(sol.choice), sol.boots, best) == want[0]
+
+
+def test_variants_lower_the_optimum_on_random_models() -> None:
+    """Over the seeds, cheap variants make some optimum cheaper than the full bootstrap's
+    and never dearer."""
+    lower = 0
+    for seed in range(30):
+        m = random_variant_model(seed)
+        plain = ChoiceModel(tuple(replace(g, boot_variants=()) for g in m.groups), m.edges, m.max_depth, m.boot_weight)
+        a, b = brute_force_variants(m), brute_force_variants(plain)
+        if b is None:
+            continue
+        assert a is not None and a[0] <= b[0]
+        lower += a[0] < b[0]
+    assert lower >= 3
+
+
+def test_sparse_variant_costs_its_level_after() -> None:
+    """x -> a -> b -> c with 3 levels: a cheap sparse variant of a's bootstrap leaves a
+    reader at depth 1, so it fits only where that level is free; the solvers pick it
+    where it fits and the full bootstrap where it does not."""
+    def model(da: int, db: int) -> ChoiceModel:
+        groups = (
+            Group("input:x", (0,), ("x",), depths=(0,), n_cts=(1,)),
+            Group("a", (0,), ("a",), depths=(da,), n_cts=(2,), bootable=True,
+                  boot_variants=((BootOption("s4", 5, 0, 1),),)),
+            Group("b", (0,), ("b",), depths=(db,), n_cts=(1,)),
+        )
+        edges = (Edge("input:x", "a", "x", ((0,),)), Edge("a", "b", "a", ((0,),)))
+        return ChoiceModel(groups, edges, 3, 10)
+
+    for name in SOLVERS:
+        sol = create(name).solve(model(3, 2), 10.0)  # 1 + 2 <= 3: the sparse variant fits
+        assert sol.boots == ("a",) and dict(sol.variants) == {"a": "s4"} and sol.objective == 5, (name, sol)
+        sol = create(name).solve(model(3, 3), 10.0)  # 1 + 3 > 3: only the full one (2 cts x 10)
+        assert sol.boots == ("a",) and sol.variants == () and sol.objective == 20, (name, sol)

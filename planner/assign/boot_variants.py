@@ -1,0 +1,155 @@
+"""Bootstrap variants as options of the choice model (issue 36, docs/time-model.md).
+
+A bootstrapped value may be refreshed by the full-slot bootstrap (``bootstrap``, depth 0)
+or by a variant the parameters offer (``params.boot.variants``) and the cost table prices
+(``boot_variants``), each ending in one unpacking product (depth 1) into which the node's
+range scaling after the bootstrap is folded (the instruction's ``scale``):
+
+* ``s<k>``: a sparse bootstrap at 2^k slots of each ciphertext; every ciphertext is zero
+  outside slots [0, 2^k);
+* ``h<k>``: one sparse bootstrap at 2^k slots of each ciphertext whose two halves
+  [0, 2^k) and [2^k, 2^(k+1)) travel as the real and imaginary part; zero outside
+  [0, 2^(k+1)), values within ``boot.max_abs / 2``;
+* ``p<k>``: two ciphertexts of the value (each zero outside [0, 2^k)) in one bootstrap
+  (``bootstrap2``): ceil(n/2) instructions, the last one of an odd count a sparse
+  ``bootstrap`` at 2^k slots; values within ``boot.max_abs / 2``.
+
+A layout is zero outside its used slots when it is clean; a dirty one (free slots holding
+partial sums) is masked first, as before the full bootstrap (one level before).  Values
+scaled down before a bootstrap are scaled by ``1/s`` (``s``: the node's bootstrap scale,
+:func:`planner.frontend.ranges.boot_scale`; ``s/2``-halved budgets for halves and pairs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from planner.cost.tables import OBJECTIVE_SCALE, CostTable
+from planner.frontend.params import Params
+from planner.ir.instructions import MAX_BOOT_SCALE
+from solver.model import FULL, BootOption
+
+_LABEL = re.compile(r"^([shp])(\d+)$")
+KINDS = {"s": "sparse", "h": "halves", "p": "pair"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A variant label parsed: its kind (``s``, ``h``, ``p``) and log2 slot count."""
+
+    kind: str
+    log_slots: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.log_slots}"
+
+    @property
+    def packed(self) -> bool:
+        """Two real values per complex slot (halves, pairs): values within max_abs / 2."""
+        return self.kind in ("h", "p")
+
+    @staticmethod
+    def parse(label: str) -> Variant | None:
+        m = _LABEL.match(label)
+        return Variant(m.group(1), int(m.group(2))) if m else None
+
+
+def instructions(kind: str, n_ct: int) -> dict[str, int]:
+    """The instructions a variant of ``kind`` runs for ``n_ct`` ciphertexts, by the key
+    of their price: a pair variant one ``p`` per two, an odd last one as ``s``."""
+    if kind == "p":
+        return {"p": n_ct // 2, "s": n_ct % 2}
+    return {kind: n_ct}
+
+
+def priced(costs: CostTable, params: Params, enabled: bool = True) -> dict[str, float]:
+    """The variants the choice model may use: offered by the params and priced by the
+    table (label -> table units per instruction)."""
+    if not enabled or params.boot is None or not costs.boot_variants:
+        return {}
+    offered = {v.log_slots for v in params.boot.variants}
+    out = {}
+    for label, w in sorted(costs.boot_variants.items()):
+        v = Variant.parse(label)
+        if v is not None and v.log_slots in offered and (1 << v.log_slots) < params.slots:
+            if v.kind == "h" and (2 << v.log_slots) > params.slots:
+                continue
+            out[label] = float(w)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def used_span(lay: object) -> int | None:
+    """1 + the highest slot any ciphertext of the layout holds an element in (None: a
+    layout without index maps)."""
+    index_map = getattr(lay, "index_map", None)
+    n = getattr(lay, "n_ct", None)
+    if index_map is None or not isinstance(n, int):
+        return None
+    top = 0
+    for q in range(n):
+        nz = np.flatnonzero(np.asarray(index_map(q)) >= 0)
+        if nz.size:
+            top = max(top, int(nz[-1]) + 1)
+    return top
+
+
+def options(
+    lay: object, n_ct: int, clean: bool, s: int, s_half: int, prices: Mapping[str, float],
+    full: BootOption,
+) -> tuple[BootOption, ...]:
+    """The variants of one option besides the full bootstrap ``full`` (its cost, levels
+    before and after): per kind the cheapest priced one that the layout fits, unless the
+    full bootstrap or another variant is no dearer and needs no more levels."""
+    if not prices:
+        return ()
+    span = used_span(lay)
+    if span is None:
+        return ()
+    best: dict[str, BootOption] = {}
+    for label in prices:
+        v = Variant.parse(label)
+        assert v is not None
+        n = 1 << v.log_slots
+        if v.kind == "s" and span > n or v.kind == "h" and span > 2 * n or v.kind == "p" and (span > n or n_ct < 2):
+            continue
+        units = 0
+        ok = True
+        for key, count in instructions(v.kind, n_ct).items():
+            p = prices.get(f"{key}{v.log_slots}") if count else 0.0
+            if p is None:
+                ok = False
+                break
+            units += count * int(round(p * OBJECTIVE_SCALE))
+        if not ok:
+            continue
+        scale = s_half if v.packed else s
+        if scale > MAX_BOOT_SCALE:  # the unpacking product's factor has a bound
+            continue
+        pre = int(scale > 1 or not clean)
+        opt = BootOption(label, units, pre, 1)
+        cur = best.get(v.kind)
+        if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]
+            best[v.kind] = opt
+    out: list[BootOption] = []
+    for opt in sorted(best.values(), key=lambda o: (o.cost, o.label)):
+        if any(_no_worse(o, opt) for o in [full, *out]):
+            continue
+        out.append(opt)
+    return tuple(sorted(out, key=lambda o: o.label))
+
+
+def _no_worse(a: BootOption, b: BootOption) -> bool:
+    return a.cost <= b.cost and a.pre <= b.pre and a.post <= b.post
+
+
+def chosen(variants: Mapping[str, str], node: str) -> Variant | None:
+    """The variant of a bootstrapped node (None: the full bootstrap)."""
+    label = variants.get(node, FULL)
+    return None if label == FULL else Variant.parse(label)

@@ -1,0 +1,268 @@
+"""Bootstrap variants in plans (issue 36): random small graphs at n14boot with params that
+offer sparse bootstraps and a cost table that prices them (test stand-ins,
+tests/helpers.py): the plans simulate equal to numpy, the simulator's variant checks pass,
+CP-SAT and z3 agree on objective, bootstrap count and variants, the key block and the
+reports count what the plan uses, and ``boot_variants`` off gives the full-slot plan."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.sim import SimulationError, simulate
+from planner.frontend.graph import Graph, parse_graph
+from planner.frontend.params import PRESETS
+from planner.frontend.reference import random_values
+from planner.ir import boot_block
+from planner.ir.analysis import memory_profile
+from planner.pipeline import PlanOptions, plan_graph
+from solver import SOLVERS
+from tests.helpers import check_plan, placeholder_prices, variant_costs, with_boot_variants
+
+KS = (5, 6, 10, 12)
+PARAMS = with_boot_variants(PRESETS["n14boot"], KS)
+FULL_MS = 3462.05346  # n14boot-lattigo's measured full bootstrap (weights.bootstrap)
+
+
+@pytest.fixture(scope="module")
+def costs(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return variant_costs(tmp_path_factory.mktemp("costs"), "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+
+
+def random_graph(seed: int) -> tuple[Graph, dict[str, str]]:
+    """A random chain deep enough to bootstrap (> 9 levels): element-wise products and sums
+    with weights, small polynomials, matvecs with weights scaled to keep the range; vector
+    sizes 16..256, sometimes two rows pinned one per ciphertext (pairs can apply)."""
+    rng = np.random.default_rng(seed)
+    two = seed % 3 == 0
+    n = int(rng.choice([16, 32, 64, 200, 256])) if not two else int(rng.choice([16, 50, 64]))
+    shape = [2, n] if two else [n]
+    tensors: dict[str, Any] = {"x": {"shape": shape, "role": "input", "range": [-1, 1]}}
+    nodes: list[dict[str, Any]] = []
+    prev, depth, i, mv = "x", 0, 0, 0
+    target = int(rng.integers(11, 22))  # one or two bootstraps
+    while depth < target:
+        i += 1
+        # (at most two matvecs, on the smaller vectors: z3 proves these models optimal in seconds)
+        ops = ["mul", "add", "poly"] + (["matvec"] if not two and n <= 64 and mv < 2 else [])
+        op = str(rng.choice(ops))
+        mv += op == "matvec"
+        nid = f"n{i}"
+        if op in ("mul", "add"):
+            tensors[f"w{i}"] = {"shape": shape, "role": "weight", "range": [-0.5, 0.5] if op == "add" else [-1, 1]}
+            nodes.append({"id": nid, "op": op, "inputs": [prev, f"w{i}"]})
+            depth += op == "mul"
+        elif op == "poly":
+            nodes.append({"id": nid, "op": "poly", "inputs": [prev], "coeffs": [0.1, 0.5, 0.4]})
+            depth += 2
+        else:
+            tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-1.0 / n, 1.0 / n]}
+            nodes.append({"id": nid, "op": "matvec", "inputs": [f"w{i}", prev]})
+            depth += 1
+        prev = nid
+    g = parse_graph({"schema": "slotplan.graph/1", "name": f"variants{seed}", "tensors": tensors,
+                     "nodes": nodes, "outputs": [prev]})
+    return g, ({"x": f"[0:2];[1:{n}]"} if two else {})
+
+
+def plan(g: Graph, costs: str, pinned: dict[str, str], **opts: Any) -> Any:
+    # a limit no test reaches: the solvers prove every plan here optimal (z3 in seconds)
+    opts.setdefault("time_limit_s", 120.0)
+    return plan_graph(g, PARAMS, PlanOptions(costs=costs, allow_insecure=True,
+                                             input_layouts=tuple(sorted(pinned.items())), **opts))
+
+
+def boot_ops(res: Any) -> list[tuple[str, int | None, bool | None]]:
+    return [(i["op"], i.get("log_slots"), i.get("halves")) for i in res.plan["program"]
+            if i["op"] in ("bootstrap", "bootstrap2")]
+
+
+def random_prices(seed: int) -> dict[str, float]:
+    """Placeholder prices with each kind scaled by a random factor in [0.5, 1.6] (a kind
+    then wins on some graphs, and the full bootstrap on others)."""
+    rng = np.random.default_rng(500 + seed)
+    f = {k: float(rng.uniform(0.5, 1.6)) for k in "shp"}
+    return {k: round(v * f[k[0]], 3) for k, v in placeholder_prices(FULL_MS, KS, PARAMS.slots).items()}
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_graphs_plan_with_variants_and_simulate(seed: int, tmp_path: Path) -> None:
+    g, pinned = random_graph(seed)
+    costs = variant_costs(tmp_path, "n14boot-lattigo", random_prices(seed))
+    got = {}
+    for solver in SOLVERS:
+        res = plan(g, costs, pinned, solver=solver)
+        check_plan(res, g)  # numpy reference, layout claims, the simulator's variant checks
+        s = res.plan["summary"]
+        assert s["bootstraps"] >= 1 and s["solver"]["status"] == "optimal"
+        got[solver] = (s["solver"]["objective"], s["bootstraps"], Counter(boot_ops(res)),
+                       Counter(b["variant"] for b in s["bootstrapping"]["per_bootstrap"]))
+    assert len(set(map(repr, got.values()))) == 1, got
+
+
+def test_variants_are_chosen_and_save_against_full(tmp_path: Path) -> None:
+    """Over the random graphs every kind of variant appears (and the full bootstrap where
+    the variants are dear), and each plan's report gives the modelled saving against the
+    full-slot bootstrap of the same plan."""
+    kinds: set[str] = set()
+    for seed in range(16):
+        g, pinned = random_graph(seed)
+        res = plan(g, variant_costs(tmp_path, "n14boot-lattigo", random_prices(seed), name=f"r{seed}"), pinned)
+        bt = res.plan["summary"]["bootstrapping"]
+        for b in bt["per_bootstrap"]:
+            kinds.add(b["variant"][0])
+            assert b["saving_seconds"] == pytest.approx(b["full_seconds"] - b["seconds"], abs=1e-3)
+            assert b["seconds"] > 0 and (b["variant"] == "full") == (b["saving_seconds"] == 0)
+        assert bt["variant_saving_seconds"] == pytest.approx(sum(b["saving_seconds"] for b in bt["per_bootstrap"]), abs=1e-3)
+    assert {"s", "h", "p", "f"} <= kinds
+
+
+@pytest.mark.parametrize("kind", ["s", "h", "p"])
+def test_each_kind_where_cheapest(kind: str, tmp_path: Path) -> None:
+    """Two rows pinned one per ciphertext: with one kind priced at half, the plan uses it
+    (pairs: one bootstrap2 per two ciphertexts); CP-SAT and z3 give the same plan cost."""
+    prices = {k: (v * 0.5 if k[0] == kind else v) for k, v in placeholder_prices(FULL_MS, KS, PARAMS.slots).items()}
+    c = variant_costs(tmp_path, "n14boot-lattigo", prices, name=f"half-{kind}")
+    g, pinned = random_graph(0)  # shape [2, n], pinned
+    objs = set()
+    for solver in SOLVERS:
+        res = plan(g, c, pinned, solver=solver)
+        check_plan(res, g)
+        ops = boot_ops(res)
+        if kind == "p":
+            assert ops and all(op == "bootstrap2" for op, _, _ in ops)
+        else:
+            assert ops and all(op == "bootstrap" and ls is not None and bool(h) == (kind == "h") for op, ls, h in ops)
+        objs.add(res.plan["summary"]["solver"]["objective"])
+    assert len(objs) == 1
+
+
+def test_off_gives_the_full_slot_plan_and_the_block_counts_the_variants(costs: str) -> None:
+    g, pinned = random_graph(1)
+    on = plan(g, costs, pinned)
+    off = plan(g, costs, pinned, boot_variants=False)
+    assert all(op == "bootstrap" and ls is None for op, ls, _ in boot_ops(off))
+    assert any(ls is not None for _, ls, _ in boot_ops(on))
+    assert off.plan["options"]["boot_variants"] is False and "boot_variants" not in on.plan["options"]
+    # the modelled objective with variants is no higher than without
+    assert on.plan["summary"]["solver"]["objective"] <= off.plan["summary"]["solver"]["objective"]
+    # the key block of the plan with variants holds their extra keys and matrices
+    used = boot_block.variants_used(on.plan["program"], PARAMS)
+    assert used
+    extra = boot_block.block_bytes(PARAMS, used) - PARAMS.boot_block_bytes()
+    assert extra == boot_block.added_bytes(PARAMS, used) > 0
+    assert memory_profile(on.plan["program"], PARAMS)["keys"] - memory_profile(off.plan["program"], PARAMS)["keys"] \
+        == pytest.approx(extra, abs=8 * PARAMS.rotation_key_bytes())
+
+
+def test_simulator_refuses_a_variant_the_params_do_not_offer(costs: str) -> None:
+    g, pinned = random_graph(1)
+    res = plan(g, costs, pinned)
+    bad = dict(res.plan)
+    bad["params"] = PRESETS["n14boot"].to_json()  # no variants
+    with pytest.raises(SimulationError, match="offers no sparse bootstrap"):
+        simulate(bad, res.tables, random_values(g, 0))
+
+
+def test_real_presets_without_variants_plan_as_before(costs: str) -> None:
+    """The preset without variants offers none, whatever the table prices: the plan is the
+    full-slot one, byte for byte as with the option off."""
+    g, pinned = random_graph(1)
+    a = plan_graph(g, PRESETS["n14boot"], PlanOptions(costs=costs, allow_insecure=True))
+    b = plan_graph(g, PRESETS["n14boot"], PlanOptions(costs=costs, allow_insecure=True, boot_variants=False))
+    assert a.plan["program"] == b.plan["program"]
+    assert all(ls is None for _, ls, _ in boot_ops(a))
+
+
+def test_cli_reports_variants_and_diff_explains_the_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``slotplan plan`` prints each bootstrap's variant and saving, ``--boot-variants off``
+    plans the full-slot bootstrap, a bad value is one line and exit 2, and ``slotplan diff``
+    names the node whose variant changed."""
+    import json
+
+    from tests.helpers import run_cli
+
+    g, _ = random_graph(2)
+    gp, pp = tmp_path / "g.json", tmp_path / "params.json"
+    gp.write_text(json.dumps(g.to_json()))
+    pp.write_text(json.dumps(PARAMS.to_json()))
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    base = ["plan", str(gp), "--params", str(pp), "--costs", c, "--allow-insecure"]
+    code, out, _ = run_cli([*base, "-o", str(tmp_path / "on.json")], capsys)
+    assert code == 0
+    assert "bootstrap variants (offered:" in out and "saving" in out and "against full-slot" in out
+    code, out, _ = run_cli([*base, "--boot-variants", "off", "-o", str(tmp_path / "off.json")], capsys)
+    assert code == 0 and "bootstrap variants" not in out
+    code, _, err = run_cli([*base, "--boot-variants", "maybe"], capsys)
+    assert code == 2 and "--boot-variants: expected on or off" in err and "Traceback" not in err
+    code, out, _ = run_cli(["diff", str(tmp_path / "off.json"), str(tmp_path / "on.json"), "--format", "json"], capsys)
+    rep = json.loads(out)
+    changes = [f for e in rep["entries"] for n in e["nodes"] for f in n["fields"] if f["field"] == "boot_variant"]
+    assert changes and all(f["base"] is None and f["head"] not in (None, "full") for f in changes)
+    code, js, _ = run_cli([*base, "--json"], capsys)
+    rows = json.loads(js)["summary"]["bootstrapping"]["per_bootstrap"]
+    assert rows and all({"node", "variant", "ciphertexts", "seconds", "saving_seconds"} <= set(r) for r in rows)
+
+
+def test_key_schedule_under_a_cap_holds_the_variants_block(tmp_path: Path) -> None:
+    """Under a memory cap the key schedule loads the block 'boot' with the variants' keys
+    and matrices: the modelled peak counts them and stays under the cap, the plan's
+    rotations by the block's offsets need no key of their own, and the plan simulates."""
+    g, pinned = random_graph(1)  # matvecs: rotations
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    free = plan(g, c, pinned)
+    used = boot_block.variants_used(free.plan["program"], PARAMS)
+    assert used
+    cap = int(free.plan["summary"]["peak_bytes"]["total"] * 0.98)
+    res = plan(g, c, pinned, memory_cap_bytes=cap)
+    s = res.plan["summary"]
+    assert s["peak_bytes"]["total"] <= cap
+    assert s["peak_bytes"]["keys"] >= boot_block.block_bytes(PARAMS, boot_block.variants_used(res.plan["program"], PARAMS))
+    assert any(i["op"] == "load_key" and i.get("block") == "boot" for i in res.plan["program"])
+    check_plan(res, g)
+
+
+def test_variants_that_do_not_fit_the_cap_give_the_full_slot_plan(tmp_path: Path) -> None:
+    """Variants whose DFT matrices alone exceed what the cap leaves: the plan falls back to
+    the full-slot bootstrap (its options say so) with a warning naming why."""
+    from planner.frontend.params import Params
+
+    raw = PARAMS.to_json()
+    raw["boot"]["variants"] = [dict(v, matrix_bytes=8 * 2**30) for v in raw["boot"]["variants"]]  # type: ignore[index]
+    big = Params.from_json(raw)
+    g, pinned = random_graph(1)
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    off = plan_graph(g, big, PlanOptions(costs=c, allow_insecure=True, boot_variants=False, time_limit_s=60.0))
+    cap = off.plan["summary"]["peak_bytes"]["total"]
+    res = plan_graph(g, big, PlanOptions(costs=c, allow_insecure=True, memory_cap_bytes=cap, time_limit_s=60.0))
+    s = res.plan["summary"]
+    assert res.plan["options"]["boot_variants"] is False and s["peak_bytes"]["total"] <= cap
+    assert any("bootstrap variants not used" in w for w in s["bootstrapping"]["warnings"])
+    assert all(ls is None for _, ls, _ in boot_ops(res))
+    check_plan(res, g)
+
+
+def test_time_model_prices_each_variant_instruction(costs: str) -> None:
+    """TimeModel.instr: a variant instruction at its boot_variants price, the full bootstrap
+    at weights.bootstrap, a variant the table does not price at the full one's; a plan's
+    modelled bootstraps add up to the report's seconds."""
+    from planner import ir
+    from planner.cost.tables import load_costs
+    from planner.cost.timing import TimeModel
+
+    tm = TimeModel(load_costs(costs))
+    prices = placeholder_prices(FULL_MS, KS, PARAMS.slots)
+    assert tm.instr(ir.Bootstrap("a", "b", 6, None, 4.0), 0) == prices["s6"]
+    assert tm.instr(ir.Bootstrap("a", "b", 5, True, None), 0) == prices["h5"]
+    assert tm.instr(ir.Bootstrap2(("a", "b"), ("c", "d"), 10, None), 0) == prices["p10"]
+    assert tm.instr(ir.Bootstrap("a", "b"), 0) == pytest.approx(FULL_MS)
+    assert tm.instr(ir.Bootstrap("a", "b", 7, None, None), 0) == pytest.approx(FULL_MS)  # not priced
+    g, pinned = random_graph(0)
+    res = plan(g, costs, pinned)
+    boots = [ir.decode(i) for i in res.plan["program"] if i["op"] in ("bootstrap", "bootstrap2")]
+    total = sum(tm.instr(i, 0) for i in boots) * tm.seconds_per_unit
+    assert total == pytest.approx(res.plan["summary"]["bootstrapping"]["seconds"], abs=1e-3)
