@@ -92,6 +92,7 @@ type executor struct {
 	nWorkers     int
 	sc           *evalScratch // eval, polyEval, ecd, emb, the workers and decomposition (kept in cache)
 	fusedEvalSec float64
+	prof         *phaseProfile    // phases of fused blocks (ProfileBlock; nil: not profiled)
 	cins         *cinsPlan        // to_cins / fused bootstrap_cins (cins_exec.go)
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 	initErr      error            // a malformed "fused" annotation (plans not read by loadPlan)

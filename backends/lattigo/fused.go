@@ -599,8 +599,10 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		bc = &babyCache{ct: ct, rot: map[int]*rlwe.Element[ringqp.Poly]{}, pc0: rq.NewPoly(), pc1: rq.NewPoly(),
 			remain: e.fusion.baseRoots[base], rotQ: map[int]*rlwe.Ciphertext{}}
 		pBig := e.params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
+		e.prof.start()
 		rq.MulScalarBigint(ct.Value[0], pBig, bc.pc0)
 		rq.MulScalarBigint(ct.Value[1], pBig, bc.pc1)
+		e.prof.lap("baby_pct")
 		e.babies[base] = bc
 	}
 	if !e.scheduled {
@@ -642,7 +644,9 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		}
 	}
 	ws := e.workerPool()
+	e.prof.start()
 	ws[0].eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, e.sc.decomp)
+	e.prof.lap("decompose")
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for w := range ws {
@@ -659,6 +663,7 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		}(w)
 	}
 	wg.Wait()
+	e.prof.lap("baby_rotations")
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
@@ -734,6 +739,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	// them); otherwise they are encoded (or fetched) first, serially, and cached.
 	stream := e.cache.limit < 0 && !f.qmode
 	pts := map[int][]ringqp.Poly{}
+	e.prof.start()
 	for _, g := range gammas {
 		if stream {
 			break
@@ -745,6 +751,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 			}
 			pts[g] = append(pts[g], p)
 		}
+	}
+	if !stream {
+		e.prof.lap("encode")
 	}
 	tEval := nowSeconds()
 	caches := make(map[string]*babyCache, len(bases))
@@ -768,6 +777,11 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
 	prods := newQPProducts(ringQP)
 	errs := make([]error, len(ws))
+	pf := e.prof // phases: with one worker only (one goroutine reads it)
+	if len(ws) > 1 {
+		pf = nil
+	}
+	pf.start()
 	var wg sync.WaitGroup
 	for w := range ws {
 		ws[w].started = false
@@ -789,6 +803,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 							return
 						}
 						fw.encSec += nowSeconds() - te
+						pf.lap("encode")
 					} else {
 						pt = pts[g][j]
 					}
@@ -804,6 +819,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 						prods.mulAdd(pt, r.Value[0], r.Value[1], fw.tmp0, fw.tmp1, j == 0)
 					}
 					prods.afterTerm(j, fw.tmp0, fw.tmp1)
+					pf.lap("products")
 				}
 				prods.finish(fw.tmp0, fw.tmp1)
 				tg := nowSeconds()
@@ -818,11 +834,13 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					}
 					fw.started = true
 					fw.giantSec += nowSeconds() - tg
+					pf.lap("products")
 					continue
 				}
 				// giant step: one ModDown of c1, one key switch, automorphism in QP
 				ev := fw.eval
 				ev.ModDownQPtoQNTT(levelQ, levelP, fw.tmp1.Q, fw.tmp1.P, fw.tmp1.Q)
+				pf.lap("giant_moddown")
 				galEl := e.params.GaloisElement(g)
 				evk, err := ev.CheckAndGetGaloisKey(galEl)
 				if err != nil {
@@ -833,6 +851,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					errs[w] = err
 					return
 				}
+				pf.lap("giant_keyswitch")
 				ringQP.Add(fw.cQP.Value[0], fw.tmp0, fw.cQP.Value[0])
 				idx := ev.AutomorphismIndex(galEl)
 				if !fw.started {
@@ -848,6 +867,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				}
 				fw.started = true
 				fw.giantSec += nowSeconds() - tg
+				pf.lap("giant_automorphism")
 			}
 		}(w)
 	}
@@ -870,6 +890,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		e.cache.mu.Unlock()
 	}
 	tFinish := nowSeconds()
+	e.prof.start()
 	var first *fusedWorker
 	for _, fw := range ws {
 		if !fw.started {
@@ -885,6 +906,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	out := e.newCt(levelQ)
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc0.Q, first.acc0.P, out.Value[0])
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc1.Q, first.acc1.P, out.Value[1])
+	e.prof.lap("final_moddown")
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
 	for _, g := range gammas {
@@ -914,6 +936,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
+		e.prof.lap("rescale")
 	}
 	// release each baby cache after the last block on its base
 	for _, b := range bases {
@@ -950,6 +973,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	ringQ := e.params.RingQ().AtLevel(levelQ)
 	ev := e.workerPool()[0].eval
 	terms := f.groups[0]
+	e.prof.start()
 	for _, t := range terms {
 		bc := caches[t.base]
 		if t.beta == 0 || bc.rotQ[t.beta] != nil {
@@ -961,6 +985,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
 		bc.rotQ[t.beta] = q
 	}
+	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
 	prods := newProductKernel(ringQ)
@@ -975,6 +1000,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	prods.finish(out.Value[0], out.Value[1])
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
+	e.prof.lap("products")
 	tProducts := nowSeconds()
 	e.st.FusedBlocks++
 	e.st.FusedQBlocks++
@@ -989,6 +1015,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
+		e.prof.lap("rescale")
 	}
 	ph["finish"] += nowSeconds() - tProducts
 	if len(caches) > 1 {
