@@ -397,7 +397,7 @@ func sortedRoots(roots map[int]*fForm) []int {
 // evaluation; encoding time is reported apart (model preparation).
 
 type ptKey struct {
-	name  string
+	name  string // (ptQP's Q-only plaintexts: "\x00q/" + name)
 	level int
 	scale float64 // the scale (Scale.Float64; Scale.Log2 is an expensive big-float logarithm)
 }
@@ -537,10 +537,15 @@ func (e *executor) workerPool() []*fusedWorker {
 	return e.sc.workers
 }
 
-// ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale
-// (NTT and Montgomery form, as lintrans stores its diagonals).
-func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, error) {
+// ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale, or in
+// Q alone for levelP -1 (a Q-mode block reads no P part: encoding one would be 5 NTTs of
+// 15 at n16boot's top level, wasted), in NTT form but not in Montgomery form: the block's
+// product kernel (newPlainProductKernel) multiplies each sum by 2^64 once instead.
+func (e *executor) ptQP(name string, level, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	key := ptKey{name, level, scale.Float64()}
+	if levelP < 0 {
+		key.name = "\x00q/" + name
+	}
 	c := e.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -552,13 +557,15 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
-	poly := e.params.RingQP().AtLevel(level, e.params.MaxLevelP()).NewPoly()
+	poly := ringqp.Poly{Q: e.params.RingQ().AtLevel(level).NewPoly()}
+	if levelP >= 0 {
+		poly.P = e.params.RingP().AtLevel(levelP).NewPoly()
+	}
 	md := &rlwe.MetaData{}
 	md.Scale = scale
 	md.LogDimensions = e.params.LogMaxDimensions()
 	md.IsBatched = true
 	md.IsNTT = true
-	md.IsMontgomery = true
 	if err := e.emb.embed(vals, md, poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
@@ -571,18 +578,22 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	return poly, nil
 }
 
-// encodeInto encodes plaintext name in QP at (levelQ, levelP) into the worker's buffer
-// (as ptQP, without the cache) and returns it. Safe in parallel with other workers.
+// encodeInto encodes plaintext name in QP at (levelQ, levelP) (levelP -1: Q only) into the
+// worker's buffer (as ptQP, without the cache) and returns it. Safe in parallel with other
+// workers.
 func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	vals, err := e.ptVectorInto(name, &fw.vecs)
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
-	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}, P: ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}}
+	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}}
+	if levelP >= 0 {
+		poly.P = ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}
+	}
 	md := &rlwe.MetaData{}
 	md.Scale = scale
 	md.LogDimensions = e.params.LogMaxDimensions()
-	md.IsBatched, md.IsNTT, md.IsMontgomery = true, true, true
+	md.IsBatched, md.IsNTT = true, true // not Montgomery: newPlainQPProducts (ptQP)
 	if err := fw.emb.embed(vals, md, poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
@@ -737,7 +748,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	// workers encode each product's plaintext into their own buffer just before the
 	// product, so a block never holds its plaintexts (LoLa's blocks at n14 held 1.6 GB of
 	// them); otherwise they are encoded (or fetched) first, serially, and cached.
-	stream := e.cache.limit < 0 && !f.qmode
+	stream := e.cache.limit < 0
 	pts := map[int][]ringqp.Poly{}
 	e.prof.start()
 	for _, g := range gammas {
@@ -745,7 +756,11 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 			break
 		}
 		for _, t := range f.groups[g] {
-			p, err := e.ptQP(t.pt, levelQ, ptScale)
+			lp := levelP
+			if f.qmode {
+				lp = -1
+			}
+			p, err := e.ptQP(t.pt, levelQ, lp, ptScale)
 			if err != nil {
 				return nil, err
 			}
@@ -769,13 +784,13 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		caches[b] = bc
 	}
 	if f.qmode {
-		return e.evalFusedQ(f, ct, cts, caches, pts[0], ptScale, tEval)
+		return e.evalFusedQ(f, ct, cts, caches, pts[0], stream, ptScale, tEval)
 	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
-	prods := newQPProducts(ringQP)
+	prods := newPlainQPProducts(ringQP) // plaintexts not in Montgomery form (ptQP)
 	errs := make([]error, len(ws))
 	pf := e.prof // phases: with one worker only (one goroutine reads it)
 	if len(ws) > 1 {
@@ -968,10 +983,11 @@ func (e *executor) blockDone(base string, bc *babyCache, levelQ int) {
 // babies (brought down to Q once per base) or of the base itself accumulate lazily in Q
 // with the plaintexts' Q parts (NTT, Montgomery), reduced as often as the QP path.
 func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlwe.Ciphertext,
-	caches map[string]*babyCache, pts []ringqp.Poly, ptScale rlwe.Scale, tEval float64) (*rlwe.Ciphertext, error) {
+	caches map[string]*babyCache, pts []ringqp.Poly, stream bool, ptScale rlwe.Scale, tEval float64) (*rlwe.Ciphertext, error) {
 	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
 	ringQ := e.params.RingQ().AtLevel(levelQ)
-	ev := e.workerPool()[0].eval
+	fw := e.workerPool()[0]
+	ev := fw.eval
 	terms := f.groups[0]
 	e.prof.start()
 	for _, t := range terms {
@@ -988,20 +1004,45 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
-	prods := newProductKernel(ringQ)
+	prods := newPlainProductKernel(ringQ) // plaintexts not in Montgomery form (ptQP)
+	enc := 0.0
 	for j, t := range terms {
 		src := cts[t.base]
 		if t.beta != 0 {
 			src = caches[t.base].rotQ[t.beta]
 		}
-		prods.mulAdd(pts[j].Q, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
+		var pt ring.Poly
+		if stream {
+			// (Run: encoded into the worker's buffer just before its product, its Q part only;
+			// a fresh plaintext per product was fresh memory and 0.4 page faults per KiB)
+			te := nowSeconds()
+			p, err := e.encodeInto(fw, t.pt, levelQ, -1, ptScale)
+			if err != nil {
+				return nil, err
+			}
+			pt = p.Q
+			enc += nowSeconds() - te
+			e.prof.lap("encode")
+		} else {
+			pt = pts[j].Q
+		}
+		prods.mulAdd(pt, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
 		prods.afterTerm(j, out.Value[0], out.Value[1])
+		if stream {
+			e.prof.lap("products")
+		}
 	}
 	prods.finish(out.Value[0], out.Value[1])
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
 	e.prof.lap("products")
 	tProducts := nowSeconds()
+	if stream { // model preparation, timed apart (runTimed)
+		e.encodeSec += enc
+		e.cache.mu.Lock()
+		e.cache.seconds += enc
+		e.cache.mu.Unlock()
+	}
 	e.st.FusedBlocks++
 	e.st.FusedQBlocks++
 	e.st.FusedProducts += len(terms)
@@ -1010,7 +1051,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	}
 	ph := e.st.FusedPhaseSeconds
 	ph["babies"] += tBabies - tEval
-	ph["products"] += tProducts - tBabies
+	ph["products"] += tProducts - tBabies - enc
 	if f.rescaled {
 		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
