@@ -47,7 +47,7 @@ from typing import Any
 from planner import ir
 from planner.cost.tables import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.frontend.params import Params
-from planner.ir.analysis import level_drops, register_depths
+from planner.ir.analysis import register_depths
 from planner.ir.fusion import fused_blocks, product_sums
 from planner.kernels.base import CostVector
 
@@ -320,11 +320,8 @@ class TimeModel:
         q_babies: dict[str, set[tuple[str, int]]] = {}
         decomposed: set[str] = set()
         split = self.weights.block_base is not None  # decomposition once per base
-        # blocks at the level they run: a bootstrapping plan's fresh values dropped to the
-        # levels their consumers need (planner.ir.analysis.level_drops, the executor's drops)
-        run_depth = register_depths(program, level_drops(program, max_level), max_level)
         for blk in blocks:
-            lv = min(level(blk.base), max_level - run_depth.get(blk.base, 0))
+            lv = level(blk.base)
             fixed = 0.0
             c = 0.0
             if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once

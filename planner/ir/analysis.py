@@ -80,8 +80,7 @@ def level_drops(program: Program, max_level: int) -> dict[int, int]:
     full-slot ``bootstrap`` (index: the level its register is dropped to) whose register
     holds more levels than its consumers until the next bootstrap need, the level they
     need. Lattigo's DropLevel is free and every operation downstream then runs on fewer
-    primes (backends/lattigo/executor.go applies them; planner.cost.timing prices the
-    blocks at the level they run). A value that reaches an ``output`` keeps its levels (a
+    primes (backends/lattigo/executor.go applies them). A value that reaches an ``output`` keeps its levels (a
     plan's output levels stay as written: a plan without bootstrapping drops nothing), and
     so do CinS plans (their ``to_cins`` levels are the plan's). The need of a register is the largest,
     over its readers, of what their result needs plus the levels between the two depths
