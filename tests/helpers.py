@@ -167,3 +167,15 @@ def mem_available() -> int:
     except OSError:
         pass
     return 1 << 62
+
+
+def pmul_chain(src: str, n: int, tag: str) -> tuple[list[Any], str]:
+    """n pmul + rescale pairs from register src (n levels; plaintext "w"): the program and
+    its last register (the level-drop tests)."""
+    from planner import ir
+
+    prog: list[Any] = []
+    for i in range(n):
+        prog += [ir.PMul(dst=f"{tag}m{i}", src=src, pt="w"), ir.Rescale(dst=f"{tag}r{i}", src=f"{tag}m{i}")]
+        src = f"{tag}r{i}"
+    return prog, src

@@ -16,7 +16,7 @@ from backends.lattigo_backend import available, go_plan_json, run_plan
 from backends.sim import simulate
 from planner import ir
 from planner.frontend.params import preset
-from tests.helpers import mem_available
+from tests.helpers import mem_available, pmul_chain
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)"),
@@ -27,20 +27,12 @@ P = preset("n14boot")
 S = P.slots
 
 
-def _chain(src: str, n: int, tag: str) -> tuple[list[ir.Instr], str]:
-    prog: list[ir.Instr] = []
-    for i in range(n):
-        prog += [ir.PMul(dst=f"{tag}m{i}", src=src, pt="w"), ir.Rescale(dst=f"{tag}r{i}", src=f"{tag}m{i}")]
-        src = f"{tag}r{i}"
-    return prog, src
-
-
 def test_level_drops_n14boot(tmp_path: Path) -> None:
     import json
 
-    a, xa = _chain("x", 2, "a")  # the input's segment: 2 levels of 9
-    b, xb = _chain("b", 3, "b")  # the first bootstrap's: 3
-    c, xc = _chain("c", 1, "c")  # the last reaches the output: keeps its 9 levels
+    a, xa = pmul_chain("x", 2, "a")  # the input's segment: 2 levels of 9
+    b, xb = pmul_chain("b", 3, "b")  # the first bootstrap's: 3
+    c, xc = pmul_chain("c", 1, "c")  # the last reaches the output: keeps its 9 levels
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a, ir.LoadKey(block="boot"),
                             ir.Bootstrap(dst="b", src=xa), *b, ir.Bootstrap(dst="c", src=xb),
                             ir.DropKey(block="boot"), *c, ir.Output(src=xc, tensor="y", table="out/y")]

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 from planner import ir
 from planner.ir.analysis import level_drops, register_depths
+from tests.helpers import pmul_chain
 
 TOP = 9
 
 
-def _chain(src: str, n: int, tag: str) -> tuple[list[ir.Instr], str]:
-    """n pmul + rescale pairs from src (n levels)."""
-    prog: list[ir.Instr] = []
-    for i in range(n):
-        prog += [ir.PMul(dst=f"{tag}m{i}", src=src, pt="w"), ir.Rescale(dst=f"{tag}r{i}", src=f"{tag}m{i}")]
-        src = f"{tag}r{i}"
-    return prog, src
-
-
 def test_fresh_values_drop_to_what_their_segment_needs() -> None:
-    a, x1 = _chain("x", 2, "a")  # 2 levels, then a bootstrap: the input keeps 2 of 9
-    b, x2 = _chain("b", 3, "b")  # 3 levels, then a bootstrap: b keeps 3
-    c, x3 = _chain("c", 1, "c")  # the last segment reaches the output: keeps its levels
+    a, x1 = pmul_chain("x", 2, "a")  # 2 levels, then a bootstrap: the input keeps 2 of 9
+    b, x2 = pmul_chain("b", 3, "b")  # 3 levels, then a bootstrap: b keeps 3
+    c, x3 = pmul_chain("c", 1, "c")  # the last segment reaches the output: keeps its levels
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a,
                             ir.Bootstrap(dst="b", src=x1), *b,
                             ir.Bootstrap(dst="c", src=x2), *c,
@@ -34,7 +26,7 @@ def test_fresh_values_drop_to_what_their_segment_needs() -> None:
 
 
 def test_a_branch_to_the_output_keeps_its_levels() -> None:
-    a, x1 = _chain("x", 2, "a")
+    a, x1 = pmul_chain("x", 2, "a")
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a,
                             ir.Bootstrap(dst="b", src=x1),
                             ir.Add(dst="y", a="b", b=x1),  # x's chain also reaches the output
@@ -43,8 +35,8 @@ def test_a_branch_to_the_output_keeps_its_levels() -> None:
 
 
 def test_the_deepest_consumer_decides() -> None:
-    a, xa = _chain("x", 1, "a")
-    b, xb = _chain("x", 4, "b")  # two consumers of x: 1 and 4 levels before their bootstraps
+    a, xa = pmul_chain("x", 1, "a")
+    b, xb = pmul_chain("x", 4, "b")  # two consumers of x: 1 and 4 levels before their bootstraps
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a, *b,
                             ir.Bootstrap(dst="p", src=xa), ir.Bootstrap(dst="q", src=xb),
                             ir.Add(dst="y", a="p", b="q"), ir.Output(src="y", tensor="y", table="out/y")]
@@ -52,7 +44,7 @@ def test_the_deepest_consumer_decides() -> None:
 
 
 def test_no_bootstrap_no_drop() -> None:
-    a, x1 = _chain("x", 2, "a")
+    a, x1 = pmul_chain("x", 2, "a")
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a,
                             ir.Output(src=x1, tensor="y", table="out/y")]
     assert level_drops(prog, TOP) == {}
