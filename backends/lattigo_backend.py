@@ -284,10 +284,21 @@ def go_plan_json(plan: Mapping[str, Any]) -> str:
     """The plan as the Go executor gets it: with its ``fused`` annotation (the blocks the
     planner decided, checked here), or, for a plan without one (older or hand-written), the
     annotation :mod:`planner.ir.fused_plan` computes now. The Go side runs exactly these
-    blocks and decides none itself."""
+    blocks and decides none itself. A bootstrapping plan also gets ``level_drops``: the
+    levels its fresh values keep unused (:func:`planner.ir.analysis.level_drops`), dropped
+    by the executor."""
+    from planner.ir.analysis import level_drops
     from planner.ir.fused_plan import with_fused
 
-    return json.dumps(with_fused(plan), default=_json_default)
+    out = with_fused(plan)
+    params = plan.get("params") or {}
+    try:
+        drops = level_drops(plan["program"], len(params["log_q"]) - 1)
+    except (KeyError, TypeError, ValueError):
+        drops = {}  # a plan the executor refuses anyway: its own validation names the fault
+    if drops:
+        out["level_drops"] = {str(i): lv for i, lv in drops.items()}
+    return json.dumps(out, default=_json_default)
 
 
 def check_executable(plan: Mapping[str, Any]) -> None:

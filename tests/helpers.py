@@ -218,3 +218,15 @@ def placeholder_prices(full_ms: float, log_slots: tuple[int, ...], slots: int) -
             out[f"h{k}"] = round(1.1 * s, 3)
         out[f"p{k}"] = round(1.15 * s, 3)
     return out
+
+
+def pmul_chain(src: str, n: int, tag: str) -> tuple[list[Any], str]:
+    """n pmul + rescale pairs from register src (n levels; plaintext "w"): the program and
+    its last register (the level-drop tests)."""
+    from planner import ir
+
+    prog: list[Any] = []
+    for i in range(n):
+        prog += [ir.PMul(dst=f"{tag}m{i}", src=src, pt="w"), ir.Rescale(dst=f"{tag}r{i}", src=f"{tag}m{i}")]
+        src = f"{tag}r{i}"
+    return prog, src

@@ -158,6 +158,7 @@ type stats struct {
 	PeakCiphertextBytes int64              `json:"peak_ciphertext_bytes"`
 	SkippedRescales     int                `json:"skipped_rescales"`
 	FusedBlocks         int                `json:"fused_blocks"`
+	LevelDrops          int                `json:"level_drops"` // levels dropped (executor.dropLevel), summed
 	FusedProducts       int                `json:"fused_products"`
 	ProductSums         int                `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
 	ProductSumTerms     int                `json:"product_sum_terms"` // their cmul terms

@@ -156,6 +156,11 @@ func currentGCPercent() int {
 // keyStore that holds them all resident and never touches the disk. Valid only for
 // plans without a key schedule (nothing is ever dropped and reloaded).
 func memoryKeyStore(c *client, offsets []int, relin bool) (*keyStore, float64) {
+	return memoryKeyStoreAt(c, offsets, relin, c.params.MaxLevel())
+}
+
+// memoryKeyStoreAt is memoryKeyStore with the rotation keys generated at levelQ.
+func memoryKeyStoreAt(c *client, offsets []int, relin bool, levelQ int) (*keyStore, float64) {
 	params := c.params
 	s := &keyStore{
 		dir: "(memory)", params: params,
@@ -163,7 +168,7 @@ func memoryKeyStore(c *client, offsets []int, relin bool) (*keyStore, float64) {
 		byGalEl:  map[uint64]manifestKey{},
 		resident: map[uint64]*rlwe.GaloisKey{},
 	}
-	levelQ, levelP := params.MaxLevel(), params.MaxLevelP()
+	levelP := params.MaxLevelP()
 	evkParams := rlwe.EvaluationKeyParameters{LevelQ: &levelQ, LevelP: &levelP}
 	t := time.Now()
 	for _, k := range offsets {

@@ -21,19 +21,33 @@ func TestEmbedderMatchesLattigo(t *testing.T) {
 	ecd := newEncoder(params)
 	em := newEmbedder(params, ecd)
 	rng := rand.New(rand.NewSource(1))
+	big := true
 	value := func(i int) float64 {
 		switch i % 7 {
 		case 0:
 			return 0
 		case 1:
+			if !big { // x 2^40 in [2^61, 2^62): reduced, on the row-wise path (magnitudes)
+				return -math.Ldexp(1+rng.Float64(), 21)
+			}
 			return -math.Ldexp(1+rng.Float64(), 30) // x 2^40 passes 2^64: the big-integer path
 		case 2:
+			if !big {
+				return math.Ldexp(1+rng.Float64(), 21)
+			}
 			return math.Ldexp(1+rng.Float64(), 26)
+		case 3:
+			return -math.Ldexp(rng.Float64(), -45) // rounds to 0 (a negative zero: q)
 		default:
 			return 2*rng.Float64() - 1
 		}
 	}
-	for _, logSlots := range []int{params.LogMaxSlots(), 5} {
+	for _, c := range []struct {
+		logSlots int
+		big      bool
+	}{{params.LogMaxSlots(), true}, {5, true}, {params.LogMaxSlots(), false}, {5, false}} {
+		logSlots := c.logSlots
+		big = c.big
 		slots := 1 << logSlots
 		reals := make([]float64, slots-3) // fewer values than slots: the rest are zeros
 		cplx := make([]complex128, slots)

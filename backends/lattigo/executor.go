@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
@@ -92,6 +93,7 @@ type executor struct {
 	nWorkers     int
 	sc           *evalScratch // eval, polyEval, ecd, emb, the workers and decomposition (kept in cache)
 	fusedEvalSec float64
+	prof         *phaseProfile    // phases of fused blocks (ProfileBlock; nil: not profiled)
 	cins         *cinsPlan        // to_cins / fused bootstrap_cins (cins_exec.go)
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 	initErr      error            // a malformed "fused" annotation (plans not read by loadPlan)
@@ -255,7 +257,39 @@ func (e *executor) exec(i int, in instr) (string, error) {
 		}
 	}
 	e.cur = i
-	return in.Op, e.step(in)
+	if err := e.step(in); err != nil {
+		return in.Op, err
+	}
+	return in.Op, e.dropLevel(i, in)
+}
+
+// dropLevel drops the register an input or full-slot bootstrap wrote to the level the plan
+// hand-over gives it (plan.LevelDrops): the levels above are ones no consumer until the
+// next bootstrap uses, and every operation on it and its descendants then runs on fewer
+// primes. The dropped ciphertext is a new one (an input belongs to the caller); Lattigo's
+// DropLevel itself only truncates.
+func (e *executor) dropLevel(i int, in instr) error {
+	lv, ok := e.plan.LevelDrops[strconv.Itoa(i)]
+	if !ok || (in.Op != "input" && in.Op != "bootstrap") {
+		return nil
+	}
+	ct := e.regs[in.Dst]
+	if ct == nil || ct.Level() <= lv {
+		return nil
+	}
+	if lv < 0 {
+		return fmt.Errorf("level_drops[%d] = %d is below 0", i, lv)
+	}
+	out := e.newCt(lv)
+	for j := range out.Value {
+		for k := range out.Value[j].Coeffs {
+			copy(out.Value[j].Coeffs[k], ct.Value[j].Coeffs[k])
+		}
+	}
+	*out.MetaData = *ct.MetaData
+	e.set(in.Dst, out)
+	e.st.LevelDrops += ct.Level() - lv
+	return nil
 }
 
 func (e *executor) run() error {

@@ -397,7 +397,7 @@ func sortedRoots(roots map[int]*fForm) []int {
 // evaluation; encoding time is reported apart (model preparation).
 
 type ptKey struct {
-	name  string
+	name  string // (ptQP's Q-only plaintexts: "\x00q/" + name)
 	level int
 	scale float64 // the scale (Scale.Float64; Scale.Log2 is an expensive big-float logarithm)
 }
@@ -537,10 +537,15 @@ func (e *executor) workerPool() []*fusedWorker {
 	return e.sc.workers
 }
 
-// ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale
-// (NTT and Montgomery form, as lintrans stores its diagonals).
-func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, error) {
+// ptQP returns plaintext name encoded in QP at (level, levelP) with the given scale, or in
+// Q alone for levelP -1 (a Q-mode block reads no P part: encoding one would be 5 NTTs of
+// 15 at n16boot's top level, wasted), in NTT form but not in Montgomery form: the block's
+// product kernel (newPlainProductKernel) multiplies each sum by 2^64 once instead.
+func (e *executor) ptQP(name string, level, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	key := ptKey{name, level, scale.Float64()}
+	if levelP < 0 {
+		key.name = "\x00q/" + name
+	}
 	c := e.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -552,13 +557,15 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
-	poly := e.params.RingQP().AtLevel(level, e.params.MaxLevelP()).NewPoly()
+	poly := ringqp.Poly{Q: e.params.RingQ().AtLevel(level).NewPoly()}
+	if levelP >= 0 {
+		poly.P = e.params.RingP().AtLevel(levelP).NewPoly()
+	}
 	md := &rlwe.MetaData{}
 	md.Scale = scale
 	md.LogDimensions = e.params.LogMaxDimensions()
 	md.IsBatched = true
 	md.IsNTT = true
-	md.IsMontgomery = true
 	if err := e.emb.embed(vals, md, poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
@@ -571,18 +578,22 @@ func (e *executor) ptQP(name string, level int, scale rlwe.Scale) (ringqp.Poly, 
 	return poly, nil
 }
 
-// encodeInto encodes plaintext name in QP at (levelQ, levelP) into the worker's buffer
-// (as ptQP, without the cache) and returns it. Safe in parallel with other workers.
+// encodeInto encodes plaintext name in QP at (levelQ, levelP) (levelP -1: Q only) into the
+// worker's buffer (as ptQP, without the cache) and returns it. Safe in parallel with other
+// workers.
 func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	vals, err := e.ptVectorInto(name, &fw.vecs)
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
-	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}, P: ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}}
+	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}}
+	if levelP >= 0 {
+		poly.P = ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}
+	}
 	md := &rlwe.MetaData{}
 	md.Scale = scale
 	md.LogDimensions = e.params.LogMaxDimensions()
-	md.IsBatched, md.IsNTT, md.IsMontgomery = true, true, true
+	md.IsBatched, md.IsNTT = true, true // not Montgomery: newPlainQPProducts (ptQP)
 	if err := fw.emb.embed(vals, md, poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
@@ -599,8 +610,10 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		bc = &babyCache{ct: ct, rot: map[int]*rlwe.Element[ringqp.Poly]{}, pc0: rq.NewPoly(), pc1: rq.NewPoly(),
 			remain: e.fusion.baseRoots[base], rotQ: map[int]*rlwe.Ciphertext{}}
 		pBig := e.params.RingP().AtLevel(levelP).ModulusAtLevel[levelP]
+		e.prof.start()
 		rq.MulScalarBigint(ct.Value[0], pBig, bc.pc0)
 		rq.MulScalarBigint(ct.Value[1], pBig, bc.pc1)
+		e.prof.lap("baby_pct")
 		e.babies[base] = bc
 	}
 	if !e.scheduled {
@@ -642,7 +655,9 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		}
 	}
 	ws := e.workerPool()
+	e.prof.start()
 	ws[0].eval.DecomposeNTT(levelQ, levelP, levelP+1, ct.Value[1], ct.IsNTT, e.sc.decomp)
+	e.prof.lap("decompose")
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for w := range ws {
@@ -659,6 +674,7 @@ func (e *executor) babiesFor(base string, ct *rlwe.Ciphertext, betas []int) (*ba
 		}(w)
 	}
 	wg.Wait()
+	e.prof.lap("baby_rotations")
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
@@ -732,19 +748,27 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	// workers encode each product's plaintext into their own buffer just before the
 	// product, so a block never holds its plaintexts (LoLa's blocks at n14 held 1.6 GB of
 	// them); otherwise they are encoded (or fetched) first, serially, and cached.
-	stream := e.cache.limit < 0 && !f.qmode
+	stream := e.cache.limit < 0
 	pts := map[int][]ringqp.Poly{}
+	e.prof.start()
 	for _, g := range gammas {
 		if stream {
 			break
 		}
 		for _, t := range f.groups[g] {
-			p, err := e.ptQP(t.pt, levelQ, ptScale)
+			lp := levelP
+			if f.qmode {
+				lp = -1
+			}
+			p, err := e.ptQP(t.pt, levelQ, lp, ptScale)
 			if err != nil {
 				return nil, err
 			}
 			pts[g] = append(pts[g], p)
 		}
+	}
+	if !stream {
+		e.prof.lap("encode")
 	}
 	tEval := nowSeconds()
 	caches := make(map[string]*babyCache, len(bases))
@@ -760,14 +784,19 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		caches[b] = bc
 	}
 	if f.qmode {
-		return e.evalFusedQ(f, ct, cts, caches, pts[0], ptScale, tEval)
+		return e.evalFusedQ(f, ct, cts, caches, pts[0], stream, ptScale, tEval)
 	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
 	ringQ, ringP := ringQP.RingQ, ringQP.RingP
-	prods := newQPProducts(ringQP)
+	prods := newPlainQPProducts(ringQP) // plaintexts not in Montgomery form (ptQP)
 	errs := make([]error, len(ws))
+	pf := e.prof // phases: with one worker only (one goroutine reads it)
+	if len(ws) > 1 {
+		pf = nil
+	}
+	pf.start()
 	var wg sync.WaitGroup
 	for w := range ws {
 		ws[w].started = false
@@ -789,6 +818,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 							return
 						}
 						fw.encSec += nowSeconds() - te
+						pf.lap("encode")
 					} else {
 						pt = pts[g][j]
 					}
@@ -804,6 +834,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 						prods.mulAdd(pt, r.Value[0], r.Value[1], fw.tmp0, fw.tmp1, j == 0)
 					}
 					prods.afterTerm(j, fw.tmp0, fw.tmp1)
+					pf.lap("products")
 				}
 				prods.finish(fw.tmp0, fw.tmp1)
 				tg := nowSeconds()
@@ -818,11 +849,13 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					}
 					fw.started = true
 					fw.giantSec += nowSeconds() - tg
+					pf.lap("products")
 					continue
 				}
 				// giant step: one ModDown of c1, one key switch, automorphism in QP
 				ev := fw.eval
 				ev.ModDownQPtoQNTT(levelQ, levelP, fw.tmp1.Q, fw.tmp1.P, fw.tmp1.Q)
+				pf.lap("giant_moddown")
 				galEl := e.params.GaloisElement(g)
 				evk, err := ev.CheckAndGetGaloisKey(galEl)
 				if err != nil {
@@ -833,6 +866,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					errs[w] = err
 					return
 				}
+				pf.lap("giant_keyswitch")
 				ringQP.Add(fw.cQP.Value[0], fw.tmp0, fw.cQP.Value[0])
 				idx := ev.AutomorphismIndex(galEl)
 				if !fw.started {
@@ -848,6 +882,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				}
 				fw.started = true
 				fw.giantSec += nowSeconds() - tg
+				pf.lap("giant_automorphism")
 			}
 		}(w)
 	}
@@ -870,6 +905,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		e.cache.mu.Unlock()
 	}
 	tFinish := nowSeconds()
+	e.prof.start()
 	var first *fusedWorker
 	for _, fw := range ws {
 		if !fw.started {
@@ -885,6 +921,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	out := e.newCt(levelQ)
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc0.Q, first.acc0.P, out.Value[0])
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc1.Q, first.acc1.P, out.Value[1])
+	e.prof.lap("final_moddown")
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
 	for _, g := range gammas {
@@ -914,6 +951,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
+		e.prof.lap("rescale")
 	}
 	// release each baby cache after the last block on its base
 	for _, b := range bases {
@@ -945,11 +983,13 @@ func (e *executor) blockDone(base string, bc *babyCache, levelQ int) {
 // babies (brought down to Q once per base) or of the base itself accumulate lazily in Q
 // with the plaintexts' Q parts (NTT, Montgomery), reduced as often as the QP path.
 func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlwe.Ciphertext,
-	caches map[string]*babyCache, pts []ringqp.Poly, ptScale rlwe.Scale, tEval float64) (*rlwe.Ciphertext, error) {
+	caches map[string]*babyCache, pts []ringqp.Poly, stream bool, ptScale rlwe.Scale, tEval float64) (*rlwe.Ciphertext, error) {
 	levelQ, levelP := ct.Level(), e.params.MaxLevelP()
 	ringQ := e.params.RingQ().AtLevel(levelQ)
-	ev := e.workerPool()[0].eval
+	fw := e.workerPool()[0]
+	ev := fw.eval
 	terms := f.groups[0]
+	e.prof.start()
 	for _, t := range terms {
 		bc := caches[t.base]
 		if t.beta == 0 || bc.rotQ[t.beta] != nil {
@@ -961,21 +1001,48 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
 		bc.rotQ[t.beta] = q
 	}
+	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
-	prods := newProductKernel(ringQ)
+	prods := newPlainProductKernel(ringQ) // plaintexts not in Montgomery form (ptQP)
+	enc := 0.0
 	for j, t := range terms {
 		src := cts[t.base]
 		if t.beta != 0 {
 			src = caches[t.base].rotQ[t.beta]
 		}
-		prods.mulAdd(pts[j].Q, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
+		var pt ring.Poly
+		if stream {
+			// (Run: encoded into the worker's buffer just before its product, its Q part only;
+			// a fresh plaintext per product was fresh memory and 0.4 page faults per KiB)
+			te := nowSeconds()
+			p, err := e.encodeInto(fw, t.pt, levelQ, -1, ptScale)
+			if err != nil {
+				return nil, err
+			}
+			pt = p.Q
+			enc += nowSeconds() - te
+			e.prof.lap("encode")
+		} else {
+			pt = pts[j].Q
+		}
+		prods.mulAdd(pt, src.Value[0], src.Value[1], out.Value[0], out.Value[1], j == 0)
 		prods.afterTerm(j, out.Value[0], out.Value[1])
+		if stream {
+			e.prof.lap("products")
+		}
 	}
 	prods.finish(out.Value[0], out.Value[1])
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
+	e.prof.lap("products")
 	tProducts := nowSeconds()
+	if stream { // model preparation, timed apart (runTimed)
+		e.encodeSec += enc
+		e.cache.mu.Lock()
+		e.cache.seconds += enc
+		e.cache.mu.Unlock()
+	}
 	e.st.FusedBlocks++
 	e.st.FusedQBlocks++
 	e.st.FusedProducts += len(terms)
@@ -984,11 +1051,12 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	}
 	ph := e.st.FusedPhaseSeconds
 	ph["babies"] += tBabies - tEval
-	ph["products"] += tProducts - tBabies
+	ph["products"] += tProducts - tBabies - enc
 	if f.rescaled {
 		if err := e.eval.Rescale(out, out); err != nil {
 			return nil, err
 		}
+		e.prof.lap("rescale")
 	}
 	ph["finish"] += nowSeconds() - tProducts
 	if len(caches) > 1 {

@@ -109,6 +109,11 @@ type plan struct {
 	// Fused: the fused blocks the planner decided (docs/formats.md; fused.go readFusion),
 	// kept raw so that a malformed one is refused with its field named
 	Fused json.RawMessage `json:"fused"`
+	// LevelDrops: instruction index (an input or a full-slot bootstrap) -> the level its
+	// register is dropped to, the levels its consumers until the next bootstrap need
+	// (planner.ir.analysis.level_drops; the Python backend adds it when it hands a plan
+	// over, as it does "fused"; docs/lattigo.md). Absent: no drop.
+	LevelDrops map[string]int `json:"level_drops"`
 	// fusion: the checked blocks of Fused (loadPlan; nil until read)
 	fusion *fusionPlan
 }

@@ -112,6 +112,49 @@ func TestProductKernelMatchesLattigo(t *testing.T) {
 	}
 }
 
+// The plain kernel (plaintexts in NTT form, not Montgomery: the fused blocks' products)
+// gives the sums of the Montgomery kernel on the plaintexts' Montgomery forms, residue
+// for residue, on IFMA limbs, Lattigo's limbs and with the IFMA path off.
+func TestPlainProductKernel(t *testing.T) {
+	full := productRing(t, 10)
+	rng := rand.New(rand.NewSource(9))
+	margin := 64
+	for _, c := range []struct{ level, terms int }{{7, 1}, {7, 65}, {7, 300}, {0, 3}} {
+		r := full.AtLevel(c.level)
+		pts := make([]ring.Poly, c.terms)
+		mont := make([]ring.Poly, c.terms)
+		as := make([][2]ring.Poly, c.terms)
+		for j := range pts {
+			pts[j] = randomPoly(r, rng, false)
+			mont[j] = r.NewPoly()
+			r.MForm(pts[j], mont[j])
+			as[j] = [2]ring.Poly{randomPoly(r, rng, true), randomPoly(r, rng, true)}
+		}
+		for _, useIFMA := range []bool{true, false} {
+			saved := ifmaEnabled
+			ifmaEnabled = useIFMA && ifmaCPU
+			plain, montK := newPlainProductKernel(r), newProductKernel(r)
+			ifmaEnabled = saved
+			sum := func(k productKernel, ps []ring.Poly) (ring.Poly, ring.Poly) {
+				a0, a1 := r.NewPoly(), r.NewPoly()
+				for j := range ps {
+					k.mulAdd(ps[j], as[j][0], as[j][1], a0, a1, j == 0)
+					if j%margin == margin-1 {
+						k.reduce(a0, a1)
+					}
+				}
+				k.finish(a0, a1)
+				return a0, a1
+			}
+			want0, want1 := sum(montK, mont)
+			got0, got1 := sum(plain, pts)
+			if !r.Equal(got0, want0) || !r.Equal(got1, want1) {
+				t.Fatalf("level %d, %d terms, IFMA %v: the plain kernel's sums differ", c.level, c.terms, useIFMA && ifmaCPU)
+			}
+		}
+	}
+}
+
 // go test -run xxx -bench BenchmarkProductKernel: one block's 1024 products at log N 13
 // (5 limbs), each streaming its own plaintext, 64 babies per giant step; reduced per sum.
 func BenchmarkProductKernel(b *testing.B) {

@@ -59,17 +59,57 @@ def reg_writes(ins: Instruction) -> list[str]:
     return list(ir.decode(ins).writes())
 
 
-def register_depths(program: Program) -> dict[str, int]:
-    """Multiplicative depth of every register (each instruction's depth rule, planner.ir)."""
+def register_depths(program: Program, drops: Mapping[int, int] | None = None, max_level: int = 0) -> dict[str, int]:
+    """Multiplicative depth of every register (each instruction's depth rule, planner.ir);
+    with ``drops`` (:func:`level_drops`) the depths the registers run at, a dropped
+    register at ``max_level`` minus its drop level."""
     d: dict[str, int] = {}
-    for raw in program:
+    for i, raw in enumerate(program):
         ins = ir.decode(raw)
         regs = ins.writes()
         if regs:
             dd = ins.depth(d)
+            if drops and i in drops:
+                dd = max(dd, max_level - drops[i])
             for r in regs:
                 d[r] = dd
     return d
+
+
+def level_drops(program: Program, max_level: int) -> dict[int, int]:
+    """Levels a bootstrapping plan's fresh values keep but never use: for each ``input`` and
+    full-slot ``bootstrap`` (index: the level its register is dropped to) whose register
+    holds more levels than its consumers until the next bootstrap need, the level they
+    need. Lattigo's DropLevel is free and every operation downstream then runs on fewer
+    primes (backends/lattigo/executor.go applies them). A value that reaches an ``output`` keeps its levels (a
+    plan's output levels stay as written: a plan without bootstrapping drops nothing), and
+    so do CinS plans (their ``to_cins`` levels are the plan's). The need of a register is the largest,
+    over its readers, of what their result needs plus the levels between the two depths
+    (each instruction's depth rule, :func:`register_depths`)."""
+    prog = [ir.decode(raw) for raw in program]
+    if any(isinstance(ins, ir.ToCins | ir.BootstrapCins) for ins in prog):
+        return {}
+    depth = register_depths(program)
+    need: dict[str, int] = {}
+    for ins in reversed(prog):
+        writes = list(ins.writes())
+        for r in ins.reads():
+            if isinstance(ins, ir.Bootstrap | ir.Bootstrap2):
+                n = 0
+            elif isinstance(ins, ir.Output):
+                n = max_level - depth.get(r, 0)
+            else:
+                n = max((need.get(w, 0) + depth[w] - depth.get(r, 0) for w in writes), default=0)
+            need[r] = max(need.get(r, 0), n)
+    drops: dict[int, int] = {}
+    for i, ins in enumerate(prog):
+        full = isinstance(ins, ir.Input) and ins.l is None
+        full = full or (isinstance(ins, ir.Bootstrap) and ins.log_slots is None)
+        if full:
+            (w,) = ins.writes()
+            if w in need and need[w] < max_level - depth[w]:
+                drops[i] = need[w]
+    return drops
 
 
 def rotation_key_levels(program: Program, max_level: int) -> list[int | None]:
