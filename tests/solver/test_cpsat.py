@@ -13,7 +13,8 @@ import pytest
 from common import progress
 from solver.cpsat import CpSatSolver
 from solver.model import ChoiceModel, Edge, Group, Status
-from tests.solver.test_choice_model import brute_force, random_model
+from tests.helpers import choice_brute_force as brute_force
+from tests.helpers import random_choice_model as random_model
 
 
 class Listener:
