@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-installed
 SLOTPLAN:= $(VENV)/bin/slotplan
 
-.PHONY: install lattigo demo test lint gocheck bench golden clean chromium orion orion-bench
+.PHONY: install lattigo demo test test-all lint gocheck bench golden clean chromium orion orion-bench
 
 install: $(STAMP) lattigo
 
@@ -44,7 +44,13 @@ GO := $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 gocheck: lattigo
 	cd backends/lattigo && $(GO) vet . && $(GO) test -count=1 .
 
+# The default tier (docs/testing.md): every stage and back-end path, minutes. `make test-all`
+# adds the tests marked slow (tests/conftest.py SLOW_TESTS: the largest goldens, the
+# n14boot Lattigo runs but one, the full random sweeps).
 test: install lint gocheck chromium
+	$(VENV)/bin/pytest -m "not slow"
+
+test-all: install lint gocheck chromium
 	$(VENV)/bin/pytest
 
 golden: install

@@ -67,3 +67,104 @@ def fake_backends() -> Iterator[tuple[str, str]]:
     with EXECUTION_BACKENDS.temporarily("fake-exact", _reference_backend(0.0)), \
             EXECUTION_BACKENDS.temporarily("fake-off", _reference_backend(1e-3)):
         yield "fake-exact", "fake-off"
+
+
+# ---------------------------------------------------------------------------- test tiers
+# `make test` runs ``-m "not slow"``; `make test-all` runs everything. The tests below are
+# marked slow here (one list, so that a test file's edits and the tiers do not collide):
+# node id (a prefix: a whole test or one parametrisation) -> the default-tier test that
+# still covers its behaviour (docs/testing.md says what each checks and why that suffices;
+# tests/test_tiers.py checks that every entry and every cover names a real test).
+SLOW_TESTS: dict[str, str] = {
+    "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[keymemrt_lola]":
+        "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[keymemrt_mlp]",
+    "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[resnet20_cifar10_deg15]":
+        "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[resnet20_cifar10]",
+    "tests/backends/test_lattigo_memory.py::test_run_reports_the_process_model":
+        "tests/backends/test_lattigo_memory.py::test_small_run_reports_the_process_model",
+    "tests/planner/report/test_golden.py::test_golden[rotom_bert_attention.n16]":
+        "tests/planner/report/test_golden.py::test_golden[rotom_bert_attention_2heads.n14]",
+    "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+    "[rotom_bert_attention.n16]":
+        "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+        "[rotom_bert_attention_2heads.n14]",
+    "tests/planner/report/test_golden.py::test_golden[mvm2.n16]":
+        "tests/planner/report/test_golden.py::test_golden[mvm1.n16]",
+    "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean[mvm2.n16]":
+        "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean[mvm1.n16]",
+    "tests/planner/report/test_golden.py::test_golden[resnet18_conv1_imagenet.n16]":
+        "tests/planner/kernels/test_kernels_sim.py::test_segmented_conv_channels_larger_than_a_ciphertext",
+    "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+    "[resnet18_conv1_imagenet.n16]":
+        "tests/planner/kernels/test_kernels_sim.py::test_segmented_conv_channels_larger_than_a_ciphertext",
+    "tests/planner/report/test_golden.py::test_golden[resnet20_cifar10_deg15.n16boot]":
+        "tests/planner/report/test_golden.py::test_golden[resnet20_cifar10.n16boot]",
+    "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+    "[resnet20_cifar10_deg15.n16boot]":
+        "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+        "[resnet20_cifar10.n16boot]",
+    **{f"tests/planner/report/test_golden.py::test_golden[{w}.n16]":
+       "tests/planner/report/test_golden.py::test_golden[conv3_large.n16]"
+       for w in ("conv1_large", "conv2_large", "conv4_large")},
+    **{f"tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean[{w}.n16]":
+       "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+       "[conv3_large.n16]" for w in ("conv1_large", "conv2_large", "conv4_large")},
+    "tests/planner/report/test_golden.py::test_golden[rotom_double_matmul_32k.n16]":
+        "tests/planner/report/test_golden.py::test_golden[rotom_double_matmul_8k.n14]",
+    "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+    "[rotom_double_matmul_32k.n16]":
+        "tests/planner/report/test_workload_hygiene.py::test_workload_counts_add_up_and_outputs_are_clean"
+        "[rotom_double_matmul_8k.n14]",
+    "tests/backends/test_lattigo_neujeans.py::test_neujeans_order_and_fused_conv_n14boot":
+        "tests/planner/layout/test_cins.py",
+    "tests/backends/test_lattigo_boot.py::test_bench_plan_bootstraps_keep_all_and_scheduled":
+        "tests/backends/test_lattigo_boot.py::test_bootstrap_plan_n14boot",
+    "tests/backends/test_lattigo_boot.py::test_streamed_boot_block_under_a_cap_on_lattigo":
+        "tests/e2e/test_bootstrap_plans.py::test_streamed_block_memory_follows_the_executor",
+    "tests/backends/test_lattigo_boot.py::test_planned_bootstrap_keeps_precision_at_its_worst_case":
+        "tests/backends/test_lattigo_boot.py::test_bootstrap_plan_n14boot",
+    "tests/planner/report/test_explain.py::test_bench_progress_keeps_stdout":
+        "tests/planner/report/test_explain.py::test_bench_progress_keeps_stdout_one_workload",
+    "tests/planner/batch/test_batch.py::test_batch_on_ray_matches_the_pool":
+        "tests/api/test_inference_service_ray.py",
+    "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_match_numpy":
+        "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_fixed_shapes",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.75]":
+        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.3]",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mlp default-0.3]":
+        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mlp default-0.75]",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mvm 20x20 hs-diagonal-0.3]":
+        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mvm 20x20 hs-diagonal-0.75]",
+    "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[0.75]":
+        "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[None]",
+    "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[3]":
+        "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
+    "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[11]":
+        "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
+    "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked":
+        "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked_small",
+    "tests/planner/assign/test_random_networks.py::test_random_networks[140]":
+        "tests/planner/assign/test_random_networks.py::test_random_networks",
+}
+
+
+def _matches(nodeid: str, key: str) -> bool:
+    """``key`` names this test: the test itself, one of its parametrisations, or its file."""
+    return nodeid == key or nodeid.startswith(key + "[") or nodeid.startswith(key + "::")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(_matches(item.nodeid, k) for k in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+    # where every file the list names was collected, each entry must name a test and each
+    # cover a test of the default tier (a renamed test must not leave its tier silently)
+    files = {i.nodeid.split("::")[0] for i in items}
+    named = {k.split("::")[0] for k in (*SLOW_TESTS, *SLOW_TESTS.values())}
+    if not named <= files:
+        return
+    fast = [i.nodeid for i in items if i.get_closest_marker("slow") is None]
+    bad = [k for k in SLOW_TESTS if not any(_matches(i.nodeid, k) for i in items)]
+    bad += [f"{c} (cover)" for c in set(SLOW_TESTS.values()) if not any(_matches(n, c) for n in fast)]
+    if bad:
+        raise pytest.UsageError("tests/conftest.py SLOW_TESTS names no test of its tier: " + ", ".join(sorted(bad)))

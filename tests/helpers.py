@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from planner.frontend.graph import Graph, parse_graph
 from planner.frontend.params import Params
 from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
+from solver.model import ChoiceModel, Edge, Group
 
 # the repository root (tests live at any depth under tests/)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -230,3 +232,35 @@ def pmul_chain(src: str, n: int, tag: str) -> tuple[list[Any], str]:
         prog += [ir.PMul(dst=f"{tag}m{i}", src=src, pt="w"), ir.Rescale(dst=f"{tag}r{i}", src=f"{tag}m{i}")]
         src = f"{tag}r{i}"
     return prog, src
+
+
+def random_choice_model(seed: int, depth: bool) -> ChoiceModel:
+    """A small choice model (tests/solver): two inputs, four nodes, random costs, forbidden
+    pairs and depths."""
+    rng = np.random.default_rng(seed)
+    names = ["input:a", "input:b", "n0", "n1", "n2", "n3"]
+    sizes = {n: int(rng.integers(1, 4)) for n in names}
+    groups = tuple(
+        Group(n, tuple(0 if n.startswith("input") else int(rng.integers(0, 20)) for _ in range(sizes[n])),
+              tuple(f"{n}/{o}" for o in range(sizes[n])),
+              depths=tuple(0 if n.startswith("input") else int(rng.integers(0, 3)) for _ in range(sizes[n])))
+        for n in names
+    )
+    pairs = [("input:a", "n0"), ("input:b", "n1"), ("n0", "n1"), ("n0", "n2"), ("n1", "n3"), ("n2", "n3")]
+    edges = []
+    for s, d in pairs:
+        costs = tuple(tuple(None if rng.random() < 0.15 else int(rng.integers(0, 15)) for _ in range(sizes[d]))
+                      for _ in range(sizes[s]))
+        depths = tuple(tuple(int(rng.integers(0, 2)) for _ in range(sizes[d])) for _ in range(sizes[s]))
+        edges.append(Edge(s, d, s, costs, depths))
+    return ChoiceModel(groups, tuple(edges), int(rng.integers(2, 6)) if depth else None)
+
+
+def choice_brute_force(m: ChoiceModel) -> int | None:
+    """The best objective over every choice (None: none feasible)."""
+    best = None
+    for combo in itertools.product(*[range(len(g.costs)) for g in m.groups]):
+        v = m.evaluate({g.name: o for g, o in zip(m.groups, combo, strict=True)})
+        if v is not None and (best is None or v < best):
+            best = v
+    return best

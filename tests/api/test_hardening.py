@@ -79,6 +79,21 @@ def test_smallest_feasible_cap_does_not_depend_on_the_cap_asked(capsys: pytest.C
     assert json.loads(out)["summary"]["peak_bytes"]["total"] <= advice[0]
 
 
+def test_smallest_feasible_cap_does_not_depend_on_the_cap_asked_small(capsys: pytest.CaptureFixture[str]) -> None:
+    """The test above (mvm1 at n16, a minute; `make test-all`) on conv1 at n13."""
+    g = str(ROOT / "data" / "workloads" / "conv1.json")
+    advice = []
+    for cap in ("1MiB", "2MiB"):
+        code, _, err = run_cli(["plan", g, "--params", "n13", "--memory-cap", cap], capsys)
+        assert code == 2
+        line = one_line(err)
+        advice.append(int(line.split("smallest feasible cap is ")[1].split()[0]))
+    assert advice[0] == advice[1] > 2 << 20
+    code, out, err = run_cli(["plan", g, "--params", "n13", "--memory-cap", str(advice[0]), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["summary"]["peak_bytes"]["total"] <= advice[0]
+
+
 # ---------------------------------------------------------------------------------- item 5
 
 

@@ -229,3 +229,25 @@ def test_run_reports_the_process_model() -> None:
     assert len(em["blocks"]) == rep.stats["fused_blocks"]
     assert rep.stats["gc_percent"] == 10
     assert np.isfinite(mem["rss_over_process_model"]) and mem["rss_over_process_model"] > 0
+
+
+@needs_lattigo
+def test_small_run_reports_the_process_model() -> None:
+    """test_run_reports_the_process_model (mvm1 at n13, minutes; `make test-all`) on a 64 x 64
+    matvec at n12: the same report, and at least one fused block run."""
+    from backends.runner import run_plan as run_and_compare
+    from planner.frontend.params import load_params
+    from planner.pipeline import PlanOptions, plan_graph
+    from tests.helpers import matvec_graph
+
+    res = plan_graph(matvec_graph(64, 64), load_params("n12"), PlanOptions())
+    rep = run_and_compare(res.plan, res.tables, "lattigo", seed=3)
+    assert rep.ok, rep.max_rel_error
+    mem = rep.memory
+    pm = mem["modelled_process_bytes"]
+    assert pm["total"] == pm["growth"] + mem["rss_start_bytes"]
+    assert pm["growth"] >= res.plan["summary"]["peak_bytes"]["keys"]
+    em = executor_memory(res.plan, rep.stats["workers"])
+    assert rep.stats["fused_blocks"] >= 1 and len(em["blocks"]) == rep.stats["fused_blocks"]
+    assert rep.stats["gc_percent"] == 10
+    assert np.isfinite(mem["rss_over_process_model"]) and mem["rss_over_process_model"] > 0

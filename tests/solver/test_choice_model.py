@@ -3,44 +3,14 @@ random models, with CP-SAT and z3 cross-checked against brute force."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from planner.kernels.convert import Moves, _bsgs_counts, _rotations_per_n1, _steps
 from solver import SOLVERS, create
-from solver.model import ChoiceModel, Edge, Group, Status
-
-
-def random_model(seed: int, depth: bool) -> ChoiceModel:
-    """A small DAG: two inputs, four nodes, random costs, forbidden pairs and depths."""
-    rng = np.random.default_rng(seed)
-    names = ["input:a", "input:b", "n0", "n1", "n2", "n3"]
-    sizes = {n: int(rng.integers(1, 4)) for n in names}
-    groups = tuple(
-        Group(n, tuple(0 if n.startswith("input") else int(rng.integers(0, 20)) for _ in range(sizes[n])),
-              tuple(f"{n}/{o}" for o in range(sizes[n])),
-              depths=tuple(0 if n.startswith("input") else int(rng.integers(0, 3)) for _ in range(sizes[n])))
-        for n in names
-    )
-    pairs = [("input:a", "n0"), ("input:b", "n1"), ("n0", "n1"), ("n0", "n2"), ("n1", "n3"), ("n2", "n3")]
-    edges = []
-    for s, d in pairs:
-        costs = tuple(tuple(None if rng.random() < 0.15 else int(rng.integers(0, 15)) for _ in range(sizes[d]))
-                      for _ in range(sizes[s]))
-        depths = tuple(tuple(int(rng.integers(0, 2)) for _ in range(sizes[d])) for _ in range(sizes[s]))
-        edges.append(Edge(s, d, s, costs, depths))
-    return ChoiceModel(groups, tuple(edges), int(rng.integers(2, 6)) if depth else None)
-
-
-def brute_force(m: ChoiceModel) -> int | None:
-    best = None
-    for combo in itertools.product(*[range(len(g.costs)) for g in m.groups]):
-        v = m.evaluate({g.name: o for g, o in zip(m.groups, combo, strict=True)})
-        if v is not None and (best is None or v < best):
-            best = v
-    return best
+from solver.model import Status
+from tests.helpers import choice_brute_force as brute_force
+from tests.helpers import random_choice_model as random_model
 
 
 @pytest.mark.parametrize("seed", range(40))

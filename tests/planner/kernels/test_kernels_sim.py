@@ -39,6 +39,14 @@ def test_matvec_all_kernels_match_numpy(n: int, k: int, layout: str) -> None:
     _plan_each_kernel(matvec_graph(n, k), small_params(10), layout)
 
 
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (7, 300), (300, 7), (45, 129), (512, 512), (640, 96)])
+@pytest.mark.parametrize("layout", ["free", "row-major"])
+def test_matvec_all_kernels_fixed_shapes(n: int, k: int, layout: str) -> None:
+    """test_matvec_all_kernels_match_numpy's check (25 random shapes; `make test-all`) on fixed
+    shapes: one element, tall, wide, non powers of two, one full ciphertext, several."""
+    _plan_each_kernel(matvec_graph(n, k), small_params(10), layout)
+
+
 @st.composite
 def conv_cases(draw: st.DrawFn) -> tuple:
     groups = draw(st.sampled_from([1, 1, 1, 2, 3]))

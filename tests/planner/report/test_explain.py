@@ -229,6 +229,25 @@ def test_bench_progress_keeps_stdout(capsys: pytest.CaptureFixture[str]) -> None
     assert rows(out1) == rows(out2)  # the same rows (wall times aside)
 
 
+def test_bench_progress_keeps_stdout_one_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """test_bench_progress_keeps_stdout (the whole FAME suite twice; `make test-all`) on a
+    suite of its first workload: --progress writes to stderr only, stdout's rows unchanged."""
+    suite = json.loads((ROOT / "data" / "suites" / "fame.json").read_text())
+    first = suite["workloads"][0]
+    first["graph"] = str((ROOT / "data" / "suites" / first["graph"]).resolve())
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({**suite, "workloads": [first]}))
+    code, out1, err1 = run_cli(["bench", str(path), "--json"], capsys)
+    assert code == 0 and err1 == ""
+    code, out2, err2 = run_cli(["bench", str(path), "--json", "--progress"], capsys)
+    assert code == 0 and "slotplan: bench: started (" in err2 and "slotplan: bench: done in" in err2
+
+    def rows(out: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in out.splitlines()]
+
+    assert rows(out1) == rows(out2) and len(rows(out1)) >= 1
+
+
 def test_cli_show_layouts(mlp: PlanResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pf = tmp_path / "plan.json"
     pf.write_text(json.dumps(mlp.plan))
