@@ -53,6 +53,9 @@ def calibrate(
     boot_variants_only: Annotated[
         bool, typer.Option("--boot-variants-only", help="only time the variants; the table at --out keeps the rest"),
     ] = False,
+    boot_stream: Annotated[
+        int | None, typer.Option("--boot-stream", help="variants: stream the block's Galois keys, D read ahead")
+    ] = None,
 ) -> None:
     """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
     A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
@@ -76,7 +79,7 @@ def calibrate(
 
             kinds = parse_kinds(p, boot_variants)
         table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat,
-                                      boot_variants=kinds, variants_only=boot_variants_only)
+                                      boot_variants=kinds, variants_only=boot_variants_only, boot_stream=boot_stream)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None

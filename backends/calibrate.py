@@ -294,6 +294,7 @@ def calibrate(
     bootstrap_repeat: int | None = None,
     boot_variants: Sequence[str] | None = None,
     variants_only: bool = False,
+    boot_stream: int | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``).
 
@@ -315,7 +316,7 @@ def calibrate(
         from backends.calibrate_variants import boot_variants_weights, measure_variants
 
         n = bootstrap_repeat or min(repeat, 3)
-        measured = measure_variants(params, boot_variants, n)
+        measured = measure_variants(params, boot_variants, n, stream=boot_stream)
         table["boot_variants"] = {**(table.get("boot_variants") or {}), **boot_variants_weights(measured)}
         table["params"] = params.to_json()  # the variants the table prices are the params'
         m = table.setdefault("measurements", {})
@@ -333,6 +334,6 @@ def _variant_measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
         out[kd] = {"median_ms": _ms(e["median_s"]), "samples_ms": [_ms(x) for x in e["samples_s"]],
                    "input_level": e["input_level"], "output_level": e.get("output_level"),
                    "max_abs_error": e["max_abs_error"], "bits": e["bits"], "ratio_to_full": e["ratio_to_full"]}
-    out["run"] = {k: measured[k] for k in ("repeat", "peak_rss_bytes", "boot_key_bytes", "boot_matrix_bytes",
+    out["run"] = {k: measured[k] for k in ("repeat", "stream", "peak_rss_bytes", "boot_key_bytes", "boot_matrix_bytes",
                                            "boot_keygen_seconds", "boot_matrix_seconds")}
     return out

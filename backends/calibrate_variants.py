@@ -66,14 +66,16 @@ def parse_kinds(params: Params, spec: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-def variant_plan(params: Params, kinds: Sequence[str], repeat: int, seed: int = 1
+def variant_plan(params: Params, kinds: Sequence[str], repeat: int, seed: int = 1, stream: int | None = None
                  ) -> tuple[dict[str, Any], list[np.ndarray], list[tuple[str, np.ndarray, float]]]:
     """The calibration plan, its input vectors (program order) and, per output (program
-    order), (kind, expected vector, bound of its values)."""
+    order), (kind, expected vector, bound of its values). ``stream``: the block's Galois keys
+    are streamed with this read-ahead (``load_key {"block": "boot", "stream": D}``; the keys
+    of a secure ring do not fit beside the matrices), else the whole block is resident."""
     assert params.boot is not None
     rng = np.random.default_rng(seed)
     S, top, A = params.slots, params.max_level, float(params.boot.max_abs)
-    prog: list[dict[str, Any]] = []
+    prog: list[dict[str, Any]] = [] if stream is None else [{"op": "load_key", "block": "boot", "stream": stream}]
     inputs: list[np.ndarray] = []
     expect: list[tuple[str, np.ndarray, float]] = []
     reg = iter(range(1 << 30))
@@ -127,12 +129,13 @@ def variant_plan(params: Params, kinds: Sequence[str], repeat: int, seed: int = 
     return plan, inputs, expect
 
 
-def measure_variants(params: Params, kinds: Sequence[str], repeat: int = 3, seed: int = 1) -> dict[str, Any]:
+def measure_variants(params: Params, kinds: Sequence[str], repeat: int = 3, seed: int = 1,
+                     stream: int | None = None) -> dict[str, Any]:
     """Run the calibration plan on Lattigo: per kind the median seconds of its bootstrap
     instruction, the samples, the input level, and the max abs error / bits of its outputs."""
     from backends.lattigo_backend import run_raw
 
-    plan, inputs, expect = variant_plan(params, kinds, repeat, seed)
+    plan, inputs, expect = variant_plan(params, kinds, repeat, seed, stream)
     ones = np.ones(params.slots)
     pack = b"".join(np.ascontiguousarray(v, dtype="<f8").tobytes() for v in inputs)
     res = run_raw(json.dumps(plan), pack, np.ascontiguousarray(ones, dtype="<f8").tobytes(), {})
@@ -156,7 +159,7 @@ def measure_variants(params: Params, kinds: Sequence[str], repeat: int = 3, seed
     full = out.get("full", {}).get("median_s")
     for e in out.values():
         e["ratio_to_full"] = round(e["median_s"] / full, 4) if full else None
-    return {"kinds": out, "repeat": repeat, "peak_rss_bytes": st.get("peak_rss_bytes"),
+    return {"kinds": out, "repeat": repeat, "stream": stream, "peak_rss_bytes": st.get("peak_rss_bytes"),
             "boot_key_bytes": st.get("boot_key_bytes"), "boot_matrix_bytes": st.get("boot_matrix_bytes"),
             "boot_keygen_seconds": st.get("boot_keygen_seconds"), "boot_matrix_seconds": st.get("boot_matrix_seconds")}
 

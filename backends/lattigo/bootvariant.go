@@ -396,6 +396,7 @@ func (e *executor) bootstrapVariant(in instr) error {
 	kind := variantKind(in)
 	e.keys.beginBootstrapKind(kind)
 	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
+	e.keys.inBootstrap = true
 	if halves {
 		if ct.Level() < e.params.LevelsConsumedPerRescaling() {
 			return fmt.Errorf("field \"halves\": register %q is at level %d, but the halves packing multiplies by a mask before the bootstrap and needs the source at level >= 1", in.Src, ct.Level())
@@ -468,6 +469,7 @@ func (e *executor) bootstrapPair(in instr) error {
 	kind := variantKind(in)
 	e.keys.beginBootstrapKind(kind)
 	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
+	e.keys.inBootstrap = true
 	z := e.newCt(inLevel)
 	if err = e.eval.Mul(y, complex(0, 1), z); err != nil {
 		return err
