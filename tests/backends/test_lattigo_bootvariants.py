@@ -179,3 +179,39 @@ def test_variants_on_lattigo(tmp_path: Path, _: int) -> None:
     # Galois element): more keys than the full-slot block alone
     assert st["boot_key_bytes"] > P.boot.key_bytes
     assert st["boot_matrix_bytes"] == P.boot.matrix_bytes + sum(v.matrix_bytes for v in P.boot.variants)
+
+
+def test_calibration_plan_simulates() -> None:
+    """The plan `slotplan calibrate --boot-variants` runs: every kind at the level the executor
+    needs, its outputs scale * input (the simulator's), and the kinds it parses."""
+    from backends.calibrate_variants import parse_kinds, variant_plan
+    from common.errors import SlotplanError
+
+    kinds = parse_kinds(P, "all")
+    assert kinds == ["full"] + [f"{c}{k}" for k in (9, 10, 11, 12) for c in "shp"]
+    assert parse_kinds(P, "h10,p9") == ["full", "h10", "p9"]
+    for bad in ("s8", "x9", ""):
+        with pytest.raises(SlotplanError, match="--boot-variants"):
+            parse_kinds(P, bad)
+    plan, inputs, expect = variant_plan(P, ["full", "s9", "h10", "p11"], 1, stream=2)
+    assert plan["program"][0] == {"op": "load_key", "block": "boot", "stream": 2}
+    ident = np.arange(S, dtype=np.int64)
+    n_in = sum(1 for ins in plan["program"] if ins["op"] == "input")
+    assert n_in == len(inputs)
+    # one tensor per input instruction for the simulator (the plan reuses one name)
+    prog = []
+    j = 0
+    for ins in plan["program"]:
+        ins = dict(ins)
+        if ins["op"] == "input":
+            ins["tensor"], j = f"x{j}", j + 1
+        prog.append(ins)
+    o = 0
+    for ins in prog:
+        if ins["op"] == "output":
+            ins["tensor"], o = f"y{o}", o + 1
+    sim = simulate({**plan, "program": prog}, {"t.idx": ident, "one.idx": ident},
+                   {**{f"x{i}": v for i, v in enumerate(inputs)}, "one": np.ones(S)})
+    assert [e[0] for e in expect] == ["full", "s9", "h10", "p11", "p11"]
+    for i, (_, want, bound) in enumerate(expect):
+        assert np.array_equal(sim.outputs[f"y{i}"], want) and np.max(np.abs(want)) <= bound
