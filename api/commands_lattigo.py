@@ -45,6 +45,17 @@ def calibrate(
         typer.Option("--bootstrap-repeat", help="bootstrapping presets: timed bootstraps [default: min(repeat, 3)]"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the written table as JSON")] = False,
+    boot_variants: Annotated[
+        str | None,
+        typer.Option("--boot-variants", help="bootstrapping presets: also time sparse bootstrap variants: 'all' or "
+                     "a list such as s12,h11,p11 (written as boot_variants, ms)"),
+    ] = None,
+    boot_variants_only: Annotated[
+        bool, typer.Option("--boot-variants-only", help="only time the variants; the table at --out keeps the rest"),
+    ] = False,
+    boot_stream: Annotated[
+        int | None, typer.Option("--boot-stream", help="variants: stream the block's Galois keys, D read ahead")
+    ] = None,
 ) -> None:
     """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
     A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
@@ -62,12 +73,18 @@ def calibrate(
             raise SlotplanError(f"--repeat must be in 1..1000, got {repeat}")
         if output is not None and output.suffix.lower() != ".json":
             raise SlotplanError(f"--out {str(output)!r}: a cost table file must end in .json")
-        table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat)
+        kinds = None
+        if boot_variants is not None:
+            from backends.calibrate_variants import parse_kinds
+
+            kinds = parse_kinds(p, boot_variants)
+        table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat,
+                                      boot_variants=kinds, variants_only=boot_variants_only, boot_stream=boot_stream)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
-    if as_json:
-        out.print_json(json.dumps(table))
+    if as_json or boot_variants_only:
+        out.print_json(json.dumps(table if as_json else table.get("measurements", {}).get("boot_variants")))
         return
     m = table["measurements"]
     w = table["weights"]

@@ -292,10 +292,52 @@ def calibrate(
     hoist_batch: int = DEFAULT_HOIST_BATCH,
     levels: Sequence[int] | None = None,
     bootstrap_repeat: int | None = None,
+    boot_variants: Sequence[str] | None = None,
+    variants_only: bool = False,
+    boot_stream: int | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``)."""
-    raw = measure(params, repeat, hoist_batch, levels, bootstrap_repeat)
+    """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``).
+
+    ``boot_variants`` (kinds ``full``, ``s<k>``, ``h<k>``, ``p<k>``; backends/calibrate_variants.py)
+    also times the sparse bootstrap variants and writes ``boot_variants`` (ms) and
+    ``measurements.boot_variants``; with ``variants_only`` the table already at the path keeps
+    everything else (its weights and measurements) and only those two are replaced."""
     path = Path(out) if out is not None else default_path(params)
-    name = path.stem if out is not None else None
-    table = cost_table(params, raw, name)
+    if variants_only:
+        if not boot_variants:
+            raise SlotplanError("--boot-variants-only needs --boot-variants")
+        if not path.exists():
+            raise SlotplanError(f"--boot-variants-only: no cost table at {path} to add the variants to")
+        table = json.loads(path.read_text())
+    else:
+        raw = measure(params, repeat, hoist_batch, levels, bootstrap_repeat)
+        table = cost_table(params, raw, path.stem if out is not None else None)
+    if boot_variants:
+        from backends.calibrate_variants import boot_variants_weights, measure_variants
+
+        n = bootstrap_repeat or min(repeat, 3)
+        measured = measure_variants(params, boot_variants, n, stream=boot_stream)
+        table["boot_variants"] = {**(table.get("boot_variants") or {}), **boot_variants_weights(measured)}
+        table["params"] = params.to_json()  # the variants the table prices are the params'
+        m = table.setdefault("measurements", {})
+        m["boot_variants"] = {**(m.get("boot_variants") or {}), **_variant_measurements(measured)}
+        CostTable.model_validate(table)
     return table, write_table(table, path)
+
+
+def _variant_measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """``measurements.boot_variants``: per kind the samples and median (ms), the input and
+    output levels, the max abs error and the bits kept (relative to boot.max_abs), the ratio
+    to the full-slot bootstrap of the same run; and the run's block and peak RSS."""
+    out: dict[str, Any] = {}
+    for kd, e in sorted(measured["kinds"].items()):
+        out[kd] = {"median_ms": _ms(e["median_s"]), "samples_ms": [_ms(x) for x in e["samples_s"]],
+                   "input_level": e["input_level"], "output_level": e.get("output_level"),
+                   "max_abs_error": e["max_abs_error"], "bits": e["bits"], "ratio_to_full": e["ratio_to_full"]}
+    # each run (the kinds timed together, with their own full bootstrap for the ratio)
+    run = {k: measured[k] for k in ("repeat", "stream", "peak_rss_bytes", "boot_key_bytes", "boot_matrix_bytes",
+                                    "boot_keygen_seconds", "boot_matrix_seconds")}
+    if "full" in measured["kinds"]:
+        run["full_median_ms"] = _ms(measured["kinds"]["full"]["median_s"])
+    out["run " + ",".join(sorted(measured["kinds"]))] = run
+    return out

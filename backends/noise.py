@@ -192,6 +192,7 @@ class NoisyMachine(sim._Machine):
         self.last_pt: tuple[str, np.ndarray] = ("", np.zeros(0))
         self.unres: set[str] = set()  # registers carrying an unrescaled product
         self.drift: set[str] = set()  # registers whose scale drifted (from a cmul, until a bootstrap)
+        self.tail_tol: float | None = None  # sparse bootstrap: |value| counted as zero (check_variant)
         self.depths = register_depths([p for p in a[4] if p is not None]) if len(a) > 4 else {}
         # fused linear blocks (backends/lattigo/fused.go), recognised as the executor does:
         # the ciphertext a baby step rotates, and the ciphertext a linear form multiplies
@@ -349,9 +350,72 @@ class NoisyMachine(sim._Machine):
         base = np.full(2 * self.S, float(np.max(base)) if np.size(base) else 0.0)
         self.noise(ins.dst, self.model.sigma.rot * math.sqrt(max(1, ins.count())), "rot", base)
 
+    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool) -> None:
+        # a noisy register holds noise where the plan holds zeros: a value within the
+        # register's noise (tail_tol) counts as zero, as does a noise-sized imaginary part
+        tol = self.tail_tol
+        if tol is not None:
+            x = np.array(x, copy=True)
+            if np.iscomplexobj(x):
+                x = np.where(np.abs(x.imag) <= tol, x.real, x)
+            tail = x[span:]
+            tail[np.abs(tail) <= tol] = 0
+        super().check_variant(x, i, what, log_slots, span, packed)
+
+    def noise_tol(self, *regs: str) -> float:
+        """How far from zero a slot may be and still hold a zero of the plan: 8 standard
+        deviations of the largest variance of the registers (plus a floor)."""
+        var = max((float(np.max(self.v(r))) if np.size(self.v(r)) else 0.0) for r in regs)
+        return 8.0 * math.sqrt(max(var, 0.0)) + 1e-12
+
+    def variant_noise(self, dst: str, z: np.ndarray, n: int, span: int, scale: float, level0: bool,
+                      base: np.ndarray) -> None:
+        """A sparse bootstrap's output: the bootstrap's error for the packed message ``z``
+        (the 2^k complex slots it refreshes, replicated with period n as Lattigo sees them)
+        times the unpacking scale, on slots [0, span); the unpacking mask leaves zeros
+        elsewhere."""
+        zz = np.tile(np.asarray(z, dtype=np.complex128)[:n], self.S // n)
+        sigma = abs(scale) * self.model.boot(zz, level0)
+        base = np.array(base, dtype=np.float64, copy=True)
+        base[span:] = 0.0
+        self.noise(dst, sigma, "bootstrap", base)
+        self.regs[dst] = np.array(self.regs[dst], copy=True)
+        self.regs[dst][span:] = 0.0
+        self.var[dst][span:] = 0.0
+
+    def exec_bootstrap2(self, ins: ir.Bootstrap2, i: int) -> None:
+        for r in ins.srcs:
+            self.rescale_in_place(r)
+        x, y = (np.real(self.get(r, i)) for r in ins.srcs)
+        self.tail_tol = self.noise_tol(*ins.srcs)
+        try:
+            super().exec_bootstrap2(ins, i)
+        finally:
+            self.tail_tol = None
+        n = int(ins.period)
+        sc = 1.0 if ins.scale is None else float(ins.scale)
+        level0 = min(self.level(r) for r in ins.srcs) == 0
+        for d, r in zip(ins.dsts, ins.srcs, strict=True):
+            self.variant_noise(d, x + 1j * y, n, n, sc, level0, sc**2 * self.v(r))
+
     def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
         self.rescale_in_place(ins.src)
         x = self.get(ins.src, i)
+        if ins.log_slots is not None:
+            self.tail_tol = self.noise_tol(ins.src)
+            try:
+                super().exec_bootstrap(ins, i)
+            finally:
+                self.tail_tol = None
+            n = int(ins.period or 0)
+            sc = 1.0 if ins.scale is None else float(ins.scale)
+            xr = np.real(x)
+            z = xr[:n] + 1j * xr[n:2 * n] if ins.halves else xr[:n]
+            # halves: the executor masks the source first (one level), so the bootstrap's
+            # input is one level below the source
+            level0 = self.level(ins.src) <= (1 if ins.halves else 0)
+            self.variant_noise(ins.dst, z, n, 2 * n if ins.halves else n, sc, level0, sc**2 * self.v(ins.src))
+            return
         super().exec_bootstrap(ins, i)
         level0 = self.level(ins.src) == 0
         base = self.v(ins.src)

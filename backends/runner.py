@@ -203,13 +203,22 @@ def _run_lattigo(
 def bootstrap_report(counts: Mapping[str, int], stats: Mapping[str, Any]) -> dict[str, Any]:
     """Bootstraps of a run: how many, and (measured by the back end) seconds each."""
     secs = [float(x) for x in stats.get("bootstrap_seconds") or []]
-    out: dict[str, Any] = {"count": int(counts.get("bootstrap", len(secs)))}
+    n = counts.get("bootstrap", 0) + counts.get("bootstrap2", 0)
+    out: dict[str, Any] = {"count": int(n if "bootstrap" in counts or "bootstrap2" in counts else len(secs))}
     if secs:
         out |= {
             "seconds": [round(x, 3) for x in secs],
             "mean_seconds": round(sum(secs) / len(secs), 3),
             "input_levels": list(stats.get("bootstrap_input_levels") or []),
         }
+        kinds = list(stats.get("bootstrap_kinds") or [])
+        if len(kinds) == len(secs) and any(k != "full" for k in kinds):
+            # sparse bootstrap variants (issue 36): the kind of each, and seconds by kind
+            by: dict[str, list[float]] = {}
+            for k, x in zip(kinds, secs, strict=True):
+                by.setdefault(k, []).append(x)
+            out["kinds"] = kinds
+            out["seconds_by_kind"] = {k: round(sum(v) / len(v), 3) for k, v in sorted(by.items())}
     return out
 
 

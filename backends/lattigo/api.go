@@ -186,9 +186,12 @@ type stats struct {
 	Bootstraps        int       `json:"bootstraps"`
 	BootstrapSeconds  []float64 `json:"bootstrap_seconds"`
 	BootstrapInLevels []int     `json:"bootstrap_input_levels"`
-	BootKeyBytes      int64     `json:"boot_key_bytes"`
-	BootMatrixBytes   int64     `json:"boot_matrix_bytes"`
-	BootMatrixSeconds float64   `json:"boot_matrix_seconds"`
+	// BootstrapKinds: per bootstrap, "full" or the sparse variant (s<k>, h<k>, p<k>;
+	// bootvariant.go), in the order of bootstrap_seconds
+	BootstrapKinds    []string `json:"bootstrap_kinds,omitempty"`
+	BootKeyBytes      int64    `json:"boot_key_bytes"`
+	BootMatrixBytes   int64    `json:"boot_matrix_bytes"`
+	BootMatrixSeconds float64  `json:"boot_matrix_seconds"`
 	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
 	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
 	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)

@@ -229,7 +229,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 	c := newSetupClient(setup)
 	offsets := p.rotationOffsets()
 	if withBlock {
-		offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+		offsets = planKeyOffsets(p, setup.blockKeys())
 	}
 	var keys *keyStore
 	if p.hasKeySchedule() || opt.KeepAllDisk || withBlock {
@@ -326,7 +326,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			// and its key store has not learned a streamed block's request order yet: the
 			// first bootstrap reads its keys in line (the memory model's count; carried
 			// over, LeNet-5's capped runs held 2 read-ahead keys more before it)
-			keys.streamSeq = nil
+			keys.streamSeq, keys.streamSeqs = nil, nil
 		}
 		io := &benchIO{}
 		for _, ct := range cts {

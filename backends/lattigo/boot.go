@@ -38,6 +38,8 @@ type bootParams struct {
 	Conjugation *bool   `json:"conjugation"`
 	KeyBytes    int64   `json:"key_bytes"`
 	MatrixBytes int64   `json:"matrix_bytes"`
+	// Variants: the sparse bootstraps the preset offers (issue 36, bootvariant.go)
+	Variants []bootVariantParams `json:"variants"`
 }
 
 // bootLiterals are the bootstrapping parameter literals this backend runs.
@@ -55,6 +57,9 @@ type evalSetup struct {
 	top    int             // level of fresh ciphertexts (and of a bootstrap's output)
 	btp    *bootstrapping.Parameters
 	boot   *bootParams
+	// variants: the sparse bootstrapping parameters of each log_slots the plan's bootstrap
+	// variants use (bootvariant.go; nil: full-slot bootstraps only)
+	variants map[int]*bootstrapping.Parameters
 }
 
 // bootstrapParameters builds the bootstrapping parameters of a params object with "boot".

@@ -179,8 +179,36 @@ func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, error) {
 	return gk, nil
 }
 
-// beginBootstrap: the requests that follow are a bootstrap's.
+// beginBootstrap: the requests that follow are a full-slot bootstrap's.
 func (s *keyStore) beginBootstrap() {
+	s.beginBootstrapKind("full")
+}
+
+// beginBootstrapKind: the requests that follow are a bootstrap's of this kind ("full", or a
+// sparse variant s<k>/h<k>/p<k>, bootvariant.go). Each kind asks for its own keys in its
+// own order: the sequence is learned, and kept, per kind; a change of kind drops the
+// read-ahead of the previous one and starts on the new kind's sequence.
+func (s *keyStore) beginBootstrapKind(kind string) {
+	if s.streamKind == "" {
+		s.streamKind = "full"
+	}
+	if kind != s.streamKind {
+		if s.streamSeqs == nil {
+			s.streamSeqs = map[string][]uint64{}
+		}
+		s.streamSeqs[s.streamKind] = s.streamSeq
+		s.streamKind, s.streamSeq = kind, s.streamSeqs[kind]
+		if st := s.stream; st != nil {
+			for p := range st.slots {
+				s.freeSlot(p)
+			}
+			s.dropLearnKey()
+			st.seq, st.learned, st.pos, st.last = s.streamSeq, len(s.streamSeq) > 0, 0, -1
+			for p := 0; st.learned && p < st.depth && p < len(st.seq); p++ {
+				s.ahead(p)
+			}
+		}
+	}
 	if st := s.stream; st != nil && !st.learned {
 		st.learnKs = st.learnKs[:0]
 	}

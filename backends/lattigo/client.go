@@ -81,6 +81,9 @@ type client struct {
 	btp  *bootstrapping.Parameters
 	skN1 *rlwe.SecretKey
 	boot *bootParams
+	// the sparse bootstrap variants of the plan: their Galois keys join the block
+	// (bootvariant.go)
+	variants map[int]*bootstrapping.Parameters
 }
 
 func newClient(params ckks.Parameters) *client {
@@ -92,7 +95,7 @@ func newClient(params ckks.Parameters) *client {
 // everything (keys, encryption, decryption) then happens.
 func newSetupClient(s *evalSetup) *client {
 	params := s.params
-	c := &client{params: params, top: s.top, kgen: rlwe.NewKeyGenerator(params), btp: s.btp, boot: s.boot}
+	c := &client{params: params, top: s.top, kgen: rlwe.NewKeyGenerator(params), btp: s.btp, boot: s.boot, variants: s.variants}
 	if s.btp != nil {
 		c.skN1 = rlwe.NewKeyGenerator(s.btp.ResidualParameters).GenSecretKeyNew()
 		c.sk = extendSecret(*s.btp, c.skN1)
@@ -135,7 +138,7 @@ func planKeySet(p *plan, setup *evalSetup, fixedLevel bool) (planKeys, error) {
 	}
 	ks.offsets = p.rotationOffsets()
 	if ks.withBlock {
-		ks.offsets = planKeyOffsets(p, bootKeyInfo(*setup.btp))
+		ks.offsets = planKeyOffsets(p, setup.blockKeys())
 	}
 	levels, err := p.keyLevels()
 	if err != nil {
@@ -329,11 +332,19 @@ func (c *client) writeBootKeys(write func(string, io.WriterTo) error) (bm *bootM
 	if !skN2.Equal(c.sk) {
 		return nil, genSec, fmt.Errorf("bootstrapping key generation used another secret than the client's")
 	}
-	info := bootKeyInfo(*c.btp)
+	full := bootKeyInfo(*c.btp)
+	info := blockKeyInfo(*c.btp, c.variants) // with the variants' keys (one per Galois element)
 	conj := c.params.GaloisElementForComplexConjugation()
 	bm = &bootManifest{Literal: c.boot.Literal, EvaluationKeysSize: evk.BinarySize()}
 	for _, g := range info.galEls {
 		gk, err := evk.GetGaloisKey(g)
+		if err != nil && full.byGalEl[g] == 0 && g != conj {
+			// a key only a sparse variant uses: generated as GenEvaluationKeys does (the
+			// bootstrapping chain's top level, from the same secret)
+			t := time.Now()
+			gk, err = c.kgen.GenGaloisKeyNew(g, c.sk), nil
+			genSec += time.Since(t).Seconds()
+		}
 		if err != nil {
 			return nil, genSec, fmt.Errorf("bootstrapping keys: %w", err)
 		}
@@ -345,8 +356,8 @@ func (c *client) writeBootKeys(write func(string, io.WriterTo) error) (bm *bootM
 			Bytes: gk.BinarySize(), LevelQ: gk.LevelQ(), LevelP: gk.LevelP(), Conjugation: g == conj, Kind: "boot_galois"})
 		bm.Bytes += int64(gk.BinarySize())
 	}
-	if len(evk.GaloisKeys) != len(info.galEls) {
-		return nil, genSec, fmt.Errorf("bootstrapping keys: %d Galois keys generated, %d expected", len(evk.GaloisKeys), len(info.galEls))
+	if len(evk.GaloisKeys) != len(full.galEls) {
+		return nil, genSec, fmt.Errorf("bootstrapping keys: %d Galois keys generated, %d expected", len(evk.GaloisKeys), len(full.galEls))
 	}
 	for _, f := range []struct {
 		name string

@@ -56,6 +56,7 @@ type executor struct {
 	top      int // level of fresh ciphertexts
 	setup    *evalSetup
 	btpEval  *bootstrapping.Evaluator // resident with the boot block
+	bv       *bootVariants            // the sparse bootstrap variants' evaluators and masks (bootvariant.go)
 	matBytes int64
 	eval     *ckks.Evaluator
 	polyEval *polynomial.Evaluator
@@ -825,7 +826,13 @@ func (e *executor) step(in instr) error {
 		}
 		e.set(in.Dst, out)
 
+	case "bootstrap2":
+		return e.bootstrapPair(in)
+
 	case "bootstrap":
+		if in.LogSlots != nil {
+			return e.bootstrapVariant(in)
+		}
 		if e.btpEval == nil {
 			return fmt.Errorf("the key block \"boot\" is not resident (the key schedule must load_key block \"boot\" before a bootstrap)")
 		}
@@ -843,6 +850,7 @@ func (e *executor) step(in instr) error {
 		}
 		e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, sec)
 		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())
+		e.st.BootstrapKinds = append(e.st.BootstrapKinds, "full")
 		e.set(in.Dst, out)
 
 	case "to_cins":
@@ -948,7 +956,12 @@ func (e *executor) loadBlock(stream int) error {
 		return fmt.Errorf("the plan's params carry no \"boot\" object")
 	}
 	t := time.Now()
-	ev, err := newBootEvaluator(*e.setup.btp, bootKeyInfo(*e.setup.btp).galEls)
+	galEls := e.setup.blockKeys().galEls // the full-slot bootstrap's and the variants' (bootvariant.go)
+	ev, err := newBootEvaluator(*e.setup.btp, galEls)
+	if err != nil {
+		return err
+	}
+	varBytes, err := e.buildVariantEvaluators(galEls)
 	if err != nil {
 		return err
 	}
@@ -956,12 +969,13 @@ func (e *executor) loadBlock(stream int) error {
 	d := time.Since(t).Seconds()
 	e.st.BootMatrixSeconds += d
 	e.encodeSec += d // encoding public matrices: model preparation, timed apart (runTimed)
-	e.matBytes = matrixBytes(ev)
+	e.matBytes = matrixBytes(ev) + varBytes
 	e.st.BootMatrixBytes = e.matBytes
 	if err = e.keys.loadBlock(stream); err != nil {
 		return err
 	}
 	wireBootEvaluator(ev, e.eval, e.keys.block)
+	e.wireVariantEvaluators()
 	e.btpEval = ev
 	e.st.BootKeyBytes = e.keys.block.bytes
 	e.notePeak()
@@ -972,6 +986,9 @@ func (e *executor) loadBlock(stream int) error {
 func (e *executor) dropBlock() {
 	e.keys.dropBlock()
 	e.btpEval = nil
+	if e.bv != nil {
+		e.bv.evs = nil
+	}
 	e.matBytes = 0
 	releaseMemory()
 }

@@ -41,12 +41,14 @@ type keyStore struct {
 	bootByGalEl  map[uint64]manifestKey
 	block        *bootBlock
 	blockLoads   int
-	stream       *bootStream // a streamed block's Galois keys (bootstream.go); nil: whole block
-	inBootstrap  bool        // the requests are a bootstrap's (a streamed block serves them)
-	streamSeq    []uint64    // a bootstrap's key requests, as learned (kept across block loads)
-	streamReads  int         // streamed block keys read
-	streamReused int         // of them read into a key a bootstrap had finished with
-	streamWait   float64     // seconds a bootstrap waited for a streamed key (read in line or ahead)
+	stream       *bootStream         // a streamed block's Galois keys (bootstream.go); nil: whole block
+	inBootstrap  bool                // the requests are a bootstrap's (a streamed block serves them)
+	streamSeq    []uint64            // a bootstrap's key requests, as learned (kept across block loads)
+	streamKind   string              // the kind of bootstrap streamSeq belongs to ("" or "full": full-slot; bootvariant.go)
+	streamSeqs   map[string][]uint64 // the learned sequences of the other kinds
+	streamReads  int                 // streamed block keys read
+	streamReused int                 // of them read into a key a bootstrap had finished with
+	streamWait   float64             // seconds a bootstrap waited for a streamed key (read in line or ahead)
 
 	residentBytes int64
 	peakBytes     int64

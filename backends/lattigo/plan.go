@@ -75,6 +75,12 @@ type instr struct {
 	// bootstrap_cins: the SlotsToCoeffs levels its outputs keep above the top residual
 	// level (docs/cins.md; absent: none)
 	StocLevels *int `json:"stoc_levels"`
+	// sparse bootstrap variants (issue 36, bootvariant.go): bootstrap {log_slots, halves,
+	// scale} and bootstrap2 {dsts, srcs, log_slots, scale}
+	Srcs     []string `json:"srcs"`
+	LogSlots *int     `json:"log_slots"`
+	Halves   *bool    `json:"halves"`
+	Scale    *float64 `json:"scale"`
 }
 
 // givenBackLevels is the most SlotsToCoeffs levels a bootstrap_cins of the plan gives back:
@@ -159,6 +165,8 @@ func (in instr) uses() []string {
 		return []string{in.Re, *in.Im}
 	case "bootstrap_cins":
 		return []string{in.Src}
+	case "bootstrap2":
+		return in.Srcs
 	}
 	return nil
 }
@@ -166,7 +174,7 @@ func (in instr) uses() []string {
 // defs lists the registers an instruction writes.
 func (in instr) defs() []string {
 	switch in.Op {
-	case "rot_hoisted", "bootstrap_cins":
+	case "rot_hoisted", "bootstrap_cins", "bootstrap2":
 		return in.Dsts
 	case "to_cins", "input", "rot", "add", "sub", "cmul", "pmul", "padd", "psub", "poly", "rescale", "bootstrap", "mul_i", "conj":
 		return []string{in.Dst}
@@ -318,6 +326,11 @@ func (p *plan) validate(slots int) error {
 			if err = need("dst", in.Dst); err == nil {
 				err = need("src", in.Src)
 			}
+			if err == nil && in.Op == "bootstrap" {
+				err = validateBootVariant(in, slots, fail)
+			}
+		case "bootstrap2":
+			err = validateBootVariant(in, slots, fail)
 		case "to_cins", "bootstrap_cins":
 			err = validateCins(in, slots, fail)
 		case "load_key", "drop_key":
@@ -337,7 +350,7 @@ func (p *plan) validate(slots int) error {
 		case "":
 			err = fail("missing field \"op\"")
 		default:
-			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap to_cins bootstrap_cins load_key drop_key output mul_i conj)", in.Op)
+			err = fail("unknown op %q (known: input rot rot_hoisted add sub pmul padd psub cmul poly rescale bootstrap to_cins bootstrap_cins load_key drop_key output mul_i conj bootstrap2)", in.Op)
 		}
 		if err != nil {
 			return err
@@ -496,7 +509,7 @@ func (p *plan) loadOffsets() map[int]bool {
 // usesBootBlock reports whether the program bootstraps or loads the key block "boot".
 func (p *plan) usesBootBlock() (int, bool) {
 	for i, in := range p.Program {
-		if in.Op == "bootstrap" || in.Op == "bootstrap_cins" || ((in.Op == "load_key" || in.Op == "drop_key") && in.Block != "") {
+		if in.Op == "bootstrap" || in.Op == "bootstrap2" || in.Op == "bootstrap_cins" || ((in.Op == "load_key" || in.Op == "drop_key") && in.Block != "") {
 			return i, true
 		}
 	}
@@ -527,6 +540,9 @@ func loadPlan(planJSON string) (*plan, *evalSetup, int, error) {
 	if i, ok := p.usesBootBlock(); ok && setup.btp == nil {
 		return nil, nil, 0, fmt.Errorf("instruction %d (%s): the plan's params carry no \"boot\" object (a bootstrapping preset is needed to bootstrap)",
 			i, p.Program[i].Op)
+	}
+	if err = p.setupBootVariants(setup); err != nil {
+		return nil, nil, 0, err
 	}
 	return p, setup, slots, nil
 }

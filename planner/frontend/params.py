@@ -627,8 +627,43 @@ _BOOT_OFFSETS_N14 = (
 # 1/16 keeps at least ~21 bits relative to its bound (4, the value before, kept 9).
 BOOT_MAX_ABS = 0.0625
 
+# Sparse bootstrap variants (issue 36): per log_slots k, the slot rotation offsets of the
+# Galois keys of Lattigo's bootstrapping parameters at 2^k slots (LogSlots = k on the same
+# literal: the same chain; trace keys 1 << i for k <= i < LogN-1, CoeffsToSlots and
+# SlotsToCoeffs keys; the conjugation key besides) and the bytes of their encoded DFT
+# matrices. Data, measured from Lattigo v6.1.1 by backends/lattigo/bootvariant_test.go
+# TestMeasureBootVariants (SLOTLATTIGO_MEASURE_VARIANTS=14:12,11,10,9 and 16:14,13,12,11; the latter
+# pinned, under the heavy lock: 52 s, peak RSS 5.7 GB).
+# n14boot offers k = 9..12 (8192 slots: the sizes of the n16boot range scaled down, and the
+# test size of every variant); n16boot offers k = 11..14: ResNet-20's stages hold 2^14,
+# 2^13 and 2^12 values per image, and a halves bootstrap at k carries 2^(k+1) of them.
+_BOOT_VARIANTS_N14 = (
+    BootVariant(9, (1, 2, 3, 4, 8, 16, 24, 32, 64, 128, 256, 384, 448, 480, 496, 504, 508, 510, 512, 516, 1016, 1020,
+                    1024, 2048, 4096), 239_091_232),
+    BootVariant(10, (1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 896, 960, 992, 1008, 1016, 1020,
+                     1022, 1024, 1028, 2040, 2044, 2048, 4096), 289_426_208),
+    BootVariant(11, (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 96, 128, 256, 384, 512, 1024, 1536, 1792, 1920, 1952, 1984,
+                     2016, 2032, 2040, 2044, 2046, 2048, 2052, 4088, 4092, 4096), 358_636_832),
+    BootVariant(12, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 2048, 3072, 3584,
+                     3840, 3904, 3968, 4032, 4064, 4080, 4088, 4092, 4096, 4104, 8176, 8184), 465_598_752),
+)
 
-def _boot_preset(log_n: int, name: str, note: str, offsets: tuple[int, ...], key_bytes: int, matrix_bytes: int) -> Params:
+_BOOT_VARIANTS_N16 = (
+    BootVariant(11, (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 96, 128, 256, 384, 512, 1024, 1536, 1792, 1920, 1952, 1984,
+                    2016, 2032, 2040, 2044, 2046, 2048, 2052, 4088, 4092, 4096, 8192, 16384), 1_434_475_808),
+    BootVariant(12, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 2048, 3072, 3584,
+                    3840, 3904, 3968, 4032, 4064, 4080, 4088, 4092, 4096, 4104, 8176, 8184, 8192, 16384), 1_862_301_984),
+    BootVariant(13, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 1536, 2048, 3072,
+                    4096, 5120, 6144, 7168, 7680, 7936, 8000, 8064, 8128, 8160, 8176, 8184, 8188, 8192, 8200, 16368,
+                    16376, 16384), 2_139_130_656),
+    BootVariant(14, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 192, 256, 384, 512, 768, 1024,
+                    1536, 2048, 3072, 4096, 6144, 8192, 10240, 12288, 14336, 15360, 15616, 15872, 16000, 16128,
+                    16256, 16320, 16352, 16368, 16376, 16380, 16384, 16392, 32752, 32760), 2_692_788_000),
+)
+
+
+def _boot_preset(log_n: int, name: str, note: str, offsets: tuple[int, ...], key_bytes: int, matrix_bytes: int,
+                 variants: tuple[BootVariant, ...] = ()) -> Params:
     return Params(
         log_n,
         (60, *[40] * 9),
@@ -646,6 +681,7 @@ def _boot_preset(log_n: int, name: str, note: str, offsets: tuple[int, ...], key
             matrix_bytes=matrix_bytes,
             log_q=_BOOT_LOG_Q,
             log_p=_BOOT_LOG_P,
+            variants=variants,
         ),
     )
 
@@ -688,6 +724,7 @@ PRESETS: Mapping[str, Params] = MappingProxyType(
             _BOOT_OFFSETS_N16,
             7_866_551_213,
             2_953_887_680,
+            _BOOT_VARIANTS_N16,
         ),
         # the same chain at log N 14 (measured: keys 1,455,522,709 B, matrices 461,666,240 B)
         "n14boot": _boot_preset(
@@ -698,6 +735,7 @@ PRESETS: Mapping[str, Params] = MappingProxyType(
             _BOOT_OFFSETS_N14,
             1_455_522_709,
             461_666_240,
+            _BOOT_VARIANTS_N14,
         ),
     }
 )

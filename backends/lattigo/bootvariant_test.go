@@ -1,0 +1,247 @@
+package slotlattigo
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+)
+
+// variantPlan is a bootstrapping plan at log N 14 with one instruction ins after the input.
+func variantPlan(params string, ins string) string {
+	return fmt.Sprintf(`{"schema": "slotplan.plan/1", "params": %s, "plaintexts": {}, "program": [
+	  {"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"},
+	  {"op": "input", "dst": "c1", "tensor": "y", "table": "in/y"},
+	  %s,
+	  {"op": "output", "src": "d0", "tensor": "z", "table": "out/z"}]}`, params, ins)
+}
+
+func withVariants(ks ...int) string {
+	var vs []string
+	for _, k := range ks {
+		vs = append(vs, fmt.Sprintf(`{"log_slots": %d, "key_offsets": null, "matrix_bytes": 1}`, k))
+	}
+	return strings.Replace(testBootParams, `"levels_after": 9`, `"levels_after": 9, "variants": [`+strings.Join(vs, ", ")+`]`, 1)
+}
+
+// Bad variant fields are refused before any key is generated, naming instruction and field.
+func TestBootVariantValidation(t *testing.T) {
+	params := withVariants(9, 10)
+	cases := map[string]string{
+		`{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 8}`:                                    `instruction 2 (bootstrap): field "log_slots": the params' boot object offers no sparse bootstrap at 2^8 slots (boot.variants: [9 10])`,
+		`{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 13}`:                                   `field "log_slots": an integer k >= 1 with 2^k < the 8192 slots`,
+		`{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 0, "halves": true}`:                    `and 2^(k+1) <= the slots (halves), got 0`,
+		`{"op": "bootstrap", "dst": "d0", "src": "c0", "halves": true}`:                                    `belong to a sparse bootstrap (give log_slots)`,
+		`{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9, "scale": 0}`:                        `field "scale": a finite nonzero number`,
+		`{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c0"], "log_slots": 9}`:                 `field "srcs": bootstrap2 reads two different registers`,
+		`{"op": "bootstrap2", "dsts": ["d0"], "srcs": ["c0", "c1"], "log_slots": 9}`:                       `field "dsts": bootstrap2 names two registers`,
+		`{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c1"]}`:                                 `field "log_slots" is required`,
+		`{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c1"], "log_slots": 11}`:                `offers no sparse bootstrap at 2^11 slots`,
+		`{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c1"], "log_slots": 9, "halves": true}`: `field "halves" belongs to bootstrap`,
+	}
+	for ins, want := range cases {
+		_, _, _, err := loadPlan(variantPlan(params, ins))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", ins, err, want)
+		}
+	}
+	// a params object whose listed offsets are not Lattigo's
+	bad := strings.Replace(params, `"log_slots": 9, "key_offsets": null`, `"log_slots": 9, "key_offsets": [1, 2]`, 1)
+	_, _, _, err := loadPlan(variantPlan(bad, `{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9}`))
+	if err == nil || !strings.Contains(err.Error(), "params.boot.variants[0].key_offsets [1 2] differ") {
+		t.Errorf("wrong key_offsets: got %v", err)
+	}
+	// a good plan: the variant's parameters share the full-slot chain; the block is the union
+	p, setup, _, err := loadPlan(variantPlan(params, `{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c1"], "log_slots": 10}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(setup.variants) != 1 || setup.variants[10] == nil || p.count("bootstrap2") != 1 {
+		t.Fatalf("variants %v", setup.variants)
+	}
+	full, union := bootKeyInfo(*setup.btp), setup.blockKeys()
+	sparse := bootKeyInfo(*setup.variants[10])
+	seen := map[uint64]bool{}
+	for _, g := range append(append([]uint64{}, full.galEls...), sparse.galEls...) {
+		seen[g] = true
+	}
+	if len(union.galEls) != len(seen) || len(union.galEls) <= len(full.galEls) {
+		t.Fatalf("union %d keys, full %d, sparse %d, distinct %d", len(union.galEls), len(full.galEls), len(sparse.galEls), len(seen))
+	}
+}
+
+// TestMeasureBootVariants prints, for SLOTLATTIGO_MEASURE_VARIANTS="<logN>:<k>,<k>,...", each
+// sparse variant's Galois key offsets (conjugation apart), its key count and bytes, and
+// the bytes of its encoded DFT matrices, as JSON lines (the data of params.py's
+// boot.variants). Heavy at log N 16 (the matrices are encoded): run under the heavy lock.
+func TestMeasureBootVariants(t *testing.T) {
+	spec := os.Getenv("SLOTLATTIGO_MEASURE_VARIANTS")
+	if spec == "" {
+		t.Skip("set SLOTLATTIGO_MEASURE_VARIANTS=<logN>:<k>,<k>,... to measure")
+	}
+	head, tail, _ := strings.Cut(spec, ":")
+	logN, err := strconv.Atoi(head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := strings.Replace(testBootParams, `"log_n": 14, "slots": 8192`, fmt.Sprintf(`"log_n": %d, "slots": %d`, logN, 1<<(logN-1)), 1)
+	var pp planParams
+	if err := json.Unmarshal([]byte(params), &pp); err != nil {
+		t.Fatal(err)
+	}
+	setup, err := pp.setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := setup.params
+	lq, lp := bp.MaxLevel(), bp.MaxLevelP()
+	keyBytes := rlwe.NewGaloisKey(bp, rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &lp}).BinarySize()
+	for _, f := range strings.Split(tail, ",") {
+		k, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var btp = setup.btp
+		if k != logN-1 {
+			if btp, err = variantBootParameters(setup, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		info := bootKeyInfo(*btp)
+		union := blockKeyInfo(*setup.btp, map[int]*bootstrapping.Parameters{k: btp})
+		tm := time.Now()
+		var mb int64 = -1
+		if os.Getenv("SLOTLATTIGO_MEASURE_NO_MATRICES") == "" {
+			ev, err := newBootEvaluator(*btp, info.galEls)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mb = matrixBytes(ev)
+			ev = nil
+			runtime.GC()
+		}
+		sec := time.Since(tm).Seconds()
+		out, _ := json.Marshal(map[string]any{
+			"log_n": logN, "log_slots": k, "key_offsets": info.offsets, "conjugation": info.conjugation,
+			"galois_keys": len(info.galEls), "galois_key_bytes": keyBytes * len(info.galEls),
+			"extra_keys_over_full": len(union.galEls) - len(bootKeyInfo(*setup.btp).galEls),
+			"matrix_bytes":         mb, "matrix_seconds": sec, "depth": btp.BootstrappingParameters.MaxLevel() - btp.ResidualParameters.MaxLevel(),
+		})
+		fmt.Println("VARIANT " + string(out))
+	}
+}
+
+// TestBootVariantsLogN12 runs every kind of variant through Run on the bootstrapping chain at
+// log N 12 (insecure and small: ~1 s a bootstrap, well under 1 GB), beside a full-slot
+// bootstrap, and checks each output against scale * input over all slots and its level.
+func TestBootVariantsLogN12(t *testing.T) {
+	if testing.Short() {
+		t.Skip("bootstrapping test skipped in -short mode")
+	}
+	const logN, slots = 12, 2048
+	params := strings.Replace(withVariants(6, 9), `"log_n": 14, "slots": 8192`, `"log_n": 12, "slots": 2048`, 1)
+	rng := rand.New(rand.NewSource(5))
+	const A = 0.0625
+	vec := func(n int, bound float64) []float64 {
+		v := make([]float64, slots)
+		for i := 0; i < n; i++ {
+			v[i] = (rng.Float64()*2 - 1) * bound
+		}
+		return v
+	}
+	type out struct {
+		want  []float64
+		kind  string
+		level int
+	}
+	var program []string
+	var inputs [][]float64
+	var outs []out
+	reg := 0
+	down := func(v []float64, level int) string {
+		reg++
+		r := fmt.Sprintf("c%d", reg)
+		program = append(program, fmt.Sprintf(`{"op": "input", "dst": "%s", "tensor": "x", "table": "t"}`, r))
+		inputs = append(inputs, v)
+		for l := 9; l > level; l-- {
+			reg++
+			m, d := fmt.Sprintf("c%d", reg), fmt.Sprintf("c%d_", reg)
+			program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "%s", "src": "%s", "pt": "one"}`, m, r),
+				fmt.Sprintf(`{"op": "rescale", "dst": "%s", "src": "%s"}`, d, m))
+			r = d
+		}
+		return r
+	}
+	scaled := func(v []float64, s float64) []float64 {
+		o := make([]float64, len(v))
+		for i := range v {
+			o[i] = s * v[i]
+		}
+		return o
+	}
+	// the block streamed (one key read ahead): each kind's key order is learned apart, the
+	// unpacking's conjugation key among them (the n14boot tests keep the whole block)
+	program = append(program, `{"op": "load_key", "block": "boot", "stream": 1}`)
+	x := vec(slots, A)
+	program = append(program, fmt.Sprintf(`{"op": "bootstrap", "dst": "f", "src": "%s"}`, down(x, 0)),
+		`{"op": "output", "src": "f", "tensor": "y", "table": "t"}`)
+	outs = append(outs, out{x, "full", 9})
+	for _, k := range []int{6, 9} {
+		n := 1 << k
+		s := vec(n, A)
+		program = append(program, fmt.Sprintf(`{"op": "bootstrap", "dst": "s%d", "src": "%s", "log_slots": %d, "scale": 1.5}`, k, down(s, 0), k),
+			fmt.Sprintf(`{"op": "output", "src": "s%d", "tensor": "y", "table": "t"}`, k))
+		outs = append(outs, out{scaled(s, 1.5), fmt.Sprintf("s%d", k), 8})
+		h := vec(2*n, A/2)
+		program = append(program, fmt.Sprintf(`{"op": "bootstrap", "dst": "h%d", "src": "%s", "log_slots": %d, "halves": true}`, k, down(h, 1), k),
+			fmt.Sprintf(`{"op": "output", "src": "h%d", "tensor": "y", "table": "t"}`, k))
+		outs = append(outs, out{h, fmt.Sprintf("h%d", k), 8})
+		a, b := vec(n, A/2), vec(n, A/2)
+		ra, rb := down(a, 0), down(b, 3)
+		program = append(program, fmt.Sprintf(`{"op": "bootstrap2", "dsts": ["pa%d", "pb%d"], "srcs": ["%s", "%s"], "log_slots": %d, "scale": -0.5}`, k, k, ra, rb, k),
+			fmt.Sprintf(`{"op": "output", "src": "pa%d", "tensor": "y", "table": "t"}`, k),
+			fmt.Sprintf(`{"op": "output", "src": "pb%d", "tensor": "y", "table": "t"}`, k))
+		outs = append(outs, out{scaled(a, -0.5), fmt.Sprintf("p%d", k), 8}, out{scaled(b, -0.5), fmt.Sprintf("p%d", k), 8})
+	}
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + params + `, "plaintexts": {"one": {"source": "const", "table": "one"}},
+	  "program": [` + strings.Join(program, ",\n") + `]}`
+	one := make([]float64, slots)
+	for i := range one {
+		one[i] = 1
+	}
+	r := mustRun(t, planJSON, packVecs(inputs...), packVecs(one))
+	if len(r.Outputs) != len(outs) {
+		t.Fatalf("%d outputs, want %d", len(r.Outputs), len(outs))
+	}
+	for j, o := range outs {
+		got := decodeOut(t, r.Outputs[j].Data)
+		e := 0.0
+		for i := range got {
+			e = math.Max(e, math.Abs(got[i]-o.want[i]))
+		}
+		bits := math.Log2(A / e)
+		if os.Getenv("SLOTLATTIGO_DEBUG_VARIANTS") != "" {
+			t.Logf("got %.4f\nwant %.4f\ngot[64:] %.4f", got[:6], o.want[:6], got[64:70])
+		}
+		t.Logf("%-5s level %d: max abs error %.3g (%.1f bits below max_abs)", o.kind, r.Outputs[j].Level, e, bits)
+		if bits < 14 || r.Outputs[j].Level != o.level {
+			t.Errorf("%s: max abs error %.3g (%.1f bits), level %d (want %d)", o.kind, e, bits, r.Outputs[j].Level, o.level)
+		}
+	}
+	t.Logf("bootstrap kinds %v seconds %v; streamed key reads %d", r.Stats.BootstrapKinds, r.Stats.BootstrapSeconds, r.Stats.BootStreamReads)
+	if r.Stats.BootStreamReads == 0 {
+		t.Errorf("the block was not streamed")
+	}
+	if len(r.Stats.BootstrapKinds) != 7 || r.Stats.BootstrapKinds[0] != "full" || r.Stats.BootstrapKinds[3] != "p6" {
+		t.Errorf("bootstrap kinds %v", r.Stats.BootstrapKinds)
+	}
+}
