@@ -149,6 +149,8 @@ class _Machine:
         self.loads = 0
         self.rotations = 0
         self.depth = register_depths([i for i in program if i is not None]) if key_levels else {}
+        self.program = program
+        self.all_depths: dict[str, int] | None = None  # every register's depth, when a check needs it
         self.max_level = len(plan["params"]["log_q"]) - 1
         boot = plan["params"].get("boot")
         # bootstrapping presets: the block "boot" (its Galois keys serve plan rotations of
@@ -347,6 +349,14 @@ class _Machine:
         else:
             span = ins.period * (2 if ins.halves else 1)
             self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))
+            if ins.halves:
+                # the executor masks the source with one product before the bootstrap
+                if self.all_depths is None:
+                    self.all_depths = register_depths([p for p in self.program if p is not None])
+                if self.all_depths.get(ins.src, 0) >= self.max_level:
+                    raise SimulationError(
+                        f"instruction {i} ({what}): field 'halves': the source is at level 0, but a halves "
+                        "bootstrap multiplies it by a complex mask first (one level)")
             self.put(ins.dst, x * (1.0 if ins.scale is None else float(ins.scale)), i)
         self.bootstraps += 1
 

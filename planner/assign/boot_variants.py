@@ -132,7 +132,9 @@ def options(
         scale = s_half if v.packed else s
         if scale > MAX_BOOT_SCALE:  # the unpacking product's factor has a bound
             continue
-        pre = int(scale > 1 or not clean)
+        # halves: the executor multiplies the source by a complex mask (1 on the low half,
+        # i on the high one) before the sparse bootstrap, one level (docs/formats.md)
+        pre = int(scale > 1 or not clean) + (1 if v.kind == "h" else 0)
         opt = BootOption(label, units, pre, 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]
