@@ -317,7 +317,9 @@ def calibrate(
 
         n = bootstrap_repeat or min(repeat, 3)
         measured = measure_variants(params, boot_variants, n, stream=boot_stream)
-        table["boot_variants"] = {**(table.get("boot_variants") or {}), **boot_variants_weights(measured)}
+        full_w = (table.get("weights") or {}).get("bootstrap")
+        table["boot_variants"] = {**(table.get("boot_variants") or {}),
+                                  **boot_variants_weights(measured, float(full_w) if full_w else None)}
         table["params"] = params.to_json()  # the variants the table prices are the params'
         m = table.setdefault("measurements", {})
         m["boot_variants"] = {**(m.get("boot_variants") or {}), **_variant_measurements(measured)}

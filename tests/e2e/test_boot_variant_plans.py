@@ -6,6 +6,7 @@ reports count what the plan uses, and ``boot_variants`` off gives the full-slot 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from backends.sim import SimulationError, simulate
 from planner.frontend.graph import Graph, parse_graph
-from planner.frontend.params import PRESETS
+from planner.frontend.params import PRESETS, Params
 from planner.frontend.reference import random_values
 from planner.ir import boot_block
 from planner.ir.analysis import memory_profile
@@ -163,16 +164,21 @@ def test_simulator_refuses_a_variant_the_params_do_not_offer(costs: str) -> None
     g, pinned = random_graph(1)
     res = plan(g, costs, pinned)
     bad = dict(res.plan)
-    bad["params"] = PRESETS["n14boot"].to_json()  # no variants
+    bad["params"] = _without_variants(PRESETS["n14boot"]).to_json()
     with pytest.raises(SimulationError, match="offers no sparse bootstrap"):
         simulate(bad, res.tables, random_values(g, 0))
 
 
-def test_real_presets_without_variants_plan_as_before(costs: str) -> None:
-    """The preset without variants offers none, whatever the table prices: the plan is the
-    full-slot one, byte for byte as with the option off."""
+def _without_variants(p: Params) -> Params:
+    assert p.boot is not None and p.boot.variants  # the real presets offer variants (issue 36)
+    return dataclasses.replace(p, boot=dataclasses.replace(p.boot, variants=()))
+
+
+def test_presets_without_variants_plan_as_before(costs: str) -> None:
+    """Params without variants offer none, whatever the table prices: the plan is the
+    full-slot one, byte for byte as with the option off on the real preset."""
     g, pinned = random_graph(1)
-    a = plan_graph(g, PRESETS["n14boot"], PlanOptions(costs=costs, allow_insecure=True))
+    a = plan_graph(g, _without_variants(PRESETS["n14boot"]), PlanOptions(costs=costs, allow_insecure=True))
     b = plan_graph(g, PRESETS["n14boot"], PlanOptions(costs=costs, allow_insecure=True, boot_variants=False))
     assert a.plan["program"] == b.plan["program"]
     assert all(ls is None for _, ls, _ in boot_ops(a))
