@@ -48,3 +48,20 @@ def test_no_bootstrap_no_drop() -> None:
     prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a,
                             ir.Output(src=x1, tensor="y", table="out/y")]
     assert level_drops(prog, TOP) == {}
+
+
+def test_a_halves_bootstrap_keeps_one_level_for_its_mask() -> None:
+    """A halves bootstrap multiplies its source by a complex mask first (one level), so the
+    segment before it keeps one more level than its products use; a plain sparse or
+    full-slot bootstrap takes its source at level 0."""
+    a, x1 = pmul_chain("x", 2, "a")
+    b, x2 = pmul_chain("b", 3, "b")
+    c, x3 = pmul_chain("c", 1, "c")
+    prog: list[ir.Instr] = [ir.Input(dst="x", tensor="x", table="in/x"), *a,
+                            ir.Bootstrap(dst="b", src=x1, log_slots=3, halves=True), *b,
+                            ir.Bootstrap(dst="c", src=x2, log_slots=3), *c,
+                            ir.Output(src=x3, tensor="y", table="out/y")]
+    drops = level_drops(prog, TOP)
+    assert drops == {0: 3}  # the input keeps 2 + 1 levels; sparse outputs are not dropped
+    depth = register_depths(prog, drops, TOP)
+    assert TOP - depth[x1] == 1
