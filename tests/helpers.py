@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from planner.frontend.graph import Graph, parse_graph
 from planner.frontend.params import Params
 from planner.frontend.reference import random_values, reference
 from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from solver.model import ChoiceModel, Edge, Group
+from solver import SOLVERS, create
+from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
 # the repository root (tests live at any depth under tests/)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -264,3 +266,17 @@ def choice_brute_force(m: ChoiceModel) -> int | None:
         if v is not None and (best is None or v < best):
             best = v
     return best
+
+
+def optimal_solutions(models: Sequence[ChoiceModel], feasible: bool) -> Iterator[tuple[ChoiceModel, Solution]]:
+    """Every solver (CP-SAT, z3) on every model: each proves the model infeasible when
+    ``feasible`` is false, else optimal; yields (model, solution) of the optimal solves for
+    the caller's checks of the objective against its brute force."""
+    for model in models:
+        for name in SOLVERS:
+            sol = create(name).solve(model, 30.0)
+            if not feasible:
+                assert sol.status is Status.INFEASIBLE, name
+                continue
+            assert sol.status is Status.OPTIMAL, (name, sol)
+            yield model, sol

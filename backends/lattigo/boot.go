@@ -147,24 +147,7 @@ func bootKeyInfo(btp bootstrapping.Parameters) bootKeys {
 	for _, g := range btp.GaloisElements(params) {
 		set[g] = true
 	}
-	info := bootKeys{byGalEl: map[uint64]int{}}
-	slots := params.MaxSlots()
-	want := len(set)
-	for k := 1; k < slots && len(info.byGalEl) < want; k++ {
-		if g := params.GaloisElement(k); set[g] {
-			info.byGalEl[g] = k
-			info.offsets = append(info.offsets, k)
-		}
-	}
-	for g := range set {
-		info.galEls = append(info.galEls, g)
-		if g == params.GaloisElementForComplexConjugation() {
-			info.conjugation = true
-		}
-	}
-	sort.Slice(info.galEls, func(i, j int) bool { return info.galEls[i] < info.galEls[j] })
-	sort.Ints(info.offsets)
-	return info
+	return keyInfoOf(params, set)
 }
 
 // extendSecret is the secret of the bootstrapping parameters for a residual secret: the

@@ -11,6 +11,7 @@ import pytest
 
 from solver import SOLVERS, create
 from solver.model import FULL, BootOption, ChoiceModel, Edge, Group, Status
+from tests.helpers import optimal_solutions
 
 
 def chain(n: int, L: int, w: int = 100) -> ChoiceModel:
@@ -92,15 +93,9 @@ def test_solvers_match_brute_force_with_bootstraps(seed: int) -> None:
     want = brute_force(m)
     pruned, _ = m.prune_dominated()
     assert brute_force(pruned) == want or want is None and brute_force(pruned) is None
-    for model in (m, pruned):
-        for name in SOLVERS:
-            sol = create(name).solve(model, 30.0)
-            if want is None:
-                assert sol.status is Status.INFEASIBLE
-                continue
-            assert sol.status is Status.OPTIMAL, name
-            assert sol.objective == want[0], (name, sol)
-            assert model.evaluate_boots(dict(sol.choice), sol.boots) == want[0]
+    for model, sol in optimal_solutions((m, pruned), want is not None):
+        assert want is not None and sol.objective == want[0], sol
+        assert model.evaluate_boots(dict(sol.choice), sol.boots) == want[0]
     choice, lazy = m.greedy_boots()
     if lazy is not None:  # first fit keeps every depth within the budget
         d = m.depths_of(choice, lazy)
@@ -179,20 +174,14 @@ def test_solvers_match_brute_force_with_bootstrap_variants(seed: int) -> None:
     pruned, _ = m.prune_dominated()
     got_pruned = brute_force_variants(pruned)
     assert got_pruned == want or want is None and got_pruned is None
-    for model in (m, pruned):
-        for name in SOLVERS:
-            sol = create(name).solve(model, 30.0)
-            if want is None:
-                assert sol.status is Status.INFEASIBLE
-                continue
-            assert sol.status is Status.OPTIMAL, name
-            assert sol.objective == want[0], (name, sol)
-            vs = dict(sol.variants)
-            assert set(vs) <= set(sol.boots)
-            assert model.evaluate_boots(dict(sol.choice), sol.boots, vs) == want[0]
-            # the solver's variants are the cheapest for its placement
-            best = model.best_variants(dict(sol.choice), sol.boots)
-            assert model.evaluate_boots(dict(sol.choice), sol.boots, best) == want[0]
+    for model, sol in optimal_solutions((m, pruned), want is not None):
+        assert want is not None and sol.objective == want[0], sol
+        vs = dict(sol.variants)
+        assert set(vs) <= set(sol.boots)
+        assert model.evaluate_boots(dict(sol.choice), sol.boots, vs) == want[0]
+        # the solver's variants are the cheapest for its placement
+        best = model.best_variants(dict(sol.choice), sol.boots)
+        assert model.evaluate_boots(dict(sol.choice), sol.boots, best) == want[0]
 
 
 def test_variants_lower_the_optimum_on_random_models() -> None:
