@@ -23,7 +23,11 @@ ring: rotation amounts times ``P``, weight and constant plaintexts the block tab
 every slot repeated ``P`` times, input and output tables mapping slot ``j * P + b`` to
 sample ``b`` of the batched tensors (leading dimension ``B``).  Bootstraps refresh all the
 samples of a ciphertext at once; their placement and scaling are the one-sample plan's
-(ranges hold per sample, so the same intervals bound every sample).
+(ranges hold per sample, so the same intervals bound every sample).  A bootstrap variant
+(issue 36) at ``2^k`` slots of the block ring is one at ``2^(k + log2 P)`` of the real ring:
+block slot ``j < 2^k`` is real slot ``j * P + b < 2^k * P``.  The block parameters offer the
+real ring's variants so shifted (``BlockParams.boot_shift``), priced by the real variant's
+table entry, and the batched program's bootstraps carry the real ring's ``log_slots``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class BlockParams(Params):
     """The parameters of the real ring with the slot count of one sample's block."""
 
     block_slots: int = 0
+    # log2 P: a bootstrap variant at 2^k block slots is the real ring's at 2^(k + boot_shift)
+    boot_shift: int = 0
 
     def __post_init__(self) -> None:
         pass  # the real ring's parameters were validated (the boot key offsets exceed the block)
@@ -68,6 +74,10 @@ class BlockParams(Params):
     @property
     def slots(self) -> int:
         return self.block_slots
+
+    @property
+    def variant_shift(self) -> int:
+        return self.boot_shift
 
 
 @dataclass(frozen=True)
@@ -91,10 +101,47 @@ def batch_geometry(slots: int, batch: int) -> BatchInfo:
 
 
 def block_params(params: Params, stride: int) -> Params:
+    """The real ring's parameters as one sample's block ring of ``stride`` slots sees them:
+    the same chain and keys; the bootstrap variants at ``2^k`` real slots offered at
+    ``2^(k - log2 P)`` block slots (module docstring), their keys and matrices the real ones."""
     if stride == params.slots:
         return params
+    shift = (params.slots // stride).bit_length() - 1
+    boot = params.boot
+    if boot is not None and boot.variants:
+        boot = replace(boot, variants=tuple(replace(v, log_slots=v.log_slots - shift)
+                                            for v in boot.variants if v.log_slots - shift >= 1))
     return BlockParams(params.log_n, params.log_q, params.log_p, params.log_scale, params.name, params.note,
-                       params.boot, block_slots=stride)
+                       boot, block_slots=stride, boot_shift=shift)
+
+
+def _real_variant(label: str, shift: int) -> str:
+    """A block ring's variant label (``s<k>``, ``h<k>``, ``p<k>``) in the real ring's terms."""
+    m = re.fullmatch(r"([shp])(\d+)", label)
+    return f"{m.group(1)}{int(m.group(2)) + shift}" if m else label
+
+
+def _real_bootstraps(program: list[dict[str, Any]], nodes: list[dict[str, Any]],
+                     boot_summary: Any, shift: int) -> Any:
+    """The block plan's bootstrap variants read in the real ring (``log_slots + shift``):
+    the program's ``bootstrap``/``bootstrap2`` instructions in place, the nodes'
+    ``boot_variant`` and the per-bootstrap report; returns the report."""
+    if shift == 0:
+        return boot_summary
+    for i, d in enumerate(program):
+        if d["op"] in ("bootstrap", "bootstrap2") and d.get("log_slots") is not None:
+            program[i] = {**d, "log_slots": int(d["log_slots"]) + shift}
+    for n in nodes:
+        if "boot_variant" in n:
+            n["boot_variant"] = _real_variant(n["boot_variant"], shift)
+    if isinstance(boot_summary, dict) and boot_summary.get("per_bootstrap"):
+        boot_summary = {**boot_summary, "per_bootstrap": [
+            {**e, **({"variant": _real_variant(e["variant"], shift)} if "variant" in e else {}),
+             **({"log_slots": int(e["log_slots"]) + shift} if e.get("log_slots") is not None else {})}
+            for e in boot_summary["per_bootstrap"]],
+            **({"variants_offered": sorted(_real_variant(x, shift) for x in boot_summary["variants_offered"])}
+               if "variants_offered" in boot_summary else {})}
+    return boot_summary
 
 
 def _spread_idx(idx: np.ndarray, size: int, info: BatchInfo, samples: int) -> np.ndarray:
@@ -219,6 +266,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     sizes = {t: math.prod(graph.shape(t)) for t in (*graph.inputs, *graph.outputs)}
     tables = _batched_tables(res.tables, small, sizes, info)
     nodes = [dict(n) for n in small["nodes"]]
+    boot_summary = _real_bootstraps(program, nodes, small["summary"].get("bootstrapping"), block.variant_shift)
     plaintexts = dict(small["plaintexts"])
     masked = False
     if pad_mask:
@@ -227,7 +275,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     s0 = small["summary"]
     for key in ("solver", "plan_seconds", "bootstrapping", "insecure"):
         if key in s0:
-            summary[key] = s0[key]
+            summary[key] = boot_summary if key == "bootstrapping" else s0[key]
     summary["memory_cap_bytes"] = options.memory_cap_bytes
     # padding samples (B < P) compute the network on a zero sample: their output slots are
     # masked to zero (clean outputs asked for), else left (clean_outputs false)
@@ -277,7 +325,7 @@ def _mask_fits(plan: Mapping[str, Any], graph: Graph, max_level: int) -> bool:
 def _reserve_level(block: Params, stride: int) -> Params:
     """The block parameters with one level fewer (the padding mask takes it)."""
     return BlockParams(block.log_n, block.log_q[:-1], block.log_p, block.log_scale, block.name, block.note,
-                       block.boot, block_slots=stride)
+                       block.boot, block_slots=stride, boot_shift=block.variant_shift)
 
 
 def _mask_padding(program: list[dict[str, Any]], nodes: list[dict[str, Any]], plaintexts: dict[str, Any],

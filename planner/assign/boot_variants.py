@@ -74,13 +74,17 @@ def priced(costs: CostTable, params: Params, enabled: bool = True) -> dict[str, 
     if not enabled or params.boot is None or not costs.boot_variants:
         return {}
     offered = {v.log_slots for v in params.boot.variants}
+    shift = params.variant_shift  # a batch's block ring: the table prices the real ring's variant
     out = {}
     for label, w in sorted(costs.boot_variants.items()):
         v = Variant.parse(label)
-        if v is not None and v.log_slots in offered and (1 << v.log_slots) < params.slots:
-            if v.kind == "h" and (2 << v.log_slots) > params.slots:
+        if v is None:
+            continue
+        k = v.log_slots - shift
+        if k in offered and (1 << k) < params.slots:
+            if v.kind == "h" and (2 << k) > params.slots:
                 continue
-            out[label] = float(w)
+            out[f"{v.kind}{k}"] = float(w)
     return out
 
 

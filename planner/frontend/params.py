@@ -291,6 +291,13 @@ class Params:
         return self.n // 2
 
     @property
+    def variant_shift(self) -> int:
+        """How many doublings of slots separate ``boot.variants``' log_slots from the cost
+        table's variant labels: 0 here; a batch's block ring (planner.batch.BlockParams)
+        sees the real ring's variant at 2^(k + shift) slots as one at 2^k."""
+        return 0
+
+    @property
     def max_level(self) -> int:
         return len(self.log_q) - 1
 

@@ -115,6 +115,41 @@ def test_bootstrapping_plan_with_a_batch() -> None:
     np.testing.assert_allclose(rep.outputs[cur], want, atol=1e-9)
 
 
+@pytest.mark.parametrize("size,batch", [(600, 4), (900, 2)])
+def test_bootstrap_variants_with_a_batch(size: int, batch: int) -> None:
+    """n14boot: a value spanning most of a block ring of ``8192 / P`` slots bootstraps with a
+    variant; in the real ring it spans ``P`` times as many slots, so the batched program's
+    variant is the block's ``log_slots + log2 P`` (the simulator refuses a bootstrap whose
+    source holds values past its slots; a variant read in block terms did: ResNet-20 at
+    n16boot, B = 2, came out wrong on Lattigo)."""
+    from backends.runner import run_plan
+
+    nodes = []
+    cur = "x"
+    for i in range(6):
+        nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, 0.4]})
+        cur = f"p{i}"
+    graph = {"schema": "slotplan.graph/1", "name": "deep-batch-variants",
+             "tensors": {"x": {"shape": [size], "role": "input", "range": [-1, 1]}},
+             "nodes": nodes, "outputs": [cur]}
+    res = plan_graph(parse_graph(graph), preset("n14boot"), PlanOptions(batch=batch, allow_insecure=True))
+    boots = [d for d in res.plan["program"] if d["op"] in ("bootstrap", "bootstrap2")]
+    assert boots and all(d.get("log_slots") is not None for d in boots)  # variants chosen
+    P = 1 << (batch - 1).bit_length()
+    for d in boots:
+        reach = 1 << (int(d["log_slots"]) + (1 if d.get("halves") else 0))
+        assert reach >= size * P  # the real ring's slots, not the block's
+    for e in res.plan["summary"]["bootstrapping"]["per_bootstrap"]:
+        assert (1 << int(e["log_slots"])) * (2 if e["kind"] == "halves" else 1) >= size * P
+    x = np.random.default_rng(1).uniform(-1, 1, (batch, size))
+    rep = run_plan(res.plan, res.tables, "sim", values={"x": x})
+    want = x
+    for _ in range(6):
+        want = 0.5 * want + 0.4 * want * want
+    assert rep.ok
+    np.testing.assert_allclose(rep.outputs[cur], want, atol=1e-9)
+
+
 def test_refusals() -> None:
     from planner.batch import BatchError
 
