@@ -50,11 +50,14 @@ gocheck: lattigo
 # The default tier (docs/testing.md): every stage and back-end path, minutes. `make test-all`
 # adds the tests marked slow (tests/conftest.py SLOW_TESTS: the largest goldens, the
 # n14boot Lattigo runs but one, the full random sweeps).
-test: GO_TEST_FLAGS = -short
-test: install lint gocheck chromium
+# lint (mypy: one core) and the Go tests (mostly one core) run side by side; each one's
+# output is printed whole when it ends (--output-sync).
+test: install chromium
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint gocheck GO_TEST_FLAGS=-short
 	$(VENV)/bin/pytest -m "not slow"
 
-test-all: install lint gocheck chromium
+test-all: install chromium
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint gocheck
 	$(VENV)/bin/pytest
 
 golden: install
