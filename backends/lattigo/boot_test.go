@@ -451,10 +451,8 @@ func testBootstrapStreamedBlock(t *testing.T, logN int) {
 	}
 	st := r.Stats
 	setup := bootSetupOf(t, params)
+	// the size of one Galois key of the block
 	gk := int64(rlwe.NewGaloisKey(setup.params, rlwe.EvaluationKeyParameters{}).BinarySize())
-	if logN == 14 && gk != 39324272 { // one Galois key of the block at log N 14 (measured)
-		t.Fatalf("a Galois key at log N 14 has %d bytes, measured 39324272", gk)
-	}
 	t.Logf("max abs error %.3g; peak key bytes %d (block fixed %d + %d Galois keys), stream reads %d, bootstraps %v",
 		maxErr, st.PeakKeyBytes, st.BootKeyBytes, (st.PeakKeyBytes-st.BootKeyBytes)/gk, st.BootStreamReads, st.BootstrapSeconds)
 	if maxErr > 1e-6 {
