@@ -143,6 +143,8 @@ SLOW_TESTS: dict[str, str] = {
         "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked_small",
     "tests/planner/assign/test_random_networks.py::test_random_networks[140]":
         "tests/planner/assign/test_random_networks.py::test_random_networks",
+    "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers[3]":
+        "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers",
 }
 
 
