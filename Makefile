@@ -39,18 +39,25 @@ chromium:
 	else echo "make: chromium is not installed and cannot be installed here (needs root and apt-get);" \
 	    "the browser test will be skipped"; fi
 
-# The Go side of the Lattigo backend: go vet and its own tests (small rings, ~10 s).
+# The Go side of the Lattigo backend: go vet and its own tests. `make test` runs them with
+# -short (docs/testing.md: the Go tests skipped there and the cheaper tests that cover them);
+# `make gocheck` and `make test-all` run every one.
 GO := $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+GO_TEST_FLAGS ?=
 gocheck: lattigo
-	cd backends/lattigo && $(GO) vet . && $(GO) test -count=1 .
+	cd backends/lattigo && $(GO) vet . && $(GO) test -count=1 $(GO_TEST_FLAGS) .
 
 # The default tier (docs/testing.md): every stage and back-end path, minutes. `make test-all`
 # adds the tests marked slow (tests/conftest.py SLOW_TESTS: the largest goldens, the
 # n14boot Lattigo runs but one, the full random sweeps).
-test: install lint gocheck chromium
+# lint (mypy: one core) and the Go tests (mostly one core) run side by side; each one's
+# output is printed whole when it ends (--output-sync).
+test: install chromium
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint gocheck GO_TEST_FLAGS=-short
 	$(VENV)/bin/pytest -m "not slow"
 
-test-all: install lint gocheck chromium
+test-all: install chromium
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint gocheck
 	$(VENV)/bin/pytest
 
 golden: install

@@ -129,14 +129,12 @@ SLOW_TESTS: dict[str, str] = {
         "tests/api/test_inference_service_ray.py",
     "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_match_numpy":
         "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_fixed_shapes",
-    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.75]":
-        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.3]",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.3]":
+        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.75]",
     "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mlp default-0.3]":
         "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mlp default-0.75]",
     "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mvm 20x20 hs-diagonal-0.3]":
         "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[mvm 20x20 hs-diagonal-0.75]",
-    "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[0.75]":
-        "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[None]",
     "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[3]":
         "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
     "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[11]":
@@ -145,6 +143,8 @@ SLOW_TESTS: dict[str, str] = {
         "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked_small",
     "tests/planner/assign/test_random_networks.py::test_random_networks[140]":
         "tests/planner/assign/test_random_networks.py::test_random_networks",
+    "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers[3]":
+        "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers",
 }
 
 

@@ -48,6 +48,27 @@ func skipWithoutBootMemory(t *testing.T) {
 	}
 }
 
+// bootParamsAt is testBootParams on a ring of degree 2^logN: the same chain and bootstrapping
+// literal (log N 12 is insecure and small: ~1 s a bootstrap, well under 1 GB).
+func bootParamsAt(logN int) string {
+	return strings.Replace(testBootParams, `"log_n": 14, "slots": 8192`, fmt.Sprintf(`"log_n": %d, "slots": %d`, logN, 1<<(logN-1)), 1)
+}
+
+// bootRings are the rings a streamed-block test runs on: log N 12 always (the cheaper cover
+// that `go test -short`, i.e. `make test`, keeps), and log N 14 unless -short or short of
+// memory (`make test-all`, `make gocheck`).
+func bootRings(t *testing.T) []int {
+	t.Helper()
+	if testing.Short() {
+		return []int{12}
+	}
+	if avail := memAvailable(); avail > 0 && avail < 4<<30 {
+		t.Logf("log N 14 skipped: bootstrapping there needs ~3 GB; only %d MiB available", avail>>20)
+		return []int{12}
+	}
+	return []int{12, 14}
+}
+
 // levelChain is the program head input x -> n x (pmul by p0, rescale): n levels spent.
 func levelChain(n int) ([]string, string) {
 	program := []string{`{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x"}`}
@@ -391,8 +412,13 @@ func TestBootstrapRange(t *testing.T) {
 // {"block": "boot", "stream": 2}): the result equals the whole block's, and at most 3 of the
 // block's Galois keys are resident at once (plus its relinearisation and encapsulation keys).
 func TestBootstrapStreamedBlock(t *testing.T) {
-	skipWithoutBootMemory(t)
-	const slots = 8192
+	for _, logN := range bootRings(t) {
+		t.Run(fmt.Sprintf("logN%d", logN), func(t *testing.T) { testBootstrapStreamedBlock(t, logN) })
+	}
+}
+
+func testBootstrapStreamedBlock(t *testing.T, logN int) {
+	slots := 1 << (logN - 1)
 	rng := rand.New(rand.NewSource(7))
 	x := make([]float64, slots)
 	half := make([]float64, slots)
@@ -410,7 +436,8 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 		`{"op": "bootstrap", "dst": "b3", "src": "b2"}`,
 		`{"op": "drop_key", "block": "boot"}`,
 		`{"op": "output", "src": "b3", "tensor": "y", "table": "out/y"}`)
-	planJSON := `{"schema": "slotplan.plan/1", "params": ` + testBootParams + `,
+	params := bootParamsAt(logN)
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + params + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}}, "keys": {}, "program": [` + strings.Join(program, ",\n") + `]}`
 	r := mustRun(t, planJSON, packVecs(x), packVecs(half))
 	got := decodeOut(t, r.Outputs[0].Data)
@@ -423,7 +450,9 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 		maxErr = math.Max(maxErr, math.Abs(got[s]-want))
 	}
 	st := r.Stats
-	const gk = 39324272 // one Galois key of the block at log N 14 (measured)
+	setup := bootSetupOf(t, params)
+	// the size of one Galois key of the block
+	gk := int64(rlwe.NewGaloisKey(setup.params, rlwe.EvaluationKeyParameters{}).BinarySize())
 	t.Logf("max abs error %.3g; peak key bytes %d (block fixed %d + %d Galois keys), stream reads %d, bootstraps %v",
 		maxErr, st.PeakKeyBytes, st.BootKeyBytes, (st.PeakKeyBytes-st.BootKeyBytes)/gk, st.BootStreamReads, st.BootstrapSeconds)
 	if maxErr > 1e-6 {
@@ -434,25 +463,33 @@ func TestBootstrapStreamedBlock(t *testing.T) {
 	if st.BootKeyBytes > 3*gk || st.PeakKeyBytes > st.BootKeyBytes+3*gk {
 		t.Fatalf("block fixed part %d bytes, peak key bytes %d: more than 3 Galois keys resident", st.BootKeyBytes, st.PeakKeyBytes)
 	}
-	// a bootstrap asks for 55 keys (C2S 4 x 6, conjugation, S2C 3 x 10): the first reads
-	// them in line and learns the order, then 2 are read ahead for the next bootstrap, and
-	// each request of the next two reads the key 2 places on (wrapping around)
-	if st.Bootstraps != 3 || st.BootStreamReads != 55+2+2*55 {
-		t.Fatalf("%d bootstraps, %d streamed key reads (want 55 + 2 + 2 x 55)", st.Bootstraps, st.BootStreamReads)
+	// a bootstrap asks for R keys (at log N 14, 55: C2S 4 x 6, conjugation, S2C 3 x 10):
+	// the first reads them in line and learns the order, then 2 are read ahead for the next
+	// bootstrap, and each request of the next two reads the key 2 places on (wrapping
+	// around): R + 2 + 2R reads
+	reqs := (st.BootStreamReads - 2) / 3
+	if st.Bootstraps != 3 || st.BootStreamReads != reqs+2+2*reqs || reqs < 3 || (logN == 14 && reqs != 55) {
+		t.Fatalf("%d bootstraps, %d streamed key reads (want R + 2 + 2R, R = 55 at log N 14)", st.Bootstraps, st.BootStreamReads)
 	}
 	// every read-ahead but the first three (the two after learning, and the first request
 	// of the second bootstrap, when no key is finished yet) reads into a finished key, and
 	// the outputs above are right with them
-	if st.BootStreamReused != 2+2*55-3 {
-		t.Fatalf("%d streamed reads into finished keys, want %d", st.BootStreamReused, 2+2*55-3)
+	if st.BootStreamReused != 2+2*reqs-3 {
+		t.Fatalf("%d streamed reads into finished keys, want %d", st.BootStreamReused, 2+2*reqs-3)
 	}
 }
 
 // testBootSetup is the evaluation setup of testBootParams.
 func testBootSetup(t *testing.T) *evalSetup {
 	t.Helper()
+	return bootSetupOf(t, testBootParams)
+}
+
+// bootSetupOf is the evaluation setup of a plan's params object.
+func bootSetupOf(t *testing.T, params string) *evalSetup {
+	t.Helper()
 	var pp planParams
-	if err := json.Unmarshal([]byte(testBootParams), &pp); err != nil {
+	if err := json.Unmarshal([]byte(params), &pp); err != nil {
 		t.Fatal(err)
 	}
 	s, err := pp.setup()

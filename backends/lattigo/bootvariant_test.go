@@ -144,9 +144,6 @@ func TestMeasureBootVariants(t *testing.T) {
 // log N 12 (insecure and small: ~1 s a bootstrap, well under 1 GB), beside a full-slot
 // bootstrap, and checks each output against scale * input over all slots and its level.
 func TestBootVariantsLogN12(t *testing.T) {
-	if testing.Short() {
-		t.Skip("bootstrapping test skipped in -short mode")
-	}
 	const logN, slots = 12, 2048
 	params := strings.Replace(withVariants(6, 9), `"log_n": 14, "slots": 8192`, `"log_n": 12, "slots": 2048`, 1)
 	rng := rand.New(rand.NewSource(5))

@@ -15,20 +15,31 @@ from common.errors import SlotplanError
 from planner.frontend.graph import Graph, parse_graph
 from planner.frontend.params import load_params
 from planner.ir.fusion import fused_counts
-from planner.pipeline import PlanOptions, plan_graph
+from planner.pipeline import PlanOptions, PlanResult, plan_graph
 from tests.helpers import bench_encrypted, check_plan
 
 needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
 
+_PLANS: dict[tuple[str, tuple[str, ...] | None, int | None], PlanResult] = {}
+
+
+def _plan(graph: Graph, kernels: tuple[str, ...] | None, cap: int | None = None) -> PlanResult:
+    """The n12 plan of ``graph`` (a graph's name names its shape in this module), made once
+    per test process: planning is deterministic, and the tests below read the same free and
+    capped plans several times (peak, fused run, unfused run, the model's block count)."""
+    key = (graph.name, kernels, cap)
+    if key not in _PLANS:
+        opts = PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
+                           **({"kernels": kernels} if kernels else {}))
+        _PLANS[key] = plan_graph(graph, load_params("n12"), opts)
+    return _PLANS[key]
+
+
 def _bench(graph: Graph, kernels: tuple[str, ...] | None, options: dict[str, Any]) -> tuple[dict, dict]:
-    params = load_params("n12")
     options = dict(options)
     cap = options.pop("memory_cap_bytes", None)  # a plan option (the key schedule), not the bench's
-    opts = PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
-                       **({"kernels": kernels} if kernels else {}))
-    res = plan_graph(graph, params, opts)
-    return bench_encrypted(res, graph, options, seed=3)
+    return bench_encrypted(_plan(graph, kernels, cap), graph, options, seed=3)
 
 
 def _mlp() -> Graph:
@@ -43,20 +54,26 @@ def _mlp() -> Graph:
     })
 
 
+def _case(name: str, make: Any, kernels: tuple[str, ...] | None) -> Any:
+    # one pytest-xdist group per graph: its tests share the process's plans (_plan)
+    return pytest.param(name, make, kernels, id=name, marks=pytest.mark.xdist_group(f"fused-{name.split()[0]}"
+                                                                                      f"-{name.split()[1]}"))
+
+
 CASES = [
-    ("mvm 48x80 hybrid", lambda: mvm_graph(48, 80), ("hybrid", "elementwise")),
-    ("mvm 80x48 hybrid", lambda: mvm_graph(80, 48), ("hybrid", "elementwise")),
-    ("mvm 64x64 imra", lambda: mvm_graph(64, 64), ("imra", "elementwise")),
-    ("mvm 30x50 bsgs", lambda: mvm_graph(30, 50), ("bsgs", "elementwise")),
-    ("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
-    ("conv1 default", lambda: conv_workload("conv1").graph, None),
-    ("mlp default", _mlp, None),
-    ("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
+    _case("mvm 48x80 hybrid", lambda: mvm_graph(48, 80), ("hybrid", "elementwise")),
+    _case("mvm 80x48 hybrid", lambda: mvm_graph(80, 48), ("hybrid", "elementwise")),
+    _case("mvm 64x64 imra", lambda: mvm_graph(64, 64), ("imra", "elementwise")),
+    _case("mvm 30x50 bsgs", lambda: mvm_graph(30, 50), ("bsgs", "elementwise")),
+    _case("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
+    _case("conv1 default", lambda: conv_workload("conv1").graph, None),
+    _case("mlp default", _mlp, None),
+    _case("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
 ]
 
 
 @needs_lattigo
-@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES)
 def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[str, ...] | None) -> None:
     graph = make()
     fused, err_f = _bench(graph, kernels, {"repeat": 2, "workers": 2})
@@ -74,6 +91,7 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
 
 
 @needs_lattigo
+@pytest.mark.xdist_group("fused-conv2-default")
 @pytest.mark.parametrize("fraction", [None, 0.75])
 def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
     """The executor runs the Q-mode blocks planner.ir.fusion decides (the plan's fused
@@ -82,14 +100,14 @@ def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
     graph = conv_workload("conv2").graph
     params = load_params("n12")
     cap = None if fraction is None else int(_peak_keys(graph, None) * fraction)
-    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap))
+    res = _plan(graph, None, cap)
     fc = fused_counts(res.plan["program"], params.slots)
     st, err = _bench(graph, None, {"repeat": 1, "memory_cap_bytes": cap})
     assert max(err.values()) < 1e-4, err
     assert fc.q_blocks > 0
     if cap is not None:
         assert st["key_mode"] == "scheduled"
-        free = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True)).plan
+        free = _plan(graph, None).plan
         assert fc.q_blocks == fused_counts(free["program"], params.slots).q_blocks
     assert st["fused_q_blocks"] == fc.q_blocks
     assert st["fused_blocks"] == fc.blocks + fc.q_blocks
@@ -106,8 +124,7 @@ def test_product_sums_relinearised_once(m: int, k: int, n: int) -> None:
     from tests.planner.kernels.test_ctct import ctct_graph
 
     graph = ctct_graph(m, k, n)
-    params = load_params("n12")
-    res = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True))
+    res = _plan(graph, None)
     sums = product_sums([ir.decode(i) for i in res.plan["program"]])
     fused, err_f = _bench(graph, None, {"repeat": 1})
     plain, err_p = _bench(graph, None, {"repeat": 1, "no_fuse": True})
@@ -147,14 +164,11 @@ def test_hybrid_kernel_random_shapes_sim(seed: int) -> None:
 
 
 def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
-    opts = PlanOptions(input_layout="free", allow_insecure=True, **({"kernels": kernels} if kernels else {}))
-    return int(plan_graph(graph, load_params("n12"), opts).plan["summary"]["peak_bytes"]["total"])
+    return int(_plan(graph, kernels).plan["summary"]["peak_bytes"]["total"])
 
 
 def _capped_plan(graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
-    cap = int(_peak_keys(graph, kernels) * fraction)
-    return plan_graph(graph, load_params("n12"), PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
-                                                              **({"kernels": kernels} if kernels else {}))).plan
+    return _plan(graph, kernels, int(_peak_keys(graph, kernels) * fraction)).plan
 
 
 def _two_hops(plan: dict[str, Any]) -> bool:
@@ -171,9 +185,7 @@ def _two_hops(plan: dict[str, Any]) -> bool:
 def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
     cap = int(_peak_keys(graph, kernels) * fraction)
     try:
-        plan_graph(graph, load_params("n12"), PlanOptions(input_layout="free", allow_insecure=True,
-                                                           memory_cap_bytes=cap,
-                                                           **({"kernels": kernels} if kernels else {})))
+        plan = _plan(graph, kernels, cap).plan
     except SlotplanError:
         pytest.skip(f"{name}: no plan under {fraction} of the peak")
     fused, err_f = _bench(graph, kernels, {"repeat": 1, "memory_cap_bytes": cap})
@@ -183,10 +195,7 @@ def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | No
     assert fused["rotations"] == plain["rotations"] and fused["key_loads"] == plain["key_loads"]
     assert plain["fused_blocks"] == 0
     # the planner's model of the executor (planner.ir.fusion) finds the same blocks
-    params = load_params("n12")
-    plan = plan_graph(graph, params, PlanOptions(input_layout="free", allow_insecure=True, memory_cap_bytes=cap,
-                                                 **({"kernels": kernels} if kernels else {}))).plan
-    fc = fused_counts(plan["program"], params.slots)
+    fc = fused_counts(plan["program"], load_params("n12").slots)
     assert fused["fused_blocks"] == fc.blocks + fc.q_blocks, (fused["fused_blocks"], fc)
     assert fused["fused_products"] == fc.products + fc.q_products
     return fused
@@ -208,7 +217,7 @@ def test_fused_under_a_key_schedule_random_shapes(seed: int) -> None:
 
 @needs_lattigo
 @pytest.mark.parametrize("fraction", [0.75, 0.3])
-@pytest.mark.parametrize(("name", "make", "kernels"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "make", "kernels"), CASES)
 def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ...] | None, fraction: float) -> None:
     """Under a memory cap (a key schedule: hoisted groups split, keys dropped right after
     their rotations, two-hop rotations) the blocks run fused, whole where their giant keys
