@@ -275,9 +275,9 @@ def _boot_measurements(raw: Mapping[str, Any]) -> dict[str, Any]:
 def executor_measurements(params: Params) -> dict[str, Any]:
     """``measurements.executor``: the executor's sizes on ``params`` as Go's ``ExecutorMemory``
     reports them for one worker (none depends on the plan: a plan of one input and output
-    asks), the planner's process model (planner.keys.process, executor_sizes)."""
+    asks), the planner's process model (planner.cost.process, executor_sizes)."""
     from backends.lattigo_memory import executor_memory
-    from planner.keys.process import EXECUTOR_FIELDS
+    from planner.cost.process import EXECUTOR_FIELDS
 
     plan = {"schema": "slotplan.plan/1", "graph": {"name": "executor", "sha256": "0" * 64}, "params": params.to_json(),
             "summary": {}, "nodes": [], "plaintexts": {}, "outputs": {"y": [1]},

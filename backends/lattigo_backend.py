@@ -36,8 +36,8 @@ import numpy as np
 from planner import ir
 
 # Above PLAINTEXT_INLINE_BYTES of plaintext vectors, run_plan hands them to Go through a file
-# (the process model's threshold, planner.keys.process).
-from planner.keys.process import PLAINTEXT_INLINE_BYTES
+# (the process model's threshold, planner.cost.process).
+from planner.cost.process import PLAINTEXT_INLINE_BYTES
 
 __all__ = [
     "LattigoError",

@@ -1,6 +1,6 @@
 """The modelled memory of a Lattigo run: the plan's memory model plus what the executor holds.
 
-The model itself is the planner's (:mod:`planner.keys.process`: its terms, the fused-block
+The model itself is the planner's (:mod:`planner.cost.process`: its terms, the fused-block
 walk, the bootstrap's temporaries and garbage), one definition for both sides: the planner
 evaluates it with the executor's sizes stored per preset by ``slotplan calibrate``, a run
 with the sizes Go's ``ExecutorMemory`` reports for the plan (:func:`executor_memory`,
@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from planner.keys.process import (
+from planner.cost.process import (
     BASELINE_BYTES,
     BootMemory,
     boot_memory,

@@ -40,6 +40,7 @@ from typing import Any
 
 from common import progress
 from planner import ir
+from planner.cost.process import executor_reserve, plan_process_model, summary_field
 from planner.frontend.params import Params
 from planner.ir import boot_block
 from planner.ir.analysis import (
@@ -52,7 +53,6 @@ from planner.ir.analysis import (
 )
 from planner.ir.fused_plan import annotate
 from planner.keys.basis import BASES, _sites, choose_basis, rewrite_rotations
-from planner.keys.process import executor_reserve, plan_process_model, summary_field
 from planner.keys.profile import (
     KeyCapError,
     KeyScheduleError,
@@ -376,18 +376,21 @@ def schedule_plan(
     cap_bytes: int | None,
     strategy: str,
     max_keys: int | None = None,
+    process: bool = False,
     **kwargs: Any,
 ) -> tuple[dict[str, Any], KeySchedule]:
     """A copy of ``plan`` with a key schedule: new program, ``keys`` (level and bytes per
     key) and an updated summary (rotations, rotation_keys, key_loads, peak_bytes,
-    memory_cap_bytes, instructions, key_schedule)."""
+    memory_cap_bytes, instructions, key_schedule). ``process``: the cap bounds the process
+    model (planner.cost.process; ``slotplan plan --memory-cap``), and the summary gets
+    ``process_peak_bytes``; otherwise the plan's own memory model (``slotplan keys``)."""
     params = Params.from_json(plan["params"])
     source = plan.get("summary", {}).get("key_schedule", {}).get("source_program_sha256")
-    if cap_bytes is None:
+    if cap_bytes is None or not process:
         with progress.stage("key schedule"):
             sched = schedule_keys(plan["program"], params, cap_bytes, strategy, max_keys, **kwargs)
         return _with_schedule(plan, sched, cap_bytes, source, params), sched
-    # the cap bounds the process model (planner.keys.process): the plan's own terms keep to
+    # the cap bounds the process model (planner.cost.process): the plan's own terms keep to
     # what the executor's state (its largest, at every step) and the bootstraps' garbage leave
     # of it; the process model of the scheduled plan is then evaluated step by step, and the
     # plan's cap moved by the difference (down when over the cap, up while the held-back

@@ -76,7 +76,7 @@ from planner.ir.analysis import lifetimes, memory_series, plan_key_bytes, regist
 
 __all__ = [
     "BASELINE_BYTES", "EXECUTOR_FIELDS", "PLAINTEXT_INLINE_BYTES", "PLANNER_WORKERS", "BootMemory", "boot_memory",
-    "executor_reserve", "executor_sizes", "fused_blocks", "fused_series", "plaintext_cache_bytes",
+    "executor_reserve", "executor_sizes", "fixed_reserve", "fused_blocks", "fused_series", "plaintext_cache_bytes",
     "plan_executor_memory", "plan_process_model", "process_model", "summary_field",
 ]
 
@@ -460,3 +460,19 @@ def executor_reserve(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS) ->
     const = _constant_terms(bare, params, mem, inline_plaintexts(bare), False)
     return Reserve(int(fused.max(initial=0)) + sum(const.values()) + transient, alloc,
                    int(mem["run_gc_percent"]) if alloc else 0)
+
+
+def fixed_reserve(params: Params, workers: int = PLANNER_WORKERS) -> Reserve:
+    """The part of :func:`executor_reserve` no plan goes below on ``params`` (evaluator,
+    client, the fused blocks' worker and decomposition buffers, one bootstrap's temporaries
+    and garbage on a bootstrapping preset): what the assignment's candidate cut leaves out of
+    the cap before a program exists (planner/assign/problem.py)."""
+    sizes = executor_sizes(params)
+    boot = boot_memory(params)
+    b = boot.transient_bytes if boot is not None else 0
+    alloc = boot.alloc_bytes if boot is not None else 0
+    if sizes is None:
+        return Reserve(b, alloc, 10 if alloc else 0)
+    fixed = workers * (int(sizes["evaluator_bytes"]) + int(sizes["fused_worker_bytes"]))
+    fixed += int(sizes["fused_decomp_bytes"]) + int(sizes["client_bytes"])
+    return Reserve(fixed + b, alloc, int(sizes["run_gc_percent"]) if alloc else 0)

@@ -1,4 +1,4 @@
-"""The planner's process model (planner/keys/process.py) and ``--memory-cap`` bounding it:
+"""The planner's process model (planner/cost/process.py) and ``--memory-cap`` bounding it:
 the stored executor sizes are Go's ExecutorMemory, the planner's model of a plan equals the
 Lattigo backend's for the same plan, and a capped plan's process model stays under the cap
 on random graphs (or the refusal names a cap above it)."""
@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from backends.lattigo_backend import available
-from planner.frontend.params import load_params
-from planner.keys.process import (
+from planner.cost.process import (
     BASELINE_BYTES,
     executor_reserve,
     executor_sizes,
@@ -20,6 +19,7 @@ from planner.keys.process import (
     plan_process_model,
     summary_field,
 )
+from planner.frontend.params import load_params
 from planner.keys.profile import KeyCapError
 from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import conv_graph, matvec_graph
@@ -32,8 +32,8 @@ needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension no
 
 def _backend_model(plan: dict[str, Any]) -> dict[str, Any]:
     from backends.lattigo_memory import boot_memory, executor_memory, process_model
+    from planner.cost.process import inline_plaintexts
     from planner.frontend.params import Params
-    from planner.keys.process import inline_plaintexts
 
     mem = executor_memory(plan, workers=1)
     pm = process_model(plan, mem, inline_plaintexts=inline_plaintexts(plan),
