@@ -138,6 +138,10 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         # where the (median) run spent its time: seconds per operation, and per bootstrap
         "op_seconds": {k: round(float(v), 4) for k, v in sorted((st.get("op_seconds") or {}).items())},
         "bootstrap_seconds": [round(float(x), 4) for x in st.get("bootstrap_seconds") or []],
+        "bootstrap_input_levels": list(st.get("bootstrap_input_levels") or []),
+        # a bootstrapping plan's block loads, the streamed block's key reads, the levels dropped
+        "boot_block_loads": st.get("boot_block_loads", 0), "boot_stream_reads": st.get("boot_stream_reads", 0),
+        "level_drops": st.get("level_drops", 0),
         "workers": st.get("workers"),
         "fused_blocks": st.get("fused_blocks", 0),
         "max_rel_error": rel,
