@@ -165,10 +165,17 @@ def bench_run(params: Params, workers: int | None) -> Run:
     return Run(level_drops=params.boot is not None, encode=False, loader_core=procs > (workers or procs))
 
 
+def _save(plans_out: Path | None, name: str, tag: str, plan: Mapping[str, Any]) -> None:
+    """``--plans-out``: each measured plan as ``<workload>.<keep-all|cap<f>>.plan.json``."""
+    if plans_out is not None:
+        plans_out.mkdir(parents=True, exist_ok=True)
+        (plans_out / f"{name}.{tag}.plan.json").write_text(json.dumps(plan, sort_keys=True))
+
+
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
-    kernels: Sequence[str] | None = None,
+    kernels: Sequence[str] | None = None, plans_out: Path | None = None,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring); ``kernels``: the
     kernels every plan may use (default: the planner's)."""
@@ -195,6 +202,7 @@ def measure_graph(
            "model_time_planning_ms": round(ka_plain.total_ms, 2), "model_load_ms": round(ka_time.load_ms, 2),
            "model_ms_by_op": _by_op(tm, res.plan["program"], params, run),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
+    _save(plans_out, graph.name, "keep-all", res.plan)
     row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
                       plaintext_cache=plaintext_cache, workers=workers))
     runs.append(row)
@@ -220,6 +228,7 @@ def measure_graph(
                "model_stall_ms": round(mt.stall_ms, 2), "model_ms_by_op": _by_op(tm, r.plan["program"], params, run),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
+        _save(plans_out, graph.name, f"cap{f}", r.plan)
         row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
                           plaintext_cache=plaintext_cache, workers=workers))
         runs.append(row)
@@ -245,7 +254,7 @@ def measure_graph(
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
     only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
-    workers: int | None = None,
+    workers: int | None = None, plans_out: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     from api.keybench import load_key_suite
 
@@ -255,7 +264,8 @@ def measure_suite(
         if only and g.name not in only:
             continue
         yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
-                            plaintext_cache=plaintext_cache, workers=workers, kernels=w.kernels)
+                            plaintext_cache=plaintext_cache, workers=workers, kernels=w.kernels,
+                            plans_out=plans_out)
 
 
 def geomean(values: Sequence[float]) -> float | None:
