@@ -8,44 +8,43 @@ mode). A block's cost is charged at its root."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from planner.ir.fusion import FusedBlock
 
-if TYPE_CHECKING:
-    from planner.cost.timing import TimeModel
 
-
-def price_blocks(tm: TimeModel, blocks: Sequence[FusedBlock], level: Callable[[str], int], cost: list[float],
-                 encode: bool = False) -> None:
-    """Add each block's cost (table units) to ``cost`` at its root; ``level``: a register's
-    level as the run has it."""
+def price_blocks(at: Callable[[str, int], float], split: bool, blocks: Sequence[FusedBlock],
+                 level: Callable[[str], int], cost: list[float],
+                 encode: Callable[[int, bool], float] | None = None) -> None:
+    """Add each block's cost (table units) to ``cost`` at its root.  ``at``: a weight at a
+    level (``TimeModel.at``); ``split``: the table prices a base's decomposition apart
+    (``block_base``), once per register; ``level``: a register's level as the run has it;
+    ``encode``: a plaintext's encoding at a level, in QP or Q (``TimeModel.encode``), when
+    the run encodes in the clock."""
     babies: dict[str, set[tuple[str, int]]] = {}
     q_babies: dict[str, set[tuple[str, int]]] = {}
     decomposed: set[str] = set()
-    split = tm.weights.block_base is not None  # decomposition once per base
     for blk in blocks:
         lv = level(blk.base)
         fixed = 0.0
         c = 0.0
         if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
             new_q = blk.babies - q_babies.setdefault(blk.base, set())
-            c += (tm.at("block_q", lv) + tm.at("block_product_q", lv) * blk.products
-                  + tm.at("block_baby_q", lv) * len(new_q))
+            c += (at("block_q", lv) + at("block_product_q", lv) * blk.products
+                  + at("block_baby_q", lv) * len(new_q))
             q_babies[blk.base] |= new_q
         else:
-            fixed = tm.at("block_finish", lv) if split else tm.at("block_fixed", lv)
-            c += tm.at("block_giant", lv) * blk.giants + tm.at("block_product", lv) * blk.products
-        if encode:
-            c += tm.encode(lv, qp=not blk.qmode) * blk.products
+            fixed = at("block_finish", lv) if split else at("block_fixed", lv)
+            c += at("block_giant", lv) * blk.giants + at("block_product", lv) * blk.products
+        if encode is not None:
+            c += encode(lv, not blk.qmode) * blk.products
         regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
         if split and regs:
-            fixed += tm.at("block_base", lv) * len(regs)
+            fixed += at("block_base", lv) * len(regs)
         decomposed |= regs
         c += fixed
         if blk.rescaled:
-            c += tm.at("rescale", lv)
+            c += at("rescale", lv)
         new = blk.babies - babies.setdefault(blk.base, set())
-        c += tm.at("block_baby", lv) * len(new)
+        c += at("block_baby", lv) * len(new)
         babies[blk.base] |= new
         cost[blk.root if 0 <= blk.root < len(cost) else len(cost) - 1] += c

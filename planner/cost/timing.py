@@ -24,6 +24,7 @@ from typing import Any
 
 from planner import ir
 from planner.cost.blocks import price_blocks
+from planner.cost.conditions import Run, executor_bootstraps, key_load_ms
 from planner.cost.tables import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.frontend.params import Params
 from planner.ir import boot_block
@@ -87,20 +88,6 @@ def _or(x: float | None, default: float) -> float:
     return default if x is None else x
 
 
-def _key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:
-    """One key's load in a calibrated table.  The key store reads a key with
-    GaloisKey.ReadFrom, which parses as it reads: what ``read_file`` times when the
-    calibration cycles through the block's key files (``key_read_keys``; n14boot: 0.60
-    ms/MB against 0.43-0.65 ms/MB measured by keymeasure's runs, ``key_load_ms_per_mb``).
-    Older tables read one key file over and over from the caches (n14: 0.2 ms/MB against
-    1.2-3 ms/MB for LoLa's key sets; with it LoLa's half-cap schedule chose 207 loads, 1.32x
-    keep-all measured), so their price adds unmarshal (an in-memory parse, which faults in
-    fresh pages: 2-21 ms at n14boot between calibrations) as a stand-in for the disk."""
-    if isinstance(read_keys, int) and read_keys > 1 and "read_file" in load:
-        return float(load["read_file"])
-    return float(sum(float(v) for v in load.values()))
-
-
 class TimeModel:
     """A cost table's prices (module docstring).  Weights are in the table's unit
     (``unit``); ``ms_per_unit`` converts them to milliseconds (1 for a table in
@@ -136,7 +123,7 @@ class TimeModel:
             load = meas.get("key_load_ms")
             kb = meas.get("galois_key_bytes")
             if isinstance(load, dict) and isinstance(kb, int | float) and kb > 0:
-                load_ms_per_byte = _key_load_ms(load, meas.get("key_read_keys")) / float(kb)
+                load_ms_per_byte = key_load_ms(load, meas.get("key_read_keys")) / float(kb)
             else:
                 load_ms_per_byte = KEY_LOAD_MS_PER_BYTE
         self.load_ms_per_byte = load_ms_per_byte
@@ -144,6 +131,9 @@ class TimeModel:
         # encoding the bootstrap's DFT matrices when the block is loaded (calibrated)
         boot_meas = meas.get("bootstrap")
         self.matrix_ms = float(boot_meas.get("matrix_encoding_ms", 0.0)) if isinstance(boot_meas, dict) else 0.0
+        # each bootstrap kind timed as the executor runs it (calibrate --boot-variants), and
+        # whether that run streamed the block (its reads then inside the time)
+        self.boot_run, self.boot_run_streamed = executor_bootstraps(meas.get("boot_variants"))
         # the key-switching primes P of the calibrated parameters (a QP encoding's extra NTTs)
         self.p_primes = len((table.params or {}).get("log_p") or [])  # type: ignore[arg-type]
 
@@ -309,7 +299,10 @@ class TimeModel:
                 lv -= 1
                 for r in reads:
                     pending[r] = False
-            if i not in skip:
+            if i not in skip and run.bootstrap_measured and ir.is_bootstrap(ins) and self.boot_run:
+                kind = boot_block.variant_label(ins) or "full"
+                cost[i] += self.boot_run.get(kind, self.instr(ins, lv) * self.ms_per_unit) / self.ms_per_unit
+            elif i not in skip:
                 cost[i] += self.instr(ins, lv)
                 if run.encode and isinstance(ins, ir.PMul):
                     cost[i] += self.encode(lv, qp=False)
@@ -324,7 +317,8 @@ class TimeModel:
                 not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
             for w in ins.writes():
                 pending[w] = dirty
-        price_blocks(self, blocks, level, cost, run.encode)
+        price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost,
+                     self.encode if run.encode else None)
         return cost
 
     def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
@@ -386,23 +380,6 @@ def plan_model(plan: Mapping[str, Any], params: Params, table: str | Path | None
             return None
         t = load_costs(alt)
     return TimeModel(t)
-
-
-@dataclass(frozen=True)
-class Run:
-    """How the executor runs a plan, where it differs from what the planner prices (the
-    defaults: every instruction at its plan level, plaintexts encoded before the clock, a
-    key reader on a core of its own).  ``level_drops``: a bootstrapping plan's fresh values
-    dropped to the levels their consumers need (``planner.ir.analysis.level_drops``; the
-    Lattigo executor always does); ``encode``: every plaintext encoded in the clock, at its
-    level (a one-shot ``slotplan run``; a benchmark or a server with a plaintext cache
-    encodes them once, outside); ``loader_core``: the key reader (prefetched keys, a
-    streamed block's keys) runs beside the evaluation; without a core of its own (one core,
-    or every core evaluating) each read takes its time from the evaluation, in line."""
-
-    level_drops: bool = False
-    encode: bool = False
-    loader_core: bool = True
 
 
 @dataclass
@@ -487,7 +464,9 @@ def modelled_time(
         ms = units * tm.ms_per_unit
         compute += ms
         clock += ms
-        if stream and ir.is_bootstrap(ins) and params.boot is not None:
+        measured_streamed = run.bootstrap_measured and tm.boot_run_streamed.get(
+            boot_block.variant_label(ins) or "full", False) if ir.is_bootstrap(ins) else False
+        if stream and ir.is_bootstrap(ins) and params.boot is not None and not measured_streamed:
             # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
             # key once: a lower bound, DFT stages share a few) while it runs
             read = boot_block.galois_keys(params, used) * tm.load_ms(params.rotation_key_bytes(params.key_max_level))

@@ -126,3 +126,31 @@ def test_a_streamed_blocks_reads_are_in_line_without_a_core_of_their_own() -> No
     assert one.stall_ms == 0.0
     assert one.total_ms == pytest.approx(one.compute_ms + one.load_ms)
     assert one.total_ms >= modelled_time(prog, params, {}, tm).total_ms - 1e-6
+
+
+def test_bootstraps_at_the_executors_measured_time() -> None:
+    """``bootstrap_measured``: each kind at its median as the executor ran it (the calibration's
+    ``boot_variants`` runs); a kind measured with a streamed block has its reads inside."""
+    params = load_params("n14boot")
+    tm = time_model(params)
+    meas = tm.table.measurements["boot_variants"]  # type: ignore[index]
+    prog = [{"op": "input", "dst": "x", "tensor": "x", "table": "x"},
+            {"op": "bootstrap", "dst": "z", "src": "x"},
+            {"op": "bootstrap", "dst": "w", "src": "z", "log_slots": 9},
+            {"op": "output", "src": "w", "tensor": "w", "table": "w"}]
+    plan = tm.program_costs(prog, params.max_level, params.slots)
+    run = tm.program_costs(prog, params.max_level, params.slots, Run(bootstrap_measured=True))
+    assert plan[1] == pytest.approx(tm.bootstrap) and plan[2] == pytest.approx(tm.boot_variants["s9"])
+    assert run[1] == pytest.approx(meas["full"]["median_ms"]) and run[2] == pytest.approx(meas["s9"]["median_ms"])
+    assert tm.boot_run_streamed["full"] is False  # n14boot's variants ran with the block resident
+    # n16boot's ran streamed (stream 2, one core): a streamed plan adds no reads beside them
+    p16 = load_params("n16boot")
+    t16 = time_model(p16)
+    assert t16.boot_run_streamed["s13"] is True
+    streamed = [{"op": "load_key", "block": "boot", "stream": 2}, prog[0],
+                {"op": "bootstrap", "dst": "z", "src": "x", "log_slots": 13},
+                {"op": "output", "src": "z", "tensor": "z", "table": "z"}]
+    one = modelled_time(streamed, p16, {}, t16, run=Run(loader_core=False, bootstrap_measured=True))
+    in_line = modelled_time(streamed[:1], p16, {}, t16).load_ms
+    assert one.compute_ms == pytest.approx(t16.boot_run["s13"])
+    assert one.total_ms == pytest.approx(t16.boot_run["s13"] + in_line)
