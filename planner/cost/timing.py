@@ -434,9 +434,10 @@ def modelled_time(
                 ms = tm.load_ms(boot_block.keys_in_line(params, ins.stream, used))
                 loads += ms
                 clock += ms
-                if run.encode:  # and its DFT matrices encoded (the full bootstrap's; calibrated)
-                    clock += tm.matrix_ms
-                    compute += tm.matrix_ms
+                if run.encode:  # and its DFT matrices encoded: the calibrated full set's time per byte
+                    mat = tm.matrix_ms * (1 + sum(v.matrix_bytes for v in used) / max(1, params.boot.matrix_bytes))
+                    clock += mat
+                    compute += mat
             continue
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
