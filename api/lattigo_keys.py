@@ -157,12 +157,14 @@ def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params, 
 def bench_run(params: Params, workers: int | None) -> Run:
     """How ``BenchPlan`` runs a plan here (planner.cost.timing.Run): levels dropped in a
     bootstrapping plan, plaintexts encoded outside the clock (timed apart and subtracted,
-    with a cache or without), and a core for the key reader only when the process may use
-    more cores (affinity, ``GOMAXPROCS``) than the evaluation's workers."""
+    with a cache or without), a core for the key reader only when the process may use more
+    cores (affinity, ``GOMAXPROCS``) than the evaluation's workers, and each bootstrap at its
+    kind's time as the executor ran it in the calibration."""
     cores = len(os.sched_getaffinity(0))
     env = os.environ.get("GOMAXPROCS", "")
     procs = min(cores, int(env)) if env.isdigit() and int(env) > 0 else cores
-    return Run(level_drops=params.boot is not None, encode=False, loader_core=procs > (workers or procs))
+    return Run(level_drops=params.boot is not None, encode=False, loader_core=procs > (workers or procs),
+               bootstrap_measured=True)
 
 
 def _save(plans_out: Path | None, name: str, tag: str, plan: Mapping[str, Any]) -> None:
