@@ -154,3 +154,19 @@ def test_bootstraps_at_the_executors_measured_time() -> None:
     in_line = modelled_time(streamed[:1], p16, {}, t16).load_ms
     assert one.compute_ms == pytest.approx(t16.boot_run["s13"])
     assert one.total_ms == pytest.approx(t16.boot_run["s13"] + in_line)
+
+
+def test_keymeasure_models_benchplan_as_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """keymeasure's Run: levels dropped for a bootstrapping preset, encoding outside the clock,
+    a reader core only when the process may use more cores than the evaluation's workers."""
+    from api.lattigo_keys import bench_run
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    one = bench_run(load_params("n14boot"), None)
+    assert one == Run(level_drops=True, encode=False, loader_core=False, bootstrap_measured=True)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    assert bench_run(load_params("n14"), 1).loader_core and not bench_run(load_params("n14"), 1).level_drops
+    assert not bench_run(load_params("n14"), None).loader_core  # GOMAXPROCS workers on both cores
+    monkeypatch.setenv("GOMAXPROCS", "1")
+    assert not bench_run(load_params("n14"), 1).loader_core
