@@ -224,6 +224,7 @@ def keymeasure(
         "--workers", help="evaluation workers of the fused blocks (default GOMAXPROCS); the key reader is a goroutine "
                           "of its own, so GOMAXPROCS=2 with --workers 1 gives it a core while one core evaluates")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload")] = False,
+    plans_out: Annotated[Path | None, typer.Option("--plans-out", help="write each measured plan into this folder")] = None,
 ) -> None:
     """Measure on Lattigo: keep-all (ANT-ACE) and the joint key schedule at caps of the
     keep-all peak; peak key bytes (key store), process RSS growth, evaluation and key-read
@@ -242,7 +243,7 @@ def keymeasure(
         if workers is not None and not 1 <= workers <= 64:
             raise SlotplanError(f"--workers must be in 1..64, got {workers}")
         for r in measure_suite(suite, params, fr, names, time_limit, repeat, plaintext_cache=not no_plaintext_cache,
-                               workers=workers):
+                               workers=workers, plans_out=plans_out):
             results.append(r)
             if as_json:
                 print(json.dumps(r, sort_keys=True), flush=True)

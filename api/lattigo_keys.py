@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,7 +48,7 @@ from backends.lattigo_backend import (
 from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
-from planner.cost.timing import TimeModel, modelled_time, time_model
+from planner.cost.timing import Run, TimeModel, modelled_time, time_model
 from planner.frontend.graph import Graph, load_graph
 from planner.frontend.params import Params, load_params
 from planner.frontend.ranges import calibrated_graph
@@ -137,6 +138,10 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         # where the (median) run spent its time: seconds per operation, and per bootstrap
         "op_seconds": {k: round(float(v), 4) for k, v in sorted((st.get("op_seconds") or {}).items())},
         "bootstrap_seconds": [round(float(x), 4) for x in st.get("bootstrap_seconds") or []],
+        "bootstrap_input_levels": list(st.get("bootstrap_input_levels") or []),
+        # a bootstrapping plan's block loads, the streamed block's key reads, the levels dropped
+        "boot_block_loads": st.get("boot_block_loads", 0), "boot_stream_reads": st.get("boot_stream_reads", 0),
+        "level_drops": st.get("level_drops", 0),
         "workers": st.get("workers"),
         "fused_blocks": st.get("fused_blocks", 0),
         "max_rel_error": rel,
@@ -144,15 +149,35 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
     }
 
 
-def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params) -> dict[str, float]:
+def _by_op(tm: TimeModel, program: Sequence[Mapping[str, Any]], params: Params, run: Run | None = None) -> dict[str, float]:
     """The modelled compute by op (planner.cost.timing), next to the executor's op_seconds."""
-    return {k: round(v, 2) for k, v in sorted(tm.breakdown_ms(program, params.max_level, params.slots).items())}
+    return {k: round(v, 2) for k, v in sorted(tm.breakdown_ms(program, params.max_level, params.slots, run).items())}
+
+
+def bench_run(params: Params, workers: int | None) -> Run:
+    """How ``BenchPlan`` runs a plan here (planner.cost.timing.Run): levels dropped in a
+    bootstrapping plan, plaintexts encoded outside the clock (timed apart and subtracted,
+    with a cache or without), a core for the key reader only when the process may use more
+    cores (affinity, ``GOMAXPROCS``) than the evaluation's workers, and each bootstrap at its
+    kind's time as the executor ran it in the calibration."""
+    cores = len(os.sched_getaffinity(0))
+    env = os.environ.get("GOMAXPROCS", "")
+    procs = min(cores, int(env)) if env.isdigit() and int(env) > 0 else cores
+    return Run(level_drops=params.boot is not None, encode=False, loader_core=procs > (workers or procs),
+               bootstrap_measured=True)
+
+
+def _save(plans_out: Path | None, name: str, tag: str, plan: Mapping[str, Any]) -> None:
+    """``--plans-out``: each measured plan as ``<workload>.<keep-all|cap<f>>.plan.json``."""
+    if plans_out is not None:
+        plans_out.mkdir(parents=True, exist_ok=True)
+        (plans_out / f"{name}.{tag}.plan.json").write_text(json.dumps(plan, sort_keys=True))
 
 
 def measure_graph(
     graph: Graph, params: Params, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0,
     time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True, workers: int | None = None,
-    kernels: Sequence[str] | None = None,
+    kernels: Sequence[str] | None = None, plans_out: Path | None = None,
 ) -> dict[str, Any]:
     """Keep-all and one run per cap fraction (see the module docstring); ``kernels``: the
     kernels every plan may use (default: the planner's)."""
@@ -167,15 +192,19 @@ def measure_graph(
         samples = [random_values(graph, seed + 1 + i, "fan-in") for i in range(CALIBRATION_SAMPLES)]
         graph = calibrated_graph(graph, {t: values[t] for t in graph.weights}, samples)
     tm = time_model(params)
+    run = bench_run(params, workers)
     res = plan_graph(graph, params, PlanOptions(time_limit_s=time_limit_s, kernels=kern))
     ka_plan, ka = schedule_plan(res.plan, None, "keep-all", key_levels=False)
     ka_peak = ka.peak_bytes
-    ka_time = modelled_time(res.plan["program"], params, {}, tm)
+    ka_time = modelled_time(res.plan["program"], params, {}, tm, run=run)
+    ka_plain = modelled_time(res.plan["program"], params, {}, tm)
     runs: list[dict[str, Any]] = []
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
-           "model_ms_by_op": _by_op(tm, res.plan["program"], params),
+           "model_time_planning_ms": round(ka_plain.total_ms, 2), "model_load_ms": round(ka_time.load_ms, 2),
+           "model_ms_by_op": _by_op(tm, res.plan["program"], params, run),
            "rotations_planned": ka.rotations, "key_loads_planned": len(ka.keys), "hoisted_splits": 0}
+    _save(plans_out, graph.name, "keep-all", res.plan)
     row.update(_bench(res.plan, graph, values, res.tables, keep_all=True, repeat=repeat,
                       plaintext_cache=plaintext_cache, workers=workers))
     runs.append(row)
@@ -193,18 +222,23 @@ def measure_graph(
             r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s, kernels=kern))
         s = r.plan["summary"]
         ks = s["key_schedule"]
-        mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
+        mt = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm, run=run)
+        plain = modelled_time(r.plan["program"], params, plan_key_bytes(r.plan) or {}, tm)
         row = {**below, "cap": cap, "fraction": f, "strategy": ks["strategy"], "model_peak_bytes": s["peak_bytes"]["total"],
                "model_key_bytes": s["peak_bytes"]["keys"], "model_time_ms": round(mt.total_ms, 2),
-               "model_stall_ms": round(mt.stall_ms, 2), "model_ms_by_op": _by_op(tm, r.plan["program"], params),
+               "model_time_planning_ms": round(plain.total_ms, 2), "model_load_ms": round(mt.load_ms, 2),
+               "model_stall_ms": round(mt.stall_ms, 2), "model_ms_by_op": _by_op(tm, r.plan["program"], params, run),
                "rotations_planned": s["rotations"], "key_loads_planned": s["key_loads"],
                "hoisted_splits": ks.get("hoisted_splits", 0)}
+        _save(plans_out, graph.name, f"cap{f}", r.plan)
         row.update(_bench(r.plan, graph, values, r.tables, keep_all=False, repeat=repeat,
                           plaintext_cache=plaintext_cache, workers=workers))
         runs.append(row)
     base = runs[0]
     for row in runs:
         row["model_over_eval"] = round(row["model_time_ms"] / 1e3 / max(1e-9, row["eval_seconds"]), 4)
+        # the planner's own pricing (every instruction at its plan level, a key reader beside)
+        row["planning_model_over_eval"] = round(row["model_time_planning_ms"] / 1e3 / max(1e-9, row["eval_seconds"]), 4)
         row["time_ratio"] = round(row["eval_seconds"] / base["eval_seconds"], 4)
         row["peak_reduction"] = round(base["rss_growth_bytes"] / max(1, row["rss_growth_bytes"]), 3)
         row["key_peak_reduction"] = round(base["peak_key_bytes"] / max(1, row["peak_key_bytes"]), 3)
@@ -216,13 +250,13 @@ def measure_graph(
         row["rss_vs_model_with_relin"] = round(row["rss_growth_bytes"] / max(1, row["model_total_with_relin_bytes"]), 4)
         # the process model: plan + executor buffers, fused blocks, plaintext cache
         row["rss_vs_process_model"] = round(row["rss_growth_bytes"] / max(1, row["model_process_growth_bytes"]), 4)
-    return {"workload": graph.name, "params": params.name, "time_model": tm.source, "runs": runs}
+    return {"workload": graph.name, "params": params.name, "time_model": tm.source, "run": vars(run), "runs": runs}
 
 
 def measure_suite(
     path: str | Path, params_name: str | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
     only: Sequence[str] = (), time_limit_s: float = 10.0, repeat: int = 1, plaintext_cache: bool = True,
-    workers: int | None = None,
+    workers: int | None = None, plans_out: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     from api.keybench import load_key_suite
 
@@ -232,7 +266,8 @@ def measure_suite(
         if only and g.name not in only:
             continue
         yield measure_graph(g, load_params(params_name or w.params), fractions, time_limit_s=time_limit_s, repeat=repeat,
-                            plaintext_cache=plaintext_cache, workers=workers, kernels=w.kernels)
+                            plaintext_cache=plaintext_cache, workers=workers, kernels=w.kernels,
+                            plans_out=plans_out)
 
 
 def geomean(values: Sequence[float]) -> float | None:

@@ -1,40 +1,18 @@
 """The time model: what every operation, fused block, bootstrap and key load costs.
 
-One model prices time everywhere: the solver's objective (:meth:`TimeModel.vector`, a
-candidate's cost vector at the table's top-level weights), a plan's modelled seconds
-(:func:`program_seconds`: ``slotplan lattigo-bench``, batches, the reports), the key
-strategies (:func:`modelled_time`: the prefetching runtime the joint strategy minimises,
-and its CP-SAT prices :meth:`TimeModel.rot_ms`, :meth:`TimeModel.split_ms`,
-:meth:`TimeModel.load_ms`) and ``slotplan keybench``/``keycurve``/``keymeasure``.
-
-**Weights.** A cost table (:mod:`planner.cost.tables`, data/costs/*.json) gives each operation's
-weight at the top level; a calibrated table (``slotplan calibrate``: Lattigo on this
-machine) also gives every operation at several levels (``measurements.per_level_ms``: the
-top level, the middle one and 0), read linearly between the calibrated levels
-(:func:`interpolate`, the one level interpolation), the bootstrap (``weights.bootstrap``)
-and one key's load (``measurements.key_load_ms``).  A preset without a calibrated table
-(:func:`time_model`) prices the default table's rotation-first weights in milliseconds of
-a measured rotation at its ring size (:data:`ROTATION_MS`) and loads at
-:data:`KEY_LOAD_MS_PER_BYTE`.
-
-**Levels.** The objective prices a candidate at the top level (a candidate does not know
-the level its operands will have). A plan does: every register's multiplicative depth
-follows from the program (``planner.ir.analysis.register_depths``), a register of depth d is
-at level ``max_level - d`` once rescaled; a product not yet rescaled (pmul/cmul and adds,
-rotations of it, until its ``rescale``) is still one level up. Multiplications by such an
-operand run after the executor's automatic rescale.
-
-**Fused blocks** (``planner.ir.fusion``: the Lattigo executor's double-hoisted blocks and
-relinearise-once product sums) are priced from their counts, per block at the level of its
-base, and charged at the block's root (the instruction where the executor runs it); the
-instructions a block absorbs cost nothing of their own.  Complex packing (docs/formats.md):
-``conj`` is one key switch, priced as a rotation at its level (counter ``rotations``);
-``mul_i`` is exact and keyless, priced as an add (counter ``add``).
-
-**Key loads.** The runtime (:func:`modelled_time`) reads keys named by ``load_key`` with
-one background loader at :meth:`TimeModel.load_ms` and waits at a key's first use. The
-objective's per-node estimate under a cap (:meth:`TimeModel.node_key_load`) keeps its own,
-older price (see there).
+One model prices time everywhere (docs/time-model.md): the solver's objective
+(:meth:`TimeModel.vector`, a candidate's cost vector at the table's top-level weights), a
+plan's modelled seconds (:func:`program_seconds`: ``slotplan lattigo-bench``, batches, the
+reports), the key strategies (:func:`modelled_time` and its prices :meth:`TimeModel.rot_ms`,
+:meth:`TimeModel.split_ms`, :meth:`TimeModel.load_ms`) and ``slotplan keybench``/``keycurve``/
+``keymeasure``.  A cost table (:mod:`planner.cost.tables`) gives each operation's weight at
+the top level; a calibrated one (``slotplan calibrate``) also every operation at several
+levels (read by :func:`interpolate`), the bootstrap and one key's load.  A plan's
+instructions and fused blocks (``planner.ir.fusion``, priced by :mod:`planner.cost.blocks`)
+are priced at the level of their registers (``max_level`` minus the register's depth, one up
+while a product is not yet rescaled); :class:`Run` says how the executor runs the plan when
+it differs from the planning model's defaults (levels dropped, plaintexts encoded in the
+clock, no core of its own for the key reader).
 """
 
 from __future__ import annotations
@@ -45,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from planner import ir
+from planner.cost.blocks import price_blocks
+from planner.cost.conditions import Run, executor_bootstraps, key_load_ms
 from planner.cost.tables import COST_TABLES, OBJECTIVE_SCALE, CostTable, load_costs
 from planner.frontend.params import Params
 from planner.ir import boot_block
-from planner.ir.analysis import register_depths
+from planner.ir.analysis import level_drops, register_depths
 from planner.ir.fusion import fused_blocks, product_sums
 from planner.kernels.base import CostVector
 
@@ -57,6 +37,7 @@ __all__ = [
     "KEY_LOAD_MS_PER_BYTE",
     "ROTATION_MS",
     "ModelledTime",
+    "Run",
     "TimeModel",
     "interpolate",
     "modelled_time",
@@ -84,7 +65,7 @@ BOOTSTRAP_ROTATIONS = 319.0
 _UNIT_SECONDS = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}
 
 # per_level_ms measurement of each priced operation
-_PER_LEVEL_KEYS = ("rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
+_PER_LEVEL_KEYS = ("encode", "rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
                    "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product",
                    "block_product_q", "block_baby_q", "block_q", "cmul_tensor", "relin")
 # a Q-mode weight missing from an older table: priced as its QP counterpart
@@ -105,20 +86,6 @@ def interpolate(points: Sequence[tuple[int, float]], level: int) -> float:
 
 def _or(x: float | None, default: float) -> float:
     return default if x is None else x
-
-
-def _key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:
-    """One key's load in a calibrated table.  The key store reads a key with
-    GaloisKey.ReadFrom, which parses as it reads: what ``read_file`` times when the
-    calibration cycles through the block's key files (``key_read_keys``; n14boot: 0.60
-    ms/MB against 0.43-0.65 ms/MB measured by keymeasure's runs, ``key_load_ms_per_mb``).
-    Older tables read one key file over and over from the caches (n14: 0.2 ms/MB against
-    1.2-3 ms/MB for LoLa's key sets; with it LoLa's half-cap schedule chose 207 loads, 1.32x
-    keep-all measured), so their price adds unmarshal (an in-memory parse, which faults in
-    fresh pages: 2-21 ms at n14boot between calibrations) as a stand-in for the disk."""
-    if isinstance(read_keys, int) and read_keys > 1 and "read_file" in load:
-        return float(load["read_file"])
-    return float(sum(float(v) for v in load.values()))
 
 
 class TimeModel:
@@ -156,11 +123,19 @@ class TimeModel:
             load = meas.get("key_load_ms")
             kb = meas.get("galois_key_bytes")
             if isinstance(load, dict) and isinstance(kb, int | float) and kb > 0:
-                load_ms_per_byte = _key_load_ms(load, meas.get("key_read_keys")) / float(kb)
+                load_ms_per_byte = key_load_ms(load, meas.get("key_read_keys")) / float(kb)
             else:
                 load_ms_per_byte = KEY_LOAD_MS_PER_BYTE
         self.load_ms_per_byte = load_ms_per_byte
         self.source = source or f"cost table {table.name}"
+        # encoding the bootstrap's DFT matrices when the block is loaded (calibrated)
+        boot_meas = meas.get("bootstrap")
+        self.matrix_ms = float(boot_meas.get("matrix_encoding_ms", 0.0)) if isinstance(boot_meas, dict) else 0.0
+        # each bootstrap kind timed as the executor runs it (calibrate --boot-variants), and
+        # whether that run streamed the block (its reads then inside the time)
+        self.boot_run, self.boot_run_streamed = executor_bootstraps(meas.get("boot_variants"))
+        # the key-switching primes P of the calibrated parameters (a QP encoding's extra NTTs)
+        self.p_primes = len((table.params or {}).get("log_p") or [])  # type: ignore[arg-type]
 
     # -- weights by level ------------------------------------------------------------
 
@@ -188,6 +163,20 @@ class TimeModel:
     def load_ms(self, nbytes: int) -> float:
         """Reading one key of ``nbytes`` from the key store, milliseconds."""
         return nbytes * self.load_ms_per_byte
+
+    def encode(self, level: int, qp: bool) -> float:
+        """Encoding one plaintext at ``level`` (table units): in Q, or in QP (a QP block's
+        plaintexts: the P primes too).  An encoding is one inverse FFT and one NTT per
+        prime, so it is the line through the calibrated ``encode`` at the top level and at
+        level 0 (``level + 1`` primes; the middle level is not used: at n16boot it measured
+        78-147 ms between 23.6 and 11.3), read at the encoding's number of primes."""
+        pts = self.points.get("encode")
+        if not pts:
+            return 0.0
+        (l0, e0), (l1, e1) = pts[0], pts[-1]
+        per_prime = (e1 - e0) / (l1 - l0) if l1 > l0 else 0.0
+        primes = level + 1 + (self.p_primes if qp else 0)
+        return e0 + per_prime * (primes - (l0 + 1))
 
     # -- the objective (a candidate's cost vector, top-level weights) ------------------
 
@@ -275,13 +264,17 @@ class TimeModel:
             return self.at("rotate", lv) * ins.count()
         return 0.0
 
-    def program_costs(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> list[float]:
+    def program_costs(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
+                      run: Run | None = None) -> list[float]:
         """Each instruction's cost (table units) with every instruction and fused block at
         its level; a fused block or product sum is charged at its root, the instructions it
-        absorbs cost nothing of their own."""
+        absorbs cost nothing of their own.  ``run`` (:class:`Run`): at the levels the
+        executor drops fresh values to, and with each plaintext's encoding."""
+        run = run or Run()
         prog = [ir.decode(dict(raw)) for raw in program]
         cost = [0.0] * len(prog)
-        depth = register_depths(program)
+        drops = level_drops(program, max_level) if run.level_drops else None
+        depth = register_depths(program, drops, max_level)
         blocks, skip = fused_blocks(program, slots)
         # product sums: each cmul term a tensor product at its level, one relinearisation at
         # the lowest level of its terms (where the executor accumulates)
@@ -306,8 +299,13 @@ class TimeModel:
                 lv -= 1
                 for r in reads:
                     pending[r] = False
-            if i not in skip:
+            if i not in skip and run.bootstrap_measured and ir.is_bootstrap(ins) and self.boot_run:
+                kind = boot_block.variant_label(ins) or "full"
+                cost[i] += self.boot_run.get(kind, self.instr(ins, lv) * self.ms_per_unit) / self.ms_per_unit
+            elif i not in skip:
                 cost[i] += self.instr(ins, lv)
+                if run.encode and isinstance(ins, ir.PMul):
+                    cost[i] += self.encode(lv, qp=False)
             elif i in sum_of:
                 n = sum_of[i]
                 if isinstance(ins, ir.CMul):
@@ -319,51 +317,28 @@ class TimeModel:
                 not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
             for w in ins.writes():
                 pending[w] = dirty
-        babies: dict[str, set[tuple[str, int]]] = {}
-        q_babies: dict[str, set[tuple[str, int]]] = {}
-        decomposed: set[str] = set()
-        split = self.weights.block_base is not None  # decomposition once per base
-        for blk in blocks:
-            lv = level(blk.base)
-            fixed = 0.0
-            c = 0.0
-            if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
-                new_q = blk.babies - q_babies.setdefault(blk.base, set())
-                c += (self.at("block_q", lv) + self.at("block_product_q", lv) * blk.products
-                      + self.at("block_baby_q", lv) * len(new_q))
-                q_babies[blk.base] |= new_q
-            else:
-                fixed = self.at("block_finish", lv) if split else self.at("block_fixed", lv)
-                c += self.at("block_giant", lv) * blk.giants + self.at("block_product", lv) * blk.products
-            regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
-            if split and regs:
-                fixed += self.at("block_base", lv) * len(regs)
-            decomposed |= regs
-            c += fixed
-            if blk.rescaled:
-                c += self.at("rescale", lv)
-            new = blk.babies - babies.setdefault(blk.base, set())
-            c += self.at("block_baby", lv) * len(new)
-            babies[blk.base] |= new
-            cost[blk.root if 0 <= blk.root < len(cost) else len(cost) - 1] += c
+        price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost,
+                     self.encode if run.encode else None)
         return cost
 
-    def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> dict[str, float]:
+    def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
+                     run: Run | None = None) -> dict[str, float]:
         """:meth:`program_costs` in milliseconds summed by the op of the instruction charged
         (a fused block's or product sum's cost under ``fused``), for comparing with the
         executor's measured seconds per op."""
         blocks, skip = fused_blocks(program, slots)
         roots = {b.root for b in blocks}
         out: dict[str, float] = {}
-        for i, (raw, c) in enumerate(zip(program, self.program_costs(program, max_level, slots), strict=True)):
+        for i, (raw, c) in enumerate(zip(program, self.program_costs(program, max_level, slots, run), strict=True)):
             if c:
                 name = "fused" if i in skip or i in roots else str(raw.get("op"))
                 out[name] = out.get(name, 0.0) + c * self.ms_per_unit
         return out
 
-    def program_seconds(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int) -> float:
+    def program_seconds(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
+                        run: Run | None = None) -> float:
         """The program's modelled compute time in seconds (:meth:`program_costs`)."""
-        return sum(self.program_costs(program, max_level, slots)) * self.seconds_per_unit
+        return sum(self.program_costs(program, max_level, slots, run)) * self.seconds_per_unit
 
 
 def program_seconds(program: Sequence[Mapping[str, Any]], table: CostTable, max_level: int, slots: int) -> float:
@@ -422,6 +397,7 @@ def modelled_time(
     program: Sequence[Mapping[str, Any]], params: Params, key_bytes: Mapping[int, int], tm: TimeModel,
     prefetch: bool = True,
     preload_prologue: bool = True,
+    run: Run | None = None,
 ) -> ModelledTime:
     """The program's modelled evaluation time: compute as :meth:`TimeModel.program_costs`
     prices it (fused blocks included), and its key traffic.  Keys named by ``load_key``
@@ -432,9 +408,13 @@ def modelled_time(
     before its first computing instruction or block load (the counterpart of keep-all's
     up-front loads: both read before the clock, as BenchPlan's ``preload_prologue``).  The
     block ``boot`` is read in line where the plan loads it (``boot_block.keys_in_line``);
-    keep-all has it resident beforehand."""
+    keep-all has it resident beforehand.  ``run`` (:class:`Run`): the program as the
+    executor runs it; without ``loader_core`` every read is in line (prefetching saves
+    nothing on a core the evaluation uses)."""
+    run = run or Run()
+    prefetch = prefetch and run.loader_core
     prog = ir.decode_program(program)
-    cost = tm.program_costs(program, params.max_level, params.slots)
+    cost = tm.program_costs(program, params.max_level, params.slots, run)
     used = boot_block.variants_used(prog, params)
     clock = compute = loads = stall = 0.0
     loader_free = 0.0
@@ -454,6 +434,10 @@ def modelled_time(
                 ms = tm.load_ms(boot_block.keys_in_line(params, ins.stream, used))
                 loads += ms
                 clock += ms
+                if run.encode:  # and its DFT matrices encoded: the calibrated full set's time per byte
+                    mat = tm.matrix_ms * (1 + sum(v.matrix_bytes for v in used) / max(1, params.boot.matrix_bytes))
+                    clock += mat
+                    compute += mat
             continue
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
@@ -481,11 +465,16 @@ def modelled_time(
         ms = units * tm.ms_per_unit
         compute += ms
         clock += ms
-        if stream and ir.is_bootstrap(ins) and params.boot is not None:
+        measured_streamed = run.bootstrap_measured and tm.boot_run_streamed.get(
+            boot_block.variant_label(ins) or "full", False) if ir.is_bootstrap(ins) else False
+        if stream and ir.is_bootstrap(ins) and params.boot is not None and not measured_streamed:
             # a streamed block: the loader reads the bootstrap's Galois keys (each distinct
             # key once: a lower bound, DFT stages share a few) while it runs
             read = boot_block.galois_keys(params, used) * tm.load_ms(params.rotation_key_bytes(params.key_max_level))
             loads += read
+            if not run.loader_core:
+                clock += read
+                continue
             start = max(clock - ms, loader_free)
             loader_free = start + read
             if loader_free > clock:

@@ -1,0 +1,50 @@
+"""The fused blocks of a program priced at their level (:meth:`planner.cost.timing.TimeModel.program_costs`
+calls it; docs/time-model.md): one decomposition per rotated register, the lazy babies once
+per (register, offset), each giant step and product, the block's own finish (QP) or output
+reduction (Q mode), a rescale when the plan rescales it, and, when the run encodes its
+plaintexts in the clock, one plaintext per product at the block's level (QP, or Q in Q
+mode). A block's cost is charged at its root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from planner.ir.fusion import FusedBlock
+
+
+def price_blocks(at: Callable[[str, int], float], split: bool, blocks: Sequence[FusedBlock],
+                 level: Callable[[str], int], cost: list[float],
+                 encode: Callable[[int, bool], float] | None = None) -> None:
+    """Add each block's cost (table units) to ``cost`` at its root.  ``at``: a weight at a
+    level (``TimeModel.at``); ``split``: the table prices a base's decomposition apart
+    (``block_base``), once per register; ``level``: a register's level as the run has it;
+    ``encode``: a plaintext's encoding at a level, in QP or Q (``TimeModel.encode``), when
+    the run encodes in the clock."""
+    babies: dict[str, set[tuple[str, int]]] = {}
+    q_babies: dict[str, set[tuple[str, int]]] = {}
+    decomposed: set[str] = set()
+    for blk in blocks:
+        lv = level(blk.base)
+        fixed = 0.0
+        c = 0.0
+        if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
+            new_q = blk.babies - q_babies.setdefault(blk.base, set())
+            c += (at("block_q", lv) + at("block_product_q", lv) * blk.products
+                  + at("block_baby_q", lv) * len(new_q))
+            q_babies[blk.base] |= new_q
+        else:
+            fixed = at("block_finish", lv) if split else at("block_fixed", lv)
+            c += at("block_giant", lv) * blk.giants + at("block_product", lv) * blk.products
+        if encode is not None:
+            c += encode(lv, not blk.qmode) * blk.products
+        regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
+        if split and regs:
+            fixed += at("block_base", lv) * len(regs)
+        decomposed |= regs
+        c += fixed
+        if blk.rescaled:
+            c += at("rescale", lv)
+        new = blk.babies - babies.setdefault(blk.base, set())
+        c += at("block_baby", lv) * len(new)
+        babies[blk.base] |= new
+        cost[blk.root if 0 <= blk.root < len(cost) else len(cost) - 1] += c
