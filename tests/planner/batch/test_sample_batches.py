@@ -193,6 +193,7 @@ def test_split_round_trip_n_samples(tmp_path: Path) -> None:
 def test_batch_under_a_memory_cap() -> None:
     """The key schedule runs on the batched program; the plan stays exact per sample."""
     from backends.runner import run_plan
+
     from planner.cost.process import plan_process_model
 
     g = parse_graph(GRAPH)
