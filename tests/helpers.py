@@ -280,3 +280,19 @@ def optimal_solutions(models: Sequence[ChoiceModel], feasible: bool) -> Iterator
                 continue
             assert sol.status is Status.OPTIMAL, (name, sol)
             yield model, sol
+
+
+def one_key_load_program() -> list[dict[str, Any]]:
+    """A square, then a rotation by 3 whose key is loaded after the square and dropped after
+    the rotation, beside a plaintext product (the time model's key-load tests)."""
+    return [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
+        {"op": "cmul", "dst": "t", "a": "x", "b": "x"},
+        {"op": "rescale", "dst": "x1", "src": "t"},
+        {"op": "load_key", "k": 3},
+        {"op": "pmul", "dst": "u", "src": "x1", "pt": "p1"},
+        {"op": "rot", "dst": "y", "src": "x1", "k": 3},
+        {"op": "drop_key", "k": 3},
+        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
+        {"op": "output", "src": "u", "tensor": "u", "table": "u"},
+    ]

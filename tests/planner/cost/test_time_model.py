@@ -27,7 +27,7 @@ from planner.ir.fusion import fused_blocks
 from planner.kernels.base import count_program
 from planner.keys.schedule import schedule_keys
 from planner.pipeline import PlanOptions, plan_graph
-from tests.helpers import q_mode_forms, qp_block_program
+from tests.helpers import one_key_load_program, q_mode_forms, qp_block_program
 
 
 def _per_level(table: Any, key: str) -> tuple[list[int], list[float]]:
@@ -101,17 +101,7 @@ def test_key_loads_in_line_prefetched_and_in_the_prologue() -> None:
     params = load_params("n13")
     tm = time_model(params)
     kb = params.rotation_key_bytes()
-    body = [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "cmul", "dst": "t", "a": "x", "b": "x"},
-        {"op": "rescale", "dst": "x1", "src": "t"},
-        {"op": "load_key", "k": 3},
-        {"op": "pmul", "dst": "u", "src": "x1", "pt": "p1"},
-        {"op": "rot", "dst": "y", "src": "x1", "k": 3},
-        {"op": "drop_key", "k": 3},
-        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
-        {"op": "output", "src": "u", "tensor": "u", "table": "u"},
-    ]
+    body = one_key_load_program()
     compute = sum(tm.program_costs(body, params.max_level, params.slots)) * tm.ms_per_unit
     load = tm.load_ms(kb)
     meas = tm.table.measurements or {}

@@ -11,7 +11,7 @@ from planner.cost.timing import Run, modelled_time, time_model
 from planner.frontend.params import load_params
 from planner.ir.analysis import level_drops
 from planner.ir.fusion import fused_blocks
-from tests.helpers import qp_block_program
+from tests.helpers import one_key_load_program, qp_block_program
 
 
 def _segment() -> list[dict[str, Any]]:
@@ -98,17 +98,7 @@ def test_key_reads_without_a_core_of_their_own_are_in_line() -> None:
     params = load_params("n13")
     tm = time_model(params)
     kb = params.rotation_key_bytes()
-    body = [
-        {"op": "input", "dst": "x", "tensor": "x", "table": "x"},
-        {"op": "cmul", "dst": "t", "a": "x", "b": "x"},
-        {"op": "rescale", "dst": "x1", "src": "t"},
-        {"op": "load_key", "k": 3},
-        {"op": "pmul", "dst": "u", "src": "x1", "pt": "p1"},
-        {"op": "rot", "dst": "y", "src": "x1", "k": 3},
-        {"op": "drop_key", "k": 3},
-        {"op": "output", "src": "y", "tensor": "y", "table": "y"},
-        {"op": "output", "src": "u", "tensor": "u", "table": "u"},
-    ]
+    body = one_key_load_program()
     compute = sum(tm.program_costs(body, params.max_level, params.slots)) * tm.ms_per_unit
     beside = modelled_time(body, params, {3: kb}, tm)
     one = modelled_time(body, params, {3: kb}, tm, run=Run(loader_core=False))
