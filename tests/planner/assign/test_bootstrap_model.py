@@ -73,17 +73,21 @@ def random_boot_model(seed: int) -> ChoiceModel:
     return ChoiceModel(tuple(groups), tuple(edges), int(rng.integers(2, 5)), int(rng.integers(5, 40)))
 
 
-def brute_force(m: ChoiceModel) -> tuple[int, int] | None:
-    """(objective, bootstraps of a cheapest assignment with the fewest bootstraps)."""
+def brute_force(m: ChoiceModel, variants: bool = False) -> tuple[int, int] | None:
+    """(objective, bootstraps) of a cheapest assignment with the fewest bootstraps, over
+    options and placements (and, with ``variants``, every bootstrapped option's variant)."""
     best: tuple[int, int] | None = None
     bootable = [g.name for g in m.bootable()]
     for combo in itertools.product(*[range(len(g.costs)) for g in m.groups]):
         choice = {g.name: o for g, o in zip(m.groups, combo, strict=True)}
         for r in range(len(bootable) + 1):
             for boots in itertools.combinations(bootable, r):
-                v = m.evaluate_boots(choice, boots)
-                if v is not None and (best is None or (v, r) < best):
-                    best = (v, r)
+                labels = [[FULL, *(v.label for v in m.group(b).variants(choice[b]))] if variants else [FULL]
+                          for b in boots]
+                for vs in itertools.product(*labels):
+                    v = m.evaluate_boots(choice, boots, {b: x for b, x in zip(boots, vs, strict=True) if x != FULL})
+                    if v is not None and (best is None or (v, r) < best):
+                        best = (v, r)
     return best
 
 
@@ -149,20 +153,7 @@ def random_variant_model(seed: int) -> ChoiceModel:
 
 
 def brute_force_variants(m: ChoiceModel) -> tuple[int, int] | None:
-    """(objective, bootstraps) of a cheapest assignment over options, placements and
-    every bootstrapped option's variant."""
-    best: tuple[int, int] | None = None
-    bootable = [g.name for g in m.bootable()]
-    for combo in itertools.product(*[range(len(g.costs)) for g in m.groups]):
-        choice = {g.name: o for g, o in zip(m.groups, combo, strict=True)}
-        for r in range(len(bootable) + 1):
-            for boots in itertools.combinations(bootable, r):
-                labels = [[FULL, *(v.label for v in m.group(b).variants(choice[b]))] for b in boots]
-                for vs in itertools.product(*labels):
-                    v = m.evaluate_boots(choice, boots, {b: x for b, x in zip(boots, vs, strict=True) if x != FULL})
-                    if v is not None and (best is None or (v, r) < best):
-                        best = (v, r)
-    return best
+    return brute_force(m, variants=True)
 
 
 @pytest.mark.parametrize("seed", range(30))
