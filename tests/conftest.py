@@ -145,6 +145,10 @@ SLOW_TESTS: dict[str, str] = {
         "tests/planner/assign/test_random_networks.py::test_random_networks",
     "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers[3]":
         "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers",
+    "tests/backends/test_lattigo_bootvariants.py::test_variants_on_lattigo[n14boot]":
+        "tests/backends/test_lattigo_bootvariants.py::test_simulator_variants_and_noise",
+    "tests/backends/test_lattigo_level_drops.py::test_level_drops_n14boot":
+        "tests/backends/test_lattigo_boot.py::test_bootstrap_plan_n14boot",
 }
 
 

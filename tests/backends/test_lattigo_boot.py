@@ -5,7 +5,9 @@ compared with numpy and with the simulator.
 The plan spends all 9 levels, bootstraps with the key block ``boot`` resident (loaded by the
 key schedule), rotates by an offset the block holds (its key, no plan key), drops the block,
 rotates by an offset it does not hold (a plan key, loaded on its own) and multiplies two
-ciphertexts (the plan's relinearisation key). Skipped when the extension is not built or
+ciphertexts (the plan's relinearisation key). A second input spends 2 levels before its own
+bootstrap: the executor drops the 7 it does not use (planner.ir.analysis.level_drops), so
+that bootstrap too starts at level 0. Skipped when the extension is not built or
 less than 4 GiB of memory is available.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.lattigo_backend import available, run_plan
+from backends.lattigo_backend import available, go_plan_json, run_plan
 from backends.sim import simulate
 from common.errors import PlanFileError
 from planner import ir
@@ -56,8 +58,12 @@ def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
         prog += [ir.PMul(dst=f"m{i}", src=prev, pt="w"), ir.Rescale(dst=f"r{i}", src=f"m{i}")]
         prev = f"r{i}"
     prog += [
+        ir.Input(dst="z0", tensor="z", table="in/z"),
+        ir.PMul(dst="zm1", src="z0", pt="w"), ir.Rescale(dst="z1", src="zm1"),
+        ir.PMul(dst="zm2", src="z1", pt="w"), ir.Rescale(dst="z2", src="zm2"),
         ir.LoadKey(block="boot"),
         ir.Bootstrap(dst="b", src=prev),
+        ir.Bootstrap(dst="e", src="z2"),
         ir.Rot(dst="u", src="b", k=in_block),
         ir.DropKey(block="boot"),
         ir.LoadKey(k=not_in_block),
@@ -66,29 +72,35 @@ def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
         ir.CMul(dst="p", a="u", b="v"),
         ir.Add(dst="y", a="p", b="b"),
         ir.Output(src="y", tensor="y", table="out/y"),
+        ir.Output(src="e", tensor="e", table="out/e"),
     ]
     plan = _plan(prog)
     rng = np.random.default_rng(11)
     assert P.boot is not None
     x = rng.uniform(-1, 1, S) * P.boot.max_abs
+    z = rng.uniform(-1, 1, S) * P.boot.max_abs
     w = rng.uniform(0.7, 1.0, S)  # 9 factors keep |values| <= boot.max_abs and away from 0
     ident = np.arange(S, dtype=np.int64)
-    tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
+    tables = {"in/x.idx": ident, "in/z.idx": ident, "pt/w.idx": ident, "out/y.idx": ident, "out/e.idx": ident}
+    assert json.loads(go_plan_json(plan))["level_drops"] == {str(1 + 2 * P.max_level): 2}
 
     b = x * w**9
     want = np.roll(b, -in_block) * np.roll(b, -not_in_block) + b
-    sim = simulate(plan, tables, {"x": x, "w": w})
+    sim = simulate(plan, tables, {"x": x, "z": z, "w": w})
     np.testing.assert_allclose(sim.outputs["y"].ravel(), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sim.outputs["e"].ravel(), z * w**2, rtol=1e-12, atol=1e-12)
 
     key_dir = tmp_path / "keys"
-    res = run_plan(plan, {"x": x}, {"w": w}, tables, key_dir=str(key_dir))
-    got = res.outputs["y"].ravel()
-    err = float(np.max(np.abs(got - want)))
-    assert err <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), err
+    res = run_plan(plan, {"x": x, "z": z}, {"w": w}, tables, key_dir=str(key_dir))
+    for t, ref in (("y", want), ("e", z * w**2)):
+        err = float(np.max(np.abs(res.outputs[t].ravel() - ref)))
+        assert err <= 1e-5 * max(1.0, float(np.max(np.abs(ref)))), (t, err)
 
     st = res.stats
-    assert st["bootstraps"] == 1 and len(st["bootstrap_seconds"]) == 1
-    assert st["bootstrap_input_levels"] == [0]
+    assert st["bootstraps"] == 2 and len(st["bootstrap_seconds"]) == 2
+    # the second input's 7 unused levels dropped: both bootstraps start at level 0
+    assert st["level_drops"] == P.max_level - 2
+    assert st["bootstrap_input_levels"] == [0, 0]
     assert st["boot"] == "N16QP1546H192H32" and st["key_mode"] == "scheduled"
     assert st["boot_block_loads"] == 1
     assert st["boot_key_bytes"] > 0.99 * P.boot.key_bytes
@@ -144,8 +156,12 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
         # the block bootstraps: the bootstrapper must rotate with the block's key
         ir.LoadKey(k=in_block),
         ir.Rot(dst="u", src=prev, k=in_block),
+        ir.Input(dst="z0", tensor="z", table="in/z"),
+        ir.PMul(dst="zm1", src="z0", pt="w"), ir.Rescale(dst="z1", src="zm1"),
+        ir.PMul(dst="zm2", src="z1", pt="w"), ir.Rescale(dst="z2", src="zm2"),
         ir.LoadKey(block="boot"),
         ir.Bootstrap(dst="b", src=prev),
+        ir.Bootstrap(dst="e", src="z2"),
         ir.DropKey(block="boot"),
         ir.DropKey(k=in_block),
         ir.LoadKey(k=not_in_block),
@@ -154,6 +170,7 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
         ir.Add(dst="y0", a="v", b="b"),
         ir.Add(dst="y", a="y0", b="u"),
         ir.Output(src="y", tensor="y", table="out/y"),
+        ir.Output(src="e", tensor="e", table="out/e"),
     ]
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, S)
