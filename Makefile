@@ -50,10 +50,14 @@ gocheck: lattigo
 # The default tier (docs/testing.md): every stage and back-end path, minutes. `make test-all`
 # adds the tests marked slow (tests/conftest.py SLOW_TESTS: the largest goldens, the
 # n14boot Lattigo runs but one, the full random sweeps).
-# lint (mypy: one core) and the Go tests (mostly one core) run side by side; each one's
-# output is printed whole when it ends (--output-sync).
+# lint (mypy: one core), the Go tests (mostly one core) and pytest (a worker per core) run
+# side by side, so the cores stay busy while lint and the Go tests are short of work; each
+# one's output is printed whole when it ends (--output-sync); any failure fails the target.
 test: install chromium
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint gocheck GO_TEST_FLAGS=-short
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint gocheck pytest-default GO_TEST_FLAGS=-short
+
+.PHONY: pytest-default
+pytest-default: $(STAMP)
 	$(VENV)/bin/pytest -m "not slow"
 
 test-all: install chromium

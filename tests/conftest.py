@@ -149,6 +149,10 @@ SLOW_TESTS: dict[str, str] = {
         "tests/backends/test_lattigo_bootvariants.py::test_simulator_variants_and_noise",
     "tests/backends/test_lattigo_level_drops.py::test_level_drops_n14boot":
         "tests/backends/test_lattigo_boot.py::test_bootstrap_plan_n14boot",
+    "tests/planner/keys/test_keys.py::test_tight_cap_changes_the_kernel_choice":
+        "tests/planner/assign/test_candidates.py::test_a_cap_below_a_candidates_own_minimum_drops_it",
+    "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers[11]":
+        "tests/e2e/test_bootstrap_plans.py::test_random_networks_with_bootstraps_brute_force_and_solvers",
 }
 
 

@@ -242,3 +242,33 @@ def test_kernel_families_partition() -> None:
     assert set(LINEAR_KERNELS) <= set(KERNELS) <= set(names)
     assert {KERNEL_FAMILIES.create(n).kind for n in names} == {"linear", "ct-ct", "elementwise", "complex", "cins"}
     assert all(KERNEL_FAMILIES.create(n).linear is not None for n in LINEAR_KERNELS)
+
+
+def test_a_cap_below_a_candidates_own_minimum_drops_it() -> None:
+    """Under a memory cap the choice model keeps only the candidates that can run by
+    themselves within it (planner.assign.problem.candidate_min_cap: their working set plus one
+    key, hoisted groups split): a cap one byte below IMRA's minimum leaves the other kernel
+    families, each within the cap, and the planner's choice is one of them (the whole plan
+    under such a cap, scheduled and simulated, is tests/planner/keys/test_keys.py::
+    test_tight_cap_changes_the_kernel_choice, in the slow tier)."""
+    from planner.assign.problem import build_problem, candidate_min_cap
+    from planner.frontend.params import load_params
+    from planner.pipeline import PlanOptions
+    from tests.helpers import matvec_graph
+
+    g = matvec_graph(1024, 1024)
+    params = load_params("n13")
+    kernels = ("imra", "bsgs", "hs-diagonal", "fhelipe")
+    free = build_problem(g, params, PlanOptions(kernels=kernels))
+    (node,) = free.candidates
+    assert {c.kernel for c in free.candidates[node]} >= {"imra"}  # uncapped: IMRA among the kept
+    assert all(c.min_cap_bytes is None for c in free.candidates[node])  # no cap: nothing walked
+    # every candidate before pruning, with what it needs by itself
+    need = {c.label: candidate_min_cap(c, params) for c in free.all_candidates[node]}
+    cap = min(need[c.label] for c in free.all_candidates[node] if c.kernel == "imra") - 1
+    fit = {c.label for c in free.all_candidates[node] if need[c.label] <= cap}
+    assert fit and not any(c.kernel == "imra" for c in free.all_candidates[node] if c.label in fit)
+    capped = build_problem(g, params, PlanOptions(kernels=kernels, memory_cap_bytes=cap))
+    left = capped.candidates[node]
+    assert left and {c.label for c in left} <= fit
+    assert all(c.kernel != "imra" and c.min_cap_bytes == need[c.label] for c in left)
