@@ -192,8 +192,9 @@ def _by_kind(kinds: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float]
 
 def process_model(plan: Mapping[str, Any]) -> dict[str, Any] | None:
     """The process model of the run (backends/lattigo_memory.py) without running it: what
-    ``--dry-run`` reports (the resident set at the start is the run's own, so its
-    ``total`` here is the growth). None when the Lattigo extension is not built."""
+    ``--dry-run`` reports (``total`` adds the model's estimate of the resident set at the
+    start; a run replaces it by the one it measures). None when the Lattigo extension is
+    not built."""
     from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES, available
     from backends.lattigo_memory import boot_memory, executor_memory
     from backends.lattigo_memory import process_model as pm
