@@ -636,6 +636,7 @@ def model_bench_command(
     from api.common import ExitError, fail
     from backends.lattigo_backend import LattigoError
     from planner.ir.io import parse_size
+    from planner.pipeline import PlanTimeout
 
     try:
         if boot_variants not in ("on", "off"):
@@ -654,6 +655,11 @@ def model_bench_command(
             orion_timeout_s=orion_timeout, dry_run=dry_run, time_limit_s=time_limit, network=network,
             calibrate=calibrate, degree=degree)
         rows = bench(models, o)
+    except PlanTimeout as e:  # the solver found no plan within its limit (as plan: exit 3)
+        raise fail(e, 3) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise fail(ValueError(f"option {'.'.join(str(x) for x in first['loc'])}: {first['msg']}")) from None
     except SlotplanError as e:
         raise fail(e) from None
     except LattigoError as e:  # the backend failed on a valid plan

@@ -151,6 +151,8 @@ def test_a_bad_published_file_is_named(tmp_path: Path) -> None:
     (["{g}", "--params", "n99"], "n99"),
     (["{g}", "--network", "nope"], "--network"),
     (["{g}", "--degree", "3"], "only for an ONNX model"),
+    (["{g}", "--time-limit", "-1"], "time_limit"),
+    (["{g}", "--inputs", "{tmp}/none.npz", "--weights", "{tmp}/none.npz"], "none.npz"),
     (["{g}", "--orion", "--orion-python", "{tmp}/none/python"], "make orion"),
 ])
 def test_bad_input_is_one_line_exit_2(cli: Cli, tmp_path: Path, args: list[str], needle: str) -> None:
