@@ -192,3 +192,36 @@ def test_orion_mlp_runs_in_the_same_job(cli: Cli) -> None:
     assert row["network"] == "orion_mlp" and row["published"] == []
     assert row["measured"]["ok"] and row["measured"]["max_rel_error"] < 1e-2
     assert np.isfinite(row["modelled"]["total_seconds"])
+
+
+def test_orion_resnet_row_says_where_it_stopped(tmp_path: Path) -> None:
+    """run_orion_resnet reads the progress the script leaves after each phase: a run killed
+    by the watchdog says the phase it was in and why; a finished one is ok with its errors.
+    (A stand-in interpreter plays the script: Orion's real ResNet-20 needs > 18 GB here.)"""
+    from api.model_bench import run_orion_resnet
+
+    def fake(mode: str) -> Path:
+        path = tmp_path / f"python-{mode}"
+        path.write_text(f"""#!{sys.executable}
+import json, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+if {mode == "ok"}:
+    info = {{"finished": True, "phase": None, "eval_seconds": 2.5, "max_rel_error": 0.01}}
+else:
+    info = {{"phase": "compile", "phase_seconds": {{"init_scheme": 1.0, "fit": 2.0}}, "finished": False}}
+json.dump(info, open(out + ".json", "w"))
+if {mode == "grow"}:
+    x = bytearray(300 * 10**6)
+    x[::4096] = b"1" * len(x[::4096])
+    time.sleep(30)
+""")
+        path.chmod(0o755)
+        return path
+
+    row = run_orion_resnet(fake("grow"), 0, rss_limit=150 * 10**6, timeout_s=60)
+    assert row["status"].startswith("stopped in phase compile: RSS") and row["phase_seconds"]["fit"] == 2.0
+    assert row["peak_rss_bytes"] > 150 * 10**6 and row["wall_seconds"] < 30
+    row = run_orion_resnet(fake("ok"), 0, rss_limit=150 * 10**6, timeout_s=60)
+    assert row["status"] == "ok" and row["eval_seconds"] == 2.5 and row["log_tail"] == []
+    row = run_orion_resnet(fake("fail"), 0, rss_limit=150 * 10**6, timeout_s=60)
+    assert row["status"].startswith("failed in phase compile (exit 0)")
