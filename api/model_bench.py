@@ -43,9 +43,10 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import SlotplanError
+from common.paths import DATA_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-PUBLISHED_DIR = REPO / "data" / "published"
+PUBLISHED_DIR = DATA_DIR / "published"
 PUBLISHED_SCHEMA = "slotplan.published/1"
 ORION_RESNET_SCRIPT = REPO / "scripts" / "orion_resnet.py"
 DEFAULT_ORION_PYTHON = REPO / ".venv-orion" / "bin" / "python"
