@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate)
     app.command("lattigo-bench")(lattigo_bench)
     app.command("orion-bench")(orion_bench)
+    from api.model_bench import model_bench_command  # issue 36: whole models (api/model_bench.py)
+
+    app.command("model-bench")(model_bench_command)
 
 
 # ----------------------------------------------------------------------------- calibrate
