@@ -3,8 +3,10 @@ package slotlattigo
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,6 +62,37 @@ type keyStore struct {
 	readBytes atomic.Int64
 
 	pf *prefetcher // nil: load reads in line
+
+	// Reading key files (keyread.go): the shape a file may hold, whether to read as
+	// Lattigo does (SLOTPLAN_KEY_READ=lattigo: no free list either), and the free list:
+	// dropped plan keys by shape, read into again by the next load of a key of that shape
+	// instead of a new key. The list lives only between a drop_key and the loads that
+	// follow it: a load of another shape, and any instruction other than load_key/drop_key
+	// (releaseFree), let go of it, so the process never holds more key memory than the
+	// loads and drops so far had resident at once.
+	shape       keyShape
+	lattigoRead bool
+	free        map[freeShape][]*rlwe.GaloisKey
+	keysReused  int // plan key loads read into a dropped key
+	// loadSeconds split: the plan's own keys (load_key k), the block's keys read when it is
+	// loaded; the rest is its streamed keys, read during bootstraps (keyLoadSplit)
+	planLoadSeconds, blockLoadSeconds float64
+}
+
+// keyLoadSplit is loadSeconds by what was read (stats key_load_split): a load_key
+// instruction's time holds plan_keys and block_keys (and, for the block, the DFT matrices'
+// encoding: boot_matrix_seconds); block_stream is read inside the bootstraps.
+func (s *keyStore) keyLoadSplit() map[string]float64 {
+	return map[string]float64{
+		"plan_keys":    s.planLoadSeconds,
+		"block_keys":   s.blockLoadSeconds,
+		"block_stream": s.loadSeconds - s.planLoadSeconds - s.blockLoadSeconds,
+	}
+}
+
+// freeShape identifies keys whose limbs are interchangeable: same levels, same size.
+type freeShape struct {
+	bytes, levelQ, levelP int
 }
 
 // addResident counts bytes (and keys) becoming resident and keeps the peaks.
@@ -98,6 +131,8 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 		byGalEl:     map[uint64]manifestKey{},
 		resident:    map[uint64]*rlwe.GaloisKey{},
 		bootByGalEl: map[uint64]manifestKey{},
+		shape:       shapeOf(params.N(), params.QCount(), params.PCount()),
+		lattigoRead: lattigoKeyReader(),
 	}
 	for _, mk := range m.Rotations {
 		if mk.GaloisElement != galoisOf(params, mk.K) {
@@ -133,9 +168,23 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 	return s, nil
 }
 
-// readInto streams a key file into obj (no second in-memory copy of the key).
+// readInto reads a key file into obj (no second in-memory copy of the key): a Galois,
+// relinearisation or evaluation key with readKeyFile (keyread.go; into obj's limbs when it
+// has them), else (or with SLOTPLAN_KEY_READ=lattigo) with obj's ReadFrom through a buffer.
+// It may run on a prefetching goroutine: it touches only obj and the byte counter.
 func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
 	path := filepath.Join(s.dir, name)
+	if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
+		n, err := readKeyFile(path, obj, s.shape)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("cannot read key file: %w", err)
+		}
+		if err != nil {
+			return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
+		}
+		s.readBytes.Add(n)
+		return nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("cannot read key file: %w", err)
@@ -266,6 +315,7 @@ func (s *keyStore) loadBlock(stream int) error {
 	}
 	s.blockLoads++
 	s.loadSeconds += time.Since(t).Seconds()
+	s.blockLoadSeconds += time.Since(t).Seconds()
 	s.residentBytes += b.bytes
 	s.notePeak()
 	return nil
@@ -298,7 +348,7 @@ func (s *keyStore) load(k int) error {
 		return nil
 	}
 	t := time.Now()
-	gk := new(rlwe.GaloisKey)
+	gk := s.takeFree(mk)
 	if err := s.readInto(mk.File, gk); err != nil {
 		return err
 	}
@@ -306,6 +356,7 @@ func (s *keyStore) load(k int) error {
 		return fmt.Errorf("key file %s holds Galois element %d, expected %d (k=%d)", mk.File, gk.GaloisElement, galEl, k)
 	}
 	s.loadSeconds += time.Since(t).Seconds()
+	s.planLoadSeconds += time.Since(t).Seconds()
 	s.loads++
 	s.resident[galEl] = gk
 	s.addResident(int64(gk.BinarySize()), 0)
@@ -320,6 +371,37 @@ func (s *keyStore) drop(k int) {
 	if gk, ok := s.resident[galEl]; ok {
 		s.residentBytes -= int64(gk.BinarySize())
 		delete(s.resident, galEl)
+		if !s.lattigoRead {
+			if s.free == nil {
+				s.free = map[freeShape][]*rlwe.GaloisKey{}
+			}
+			sh := freeShape{gk.BinarySize(), gk.LevelQ(), gk.LevelP()}
+			s.free[sh] = append(s.free[sh], gk)
+		}
+	}
+}
+
+// takeFree returns a dropped key of mk's shape to read mk into (counted in keysReused), or
+// a new key; a load of another shape lets go of the free list.
+func (s *keyStore) takeFree(mk manifestKey) *rlwe.GaloisKey {
+	sh := freeShape{mk.Bytes, mk.LevelQ, mk.LevelP}
+	if l := s.free[sh]; len(l) > 0 {
+		gk := l[len(l)-1]
+		l[len(l)-1] = nil
+		s.free[sh] = l[:len(l)-1]
+		s.keysReused++
+		return gk
+	}
+	s.releaseFree()
+	return new(rlwe.GaloisKey)
+}
+
+// releaseFree lets go of the dropped keys kept for reuse (they become garbage, as every
+// dropped key did before the free list). The executor calls it before every instruction
+// other than load_key and drop_key.
+func (s *keyStore) releaseFree() {
+	if s.free != nil {
+		s.free = nil
 	}
 }
 
