@@ -230,9 +230,6 @@ func (e *executor) regsAt(i int, in instr) []string {
 
 // exec runs instruction i: a fused block, nothing (absorbed into one), or the instruction.
 func (e *executor) exec(i int, in instr) (string, error) {
-	if in.Op != "load_key" && in.Op != "drop_key" {
-		e.keys.releaseFree() // dropped keys are kept for reuse only up to the loads that follow (keystore.go)
-	}
 	if e.cins != nil && e.cins.skip[i] {
 		return "", nil // part of a convolution fused into a bootstrap_cins
 	}

@@ -64,16 +64,16 @@ type keyStore struct {
 	pf *prefetcher // nil: load reads in line
 
 	// Reading key files (keyread.go): the shape a file may hold, whether to read as
-	// Lattigo does (SLOTPLAN_KEY_READ=lattigo: no free list either), and the free list:
-	// dropped plan keys by shape, read into again by the next load of a key of that shape
-	// instead of a new key. The list lives only between a drop_key and the loads that
-	// follow it: a load of another shape, and any instruction other than load_key/drop_key
-	// (releaseFree), let go of it, so the process never holds more key memory than the
-	// loads and drops so far had resident at once.
+	// Lattigo does (SLOTPLAN_KEY_READ=lattigo: no reuse either), and the free key: the plan
+	// key dropped last, read into by the next load of a key of its shape (same levels, same
+	// bytes) instead of a new key. At most one is kept: a drop replaces it, a load of
+	// another shape lets go of it (it becomes garbage, as every dropped key did before), so
+	// beyond the keys the model counts the process holds at most one dropped plan key.
 	shape       keyShape
 	lattigoRead bool
-	free        map[freeShape][]*rlwe.GaloisKey
-	keysReused  int // plan key loads read into a dropped key
+	free        *rlwe.GaloisKey
+	freeShape   freeShape
+	keysReused  int // plan key loads read into the free key
 	// loadSeconds split: the plan's own keys (load_key k), the block's keys read when it is
 	// loaded; the rest is its streamed keys, read during bootstraps (keyLoadSplit)
 	planLoadSeconds, blockLoadSeconds float64
@@ -372,37 +372,21 @@ func (s *keyStore) drop(k int) {
 		s.residentBytes -= int64(gk.BinarySize())
 		delete(s.resident, galEl)
 		if !s.lattigoRead {
-			if s.free == nil {
-				s.free = map[freeShape][]*rlwe.GaloisKey{}
-			}
-			sh := freeShape{gk.BinarySize(), gk.LevelQ(), gk.LevelP()}
-			s.free[sh] = append(s.free[sh], gk)
+			s.free, s.freeShape = gk, freeShape{gk.BinarySize(), gk.LevelQ(), gk.LevelP()}
 		}
 	}
 }
 
-// takeFree returns a dropped key of mk's shape to read mk into (counted in keysReused), or
-// a new key; a load of another shape lets go of the free list.
+// takeFree returns the free key when it has mk's shape (counted in keysReused), else a new
+// key (and lets go of the free key).
 func (s *keyStore) takeFree(mk manifestKey) *rlwe.GaloisKey {
-	sh := freeShape{mk.Bytes, mk.LevelQ, mk.LevelP}
-	if l := s.free[sh]; len(l) > 0 {
-		gk := l[len(l)-1]
-		l[len(l)-1] = nil
-		s.free[sh] = l[:len(l)-1]
+	gk := s.free
+	s.free = nil
+	if gk != nil && s.freeShape == (freeShape{mk.Bytes, mk.LevelQ, mk.LevelP}) {
 		s.keysReused++
 		return gk
 	}
-	s.releaseFree()
 	return new(rlwe.GaloisKey)
-}
-
-// releaseFree lets go of the dropped keys kept for reuse (they become garbage, as every
-// dropped key did before the free list). The executor calls it before every instruction
-// other than load_key and drop_key.
-func (s *keyStore) releaseFree() {
-	if s.free != nil {
-		s.free = nil
-	}
 }
 
 // loadAll makes every rotation key of the directory resident (the keep-all policy; the
