@@ -213,6 +213,7 @@ func TestKeyLoadBench(t *testing.T) {
 		Pass         int     `json:"pass"`
 		Loads        int     `json:"loads"`
 		MsPerKey     float64 `json:"ms_per_key"`
+		CPUMsPerKey  float64 `json:"cpu_ms_per_key"`
 		MsPerKeyL9   float64 `json:"ms_per_key_level9"`
 		MsPerKeyL3   float64 `json:"ms_per_key_level3"`
 		GBPerSec     float64 `json:"gb_per_s"`
@@ -233,7 +234,7 @@ func TestKeyLoadBench(t *testing.T) {
 			runtime.GC()
 			var ms0, ms1 runtime.MemStats
 			runtime.ReadMemStats(&ms0)
-			f0 := minorFaults()
+			f0, c0 := minorFaults(), cpuSeconds()
 			var bytes int64
 			var sec, sec9, sec3 float64
 			var n9, n3 int
@@ -260,19 +261,20 @@ func TestKeyLoadBench(t *testing.T) {
 					}
 				}
 			}
-			f1 := minorFaults()
+			f1, c1 := minorFaults(), cpuSeconds()
 			runtime.ReadMemStats(&ms1)
 			loads := rounds * len(files)
 			rows = append(rows, row{
 				Way: w.name, Pass: pass, Loads: loads,
-				MsPerKey: 1e3 * sec / float64(loads), MsPerKeyL9: 1e3 * sec9 / float64(n9), MsPerKeyL3: 1e3 * sec3 / float64(n3),
+				MsPerKey: 1e3 * sec / float64(loads), CPUMsPerKey: 1e3 * (c1 - c0) / float64(loads),
+				MsPerKeyL9: 1e3 * sec9 / float64(n9), MsPerKeyL3: 1e3 * sec3 / float64(n3),
 				GBPerSec: float64(bytes) / sec / 1e9, PageFaults: f1 - f0, GCs: ms1.NumGC - ms0.NumGC,
 				GCPauseMs: float64(ms1.PauseTotalNs-ms0.PauseTotalNs) / 1e6, AllocMB: float64(ms1.TotalAlloc-ms0.TotalAlloc) / (1 << 20),
 				MBPerKeyL9: float64(sizes[0]) / 1e6, MBPerKeyL3: float64(sizes[len(sizes)-1]) / 1e6, BallastMB: ballastMB, ParamsPreset: preset,
 			})
 			r := rows[len(rows)-1]
-			fmt.Printf("%-15s pass %d: %7.2f ms/key (L9 %7.2f, L3 %6.2f)  %5.2f GB/s  faults %7d  GCs %3d (pause %6.2f ms)  alloc %8.0f MB\n",
-				r.Way, pass, r.MsPerKey, r.MsPerKeyL9, r.MsPerKeyL3, r.GBPerSec, r.PageFaults, r.GCs, r.GCPauseMs, r.AllocMB)
+			fmt.Printf("%-15s pass %d: %7.2f ms/key (cpu %7.2f; L9 %7.2f, L3 %6.2f)  %5.2f GB/s  faults %7d  GCs %3d (pause %6.2f ms)  alloc %8.0f MB\n",
+				r.Way, pass, r.MsPerKey, r.CPUMsPerKey, r.MsPerKeyL9, r.MsPerKeyL3, r.GBPerSec, r.PageFaults, r.GCs, r.GCPauseMs, r.AllocMB)
 		}
 	}
 	runtime.KeepAlive(ballast)
