@@ -353,7 +353,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
 		streamReused0, keysReused0 := keys.streamReused, keys.keysReused
-		split0 := keys.keyLoadSplit()
+		split0, readCPU0 := keys.keyLoadSplit(), keys.readCPUNanos.Load()
 		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
@@ -400,6 +400,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.KeyLoadBytes = keys.readBytes.Load() - readBytes0
 		st.KeyLoadsReused = keys.keysReused - keysReused0
 		st.KeyLoadSplit = keys.keyLoadSplit()
+		st.KeyLoadCPUSeconds = float64(keys.readCPUNanos.Load()-readCPU0) / 1e9
 		for k, v := range split0 {
 			st.KeyLoadSplit[k] -= v
 		}

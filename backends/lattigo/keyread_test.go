@@ -283,6 +283,9 @@ func TestKeyReuseKeepsAccounting(t *testing.T) {
 			t.Errorf("prefetch %v: loads reused %v with Lattigo's reader (want 0), %v with the free key (want 4)",
 				prefetch, a.Stats["key_loads_reused"], b.Stats["key_loads_reused"])
 		}
+		if c := b.Stats["key_load_cpu_seconds"].(float64); c <= 0 || c > 10 {
+			t.Errorf("prefetch %v: key_load_cpu_seconds %v", prefetch, c)
+		}
 		for _, f := range []string{"key_loads", "key_load_bytes", "peak_key_bytes", "peak_resident_keys", "peak_tracked_bytes"} {
 			if a.Stats[f] != b.Stats[f] || a.Stats[f] == nil {
 				t.Errorf("prefetch %v: %s %v with Lattigo's reader, %v with the free list", prefetch, f, a.Stats[f], b.Stats[f])

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -60,6 +61,9 @@ type keyStore struct {
 	// readBytes: bytes of key files read so far (rotation keys, the boot block and its
 	// streamed keys), by any goroutine; with loadSeconds the store's measured read rate
 	readBytes atomic.Int64
+	// readCPUNanos: the CPU time of those reads (the reading thread's), which a loaded
+	// machine does not inflate as it does loadSeconds (stats key_load_cpu_seconds)
+	readCPUNanos atomic.Int64
 
 	pf *prefetcher // nil: load reads in line
 
@@ -86,7 +90,7 @@ func (s *keyStore) keyLoadSplit() map[string]float64 {
 	return map[string]float64{
 		"plan_keys":    s.planLoadSeconds,
 		"block_keys":   s.blockLoadSeconds,
-		"block_stream": s.loadSeconds - s.planLoadSeconds - s.blockLoadSeconds,
+		"block_stream": max(0, s.loadSeconds-s.planLoadSeconds-s.blockLoadSeconds), // (rounding)
 	}
 }
 
@@ -173,6 +177,10 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 // has them), else (or with SLOTPLAN_KEY_READ=lattigo) with obj's ReadFrom through a buffer.
 // It may run on a prefetching goroutine: it touches only obj and the byte counter.
 func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
+	runtime.LockOSThread() // the thread's CPU clock times this read only
+	defer runtime.UnlockOSThread()
+	c0 := threadCPUSeconds()
+	defer func() { s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0))) }()
 	path := filepath.Join(s.dir, name)
 	if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
 		n, err := readKeyFile(path, obj, s.shape)
