@@ -23,13 +23,12 @@ import (
 // coefficients lie in the file exactly as they lie in memory on a little-endian machine.
 //
 // Lattigo's ReadFrom copies the file through a buffer and decodes it word by word into
-// slices it allocates (one per limb). readKeyFile instead:
-//   - for a new key: reads the whole file with one read into one []uint64 and makes the
-//     key's limbs views of it (one allocation, one copy: the kernel's);
-//   - for a key whose limbs are there already (a dropped key of the same size taken from the
-//     store's free list, a streamed block key the bootstrap finished with): reads each
-//     limb's bytes straight into the limb (one io.ReadFull per limb; no allocation at all).
-// On a big-endian machine the words are swapped in place after the read.
+// slices it allocates (one per limb). readKeyFile reads each limb's bytes straight into the
+// limb (one io.ReadFull per limb, the kernel's copy the only one): into the limbs the key
+// has already (the store's free key, a streamed block key the bootstrap finished with: no
+// allocation at all), else into limbs it allocates one by one as Lattigo does. The
+// lengths are read through a small buffer. On a big-endian machine each limb's words are
+// swapped in place after the read.
 //
 // SLOTPLAN_KEY_READ=lattigo reads with Lattigo's ReadFrom through a 1 MiB buffer (the
 // reader before 2026-11-26) and turns the store's free list off: the A/B switch.
@@ -60,32 +59,9 @@ type keyShape struct {
 // keyDecoder yields a key file's words: the lengths and the limbs.
 type keyDecoder interface {
 	word() (uint64, error)
-	// limb returns n coefficients: dst (when its capacity holds n) filled from the file, or
-	// a new slice / a view of the file's words.
+	// limb returns n coefficients read from the file: into dst when its capacity holds n,
+	// else into a new slice.
 	limb(dst []uint64, n int) ([]uint64, error)
-}
-
-// wordsDecoder reads a key from the file's words in memory; limbs are views of them.
-type wordsDecoder struct {
-	w   []uint64
-	pos int
-}
-
-func (d *wordsDecoder) word() (uint64, error) {
-	if d.pos >= len(d.w) {
-		return 0, io.ErrUnexpectedEOF
-	}
-	d.pos++
-	return d.w[d.pos-1], nil
-}
-
-func (d *wordsDecoder) limb(_ []uint64, n int) ([]uint64, error) {
-	if n > len(d.w)-d.pos {
-		return nil, io.ErrUnexpectedEOF
-	}
-	v := d.w[d.pos : d.pos+n : d.pos+n]
-	d.pos += n
-	return v, nil
 }
 
 // streamDecoder reads a key from a reader; limbs are read straight into their memory.
@@ -252,12 +228,6 @@ func decodeKey(d keyDecoder, obj any, sh keyShape) error {
 	return decodeGadget(d, ct, sh)
 }
 
-// hasLimbs reports whether the key object already holds limbs (a key read before): it is
-// then read limb by limb into them, else from one read of the whole file.
-func hasLimbs(ct *rlwe.GadgetCiphertext) bool {
-	return len(ct.Value) > 0 && len(ct.Value[0]) > 0 && len(ct.Value[0][0]) > 0 && len(ct.Value[0][0][0].Q.Coeffs) > 0
-}
-
 // readKeyFile reads a key file into obj (a *rlwe.GaloisKey, *rlwe.RelinearizationKey or
 // *rlwe.EvaluationKey) and returns the bytes read. A file that is not a whole key of the
 // shape's parameters is an error (obj is then unspecified).
@@ -271,37 +241,17 @@ func readKeyFile(path string, obj any, sh keyShape) (int64, error) {
 		return 0, err
 	}
 	defer f.Close()
-	if hasLimbs(ct) {
-		d := &streamDecoder{r: bufio.NewReaderSize(f, 4096)}
-		if err := decodeKey(d, obj, sh); err != nil {
-			return d.read, err
-		}
-		if _, err := d.r.ReadByte(); err != io.EOF {
-			return d.read, fmt.Errorf("%w: bytes after the key", errKeyShape)
-		}
-		return d.read, nil
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	size := fi.Size()
-	if size%8 != 0 || size < 8 || size > 1<<40 {
-		return 0, fmt.Errorf("%w: %d bytes is not a whole number of words", errKeyShape, size)
-	}
-	words := make([]uint64, size/8)
-	if _, err := io.ReadFull(f, unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size)); err != nil {
-		return 0, unexpected(err)
-	}
-	swapWords(words)
-	d := &wordsDecoder{w: words}
+	// limb by limb: into the key's limbs when it has them, else into limbs allocated one by
+	// one as Lattigo allocates them (one contiguous allocation per key read 35-70 MB more
+	// peak RSS in LeNet-5's capped run at n14boot: large spans of several sizes fragment)
+	d := &streamDecoder{r: bufio.NewReaderSize(f, 4096)}
 	if err := decodeKey(d, obj, sh); err != nil {
-		return int64(8 * d.pos), err
+		return d.read, err
 	}
-	if d.pos != len(words) {
-		return int64(8 * d.pos), fmt.Errorf("%w: %d bytes after the key", errKeyShape, 8*(len(words)-d.pos))
+	if _, err := d.r.ReadByte(); err != io.EOF {
+		return d.read, fmt.Errorf("%w: bytes after the key", errKeyShape)
 	}
-	return size, nil
+	return d.read, nil
 }
 
 // shapeOf is the key shape of parameters with N coefficients, qCount and pCount primes.

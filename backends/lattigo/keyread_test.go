@@ -42,9 +42,9 @@ func readWithLattigo[T any, P interface {
 	return obj
 }
 
-// A key file read by readKeyFile (new key: one read, limbs as views; a key with limbs:
-// read limb by limb into them, of the same or another shape; the big-endian path) equals
-// Lattigo's own decoding of it, for Galois, relinearisation and evaluation keys.
+// A key file read by readKeyFile (into a new key; into a key read before, of the same
+// shape: its limbs, or of another; the big-endian path) equals Lattigo's own decoding of
+// it, for Galois, relinearisation and evaluation keys.
 func TestReadKeyFileMatchesLattigo(t *testing.T) {
 	params := keyReadParams(t)
 	sh := shapeOf(params.N(), params.QCount(), params.PCount())
@@ -147,7 +147,7 @@ func TestReadKeyFileRejectsCorruptFiles(t *testing.T) {
 		}
 		for _, into := range []*rlwe.GaloisKey{new(rlwe.GaloisKey), readWithLattigo[rlwe.GaloisKey](t, path)} {
 			if _, err := readKeyFile(bad, into, sh); err == nil {
-				t.Errorf("%s (into a key with limbs %v): no error", name, hasLimbs(&into.GadgetCiphertext))
+				t.Errorf("%s (into a key with limbs %v): no error", name, len(into.Value) > 0)
 			}
 		}
 	}
