@@ -150,7 +150,10 @@ type stats struct {
 	KeyLevel            int                `json:"key_level"`
 	KeyLoads            int                `json:"key_loads"`
 	KeyLoadSeconds      float64            `json:"key_load_seconds"`
-	KeyLoadBytes        int64              `json:"key_load_bytes"` // bytes of key files read in those seconds
+	KeyLoadBytes        int64              `json:"key_load_bytes"`       // bytes of key files read in those seconds
+	KeyLoadsReused      int                `json:"key_loads_reused"`     // plan key loads read into a dropped key's memory (keystore.go)
+	KeyLoadSplit        map[string]float64 `json:"key_load_split"`       // key_load_seconds by what was read (keystore.go: keyLoadSplit)
+	KeyLoadCPUSeconds   float64            `json:"key_load_cpu_seconds"` // the reading threads' CPU time of those reads
 	GaloisKeyBytes      int                `json:"galois_key_bytes"`
 	PeakKeyBytes        int64              `json:"peak_key_bytes"`
 	PeakResidentKeys    int                `json:"peak_resident_keys"`
@@ -398,6 +401,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	err = ex.run()
 	st.EvalSeconds = time.Since(t).Seconds()
 	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
+	st.KeyLoadsReused, st.KeyLoadSplit = keys.keysReused, keys.keyLoadSplit()
+	st.KeyLoadCPUSeconds = float64(keys.readCPUNanos.Load()) / 1e9
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	st.BootStreamReads, st.BootStreamReused = keys.streamReads, keys.streamReused

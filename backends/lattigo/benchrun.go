@@ -352,7 +352,8 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			st.RelinKeyBytes = keys.rlk.BinarySize()
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
-		streamReused0 := keys.streamReused
+		streamReused0, keysReused0 := keys.streamReused, keys.keysReused
+		split0, readCPU0 := keys.keyLoadSplit(), keys.readCPUNanos.Load()
 		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
 		ex := newExecutor(setup, keys, p, ptValues, io, st, exOpt)
@@ -397,6 +398,12 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.EvalSeconds = eval
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
 		st.KeyLoadBytes = keys.readBytes.Load() - readBytes0
+		st.KeyLoadsReused = keys.keysReused - keysReused0
+		st.KeyLoadSplit = keys.keyLoadSplit()
+		st.KeyLoadCPUSeconds = float64(keys.readCPUNanos.Load()-readCPU0) / 1e9
+		for k, v := range split0 {
+			st.KeyLoadSplit[k] -= v
+		}
 		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
 		st.BootStreamReads = keys.streamReads - streamReads0
 		st.BootStreamReused = keys.streamReused - streamReused0

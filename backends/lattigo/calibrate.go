@@ -62,9 +62,10 @@ import (
 //
 // Once: poly3 (polynomial.Evaluator on a degree-3 monomial polynomial at the top level),
 // encrypt, decrypt, keygen_galois (one Galois key, top level), keygen_relin,
-// key_read_file (GaloisKey.ReadFrom of a key file through a 1 MiB buffer, from the page
-// cache, cycling through the block's key files: key_read_keys of them) and key_unmarshal
-// (GaloisKey.UnmarshalBinary from memory).
+// key_read_file (the key store's read of a key file into a new key, readKeyFile: one read
+// into one allocation, from the page cache, cycling through the block's key files:
+// key_read_keys of them; before 2026-11-26 GaloisKey.ReadFrom through a 1 MiB buffer) and
+// key_unmarshal (GaloisKey.UnmarshalBinary from memory).
 func Calibrate(paramsJSON string, optionsJSON string) (result string, err error) {
 	defer recoverError(&err)
 	defer releaseMemory()
@@ -329,15 +330,20 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 	}
 	cal.KeyReadKeys = len(keyPaths)
 	next := 0
+	shape := shapeOf(params.N(), params.QCount(), params.PCount())
 	if cal.Once["key_read_file"], err = measure(opt.Repeat, func() error {
-		f, err := os.Open(keyPaths[next%len(keyPaths)])
+		path := keyPaths[next%len(keyPaths)]
 		next++
-		if err != nil {
+		if lattigoKeyReader() {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = new(rlwe.GaloisKey).ReadFrom(bufio.NewReaderSize(f, 1<<20))
 			return err
 		}
-		defer f.Close()
-		gk := new(rlwe.GaloisKey)
-		_, err = gk.ReadFrom(bufio.NewReaderSize(f, 1<<20))
+		_, err := readKeyFile(path, new(rlwe.GaloisKey), shape)
 		return err
 	}); err != nil {
 		return "", fmt.Errorf("key_read_file: %w", err)

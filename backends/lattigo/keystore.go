@@ -3,10 +3,13 @@ package slotlattigo
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -58,8 +61,42 @@ type keyStore struct {
 	// readBytes: bytes of key files read so far (rotation keys, the boot block and its
 	// streamed keys), by any goroutine; with loadSeconds the store's measured read rate
 	readBytes atomic.Int64
+	// readCPUNanos: the CPU time of those reads (the reading thread's), which a loaded
+	// machine does not inflate as it does loadSeconds (stats key_load_cpu_seconds)
+	readCPUNanos atomic.Int64
 
 	pf *prefetcher // nil: load reads in line
+
+	// Reading key files (keyread.go): the shape a file may hold, whether to read as
+	// Lattigo does (SLOTPLAN_KEY_READ=lattigo: no reuse either), and the free key: the plan
+	// key dropped last, read into by the next load of a key of its shape (same levels, same
+	// bytes) instead of a new key. At most one is kept: a drop replaces it, a load of
+	// another shape lets go of it (it becomes garbage, as every dropped key did before), so
+	// beyond the keys the model counts the process holds at most one dropped plan key.
+	shape       keyShape
+	lattigoRead bool
+	free        *rlwe.GaloisKey
+	freeShape   freeShape
+	keysReused  int // plan key loads read into the free key
+	// loadSeconds split: the plan's own keys (load_key k), the block's keys read when it is
+	// loaded; the rest is its streamed keys, read during bootstraps (keyLoadSplit)
+	planLoadSeconds, blockLoadSeconds float64
+}
+
+// keyLoadSplit is loadSeconds by what was read (stats key_load_split): a load_key
+// instruction's time holds plan_keys and block_keys (and, for the block, the DFT matrices'
+// encoding: boot_matrix_seconds); block_stream is read inside the bootstraps.
+func (s *keyStore) keyLoadSplit() map[string]float64 {
+	return map[string]float64{
+		"plan_keys":    s.planLoadSeconds,
+		"block_keys":   s.blockLoadSeconds,
+		"block_stream": max(0, s.loadSeconds-s.planLoadSeconds-s.blockLoadSeconds), // (rounding)
+	}
+}
+
+// freeShape identifies keys whose limbs are interchangeable: same levels, same size.
+type freeShape struct {
+	bytes, levelQ, levelP int
 }
 
 // addResident counts bytes (and keys) becoming resident and keeps the peaks.
@@ -98,6 +135,8 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 		byGalEl:     map[uint64]manifestKey{},
 		resident:    map[uint64]*rlwe.GaloisKey{},
 		bootByGalEl: map[uint64]manifestKey{},
+		shape:       shapeOf(params.N(), params.QCount(), params.PCount()),
+		lattigoRead: lattigoKeyReader(),
 	}
 	for _, mk := range m.Rotations {
 		if mk.GaloisElement != galoisOf(params, mk.K) {
@@ -133,9 +172,27 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 	return s, nil
 }
 
-// readInto streams a key file into obj (no second in-memory copy of the key).
+// readInto reads a key file into obj (no second in-memory copy of the key): a Galois,
+// relinearisation or evaluation key with readKeyFile (keyread.go; into obj's limbs when it
+// has them), else (or with SLOTPLAN_KEY_READ=lattigo) with obj's ReadFrom through a buffer.
+// It may run on a prefetching goroutine: it touches only obj and the byte counter.
 func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
+	runtime.LockOSThread() // the thread's CPU clock times this read only
+	defer runtime.UnlockOSThread()
+	c0 := threadCPUSeconds()
+	defer func() { s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0))) }()
 	path := filepath.Join(s.dir, name)
+	if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
+		n, err := readKeyFile(path, obj, s.shape)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("cannot read key file: %w", err)
+		}
+		if err != nil {
+			return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
+		}
+		s.readBytes.Add(n)
+		return nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("cannot read key file: %w", err)
@@ -266,6 +323,7 @@ func (s *keyStore) loadBlock(stream int) error {
 	}
 	s.blockLoads++
 	s.loadSeconds += time.Since(t).Seconds()
+	s.blockLoadSeconds += time.Since(t).Seconds()
 	s.residentBytes += b.bytes
 	s.notePeak()
 	return nil
@@ -298,7 +356,7 @@ func (s *keyStore) load(k int) error {
 		return nil
 	}
 	t := time.Now()
-	gk := new(rlwe.GaloisKey)
+	gk := s.takeFree(mk)
 	if err := s.readInto(mk.File, gk); err != nil {
 		return err
 	}
@@ -306,6 +364,7 @@ func (s *keyStore) load(k int) error {
 		return fmt.Errorf("key file %s holds Galois element %d, expected %d (k=%d)", mk.File, gk.GaloisElement, galEl, k)
 	}
 	s.loadSeconds += time.Since(t).Seconds()
+	s.planLoadSeconds += time.Since(t).Seconds()
 	s.loads++
 	s.resident[galEl] = gk
 	s.addResident(int64(gk.BinarySize()), 0)
@@ -320,7 +379,22 @@ func (s *keyStore) drop(k int) {
 	if gk, ok := s.resident[galEl]; ok {
 		s.residentBytes -= int64(gk.BinarySize())
 		delete(s.resident, galEl)
+		if !s.lattigoRead {
+			s.free, s.freeShape = gk, freeShape{gk.BinarySize(), gk.LevelQ(), gk.LevelP()}
+		}
 	}
+}
+
+// takeFree returns the free key when it has mk's shape (counted in keysReused), else a new
+// key (and lets go of the free key).
+func (s *keyStore) takeFree(mk manifestKey) *rlwe.GaloisKey {
+	gk := s.free
+	s.free = nil
+	if gk != nil && s.freeShape == (freeShape{mk.Bytes, mk.LevelQ, mk.LevelP}) {
+		s.keysReused++
+		return gk
+	}
+	return new(rlwe.GaloisKey)
 }
 
 // loadAll makes every rotation key of the directory resident (the keep-all policy; the

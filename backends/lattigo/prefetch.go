@@ -18,6 +18,7 @@ import (
 
 type prefetchJob struct {
 	mk   manifestKey
+	gk   *rlwe.GaloisKey // the key to read into (a dropped key of the same shape, or a new one)
 	done chan prefetchResult
 }
 
@@ -43,7 +44,7 @@ func (s *keyStore) enablePrefetch() {
 	go func(dir *keyStore, jobs <-chan prefetchJob) {
 		for j := range jobs {
 			t := time.Now()
-			gk := new(rlwe.GaloisKey)
+			gk := j.gk
 			err := dir.readInto(j.mk.File, gk)
 			if err == nil && gk.GaloisElement != j.mk.GaloisElement {
 				err = fmt.Errorf("key file %s holds Galois element %d, expected %d (k=%d)", j.mk.File, gk.GaloisElement, j.mk.GaloisElement, j.mk.K)
@@ -71,7 +72,7 @@ func (s *keyStore) startLoad(galEl uint64, mk manifestKey) {
 	s.addResident(int64(mk.Bytes), 1)
 	s.pf.inflight[galEl] = done
 	s.pf.reserved[galEl] = int64(mk.Bytes)
-	s.pf.jobs <- prefetchJob{mk, done}
+	s.pf.jobs <- prefetchJob{mk, s.takeFree(mk), done}
 }
 
 // settle waits for an in-flight read of the key (if any) and makes the key resident.
@@ -91,6 +92,7 @@ func (s *keyStore) settle(galEl uint64) error {
 	delete(s.pf.reserved, galEl)
 	s.residentBytes -= reserved
 	s.loadSeconds += r.seconds
+	s.planLoadSeconds += r.seconds
 	if r.err != nil {
 		return r.err
 	}
