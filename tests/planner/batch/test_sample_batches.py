@@ -150,6 +150,38 @@ def test_bootstrap_variants_with_a_batch(size: int, batch: int) -> None:
     np.testing.assert_allclose(rep.outputs[cur], want, atol=1e-9)
 
 
+def test_full_ring_halves_variant_with_a_batch() -> None:
+    """A pair of samples filling the real ring (issue 35: ResNet-20's stage 1 at n16boot,
+    B = 2): 2 x 3000 values in 8192 slots at n14boot reach past half the ring, so no sparse
+    variant fits; the halves variant at half the ring's slots (n14boot's h12, the block
+    ring's h11; n16boot's h14) carries them and is cheaper than the full bootstrap. The
+    batched program's bootstraps are that variant in the real ring's terms and the simulator
+    equals numpy per sample."""
+    from backends.runner import run_plan
+
+    size, batch = 3000, 2
+    nodes = [{"id": f"p{i}", "op": "poly", "inputs": ["x" if i == 0 else f"p{i - 1}"], "coeffs": [0.0, 0.5, 0.4]}
+             for i in range(6)]
+    graph = {"schema": "slotplan.graph/1", "name": "pair-fills-the-ring",
+             "tensors": {"x": {"shape": [size], "role": "input", "range": [-1, 1]}},
+             "nodes": nodes, "outputs": ["p5"]}
+    params = preset("n14boot")
+    res = plan_graph(parse_graph(graph), params, PlanOptions(batch=batch, allow_insecure=True))
+    boots = [d for d in res.plan["program"] if d["op"] in ("bootstrap", "bootstrap2")]
+    assert boots
+    half = params.slots.bit_length() - 2  # log2(slots / 2)
+    assert all(d["op"] == "bootstrap" and d.get("halves") and d.get("log_slots") == half for d in boots)
+    per = res.plan["summary"]["bootstrapping"]["per_bootstrap"]
+    assert per and all(e["variant"] == f"h{half}" and e["saving_seconds"] > 0 for e in per)
+    x = np.random.default_rng(2).uniform(-1, 1, (batch, size))
+    rep = run_plan(res.plan, res.tables, "sim", values={"x": x})
+    want = x
+    for _ in range(6):
+        want = 0.5 * want + 0.4 * want * want
+    assert rep.ok
+    np.testing.assert_allclose(rep.outputs["p5"], want, atol=1e-9)
+
+
 def test_refusals() -> None:
     from planner.batch import BatchError
 
