@@ -88,7 +88,7 @@ def plan_single(
                 left = progress.remaining()
                 try:
                     plan, _ = schedule_plan(
-                        plan, options.memory_cap_bytes, "joint",
+                        plan, options.memory_cap_bytes, "joint", process=True,
                         time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
                     )
                 except KeyCapError as e:

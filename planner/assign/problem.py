@@ -106,7 +106,11 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     input_options = _input_options(graph, cands, pinned, free, S)
     penalty: dict[str, list[int]] = {}
     if options.memory_cap_bytes is not None:
-        penalty = _apply_residency(cands, params, options.memory_cap_bytes, tm)
+        # the cap bounds the process (planner.cost.process): the candidates' working sets
+        # keep to what the executor's fixed state leaves of it
+        from planner.cost.process import fixed_reserve
+
+        penalty = _apply_residency(cands, params, max(1, fixed_reserve(params).plan_cap(options.memory_cap_bytes)), tm)
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))
