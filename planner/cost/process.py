@@ -64,7 +64,7 @@ core); each further worker adds ``evaluator_bytes + fused_worker_bytes``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,7 @@ from planner.ir.analysis import lifetimes, memory_series, plan_key_bytes, regist
 
 __all__ = [
     "BASELINE_BYTES", "EXECUTOR_FIELDS", "PLAINTEXT_INLINE_BYTES", "PLANNER_WORKERS", "BootMemory", "boot_memory",
-    "executor_reserve", "executor_sizes", "fixed_reserve", "fused_blocks", "fused_series", "plaintext_cache_bytes",
+    "executor_reserve", "executor_series", "executor_sizes", "fixed_reserve", "fused_blocks", "fused_series", "plaintext_cache_bytes",
     "plan_executor_memory", "plan_process_model", "process_model", "summary_field",
 ]
 
@@ -438,11 +438,34 @@ class Reserve:
         return min(m + self.alloc_bytes, math.ceil(m * (100 + self.gc_percent) / 100))
 
 
-def executor_reserve(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS) -> Reserve:
+def executor_series(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS
+                    ) -> Callable[[Sequence[Mapping[str, Any]]], np.ndarray] | None:
+    """The fused blocks' bytes at each step of a program derived from ``plan`` (the key
+    scheduler's programs without key ops: split hoisted groups included), as a run holds
+    them (no plaintext cache): the step-wise part of the executor's state that
+    :func:`executor_reserve` with ``stepwise`` leaves out of its constant. None without
+    stored sizes."""
+    params = Params.from_json(plan["params"])
+    sizes = executor_sizes(params)
+    if sizes is None:
+        return None
+    base = {k: v for k, v in plan.items() if k not in ("fused", "keys")}
+
+    def series(program: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        prog = [dict(i) for i in program if i.get("op") not in ("load_key", "drop_key")]
+        mem = plan_executor_memory({**base, "program": prog}, sizes, workers)
+        return fused_series(prog, params, mem, streamed=True)
+
+    return series
+
+
+def executor_reserve(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS, stepwise: bool = False) -> Reserve:
     """The executor's share of a capped plan's memory for the key schedule: the largest sum
     over the program's steps of the executor's terms (fused blocks, buffers, client,
     relinearisation key, plaintext vectors, a bootstrap's temporaries), held back at every
-    step, and the bootstraps' garbage (:class:`Reserve`). Zero without stored sizes."""
+    step, and the bootstraps' garbage (:class:`Reserve`). Zero without stored sizes.
+    ``stepwise``: the fused blocks' part is left out (the key scheduler adds it step by step,
+    :func:`executor_series`)."""
     params = Params.from_json(plan["params"])
     sizes = executor_sizes(params)
     boot = boot_memory(params)
@@ -458,7 +481,7 @@ def executor_reserve(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS) ->
     mem = plan_executor_memory(bare, sizes, workers)
     fused = fused_series(prog, params, mem, streamed=True)  # as a run: no plaintext cache
     const = _constant_terms(bare, params, mem, inline_plaintexts(bare), False)
-    return Reserve(int(fused.max(initial=0)) + sum(const.values()) + transient, alloc,
+    return Reserve((0 if stepwise else int(fused.max(initial=0))) + sum(const.values()) + transient, alloc,
                    int(mem["run_gc_percent"]) if alloc else 0)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from common import progress
 from planner import ir
-from planner.cost.process import executor_reserve, plan_process_model, summary_field
+from planner.cost.process import Reserve, executor_reserve, executor_series, plan_process_model, summary_field
 from planner.frontend.params import Params
 from planner.ir import boot_block
 from planner.ir.analysis import (
@@ -54,6 +54,7 @@ from planner.ir.analysis import (
 from planner.ir.fused_plan import annotate
 from planner.keys.basis import BASES, _sites, choose_basis, rewrite_rotations
 from planner.keys.profile import (
+    EXECUTOR_SERIES,
     KeyCapError,
     KeyScheduleError,
     _is_key_op,
@@ -395,7 +396,20 @@ def schedule_plan(
     # of it; the process model of the scheduled plan is then evaluated step by step, and the
     # plan's cap moved by the difference (down when over the cap, up while the held-back
     # executor state left more than PROCESS_SLACK of it unused), PROCESS_RETRIES schedules at most
-    reserve = executor_reserve(plan)
+    reserve = executor_reserve(plan, stepwise=True)
+    token = EXECUTOR_SERIES.set(executor_series(plan))
+    try:
+        return _schedule_under_process_cap(plan, cap_bytes, strategy, max_keys, reserve, source, params, **kwargs)
+    finally:
+        EXECUTOR_SERIES.reset(token)
+
+
+def _schedule_under_process_cap(
+    plan: Mapping[str, Any], cap_bytes: int, strategy: str, max_keys: int | None, reserve: Reserve,
+    source: Any, params: Params, **kwargs: Any,
+) -> tuple[dict[str, Any], KeySchedule]:
+    """:func:`schedule_plan`'s loop under a process cap, the executor's fused blocks in the
+    base profile step by step (:data:`planner.keys.profile.EXECUTOR_SERIES`)."""
     plan_cap = reserve.plan_cap(cap_bytes)
     extra = 0  # taken off the plan's cap by retries
     best: tuple[dict[str, Any], KeySchedule] | None = None
@@ -412,7 +426,8 @@ def schedule_plan(
                 break
             raise KeyCapError(
                 cap_bytes, reserve.process_cap(e.min_cap) + extra, e.strategy,
-                f"{e.where}; beside it the executor holds {reserve.bytes} bytes"
+                f"{e.where} (the fused blocks' state counted step by step); beside it the executor holds "
+                f"{reserve.bytes} bytes"
                 + (f" and the bootstraps' garbage up to {reserve.slack(cap_bytes)}" if reserve.alloc_bytes else "")
                 + " (the process model, docs/lattigo.md)") from None
         new = _with_schedule(plan, sched, cap_bytes, source, params)
