@@ -449,12 +449,23 @@ def executor_series(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS
     sizes = executor_sizes(params)
     if sizes is None:
         return None
+    from planner.ir.fused_plan import fused_annotation
+
     base = {k: v for k, v in plan.items() if k not in ("fused", "keys")}
 
     def series(program: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        # the blocks as the scheduled plan will have them (planner.ir.fusion: under a key
+        # schedule one-product blocks only in Q mode, and a block whose giant keys the
+        # schedule drops before its root fused giant step by giant step, often as more Q-mode
+        # blocks holding their plaintexts in QP): which blocks the schedule splits is not
+        # known before it is made, so each step counts the larger of "all whole" and "all split"
         prog = [dict(i) for i in program if i.get("op") not in ("load_key", "drop_key")]
-        mem = plan_executor_memory({**base, "program": prog}, sizes, workers)
-        return fused_series(prog, params, mem, streamed=True)
+        out = np.zeros(len(prog), dtype=np.int64)
+        for split in (False, True):
+            ann = fused_annotation(prog, params.slots, scheduled=True, split_giants=split)
+            mem = plan_executor_memory({**base, "program": prog, "fused": ann}, sizes, workers)
+            out = np.maximum(out, fused_series(prog, params, mem, streamed=True))
+        return out
 
     return series
 

@@ -25,8 +25,13 @@ from planner.pipeline import PlanOptions, plan_graph
 from tests.helpers import conv_graph, matvec_graph
 
 # the client's Go heap (runtime.ReadMemStats after collections) moves by up to ~11 KB between
-# measurements of the same parameters (n12: 2,273,912 and 2,285,064 B)
-CLIENT_NOISE = 64 * 1024
+# measurements of the same parameters in one quiet process (n12: 2,273,912 and 2,285,064 B),
+# and by more between the stored measurement (slotplan calibrate) and one taken in a test
+# process after other tests (a fresh-clone make test: 70-91 KB at n12/n13): Go's heap after
+# collections holds what the runtime and earlier calls left (pools, caches), not only the
+# client. Stored and measured are compared within max(256 KiB, 5%): still far below the n12
+# client's 2.2 MB, so a client that changed (another key generator, other buffers) fails.
+STORED_CLIENT_NOISE = 256 * 1024
 needs_lattigo = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
 
 
@@ -44,17 +49,17 @@ def _backend_model(plan: dict[str, Any]) -> dict[str, Any]:
 def _same_model(plan: dict[str, Any]) -> dict[str, Any]:
     """The planner's model of ``plan`` against the backend's (Go's sizes and blocks for one
     worker): the same blocks, the same terms; the client's Go heap, measured by Go after
-    collections, within CLIENT_NOISE."""
+    collections, within STORED_CLIENT_NOISE (the planner's is the stored one)."""
     back = _backend_model(plan)
     mine = plan_process_model(plan)
     assert mine["executor_measured"]
     assert fused_blocks(plan) == back["mem"]["blocks"]
     for k, v in back["pm"].items():
         if k in ("client", "gc_slack"):  # (the garbage: a tenth of the live heap, the client's included)
-            assert abs(mine[k] - v) <= CLIENT_NOISE, (k, mine[k], v)
+            assert abs(mine[k] - v) <= STORED_CLIENT_NOISE, (k, mine[k], v)
         elif k not in ("growth", "total"):
             assert mine[k] == v, (k, mine[k], v)
-    assert abs(mine["growth"] - back["pm"]["growth"]) <= 2 * CLIENT_NOISE
+    assert abs(mine["growth"] - back["pm"]["growth"]) <= 2 * STORED_CLIENT_NOISE
     return mine
 
 
@@ -68,8 +73,8 @@ def test_stored_sizes_are_executor_memory(preset: str) -> None:
     assert stored is not None
     now = executor_measurements(load_params(preset))
     for k, v in stored.items():
-        if k == "client_bytes":  # a Go heap measurement: a few hundred bytes of noise
-            assert abs(now[k] - v) <= CLIENT_NOISE
+        if k == "client_bytes":  # a Go heap measurement (STORED_CLIENT_NOISE)
+            assert abs(now[k] - v) <= max(STORED_CLIENT_NOISE, v // 20), (k, now[k], v)
         else:
             assert now[k] == v, k
 
@@ -160,4 +165,4 @@ def test_capped_run_rss_within_the_process_model() -> None:
     mem = rep.memory
     assert 0.9 <= mem["rss_over_process_model"] <= 1.1, mem
     if rep.stats.get("workers") == 1:
-        assert abs(mem["modelled_process_bytes"]["growth"] - res.plan["summary"]["process_peak_bytes"]["total"]) <= 2 * CLIENT_NOISE
+        assert abs(mem["modelled_process_bytes"]["growth"] - res.plan["summary"]["process_peak_bytes"]["total"]) <= 2 * STORED_CLIENT_NOISE
