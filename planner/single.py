@@ -70,8 +70,10 @@ def plan_single(
                     plan = _scheduled(plan, options)
                 except KeyCapError as e:
                     err: KeyCapError | None = e
-                    least = build_problem(graph, params, options, least_memory=True)
-                    if _counts(least) != _counts(problem):
+                    # (a plan with bootstrap variants falls back to the full-slot plan below,
+                    # which does this itself)
+                    least = None if sol.variants else build_problem(graph, params, options, least_memory=True)
+                    if least is not None and _counts(least) != _counts(problem):
                         # the candidates the cap let through need more than it (the cut counts
                         # a candidate's own working set, not the executor's state around it):
                         # the plan of the candidates that need the least, whose smallest
