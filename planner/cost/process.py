@@ -55,10 +55,10 @@ numpy, slotplan's modules, the plan and the extension with its Go runtime), meas
 run itself (``rss_start_bytes``) or, before a run, :data:`BASELINE_BYTES`.
 
 ``--memory-cap`` bounds ``growth`` (docs/lattigo.md, "The process model"): the key schedule
-leaves room for the executor's terms (:func:`executor_reserve`), and a capped plan reports
-the model as ``summary.process_peak_bytes`` (:func:`summary_field`), the baseline apart.
-The planner models a run with :data:`PLANNER_WORKERS` worker (``slotplan run`` pinned to one
-core); each further worker adds ``evaluator_bytes + fused_worker_bytes``.
+holds back the executor's constant terms (:func:`executor_reserve`) and sees the fused
+blocks step by step (:func:`executor_series`); a capped plan reports the model as
+``summary.process_peak_bytes`` (:func:`summary_field`), the baseline apart. One worker
+(:data:`PLANNER_WORKERS`); each further one adds ``evaluator_bytes + fused_worker_bytes``.
 """
 
 from __future__ import annotations
@@ -441,10 +441,10 @@ class Reserve:
 def executor_series(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS
                     ) -> Callable[[Sequence[Mapping[str, Any]]], np.ndarray] | None:
     """The fused blocks' bytes at each step of a program derived from ``plan`` (the key
-    scheduler's programs without key ops: split hoisted groups included), as a run holds
-    them (no plaintext cache): the step-wise part of the executor's state that
-    :func:`executor_reserve` with ``stepwise`` leaves out of its constant. None without
-    stored sizes."""
+    scheduler's, without key ops), as a run holds them (no plaintext cache); None without
+    stored sizes. The blocks are decided as under a key schedule (planner.ir.fusion), and
+    since which blocks the schedule splits by dropping their giant keys early is not known
+    before it is made, each step counts the larger of "all whole" and "all split"."""
     params = Params.from_json(plan["params"])
     sizes = executor_sizes(params)
     if sizes is None:
@@ -454,11 +454,6 @@ def executor_series(plan: Mapping[str, Any], workers: int = PLANNER_WORKERS
     base = {k: v for k, v in plan.items() if k not in ("fused", "keys")}
 
     def series(program: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        # the blocks as the scheduled plan will have them (planner.ir.fusion: under a key
-        # schedule one-product blocks only in Q mode, and a block whose giant keys the
-        # schedule drops before its root fused giant step by giant step, often as more Q-mode
-        # blocks holding their plaintexts in QP): which blocks the schedule splits is not
-        # known before it is made, so each step counts the larger of "all whole" and "all split"
         prog = [dict(i) for i in program if i.get("op") not in ("load_key", "drop_key")]
         out = np.zeros(len(prog), dtype=np.int64)
         for split in (False, True):
