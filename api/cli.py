@@ -47,7 +47,7 @@ _fail = fail
 def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
     params: Annotated[str, typer.Option("--params", help="preset n12..n16, n14boot, n16boot, auto (the smallest secure preset that fits without bootstrapping, else n16boot) or a JSON file")] = "n16",
-    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
+    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bound on the modelled process memory of a Lattigo run (plan + executor state + bootstrap garbage; not the process baseline, ~62 MiB + plan): bytes, or with KiB/MiB/GiB")] = None,
     solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit, seconds")] = 10.0,
     wall_limit: Annotated[float | None, typer.Option("--wall-limit", min=0.1, help="bound the whole planning (candidates, solve, lowering, key schedule) to this many seconds of wall time; past it, exit 3 naming the step")] = None,

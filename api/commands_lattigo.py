@@ -59,6 +59,10 @@ def calibrate(
     boot_stream: Annotated[
         int | None, typer.Option("--boot-stream", help="variants: stream the block's Galois keys, D read ahead")
     ] = None,
+    executor_only: Annotated[
+        bool, typer.Option("--executor-only", help="only measure the executor's sizes (ExecutorMemory, for the "
+                           "process model under --memory-cap); the table at --out keeps the rest"),
+    ] = False,
 ) -> None:
     """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
     A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
@@ -82,12 +86,14 @@ def calibrate(
 
             kinds = parse_kinds(p, boot_variants)
         table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat,
-                                      boot_variants=kinds, variants_only=boot_variants_only, boot_stream=boot_stream)
+                                      boot_variants=kinds, variants_only=boot_variants_only, boot_stream=boot_stream,
+                                      executor_only=executor_only)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
-    if as_json or boot_variants_only:
-        out.print_json(json.dumps(table if as_json else table.get("measurements", {}).get("boot_variants")))
+    if as_json or boot_variants_only or executor_only:
+        m_ = table.get("measurements", {})
+        out.print_json(json.dumps(table if as_json else m_.get("executor") if executor_only else m_.get("boot_variants")))
         return
     m = table["measurements"]
     w = table["weights"]

@@ -286,7 +286,7 @@ def batch(
     params: Annotated[str, typer.Option("--params", help="preset n12..n16 or a JSON file")] = "n16",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver time limit per graph, seconds")] = 10.0,
     solver: Annotated[str, typer.Option("--solver", help=SOLVER_BACKENDS.help())] = "cpsat",
-    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bytes, or with KiB/MiB/GiB")] = None,
+    memory_cap: Annotated[str | None, typer.Option("--memory-cap", help="bound on the modelled process memory of a Lattigo run (plan + executor state + bootstrap garbage; not the process baseline, ~62 MiB + plan): bytes, or with KiB/MiB/GiB")] = None,
     input_layout: Annotated[str, typer.Option("--input-layout", help="free | row-major")] = "free",
     kernels: Annotated[str | None, typer.Option("--kernels", help="allowed kernels, comma-separated")] = None,
     allow_insecure: Annotated[bool, typer.Option("--allow-insecure", help="accept custom params above the 128-bit bound")] = False,

@@ -5,7 +5,10 @@ For each workload of a key suite (or one graph) at its preset:
 * **keep-all** (ANT-ACE): the plan without key schedule; every key generated at the top
   level, written to a key directory and read back before the clock starts (Go
   ``BenchPlan`` with ``keep_all_disk``);
-* **cap f** for each fraction ``f`` of the keep-all modelled peak (a cap below what one
+* **cap f** for each fraction ``f``: the cap that leaves the plan's own terms (keys,
+  ciphertexts, plaintexts) ``f`` of their keep-all modelled peak beside the executor's
+  state, i.e. the keep-all plan's process model (planner.cost.process, what
+  ``--memory-cap`` bounds) less ``1 - f`` of its own peak (a cap below what one
   step needs, e.g. a bootstrap's key block, is measured at the smallest feasible cap, the
   row naming the requested one and why): the graph planned with
   ``memory_cap_bytes`` (the joint key schedule, :mod:`planner.keys.joint`: hoisted splits, key
@@ -48,6 +51,7 @@ from backends.lattigo_backend import (
 from backends.lattigo_bench import _scatter
 from backends.lattigo_memory import GC_LIMIT_HEADROOM, boot_memory, executor_memory, process_model
 from backends.runner import check_assumed_ranges
+from planner.cost.process import plan_process_model
 from planner.cost.timing import Run, TimeModel, modelled_time, time_model
 from planner.frontend.graph import Graph, load_graph
 from planner.frontend.params import Params, load_params
@@ -198,8 +202,12 @@ def measure_graph(
     ka_peak = ka.peak_bytes
     ka_time = modelled_time(res.plan["program"], params, {}, tm, run=run)
     ka_plain = modelled_time(res.plan["program"], params, {}, tm)
+    # the keep-all plan's process model (the run's executor state as the planner models it):
+    # the caps below leave the plan's own terms a fraction of ka_peak beside it
+    ka_process = int(plan_process_model(res.plan)["growth"])
     runs: list[dict[str, Any]] = []
     row: dict[str, Any] = {"cap": None, "fraction": 1.0, "strategy": "keep-all", "model_peak_bytes": ka_peak["total"],
+           "model_process_planned_bytes": ka_process,
            "model_key_bytes": ka_peak["keys"], "model_time_ms": round(ka_time.total_ms, 2),
            "model_time_planning_ms": round(ka_plain.total_ms, 2), "model_load_ms": round(ka_time.load_ms, 2),
            "model_ms_by_op": _by_op(tm, res.plan["program"], params, run),
@@ -209,7 +217,7 @@ def measure_graph(
                       plaintext_cache=plaintext_cache, workers=workers))
     runs.append(row)
     for f in fractions:
-        cap = int(ka_peak["total"] * f)
+        cap = int(ka_process - (1 - f) * ka_peak["total"])
         below: dict[str, Any] = {}
         try:
             r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s, kernels=kern))
@@ -218,7 +226,7 @@ def measure_graph(
             # row is measured at the smallest feasible cap and says so
             below = {"requested_cap": cap, "requested_fraction": f, "below_min_feasible_cap": e.where}
             cap = e.min_cap
-            f = round(cap / ka_peak["total"], 4)
+            f = round(1 - (ka_process - cap) / ka_peak["total"], 4)
             r = plan_graph(graph, params, PlanOptions(memory_cap_bytes=cap, time_limit_s=time_limit_s, kernels=kern))
         s = r.plan["summary"]
         ks = s["key_schedule"]

@@ -345,6 +345,9 @@ def text_report(plan: Mapping[str, Any], explain: Mapping[str, Any] | None = Non
         f"peak {pk['total'] / MiB:.1f} MiB (keys {pk['keys'] / MiB:.1f}, plaintexts {pk['plaintexts'] / MiB:.1f}, "
         f"ciphertexts {pk['ciphertexts'] / MiB:.1f})"
         + (f"  cap {cap / MiB:.1f} MiB" if cap else "  no memory cap"),
+        *([f"process peak {pp['total'] / MiB:.1f} MiB (plan {pp['plan'] / MiB:.1f}, executor {pp['executor'] / MiB:.1f}, "
+           f"bootstrap garbage {pp['bootstrap'] / MiB:.1f}; the cap bounds this) + baseline {pp['baseline'] / MiB:.1f} MiB"]
+          if isinstance(pp := s.get("process_peak_bytes"), dict) else []),
         "key schedule: " + ("load/drop" if tl.scheduled else "none (all keys resident for the whole program)"),
         "",
     ]

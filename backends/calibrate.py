@@ -225,6 +225,7 @@ def cost_table(params: Params, raw: Mapping[str, Any], name: str | None = None) 
         "samples_ms": samples_ms,
         "calibrate_seconds": round(float(raw.get("total_seconds", 0.0)), 3),
         **({"bootstrap": _boot_measurements(raw)} if raw.get("boot") else {}),
+        "executor": executor_measurements(params),
         "machine": machine,
     }
     pname = params.name if params.name != "custom" else f"logn{params.log_n}"
@@ -271,6 +272,21 @@ def _boot_measurements(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def executor_measurements(params: Params) -> dict[str, Any]:
+    """``measurements.executor``: the executor's sizes on ``params`` as Go's ``ExecutorMemory``
+    reports them for one worker (none depends on the plan: a plan of one input and output
+    asks), the planner's process model (planner.cost.process, executor_sizes)."""
+    from backends.lattigo_memory import executor_memory
+    from planner.cost.process import EXECUTOR_FIELDS
+
+    plan = {"schema": "slotplan.plan/1", "graph": {"name": "executor", "sha256": "0" * 64}, "params": params.to_json(),
+            "summary": {}, "nodes": [], "plaintexts": {}, "outputs": {"y": [1]},
+            "program": [{"op": "input", "dst": "c0", "tensor": "x", "table": "in/x/0"},
+                        {"op": "output", "src": "c0", "tensor": "y", "table": "out/y/0"}]}
+    mem = executor_memory(plan, workers=1)
+    return {"workers": 1, **{f: mem[f] for f in EXECUTOR_FIELDS}}
+
+
 def default_path(params: Params) -> Path:
     pname = params.name if params.name != "custom" else f"logn{params.log_n}"
     return COSTS_DIR / f"{pname}-lattigo.json"
@@ -295,6 +311,7 @@ def calibrate(
     boot_variants: Sequence[str] | None = None,
     variants_only: bool = False,
     boot_stream: int | None = None,
+    executor_only: bool = False,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``).
 
@@ -303,6 +320,16 @@ def calibrate(
     ``measurements.boot_variants``; with ``variants_only`` the table already at the path keeps
     everything else (its weights and measurements) and only those two are replaced."""
     path = Path(out) if out is not None else default_path(params)
+    if executor_only:
+        # the executor's sizes only (seconds): the table at the path keeps everything else
+        if not path.exists():
+            raise SlotplanError(f"--executor-only: no cost table at {path} to add the executor's sizes to")
+        table = json.loads(path.read_text())
+        if table.get("params") is None or Params.from_json(table["params"]) != params:
+            raise SlotplanError(f"--executor-only: the table at {path} was calibrated on other parameters")
+        table.setdefault("measurements", {})["executor"] = executor_measurements(params)
+        CostTable.model_validate(table)
+        return table, write_table(table, path)
     if variants_only:
         if not boot_variants:
             raise SlotplanError("--boot-variants-only needs --boot-variants")

@@ -35,6 +35,10 @@ import numpy as np
 
 from planner import ir
 
+# Above PLAINTEXT_INLINE_BYTES of plaintext vectors, run_plan hands them to Go through a file
+# (the process model's threshold, planner.cost.process).
+from planner.cost.process import PLAINTEXT_INLINE_BYTES
+
 __all__ = [
     "LattigoError",
     "LattigoResult",
@@ -48,8 +52,6 @@ __all__ = [
 ]
 
 _EXT = "slotlattigo.slotlattigo"
-# Above this many bytes of plaintext vectors, run_plan hands them to Go through a file.
-PLAINTEXT_INLINE_BYTES = 64 << 20
 _BUILD_HINT = ("the Lattigo extension is not built: run `make lattigo` in a checkout, or install with Go and a "
                "C compiler present and without SLOTPLAN_NO_LATTIGO (docs/install.md)")
 

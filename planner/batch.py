@@ -295,7 +295,7 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     if options.memory_cap_bytes is not None:
         from planner.keys.schedule import schedule_plan
 
-        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", time_limit_s=options.time_limit_s)
+        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", process=True, time_limit_s=options.time_limit_s)
     seconds = plan_seconds_model(plan, params)
     plan["summary"]["batch"] = options.batch
     plan["summary"]["per_sample"] = {

@@ -59,51 +59,46 @@ def plan_single(
     claims: list[LayoutClaim] = []
     try:
         with progress.deadline(wall_limit_s, wall_started):
-            problem = build_problem(graph, params, options)
-            try:
-                sol = solve_problem(problem)
-            except PlanError as e:
-                # under a cap, the candidates were cut to those that fit it: when that leaves no
-                # assignment within the levels, plan without the cut and let the key schedule
-                # below name the smallest feasible cap (or fit the cap after all)
-                if options.memory_cap_bytes is None or problem.model.max_depth is None:
-                    raise
-                problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
-                try:
-                    sol = solve_problem(problem)
-                except PlanError:
-                    raise e from None
-            if sol.status is Status.UNKNOWN:
-                raise PlanTimeout(
-                    f"the solver found no plan within {options.time_limit_s} s; raise --time-limit"
-                )
-            plan, tables = lower_solution(problem, sol, claims)
+            problem, sol, plan, tables = _solved(graph, params, options, claims)
             if options.memory_cap_bytes is not None:
                 # rotation-key schedule under the cap (planner.keys.joint: key set, hoisted-group
                 # splits and residency chosen together for the smallest modelled time; raises
                 # KeyCapError naming the smallest feasible cap); every table stays valid
                 from planner.keys.profile import KeyCapError
-                from planner.keys.schedule import schedule_plan
 
-                left = progress.remaining()
                 try:
-                    plan, _ = schedule_plan(
-                        plan, options.memory_cap_bytes, "joint",
-                        time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
-                    )
+                    plan = _scheduled(plan, options)
                 except KeyCapError as e:
-                    if not sol.variants:
-                        raise
-                    # issue 36: the bootstrap variants' keys and DFT matrices do not fit the
-                    # cap: the full-slot plan (its options say boot_variants false), with why
-                    res = plan_single(graph, params, replace(options, boot_variants=False), record_timings,
-                                      wall_limit_s, wall_started)
-                    bt = res.plan["summary"].get("bootstrapping")
-                    if bt is not None:
-                        bt.setdefault("warnings", []).append(
-                            f"bootstrap variants not used: with them the plan needs at least {e.min_cap} bytes, "
-                            f"above the memory cap (their keys and DFT matrices join the key block 'boot')")
-                    return res
+                    err: KeyCapError | None = e
+                    # (a plan with bootstrap variants falls back to the full-slot plan below,
+                    # which does this itself)
+                    least = None if sol.variants else build_problem(graph, params, options, least_memory=True)
+                    if least is not None and _counts(least) != _counts(problem):
+                        # the candidates the cap let through need more than it (the cut counts
+                        # a candidate's own working set, not the executor's state around it):
+                        # the plan of the candidates that need the least, whose smallest
+                        # feasible cap the refusal names whatever cap was asked
+                        lclaims: list[LayoutClaim] = []
+                        problem, sol, plan, tables = _solved(graph, params, options, lclaims, least)
+                        claims = lclaims
+                        try:
+                            plan = _scheduled(plan, options)
+                            err = None
+                        except KeyCapError as e2:
+                            err = e2
+                    if err is not None:
+                        if not sol.variants:
+                            raise err from None
+                        # issue 36: the bootstrap variants' keys and DFT matrices do not fit
+                        # the cap: the full-slot plan (its options say boot_variants false), with why
+                        res = plan_single(graph, params, replace(options, boot_variants=False), record_timings,
+                                          wall_limit_s, wall_started)
+                        bt = res.plan["summary"].get("bootstrapping")
+                        if bt is not None:
+                            bt.setdefault("warnings", []).append(
+                                f"bootstrap variants not used: with them the plan needs at least {err.min_cap} "
+                                f"bytes, above the memory cap (their keys and DFT matrices join the key block 'boot')")
+                        return res
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
         raise PlanWallTimeout(str(e)) from None
@@ -116,3 +111,46 @@ def plan_single(
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
         plan["summary"]["plan_seconds"] = round(seconds, 6)
     return PlanResult(plan, tables, sol, problem, seconds, claims)
+
+
+def _solved(graph: Graph, params: Params, options: PlanOptions, claims: list[LayoutClaim],
+            least: PlanProblem | None = None) -> tuple[PlanProblem, Solution, dict[str, Any], LazyTables]:
+    """Choice model (``least``: the one built with only the least-memory candidates), solve
+    and lowering."""
+    problem = least if least is not None else build_problem(graph, params, options)
+    try:
+        sol = solve_problem(problem)
+    except PlanError as e:
+        # under a cap, the candidates were cut to those that fit it: when that leaves no
+        # assignment within the levels, plan without the cut and let the key schedule
+        # name the smallest feasible cap (or fit the cap after all)
+        if options.memory_cap_bytes is None or problem.model.max_depth is None:
+            raise
+        problem = build_problem(graph, params, replace(options, memory_cap_bytes=None))
+        try:
+            sol = solve_problem(problem)
+        except PlanError:
+            raise e from None
+    if sol.status is Status.UNKNOWN:
+        raise PlanTimeout(f"the solver found no plan within {options.time_limit_s} s; raise --time-limit")
+    plan, tables = lower_solution(problem, sol, claims)
+    return problem, sol, plan, tables
+
+
+def _scheduled(plan: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
+    """``plan`` with its key schedule under ``options.memory_cap_bytes`` on the process model."""
+    from planner.keys.schedule import schedule_plan
+
+    assert options.memory_cap_bytes is not None
+    left = progress.remaining()
+    new, _ = schedule_plan(
+        plan, options.memory_cap_bytes, "joint", process=True,
+        time_limit_s=options.time_limit_s if left is None else max(0.05, min(options.time_limit_s, left)),
+    )
+    return new
+
+
+def _counts(problem: PlanProblem) -> dict[str, int]:
+    """Candidates per node after the cut, before dominated ones are pruned (a cut keeps a
+    superset of the least-memory cut's)."""
+    return {n: len(cs) for n, cs in problem.all_candidates.items()}

@@ -79,9 +79,11 @@ def _group_of(graph: Graph, tensor: str) -> str:
     return tensor if graph.producer(tensor) is not None else f"input:{tensor}"
 
 
-def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanProblem:
+def build_problem(graph: Graph, params: Params, options: PlanOptions, least_memory: bool = False) -> PlanProblem:
     """Candidates of every node, layout options of every encrypted input, conversion
-    costs between them: the choice model the solver picks from."""
+    costs between them: the choice model the solver picks from. ``least_memory`` (with a
+    memory cap): every node keeps only its candidates that need the least memory, whatever
+    the cap (the plan whose smallest feasible cap a refusal names, planner/single.py)."""
     S = params.slots
     options = resolve_objective(options.with_packing(), params)
     costs = load_costs(options.costs)
@@ -106,7 +108,12 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions) -> PlanPro
     input_options = _input_options(graph, cands, pinned, free, S)
     penalty: dict[str, list[int]] = {}
     if options.memory_cap_bytes is not None:
-        penalty = _apply_residency(cands, params, options.memory_cap_bytes, tm)
+        # the cap bounds the process (planner.cost.process): the candidates' working sets
+        # keep to what the executor's fixed state leaves of it
+        from planner.cost.process import fixed_reserve
+
+        cut = 1 if least_memory else max(1, fixed_reserve(params).plan_cap(options.memory_cap_bytes))
+        penalty = _apply_residency(cands, params, cut, tm)
     groups: list[Group] = []
     for t, opts in input_options.items():
         groups.append(Group(f"input:{t}", tuple(0 for _ in opts), tuple(o.notation() for o in opts)))

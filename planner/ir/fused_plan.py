@@ -60,11 +60,16 @@ def plan_key_levels(plan: Mapping[str, Any]) -> dict[int, int]:
 
 
 def fused_annotation(
-    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None
+    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None,
+    scheduled: bool | None = None, split_giants: bool = False,
 ) -> dict[str, Any]:
     """The ``fused`` annotation of ``program``: the blocks :mod:`planner.ir.fusion` decides
-    (which instructions, Q or QP mode) and the baby rotations they absorb."""
-    roots, skip, _ = _analyse(program, slots, key_levels)
+    (which instructions, Q or QP mode) and the baby rotations they absorb. ``scheduled``
+    (True: as under a key schedule, for a program that has none yet) and ``split_giants``
+    (every block with giant steps fused group by group, as when the schedule drops its giant
+    keys early): the key scheduler's views of the plan it is making
+    (planner.cost.process.executor_series)."""
+    roots, skip, _ = _analyse(program, slots, key_levels, scheduled, split_giants)
     blocks = sorted((sorted(f.instrs), f.qmode) for f in roots)
     in_blocks = {i for f in roots for i in f.instrs}
     return {

@@ -187,13 +187,20 @@ def product_sums(instrs: Sequence[Any]) -> list[ProductSum]:
 
 
 def _analyse(
-    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None
+    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None,
+    scheduled: bool | None = None, split_giants: bool = False,
 ) -> tuple[list[_Form], set[int], list[Any]]:
     """(fused roots, absorbed instruction indices, decoded instructions); ``key_levels``:
-    the level each rotation key is made at, where the plan records it (``keys``)."""
+    the level each rotation key is made at, where the plan records it (``keys``);
+    ``scheduled``: decide the blocks as under a key schedule (None: whether the program has
+    ``load_key``/``drop_key``); ``split_giants``: every block with giant steps fused group by
+    group, as when a schedule drops each giant key before the block's root."""
     instrs = [ir.decode(dict(raw)) for raw in program]
-    scheduled = any(isinstance(ins, ir.LoadKey | ir.DropKey) for ins in instrs)
+    if scheduled is None:
+        scheduled = any(isinstance(ins, ir.LoadKey | ir.DropKey) for ins in instrs)
     roots, skip, split = _analyse_once(instrs, slots, scheduled, set(), key_levels)
+    if split_giants:
+        split |= {i for f in roots for i in f.instrs if isinstance(instrs[i], ir.Rot)}
     if split:
         roots, skip, _ = _analyse_once(instrs, slots, scheduled, split, key_levels)
     _mark_qmode(roots)

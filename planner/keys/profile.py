@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from common.errors import SlotplanError
@@ -84,9 +85,23 @@ def key_memory_profile(
     }
 
 
+# Bytes the executor holds at each step beside the plan's own terms (the fused blocks' state,
+# planner.cost.process.executor_series), for a program without key ops: set while the key
+# schedule runs under a cap on the process model (planner.keys.schedule.schedule_plan), so
+# that every strategy sees it in the base profile of whatever program it schedules.
+EXECUTOR_SERIES: ContextVar[Callable[[Sequence[Mapping[str, Any]]], Any] | None] = ContextVar(
+    "executor_series", default=None)
+
+
 def base_profile(
     program: Sequence[Mapping[str, Any]], params: Params, depth: Mapping[str, int] | None = None
 ) -> list[int]:
-    """Live ciphertext + plaintext bytes at every point of a program without key ops."""
-    _, ps, cs = _walk([i for i in program if not _is_key_op(i)], params, {}, depth)
-    return [p + c for p, c in zip(ps, cs, strict=True)]
+    """Live ciphertext + plaintext bytes at every point of a program without key ops, plus
+    the executor's step-wise bytes when :data:`EXECUTOR_SERIES` is set."""
+    core = [i for i in program if not _is_key_op(i)]
+    _, ps, cs = _walk(core, params, {}, depth)
+    out = [p + c for p, c in zip(ps, cs, strict=True)]
+    series = EXECUTOR_SERIES.get()
+    if series is not None:
+        out = [o + int(e) for o, e in zip(out, series(core), strict=True)]
+    return out

@@ -40,6 +40,7 @@ from typing import Any
 
 from common import progress
 from planner import ir
+from planner.cost.process import Reserve, executor_reserve, executor_series, plan_process_model, summary_field
 from planner.frontend.params import Params
 from planner.ir import boot_block
 from planner.ir.analysis import (
@@ -53,6 +54,7 @@ from planner.ir.analysis import (
 from planner.ir.fused_plan import annotate
 from planner.keys.basis import BASES, _sites, choose_basis, rewrite_rotations
 from planner.keys.profile import (
+    EXECUTOR_SERIES,
     KeyCapError,
     KeyScheduleError,
     _is_key_op,
@@ -375,15 +377,90 @@ def schedule_plan(
     cap_bytes: int | None,
     strategy: str,
     max_keys: int | None = None,
+    process: bool = False,
     **kwargs: Any,
 ) -> tuple[dict[str, Any], KeySchedule]:
     """A copy of ``plan`` with a key schedule: new program, ``keys`` (level and bytes per
     key) and an updated summary (rotations, rotation_keys, key_loads, peak_bytes,
-    memory_cap_bytes, instructions, key_schedule)."""
+    memory_cap_bytes, instructions, key_schedule). ``process``: the cap bounds the process
+    model (planner.cost.process; ``slotplan plan --memory-cap``), and the summary gets
+    ``process_peak_bytes``; otherwise the plan's own memory model (``slotplan keys``)."""
     params = Params.from_json(plan["params"])
     source = plan.get("summary", {}).get("key_schedule", {}).get("source_program_sha256")
-    with progress.stage("key schedule"):
-        sched = schedule_keys(plan["program"], params, cap_bytes, strategy, max_keys, **kwargs)
+    if cap_bytes is None or not process:
+        with progress.stage("key schedule"):
+            sched = schedule_keys(plan["program"], params, cap_bytes, strategy, max_keys, **kwargs)
+        return _with_schedule(plan, sched, cap_bytes, source, params), sched
+    # the cap bounds the process model (planner.cost.process): the plan's own terms keep to
+    # what the executor's state (its largest, at every step) and the bootstraps' garbage leave
+    # of it; the process model of the scheduled plan is then evaluated step by step, and the
+    # plan's cap moved by the difference (down when over the cap, up while the held-back
+    # executor state left more than PROCESS_SLACK of it unused), PROCESS_RETRIES schedules at most
+    reserve = executor_reserve(plan, stepwise=True)
+    token = EXECUTOR_SERIES.set(executor_series(plan))
+    try:
+        return _schedule_under_process_cap(plan, cap_bytes, strategy, max_keys, reserve, source, params, **kwargs)
+    finally:
+        EXECUTOR_SERIES.reset(token)
+
+
+def _schedule_under_process_cap(
+    plan: Mapping[str, Any], cap_bytes: int, strategy: str, max_keys: int | None, reserve: Reserve,
+    source: Any, params: Params, **kwargs: Any,
+) -> tuple[dict[str, Any], KeySchedule]:
+    """:func:`schedule_plan`'s loop under a process cap, the executor's fused blocks in the
+    base profile step by step (:data:`planner.keys.profile.EXECUTOR_SERIES`)."""
+    plan_cap = reserve.plan_cap(cap_bytes)
+    extra = 0  # taken off the plan's cap by retries
+    best: tuple[dict[str, Any], KeySchedule] | None = None
+    tried: set[int] = set()
+    for _ in range(PROCESS_RETRIES):
+        tried.add(plan_cap)
+        try:
+            if plan_cap <= 0:
+                schedule_keys(plan["program"], params, 1, strategy, max_keys, **kwargs)
+            with progress.stage("key schedule"):
+                sched = schedule_keys(plan["program"], params, plan_cap, strategy, max_keys, **kwargs)
+        except KeyCapError as e:
+            if best is not None:
+                break
+            raise KeyCapError(
+                cap_bytes, reserve.process_cap(e.min_cap) + extra, e.strategy,
+                f"{e.where} (the fused blocks' state counted step by step); beside it the executor holds "
+                f"{reserve.bytes} bytes"
+                + (f" and the bootstraps' garbage up to {reserve.slack(cap_bytes)}" if reserve.alloc_bytes else "")
+                + " (the process model, docs/lattigo.md)") from None
+        new = _with_schedule(plan, sched, cap_bytes, source, params)
+        pm = plan_process_model(new)
+        growth = int(pm["growth"])
+        if growth <= cap_bytes:
+            new["summary"]["process_peak_bytes"] = summary_field(pm)
+            new["summary"]["key_schedule"]["plan_cap_bytes"] = plan_cap
+            best = (new, sched)
+            if cap_bytes - growth <= PROCESS_SLACK * cap_bytes or sched.loads == 0:
+                break
+        elif best is not None:
+            break
+        else:
+            extra += growth - cap_bytes
+        plan_cap += cap_bytes - growth
+        if plan_cap in tried:
+            break
+    if best is not None:
+        return best
+    raise KeyCapError(cap_bytes, int(pm["growth"]) + extra, strategy,
+                      f"the process model of the scheduled plan stays at {pm['growth']} bytes after "
+                      f"{PROCESS_RETRIES} schedules")
+
+
+# Schedules tried under a cap until the process model of the result fits it, and the part
+# of the cap it may leave unused before the plan's cap is raised by it.
+PROCESS_RETRIES = 3
+PROCESS_SLACK = 0.02
+
+
+def _with_schedule(plan: Mapping[str, Any], sched: KeySchedule, cap_bytes: int | None, source: str | None,
+                   params: Params) -> dict[str, Any]:
     new = dict(plan)
     new["program"] = sched.program
     summary = dict(plan.get("summary", {}))
@@ -396,6 +473,7 @@ def schedule_plan(
     if isinstance(ks.get("solver"), dict):  # wall-clock: plans stay byte-for-byte deterministic
         ks["solver"] = {k: v for k, v in ks["solver"].items() if k != "seconds"}
     ks["source_program_sha256"] = source or program_sha256(plan["program"])
+    ks["memory_cap_bytes"] = cap_bytes
     summary["key_schedule"] = ks
     new["summary"] = summary
     new["keys"] = sched.keys_json()
@@ -410,4 +488,4 @@ def schedule_plan(
         ]
     if "fused" in new:  # the annotation names instructions of the old program: decided anew
         annotate(new)
-    return new, sched
+    return new

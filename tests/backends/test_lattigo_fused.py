@@ -99,7 +99,7 @@ def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
     Q mode only, as many as without it."""
     graph = conv_workload("conv2").graph
     params = load_params("n12")
-    cap = None if fraction is None else int(_peak_keys(graph, None) * fraction)
+    cap = None if fraction is None else _cap(graph, None, fraction)
     res = _plan(graph, None, cap)
     fc = fused_counts(res.plan["program"], params.slots)
     st, err = _bench(graph, None, {"repeat": 1, "memory_cap_bytes": cap})
@@ -163,12 +163,20 @@ def test_hybrid_kernel_random_shapes_sim(seed: int) -> None:
         assert res.plan["summary"]["pmul"] in (want, want + 1)
 
 
-def _peak_keys(graph: Graph, kernels: tuple[str, ...] | None) -> int:
-    return int(_plan(graph, kernels).plan["summary"]["peak_bytes"]["total"])
+def _cap(graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> int:
+    """A memory cap that leaves the plan's own terms (keys, ciphertexts, plaintexts) about
+    ``fraction`` of their keep-all peak: the cap bounds the process model (the executor's
+    state beside them, planner.cost.process), so it is the keep-all plan's process peak less
+    the rest of its own peak."""
+    from planner.cost.process import plan_process_model
+
+    free = _plan(graph, kernels).plan
+    peak = int(free["summary"]["peak_bytes"]["total"])
+    return int(plan_process_model(free)["growth"] - (1 - fraction) * peak)
 
 
 def _capped_plan(graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
-    return _plan(graph, kernels, int(_peak_keys(graph, kernels) * fraction)).plan
+    return _plan(graph, kernels, _cap(graph, kernels, fraction)).plan
 
 
 def _two_hops(plan: dict[str, Any]) -> bool:
@@ -183,7 +191,7 @@ def _two_hops(plan: dict[str, Any]) -> bool:
 
 
 def _check_fused_schedule(name: str, graph: Graph, kernels: tuple[str, ...] | None, fraction: float) -> dict[str, Any]:
-    cap = int(_peak_keys(graph, kernels) * fraction)
+    cap = _cap(graph, kernels, fraction)
     try:
         plan = _plan(graph, kernels, cap).plan
     except SlotplanError:

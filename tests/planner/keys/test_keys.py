@@ -450,19 +450,28 @@ def test_tight_cap_changes_the_kernel_choice() -> None:
     free = plan_graph(g, params, PlanOptions(kernels=kernels))
     assert free.plan["nodes"][0]["kernel"] == "imra"
     group = max(len(i["ks"]) for i in free.plan["program"] if i["op"] == "rot_hoisted")
+    # the cap bounds the process (planner/cost/process.py): the candidates keep to what the
+    # executor's fixed state leaves of it, the key schedule to what the plan's executor state leaves
+    from planner.cost.process import executor_reserve, fixed_reserve
+
+    fixed, held = fixed_reserve(params).bytes, executor_reserve(free.plan).bytes
     cap = 30 * 2**20  # below IMRA's largest hoisted group (31 keys at once): split, still IMRA
     assert cap < group * params.rotation_key_bytes()
-    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, kernels=kernels))
+    split = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap + held, kernels=kernels))
     node = split.plan["nodes"][0]
-    assert node["kernel"] == "imra" and node["min_cap_bytes"] <= cap
+    assert node["kernel"] == "imra" and node["min_cap_bytes"] <= cap + held - fixed
     assert split.plan["summary"]["key_schedule"]["hoisted_splits"] > 0
-    assert split.plan["summary"]["peak_bytes"]["total"] <= cap
+    assert split.plan["summary"]["process_peak_bytes"]["total"] <= cap + held
     check_plan(split, g)
-    cap = node["min_cap_bytes"] - 1  # below IMRA's own minimum: another kernel
-    tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, kernels=kernels))
+    cap = node["min_cap_bytes"] - 1 + fixed  # below IMRA's own minimum: another kernel, or a refusal
+    try:  # (that kernel's executor state may not fit beside it: then the refusal names a larger cap)
+        tight = plan_graph(g, params, PlanOptions(memory_cap_bytes=cap, kernels=kernels))
+    except KeyCapError as e:
+        assert e.min_cap > cap
+        return
     node = tight.plan["nodes"][0]
-    assert node["kernel"] != "imra" and node["min_cap_bytes"] <= cap and "min_cap_bytes" not in node["params"]
-    assert tight.plan["summary"]["peak_bytes"]["total"] <= cap
+    assert node["kernel"] != "imra" and "min_cap_bytes" not in node["params"]
+    assert tight.plan["summary"]["process_peak_bytes"]["total"] <= cap
     check_plan(tight, g)
 
 
