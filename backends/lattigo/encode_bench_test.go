@@ -1,0 +1,74 @@
+package slotlattigo
+
+import (
+	"math/rand"
+	"testing"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+func benchParams16(b *testing.B) ckks.Parameters {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 16, LogQ: []int{60, 40, 40, 40, 40, 40, 40, 40, 40, 40}, LogP: []int{61, 61, 61, 61, 61}, LogDefaultScale: 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return params
+}
+
+func BenchmarkEncodeParts16(b *testing.B) {
+	params := benchParams16(b)
+	ecd := newEncoder(params)
+	em := newEmbedder(params, ecd)
+	rng := rand.New(rand.NewSource(1))
+	vals := make([]float64, params.MaxSlots())
+	for i := range vals {
+		vals[i] = 2*rng.Float64() - 1
+	}
+	level := 6
+	rqp := params.RingQP().AtLevel(level, params.MaxLevelP())
+	poly := ringqp.Poly{Q: params.RingQ().AtLevel(level).NewPoly(), P: params.RingP().NewPoly()}
+	md := &rlwe.MetaData{}
+	md.Scale = params.DefaultScale()
+	md.LogDimensions = params.LogMaxDimensions()
+	md.IsBatched, md.IsNTT = true, true
+	b.Run("embed_qp_l6", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := em.embed(vals, md, poly); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	buf := make([]complex128, params.MaxSlots())
+	b.Run("ifft", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			for j, x := range vals {
+				buf[j] = complex(x, 0)
+			}
+			if err := ecd.IFFT(buf, params.LogMaxSlots()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fixedpoint_qp_l6", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			ex := em.magnitudes(buf, md.Scale.Float64())
+			em.toFixedPointCRT(rqp.RingQ, buf, md.Scale.Float64(), poly.Q.Coeffs, ex)
+			em.toFixedPointCRT(rqp.RingP, buf, md.Scale.Float64(), poly.P.Coeffs, ex)
+		}
+	})
+	b.Run("ntt_one_prime", func(b *testing.B) {
+		r := params.RingQ().AtLevel(0)
+		p := r.NewPoly()
+		for i := 0; i < b.N; i++ {
+			r.NTT(p, p)
+		}
+	})
+	b.Run("ntt_qp_l6", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			rqp.NTT(poly, poly)
+		}
+	})
+}
