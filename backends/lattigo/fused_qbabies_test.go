@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -13,23 +15,34 @@ import (
 // its giant and summed. It returns the plan, its plaintext names (sorted) and its
 // instruction count.
 func bsgsPlan() (string, []string) {
+	return bsgsPlanOf(testParams, []int{0, 4, 8}, 3, 1)
+}
+
+// bsgsPlanOf is bsgsPlan with the given params, giant offsets, babies 1..babies and copies
+// products per (giant, baby) pair.
+func bsgsPlanOf(params string, giants []int, babies, copies int) (string, []string) {
 	var prog []string
 	var pts []string
 	add := func(s string, a ...any) { prog = append(prog, fmt.Sprintf(s, a...)) }
 	add(`{"op": "input", "dst": "x", "tensor": "x", "table": "in/x"}`)
-	add(`{"op": "rot_hoisted", "dsts": ["b1", "b2", "b3"], "src": "x", "ks": [1, 2, 3]}`)
+	var dsts, ks []string
+	for b := 1; b <= babies; b++ {
+		dsts, ks = append(dsts, fmt.Sprintf(`"b%d"`, b)), append(ks, fmt.Sprint(b))
+	}
+	add(`{"op": "rot_hoisted", "dsts": [%s], "src": "x", "ks": [%s]}`, strings.Join(dsts, ", "), strings.Join(ks, ", "))
 	var block []int
 	var tops []string
-	for gi, g := range []int{0, 4, 8} {
+	for gi, g := range giants {
 		sum := ""
-		for b := 0; b < 4; b++ {
+		for bc := 0; bc < (babies+1)*copies; bc++ {
+			b := bc / copies
 			src := "x"
 			if b > 0 {
 				src = fmt.Sprintf("b%d", b)
 			}
-			pt := fmt.Sprintf("p%d%d", gi, b)
+			pt := fmt.Sprintf("p%03d_%03d", gi, bc)
 			pts = append(pts, pt)
-			m := fmt.Sprintf("m%d%d", gi, b)
+			m := fmt.Sprintf("m%03d_%03d", gi, bc)
 			block = append(block, len(prog))
 			add(`{"op": "pmul", "dst": "%s", "src": "%s", "pt": "%s"}`, m, src, pt)
 			if sum == "" {
@@ -63,7 +76,8 @@ func bsgsPlan() (string, []string) {
 		spec[p] = map[string]string{"source": "w", "table": "pt/" + p}
 	}
 	specJSON, _ := json.Marshal(spec)
-	plan := `{"schema": "slotplan.plan/1", "params": ` + testParams + `,
+	sort.Strings(pts)
+	plan := `{"schema": "slotplan.plan/1", "params": ` + params + `,
 	  "fused": {"blocks": [{"instrs": ` + string(instrs) + `, "mode": "qp"}], "babies": [1]},
 	  "plaintexts": ` + string(specJSON) + `,
 	  "program": [` + strings.Join(prog, ",\n") + `]}`
@@ -145,4 +159,47 @@ func TestQBabiesPays(t *testing.T) {
 			t.Errorf("qBabiesPays%v = %v", c, got)
 		}
 	}
+}
+
+// TestFusedQBabiesAB (SLOTPLAN_QBABIES_AB=1; not a check): a block shaped as ResNet-20's
+// s2b2_ca at n16boot (16 giant groups of 2 products per baby, 16 babies: 544 products, 6 Q
+// and 5 P primes) at log N 14, streamed, one worker, timed QP path / Q babies alternately.
+func TestFusedQBabiesAB(t *testing.T) {
+	if os.Getenv("SLOTPLAN_QBABIES_AB") != "1" {
+		t.Skip("SLOTPLAN_QBABIES_AB=1 runs it")
+	}
+	const logN, slots = 14, 8192
+	params := `{"log_n": 14, "slots": 8192, "log_q": [60, 40, 40, 40, 40, 40], "log_p": [61, 61, 61, 61, 61], "log_scale": 40}`
+	var giants []int
+	for g := 0; g < 16; g++ {
+		giants = append(giants, 17*g)
+	}
+	plan, pts := bsgsPlanOf(params, giants, 16, 2)
+	v := randVecs(7, 1+len(pts), slots)
+	defer func(m int) { qBabiesMode = m }(qBabiesMode)
+	sums := map[int][]float64{}
+	for rep := 0; rep < 3; rep++ {
+		for _, mode := range []int{qBabiesOff, qBabiesAuto} {
+			qBabiesMode = mode
+			t0, c0 := nowSeconds(), cpuSeconds()
+			out, err := BenchPlan(plan, packVecs(v[0]), packVecs(v[1:]...), `{"no_plaintext_cache": true, "no_prepare": true, "workers": 1}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r struct {
+				Stats map[string]any `json:"stats"`
+			}
+			if err := json.Unmarshal([]byte(out), &r); err != nil {
+				t.Fatal(err)
+			}
+			// (the streamed encoding is timed apart from the evaluation: the call's wall time
+			// less key generation is the block's, with its encoding, and the encryption)
+			wall := nowSeconds() - t0 - r.Stats["keygen_seconds"].(float64)
+			cpu := cpuSeconds() - c0 - r.Stats["keygen_seconds"].(float64)
+			ev := r.Stats["eval_seconds_runs"].([]any)[0].(float64)
+			sums[mode] = append(sums[mode], cpu)
+			t.Logf("mode %d: %.3f s without keygen (cpu %.3f s, eval %.3f s), fused_qbaby_blocks %v, phases %v", mode, wall, cpu, ev, r.Stats["fused_qbaby_blocks"], r.Stats["fused_phase_seconds"])
+		}
+	}
+	t.Logf("QP path %v s, Q babies %v s (log N %d)", sums[qBabiesOff], sums[qBabiesAuto], logN)
 }
