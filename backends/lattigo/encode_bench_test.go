@@ -1,6 +1,7 @@
 package slotlattigo
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -82,4 +83,57 @@ func BenchmarkEncodeParts16(b *testing.B) {
 			rqp.NTT(poly, poly)
 		}
 	})
+}
+
+// BenchmarkQBabiesParts16: the parts fused_qbabies.go trades at log N 16, per level: a
+// plaintext's embedding in QP and in Q, one product (two polynomials) on QP limbs and on Q
+// limbs, and one ModDown of a polynomial (a baby brought down to Q takes two).
+func BenchmarkQBabiesParts16(b *testing.B) {
+	params := benchParams16(b)
+	ecd := newEncoder(params)
+	em := newEmbedder(params, ecd)
+	ev := ckks.NewEvaluator(params, nil)
+	rng := rand.New(rand.NewSource(1))
+	vals := make([]float64, params.MaxSlots())
+	for i := range vals {
+		vals[i] = 2*rng.Float64() - 1
+	}
+	md := &rlwe.MetaData{}
+	md.Scale = params.DefaultScale()
+	md.LogDimensions = params.LogMaxDimensions()
+	md.IsBatched, md.IsNTT = true, true
+	levelP := params.MaxLevelP()
+	for _, level := range []int{3, 5, 7} {
+		rqp := params.RingQP().AtLevel(level, levelP)
+		pt, a0, a1, s0, s1 := rqp.NewPoly(), rqp.NewPoly(), rqp.NewPoly(), rqp.NewPoly(), rqp.NewPoly()
+		_ = em.embed(vals, md, pt)
+		kqp, kq := newPlainQPProducts(rqp), newPlainProductKernel(rqp.RingQ)
+		b.Run(fmt.Sprintf("embed_qp_l%d", level), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				_ = em.embed(vals, md, pt)
+			}
+		})
+		b.Run(fmt.Sprintf("embed_q_l%d", level), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				_ = em.embed(vals, md, ringqp.Poly{Q: pt.Q})
+			}
+		})
+		b.Run(fmt.Sprintf("product_qp_l%d", level), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				kqp.mulAdd(pt, a0, a1, s0, s1, i == 0)
+				kqp.afterTerm(i, s0, s1)
+			}
+		})
+		b.Run(fmt.Sprintf("product_q_l%d", level), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				kq.mulAdd(pt.Q, a0.Q, a1.Q, s0.Q, s1.Q, i == 0)
+				kq.afterTerm(i, s0.Q, s1.Q)
+			}
+		})
+		b.Run(fmt.Sprintf("moddown_l%d", level), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				ev.ModDownQPtoQNTT(level, levelP, a0.Q, a0.P, s0.Q)
+			}
+		})
+	}
 }
