@@ -503,6 +503,9 @@ type babyCache struct {
 	pc1    ring.Poly // P * c1 (mod Q)
 	remain int
 	rotQ   map[int]*rlwe.Ciphertext // babies brought down to Q (Q-mode blocks)
+	// some babies were brought down in their own Q parts (babiesToQInPlace): every later
+	// QP block on the base runs with its babies in Q
+	inPlace bool
 }
 
 type fusedWorker struct {

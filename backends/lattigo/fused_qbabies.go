@@ -16,7 +16,8 @@ import (
 // limbs too. When the plaintexts are streamed (Run: each diagonal encoded once, just
 // before its product) and the block has many products per baby, it is cheaper to bring
 // each baby down to Q once (two ModDowns, shared by every block on the same base, as
-// Q-mode blocks do) and to run the products in Q, with Q-only plaintexts:
+// Q-mode blocks do, but in the babies' own Q parts) and to run the products in Q, with
+// Q-only plaintexts:
 //
 //	sum_g rot_g( sum_b pt_b * rot_b(x) )
 //	   = ModDown( sum_g phi_g(KS_g(c1_g)) ) + sum_g (phi_g(c0_g), 0)      (c_g = sum_b pt_b * rot_b(x), in Q)
@@ -60,6 +61,11 @@ func (e *executor) useQBabies(f *fForm, caches map[string]*babyCache, levelQ, le
 		return true
 	}
 	for _, b := range f.bases() {
+		if caches[b].inPlace { // its QP babies are gone (babiesToQInPlace)
+			return true
+		}
+	}
+	for _, b := range f.bases() {
 		fresh := 0
 		for _, beta := range e.fusion.baseBetas[b] {
 			if caches[b].rotQ[beta] == nil {
@@ -82,7 +88,8 @@ func qBabiesPays(products, giants, freshBabies, q, p int) bool {
 }
 
 // babiesToQ brings the babies the terms read down to Q (once per base: bc.rotQ), into
-// pooled ciphertexts (newCt; blockDone recycles them).
+// pooled ciphertexts (newCt; blockDone recycles them): Q-mode blocks, whose base's QP
+// babies may still be read by a later QP-path block.
 func (e *executor) babiesToQ(ev interface {
 	ModDownQPtoQNTT(levelQ, levelP int, p1Q, p1P, p2Q ring.Poly)
 }, terms []fTerm, caches map[string]*babyCache, levelQ, levelP int) {
@@ -99,6 +106,29 @@ func (e *executor) babiesToQ(ev interface {
 	}
 }
 
+// babiesToQInPlace brings the babies down to Q in their own Q parts (no memory besides the
+// QP babies the memory model counts): for Q-babies blocks only, as no block on the base
+// reads its QP babies after the first such block (useQBabies only grows more true as the
+// base's babies come down). The Q views are not owned (blockDone's recycle skips them).
+func (e *executor) babiesToQInPlace(ev interface {
+	ModDownQPtoQNTT(levelQ, levelP int, p1Q, p1P, p2Q ring.Poly)
+}, terms []fTerm, caches map[string]*babyCache, levelQ, levelP int) {
+	for _, t := range terms {
+		bc := caches[t.base]
+		if t.beta == 0 || bc.rotQ[t.beta] != nil {
+			continue
+		}
+		r := bc.rot[t.beta]
+		bc.inPlace = true
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, r.Value[0].Q)
+		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, r.Value[1].Q)
+		md := *r.MetaData
+		bc.rotQ[t.beta] = &rlwe.Ciphertext{Element: rlwe.Element[ring.Poly]{
+			Value:    []ring.Poly{{Coeffs: r.Value[0].Q.Coeffs[:levelQ+1]}, {Coeffs: r.Value[1].Q.Coeffs[:levelQ+1]}},
+			MetaData: &md}}
+	}
+}
+
 // evalFusedQBabies evaluates a QP block with its babies in Q and its plaintexts streamed
 // in Q (the file's comment); the giant steps are split over the workers as in evalFused.
 func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlwe.Ciphertext,
@@ -108,7 +138,7 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 	ws := e.workerPool()
 	e.prof.start()
 	for _, g := range gammas {
-		e.babiesToQ(ws[0].eval, f.groups[g], caches, levelQ, levelP)
+		e.babiesToQInPlace(ws[0].eval, f.groups[g], caches, levelQ, levelP)
 	}
 	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
