@@ -166,6 +166,8 @@ type stats struct {
 	ProductSums         int                `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
 	ProductSumTerms     int                `json:"product_sum_terms"` // their cmul terms
 	FusedQBlocks        int                `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (the annotation's mode "q")
+	// of FusedBlocks, QP blocks run with their babies in Q (fused_qbabies.go)
+	FusedQBabyBlocks int `json:"fused_qbaby_blocks"`
 	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy
 	// baby rotations; products: plaintext products accumulated in QP; giants: ModDown, key
 	// switch and automorphism per giant step; finish: final ModDowns, rescale), summed over

@@ -89,6 +89,27 @@ func TestEmbedderMatchesLattigo(t *testing.T) {
 			}
 		}
 	}
+	// zeros of both signs (no sign bit for an exact zero) and a zero vector
+	zs := make([]float64, params.MaxSlots())
+	for i := range zs {
+		if i%3 == 1 {
+			zs[i] = math.Copysign(0, -1)
+		} else if i%3 == 2 {
+			zs[i] = -math.Ldexp(1, -60)
+		}
+	}
+	for _, vals := range [][]float64{zs, make([]float64, params.MaxSlots())} {
+		want, got := ckks.NewPlaintext(params, params.MaxLevel()), ckks.NewPlaintext(params, params.MaxLevel())
+		if err := ecd.Encode(vals, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := em.encode(vals, got); err != nil {
+			t.Fatal(err)
+		}
+		if !want.Value.Equal(&got.Value) {
+			t.Fatalf("zeros: plaintexts differ")
+		}
+	}
 	// Lattigo's errors stay Lattigo's
 	if err := em.encode(make([]float64, params.MaxSlots()+1), ckks.NewPlaintext(params, 0)); err == nil {
 		t.Fatal("too many values: no error")

@@ -111,6 +111,7 @@ type fusionPlan struct {
 	skip      []bool
 	baseRoots map[string]int      // fused roots per base register (the baby cache is freed after the last)
 	baseBetas map[string][]int    // non-zero baby offsets of all fused roots per base (sorted)
+	baseWork  map[string][2]int   // products and giant steps of the QP-mode blocks per base (useQBabies)
 	pre       []bool              // skipped baby rotations computed where they stand (key schedule)
 	sums      map[int]*productSum // product-sum roots (relin.go), by instruction
 }
@@ -151,7 +152,7 @@ func readFusion(p *plan, slots int) (*fusionPlan, error) {
 	prog := p.Program
 	n := len(prog)
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, pre: make([]bool, n),
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, baseWork: map[string][2]int{}, pre: make([]bool, n),
 		sums: map[int]*productSum{}}
 	if len(p.Fused) > 0 && string(p.Fused) != "null" {
 		ann, err := decodeFused(p.Fused)
@@ -366,6 +367,10 @@ func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, 
 		f := fp.roots[i]
 		for _, b := range f.bases() {
 			fp.baseRoots[b]++
+			if !f.qmode {
+				w := fp.baseWork[b]
+				fp.baseWork[b] = [2]int{w[0] + f.terms(), w[1] + len(f.groups) - btoi(f.groups[0] != nil)}
+			}
 		}
 		for _, g := range f.gammas() {
 			for _, t := range f.groups[g] {
@@ -498,6 +503,9 @@ type babyCache struct {
 	pc1    ring.Poly // P * c1 (mod Q)
 	remain int
 	rotQ   map[int]*rlwe.Ciphertext // babies brought down to Q (Q-mode blocks)
+	// some babies were brought down in their own Q parts (babiesToQInPlace): every later
+	// QP block on the base runs with its babies in Q
+	inPlace bool
 }
 
 type fusedWorker struct {
@@ -514,6 +522,8 @@ type fusedWorker struct {
 	vecs   vecBuffers // the plaintext vectors it reads (no allocation per product)
 	ptBuf  ringqp.Poly
 	encSec float64 // encoding in the current block
+	// evalFusedQBabies: the block's sums kept in Q (giantless groups, giants' c0 parts)
+	accQ0, accQ1 ring.Poly
 }
 
 func (e *executor) workerPool() []*fusedWorker {
@@ -529,7 +539,8 @@ func (e *executor) workerPool() []*fusedWorker {
 			ev = e.eval.ShallowCopy()
 		}
 		fw := &fusedWorker{eval: ev, tmp0: rqp.NewPoly(), tmp1: rqp.NewPoly(), acc0: rqp.NewPoly(), acc1: rqp.NewPoly(),
-			emb: newEmbedder(e.params, e.ecd.ShallowCopy()), ptBuf: rqp.NewPoly()}
+			emb: newEmbedder(e.params, e.ecd.ShallowCopy()), ptBuf: rqp.NewPoly(),
+			accQ0: e.params.RingQ().NewPoly(), accQ1: e.params.RingQ().NewPoly()}
 		fw.cQP = &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
 		fw.cQP.IsNTT = true
 		e.sc.workers = append(e.sc.workers, fw)
@@ -786,6 +797,9 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	if f.qmode {
 		return e.evalFusedQ(f, ct, cts, caches, pts[0], stream, ptScale, tEval)
 	}
+	if stream && e.useQBabies(f, caches, levelQ, levelP) {
+		return e.evalFusedQBabies(f, ct, cts, caches, ptScale, tEval)
+	}
 	tBabies := nowSeconds()
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
@@ -924,6 +938,14 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	e.prof.lap("final_moddown")
 	*out.MetaData = *ct.MetaData
 	out.Scale = ct.Scale.Mul(ptScale)
+	return e.fusedDone(f, out, gammas, ws, tEval, tBabies, tFinish, caches, levelQ)
+}
+
+// fusedDone ends a QP-mode block (evalFused, evalFusedQBabies): its statistics and phases,
+// its rescale, and the release of the baby caches after their last block.
+func (e *executor) fusedDone(f *fForm, out *rlwe.Ciphertext, gammas []int, ws []*fusedWorker, tEval, tBabies, tFinish float64,
+	caches map[string]*babyCache, levelQ int) (*rlwe.Ciphertext, error) {
+	bases := f.bases()
 	for _, g := range gammas {
 		if g != 0 {
 			e.st.Rotations++
@@ -990,17 +1012,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	ev := fw.eval
 	terms := f.groups[0]
 	e.prof.start()
-	for _, t := range terms {
-		bc := caches[t.base]
-		if t.beta == 0 || bc.rotQ[t.beta] != nil {
-			continue
-		}
-		r := bc.rot[t.beta]
-		q := rlwe.NewCiphertext(e.params, 1, levelQ)
-		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, q.Value[0])
-		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
-		bc.rotQ[t.beta] = q
-	}
+	e.babiesToQ(ev, terms, caches, levelQ, levelP)
 	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
