@@ -907,16 +907,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 		}
 	}
 	if stream {
-		// encoding is model preparation, timed apart (runTimed): the slowest worker's
-		// encoding is its share of the block's wall time (all of it with one worker)
-		enc, sum := 0.0, 0.0
-		for _, fw := range ws {
-			enc, sum = max(enc, fw.encSec), sum+fw.encSec
-		}
-		e.encodeSec += enc
-		e.cache.mu.Lock()
-		e.cache.seconds += sum
-		e.cache.mu.Unlock()
+		e.addWorkersEncoding(ws)
 	}
 	tFinish := nowSeconds()
 	e.prof.start()
@@ -1091,4 +1082,18 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// addWorkersEncoding books the plaintext encoding the block's workers did while streaming:
+// encoding is model preparation, timed apart (runTimed); the slowest worker's encoding is
+// its share of the block's wall time (all of it with one worker), the sum is the cache's.
+func (e *executor) addWorkersEncoding(ws []*fusedWorker) {
+	enc, sum := 0.0, 0.0
+	for _, fw := range ws {
+		enc, sum = max(enc, fw.encSec), sum+fw.encSec
+	}
+	e.encodeSec += enc
+	e.cache.mu.Lock()
+	e.cache.seconds += sum
+	e.cache.mu.Unlock()
 }

@@ -235,16 +235,7 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 			return nil, err
 		}
 	}
-	// encoding is model preparation, timed apart (runTimed): the slowest worker's encoding
-	// is its share of the block's wall time (all of it with one worker)
-	enc, sum := 0.0, 0.0
-	for _, fw := range ws {
-		enc, sum = max(enc, fw.encSec), sum+fw.encSec
-	}
-	e.encodeSec += enc
-	e.cache.mu.Lock()
-	e.cache.seconds += sum
-	e.cache.mu.Unlock()
+	e.addWorkersEncoding(ws)
 	tFinish := nowSeconds()
 	e.prof.start()
 	var first *fusedWorker
