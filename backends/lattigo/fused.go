@@ -803,7 +803,6 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	tBabies := nowSeconds()
 	ws := e.workerPool()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
-	ringQ, ringP := ringQP.RingQ, ringQP.RingP
 	prods := newPlainQPProducts(ringQP) // plaintexts not in Montgomery form (ptQP)
 	errs := make([]error, len(ws))
 	pf := e.prof // phases: with one worker only (one goroutine reads it)
@@ -883,17 +882,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 				pf.lap("giant_keyswitch")
 				ringQP.Add(fw.cQP.Value[0], fw.tmp0, fw.cQP.Value[0])
 				idx := ev.AutomorphismIndex(galEl)
-				if !fw.started {
-					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[0], idx, fw.acc0)
-					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[1], idx, fw.acc1)
-				} else {
-					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[0], idx, fw.acc0)
-					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[1], idx, fw.acc1)
-					ringQ.Reduce(fw.acc0.Q, fw.acc0.Q)
-					ringQ.Reduce(fw.acc1.Q, fw.acc1.Q)
-					ringP.Reduce(fw.acc0.P, fw.acc0.P)
-					ringP.Reduce(fw.acc1.P, fw.acc1.P)
-				}
+				fw.addGiant(ringQP, idx)
 				fw.started = true
 				fw.giantSec += nowSeconds() - tg
 				pf.lap("giant_automorphism")
@@ -1003,7 +992,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 	ev := fw.eval
 	terms := f.groups[0]
 	e.prof.start()
-	e.babiesToQ(ev, terms, caches, levelQ, levelP)
+	e.babiesToQ(ev, terms, caches, levelQ, levelP, false)
 	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	out := e.newCt(levelQ)
@@ -1096,4 +1085,21 @@ func (e *executor) addWorkersEncoding(ws []*fusedWorker) {
 	e.cache.mu.Lock()
 	e.cache.seconds += sum
 	e.cache.mu.Unlock()
+}
+
+// addGiant adds the giant step's key-switched sum (cQP) under the automorphism idx into the
+// worker's accumulators (acc0, acc1: set by the worker's first giant, lazily added and
+// reduced after).
+func (fw *fusedWorker) addGiant(ringQP ringqp.Ring, idx []uint64) {
+	if !fw.started {
+		ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[0], idx, fw.acc0)
+		ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[1], idx, fw.acc1)
+		return
+	}
+	ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[0], idx, fw.acc0)
+	ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[1], idx, fw.acc1)
+	ringQP.RingQ.Reduce(fw.acc0.Q, fw.acc0.Q)
+	ringQP.RingQ.Reduce(fw.acc1.Q, fw.acc1.Q)
+	ringQP.RingP.Reduce(fw.acc0.P, fw.acc0.P)
+	ringQP.RingP.Reduce(fw.acc1.P, fw.acc1.P)
 }

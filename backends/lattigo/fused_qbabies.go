@@ -87,38 +87,29 @@ func qBabiesPays(products, giants, freshBabies, q, p int) bool {
 	return products*p+giants*(q+p) > freshBabies*2*(q+p)
 }
 
-// babiesToQ brings the babies the terms read down to Q (once per base: bc.rotQ), into
-// pooled ciphertexts (newCt; blockDone recycles them): Q-mode blocks, whose base's QP
-// babies may still be read by a later QP-path block.
+// babiesToQ brings the babies the terms read down to Q, once per base (bc.rotQ).
+// Not in place: into pooled ciphertexts (newCt; blockDone recycles them), for Q-mode
+// blocks, whose base's QP babies may still be read by a later QP-path block. In place: in
+// the babies' own Q parts (no memory besides the QP babies the memory model counts), for
+// Q-babies blocks only, as no block on the base reads its QP babies after the first such
+// block (useQBabies only grows more true as the base's babies come down); the Q views are
+// not owned (blockDone's recycle skips them).
 func (e *executor) babiesToQ(ev interface {
 	ModDownQPtoQNTT(levelQ, levelP int, p1Q, p1P, p2Q ring.Poly)
-}, terms []fTerm, caches map[string]*babyCache, levelQ, levelP int) {
+}, terms []fTerm, caches map[string]*babyCache, levelQ, levelP int, inPlace bool) {
 	for _, t := range terms {
 		bc := caches[t.base]
 		if t.beta == 0 || bc.rotQ[t.beta] != nil {
 			continue
 		}
 		r := bc.rot[t.beta]
-		q := e.newCt(levelQ)
-		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, q.Value[0])
-		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
-		bc.rotQ[t.beta] = q
-	}
-}
-
-// babiesToQInPlace brings the babies down to Q in their own Q parts (no memory besides the
-// QP babies the memory model counts): for Q-babies blocks only, as no block on the base
-// reads its QP babies after the first such block (useQBabies only grows more true as the
-// base's babies come down). The Q views are not owned (blockDone's recycle skips them).
-func (e *executor) babiesToQInPlace(ev interface {
-	ModDownQPtoQNTT(levelQ, levelP int, p1Q, p1P, p2Q ring.Poly)
-}, terms []fTerm, caches map[string]*babyCache, levelQ, levelP int) {
-	for _, t := range terms {
-		bc := caches[t.base]
-		if t.beta == 0 || bc.rotQ[t.beta] != nil {
+		if !inPlace {
+			q := e.newCt(levelQ)
+			ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, q.Value[0])
+			ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, q.Value[1])
+			bc.rotQ[t.beta] = q
 			continue
 		}
-		r := bc.rot[t.beta]
 		bc.inPlace = true
 		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[0].Q, r.Value[0].P, r.Value[0].Q)
 		ev.ModDownQPtoQNTT(levelQ, levelP, r.Value[1].Q, r.Value[1].P, r.Value[1].Q)
@@ -138,12 +129,12 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 	ws := e.workerPool()
 	e.prof.start()
 	for _, g := range gammas {
-		e.babiesToQInPlace(ws[0].eval, f.groups[g], caches, levelQ, levelP)
+		e.babiesToQ(ws[0].eval, f.groups[g], caches, levelQ, levelP, true)
 	}
 	e.prof.lap("baby_moddown")
 	tBabies := nowSeconds()
 	ringQP := e.params.RingQP().AtLevel(levelQ, levelP)
-	ringQ, ringP := ringQP.RingQ, ringQP.RingP
+	ringQ := ringQP.RingQ
 	prods := newPlainProductKernel(ringQ) // plaintexts not in Montgomery form
 	errs := make([]error, len(ws))
 	pf := e.prof // phases: with one worker only (one goroutine reads it)
@@ -210,17 +201,7 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 				}
 				pf.lap("giant_keyswitch")
 				idx := ev.AutomorphismIndex(galEl)
-				if !fw.started {
-					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[0], idx, fw.acc0)
-					ringQP.AutomorphismNTTWithIndex(fw.cQP.Value[1], idx, fw.acc1)
-				} else {
-					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[0], idx, fw.acc0)
-					ringQP.AutomorphismNTTWithIndexThenAddLazy(fw.cQP.Value[1], idx, fw.acc1)
-					ringQ.Reduce(fw.acc0.Q, fw.acc0.Q)
-					ringQ.Reduce(fw.acc1.Q, fw.acc1.Q)
-					ringP.Reduce(fw.acc0.P, fw.acc0.P)
-					ringP.Reduce(fw.acc1.P, fw.acc1.P)
-				}
+				fw.addGiant(ringQP, idx)
 				ringQ.AutomorphismNTTWithIndexThenAddLazy(t0, idx, fw.accQ0)
 				ringQ.Reduce(fw.accQ0, fw.accQ0)
 				fw.started = true
