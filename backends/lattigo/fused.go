@@ -900,18 +900,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	}
 	tFinish := nowSeconds()
 	e.prof.start()
-	var first *fusedWorker
-	for _, fw := range ws {
-		if !fw.started {
-			continue
-		}
-		if first == nil {
-			first = fw
-			continue
-		}
-		ringQP.Add(first.acc0, fw.acc0, first.acc0)
-		ringQP.Add(first.acc1, fw.acc1, first.acc1)
-	}
+	first := sumGiants(ringQP, ws)
 	out := e.newCt(levelQ)
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc0.Q, first.acc0.P, out.Value[0])
 	ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc1.Q, first.acc1.P, out.Value[1])
@@ -1102,4 +1091,22 @@ func (fw *fusedWorker) addGiant(ringQP ringqp.Ring, idx []uint64) {
 	ringQP.RingQ.Reduce(fw.acc1.Q, fw.acc1.Q)
 	ringQP.RingP.Reduce(fw.acc0.P, fw.acc0.P)
 	ringQP.RingP.Reduce(fw.acc1.P, fw.acc1.P)
+}
+
+// sumGiants adds the accumulators of the workers that ran a giant step into the first such
+// worker's and returns it (nil when none did).
+func sumGiants(ringQP ringqp.Ring, ws []*fusedWorker) *fusedWorker {
+	var first *fusedWorker
+	for _, fw := range ws {
+		if !fw.started {
+			continue
+		}
+		if first == nil {
+			first = fw
+			continue
+		}
+		ringQP.Add(first.acc0, fw.acc0, first.acc0)
+		ringQP.Add(first.acc1, fw.acc1, first.acc1)
+	}
+	return first
 }

@@ -219,22 +219,11 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 	e.addWorkersEncoding(ws)
 	tFinish := nowSeconds()
 	e.prof.start()
-	var first *fusedWorker
-	for _, fw := range ws {
-		if fw != ws[0] {
-			ringQ.Add(ws[0].accQ0, fw.accQ0, ws[0].accQ0)
-			ringQ.Add(ws[0].accQ1, fw.accQ1, ws[0].accQ1)
-		}
-		if !fw.started {
-			continue
-		}
-		if first == nil {
-			first = fw
-			continue
-		}
-		ringQP.Add(first.acc0, fw.acc0, first.acc0)
-		ringQP.Add(first.acc1, fw.acc1, first.acc1)
+	for _, fw := range ws[1:] {
+		ringQ.Add(ws[0].accQ0, fw.accQ0, ws[0].accQ0)
+		ringQ.Add(ws[0].accQ1, fw.accQ1, ws[0].accQ1)
 	}
+	first := sumGiants(ringQP, ws)
 	out := e.newCt(levelQ)
 	if first != nil {
 		ws[0].eval.ModDownQPtoQNTT(levelQ, levelP, first.acc0.Q, first.acc0.P, out.Value[0])
