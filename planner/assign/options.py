@@ -90,9 +90,10 @@ class PlanOptions:
     cins_decompose: bool = True
     packing: str = "real"
     batch: int | None = None
-    # batched plans only (planner/batch.py, never in the plan's options): strided outputs
-    # may also be packed densely (batch.densified_variants)
-    densify: bool = False
+    # strided outputs whose gaps cost ciphertexts may also be packed densely
+    # (planner/assign/densify.py; never in the plan's options): offered to every plan, one
+    # sample or a batch; false only to compare against the gapped plans
+    densify: bool = True
     boot_variants: bool = True
 
     @staticmethod

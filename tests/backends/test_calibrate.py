@@ -250,12 +250,14 @@ def test_bench_conv_and_budget(n12) -> None:  # noqa: ANN001
 def test_bench_schedules_keys_over_budget(n12) -> None:  # noqa: ANN001
     from backends.lattigo_bench import bench
 
-    # 64x512 needs 20 (ours, time objective) / 26 (fhelipe) keys of 1.25 MiB: over a 25 MB
-    # budget, so both are re-planned under a 12.5 MB cap and run with load_key/drop_key from
-    # disk. The cap bounds the process model (executor state included: the smallest feasible
-    # cap of either is 7.6 MB at n12), so the shape is one whose keys alone exceed twice that.
-    (r,) = bench(n12, [(64, 512)], [], budget=25_000_000, methods=("ours", "fhelipe"))
-    for m in ("ours", "fhelipe"):
+    # 64x512 needs 20 keys of 1.25 MiB (ours, time objective): over a 25 MB budget, so the
+    # plan is re-planned under a 12.5 MB cap and run with load_key/drop_key from disk. The cap
+    # bounds the process model (executor state included: the smallest feasible cap is 7.6 MB
+    # at n12), so the shape is one whose keys alone exceed twice that. (One method: every
+    # method's plan takes the same re-planning path, run_plan_bench, and each re-plan is two
+    # CP-SAT key solves of ~18 CPU-s; fhelipe's was the second half of this test's 48 s.)
+    (r,) = bench(n12, [(64, 512)], [], budget=25_000_000, methods=("ours",))
+    for m in ("ours",):
         res = r[m]
         assert res["status"] == "ok" and res["max_rel_error"] < 1e-4, res
         assert res["key_bytes_model"] > 25_000_000

@@ -287,3 +287,16 @@ def test_free_slots_outside_a_positive_domain_are_not_exits(tmp_path: Path, cli:
     code, out, err = cli("run", plan, "--tables", tables, "--seed", "0", "--json")
     assert code == 0, err
     assert json.loads(out)["poly_domain_exits"] == []
+
+
+@pytest.mark.skipif(not _lattigo_available(), reason="Lattigo extension not built (make lattigo)")
+def test_run_fails_when_poly_argument_leaves_domain_lattigo(tmp_path: Path, cli: Cli) -> None:
+    """On Lattigo too (n14, seconds): the run exits 1 naming the poly node, never OK."""
+    code, out, err = _run_wide(tmp_path, cli, "lattigo")
+    assert code == 1, err
+    doc = json.loads(out)
+    assert doc["ok"] is False
+    ref = next(e for e in doc["poly_domain_exits"] if e["where"] == "reference")
+    assert ref["node"] == "act" and ref["beyond"] == pytest.approx(2.25)
+    lines = [ln for ln in err.strip().splitlines() if ln]
+    assert len(lines) == 1 and lines[0].startswith("slotplan: poly 'act': its argument left the Chebyshev domain")
