@@ -149,6 +149,12 @@ SLOW_TESTS: dict[str, str] = {
         "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
     "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[11]":
         "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
+    "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[5]":
+        "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps",
+    "tests/planner/keys/test_keys.py::test_exact_belady_z3_on_synthetic_programs[4]":
+        "tests/planner/keys/test_keys.py::test_exact_belady_z3_on_synthetic_programs",
+    "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_fixed_shapes[row-major-512-512]":
+        "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_fixed_shapes[free-512-512]",
     "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked":
         "tests/api/test_hardening.py::test_smallest_feasible_cap_does_not_depend_on_the_cap_asked_small",
     "tests/planner/assign/test_random_networks.py::test_random_networks[140]":
