@@ -163,11 +163,18 @@ class DiagonalKernel:
                 continue
             total: str | None = None
             for gam, terms in sorted(by_giant.items()):
+                # one sum per input part, then the parts added: each part's products are one
+                # linear form over its own babies (planner.ir.fusion fuses it as one block);
+                # one chain across the parts would leave every product after the first
+                # part's a block of its own (ResNet-20's s3b1_cb at n16boot: 1072 of them)
                 acc: str | None = None
-                for i, key, beta in terms:
-                    table = f"pt/{node}/o{o}i{i}/d{key[0]}t{key[1]}"
-                    pt = b.plaintext(p.w, table, self._gen(o, i, key, gam))
-                    acc = b.accumulate(acc, b.pmul(babies[i][beta], pt))
+                for i in sorted({t[0] for t in terms}):
+                    part: str | None = None
+                    for _, key, beta in (t for t in terms if t[0] == i):
+                        table = f"pt/{node}/o{o}i{i}/d{key[0]}t{key[1]}"
+                        pt = b.plaintext(p.w, table, self._gen(o, i, key, gam))
+                        part = b.accumulate(part, b.pmul(babies[i][beta], pt))
+                    acc = b.accumulate(acc, part)
                 assert acc is not None
                 total = b.accumulate(total, b.rot(b.rescale(acc), gam))
             assert total is not None
