@@ -129,10 +129,10 @@ SLOW_TESTS: dict[str, str] = {
         "tests/api/test_inference_service_ray.py",
     "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_match_numpy":
         "tests/planner/kernels/test_kernels_sim.py::test_matvec_all_kernels_fixed_shapes",
-    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (sums over two inputs)-0.3]":
-        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv1 default-0.75]",
-    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (sums over two inputs)-0.75]":
-        "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv1 default-0.75]",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.3]":
+        "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[0.75]",
+    "tests/backends/test_lattigo_fused.py::test_fused_under_a_key_schedule[conv2 default (Q-mode blocks)-0.75]":
+        "tests/backends/test_lattigo_fused.py::test_q_mode_blocks_as_the_model_counts[0.75]",
     "tests/e2e/test_ranges_enforced.py::test_relu_cnn_out_of_range_image_refused_then_poly_domain_fails[lattigo]":
         "tests/e2e/test_ranges_enforced.py::test_relu_cnn_out_of_range_image_refused_then_poly_domain_fails[sim]",
     "tests/planner/kernels/test_metakernel.py::test_default_plan_never_worse_than_imra[conv4_large]":

@@ -68,7 +68,7 @@ CASES = [
     _case("mvm 20x20 hs-diagonal", lambda: mvm_graph(20, 20), ("hs-diagonal", "elementwise")),
     _case("conv1 default", lambda: conv_workload("conv1").graph, None),
     _case("mlp default", _mlp, None),
-    _case("conv2 default (sums over two inputs)", lambda: conv_workload("conv2").graph, None),
+    _case("conv2 default (Q-mode blocks)", lambda: conv_workload("conv2").graph, None),
 ]
 
 
