@@ -163,11 +163,24 @@ class DiagonalKernel:
                 continue
             total: str | None = None
             for gam, terms in sorted(by_giant.items()):
+                # BSGS: one sum per input part, then the parts added, so that each part's
+                # products are one linear form over its own babies (planner.ir.fusion fuses
+                # it as one block); one chain across the parts leaves every product after the
+                # first part's a block of its own (ResNet-20's s3b1_cb at n16boot, P_I = 2:
+                # 1072 single-product blocks). Halevi-Shoup keeps the one chain: summed per
+                # part, the time model re-prices it and the uncapped plans of seven goldens
+                # move to it at 6-9x the rotations and keys, unmeasured (docs/lattigo.md)
+                chains = ([[t for t in terms if t[0] == i] for i in sorted({t[0] for t in terms})]
+                          if self.kind == "bsgs" else [terms])
                 acc: str | None = None
-                for i, key, beta in terms:
-                    table = f"pt/{node}/o{o}i{i}/d{key[0]}t{key[1]}"
-                    pt = b.plaintext(p.w, table, self._gen(o, i, key, gam))
-                    acc = b.accumulate(acc, b.pmul(babies[i][beta], pt))
+                for chain in chains:
+                    part: str | None = None
+                    for i, key, beta in chain:
+                        table = f"pt/{node}/o{o}i{i}/d{key[0]}t{key[1]}"
+                        pt = b.plaintext(p.w, table, self._gen(o, i, key, gam))
+                        part = b.accumulate(part, b.pmul(babies[i][beta], pt))
+                    assert part is not None
+                    acc = b.accumulate(acc, part)
                 assert acc is not None
                 total = b.accumulate(total, b.rot(b.rescale(acc), gam))
             assert total is not None

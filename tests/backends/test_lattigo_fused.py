@@ -91,13 +91,13 @@ def test_fused_matches_numpy_and_unfused(name: str, make: Any, kernels: tuple[st
 
 
 @needs_lattigo
-@pytest.mark.xdist_group("fused-conv2-default")
+@pytest.mark.xdist_group("fused-conv1-default")
 @pytest.mark.parametrize("fraction", [None, 0.75])
 def test_q_mode_blocks_as_the_model_counts(fraction: float | None) -> None:
     """The executor runs the Q-mode blocks planner.ir.fusion decides (the plan's fused
     annotation), with and without a key schedule; under one, one-product blocks are fused in
     Q mode only, as many as without it."""
-    graph = conv_workload("conv2").graph
+    graph = conv_workload("conv1").graph  # single-product blocks over its babies: Q mode
     params = load_params("n12")
     cap = None if fraction is None else _cap(graph, None, fraction)
     res = _plan(graph, None, cap)
