@@ -7,10 +7,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, sequential
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout, LayoutError, natural_layout
+
+
+def _room(lay: ChannelLayout) -> int:
+    """Copies of one ciphertext's content its ring holds (1: no room to replicate)."""
+    return lay.slots // max(1, lay.extent)
 
 
 def _dense_route(lay: Any) -> tuple[Any, Any] | None:
@@ -25,12 +32,17 @@ def _dense_route(lay: Any) -> tuple[Any, Any] | None:
         dense = natural_layout(lay.shape, lay.slots)
     except LayoutError:
         return None
-    if not isinstance(dense, ChannelLayout) or dense.n_ct >= lay.n_ct or dense.axes:
+    if not isinstance(dense, ChannelLayout) or dense.axes:
+        return None
+    if dense.n_ct > lay.n_ct or dense.n_ct == lay.n_ct and _room(dense) <= _room(lay):
         return None
     mid = replace(lay, lh=lay.width, lw=1, base=0, clean=True)
     try:
         mid.validate()
     except LayoutError:
+        return None
+    # (validate catches collisions between copies only: every element must keep its own slot)
+    if sum(int(np.count_nonzero(mid.index_map(q) >= 0)) for q in range(mid.n_ct)) != mid.size:
         return None
     return mid, dense.with_clean(True)
 
