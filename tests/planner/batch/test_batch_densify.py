@@ -202,3 +202,56 @@ def test_random_strided_batches(start: int, monkeypatch: pytest.MonkeyPatch) -> 
         problems += [f"seed {seed} (n{log_n}, B = {B}): {p}" for p in found]
     assert not problems, "\n".join(problems)
     assert offered, "no graph of this group was offered the dense route at equal ciphertexts"
+
+
+def residual_then_convs(c: int = 4, hw: int = 16, convs: int = 2) -> dict[str, Any]:
+    """A stride-2 conv and its 1x1 stride-2 shortcut added, then ``convs`` stride-1 convs,
+    pooling and a classifier (no activation: it fits the 8 levels of n14)."""
+    n = 2 * c
+    t: dict[str, Any] = {
+        "x": {"shape": [c, hw, hw], "role": "input", "range": [-1.0, 1.0]},
+        "wa": {"shape": [n, c, 3, 3], "role": "weight"},
+        "ws": {"shape": [n, c, 1, 1], "role": "weight"},
+        "fc": {"shape": [3, n], "role": "weight"},
+    }
+    nodes: list[dict[str, Any]] = [
+        {"id": "a", "op": "conv2d", "inputs": ["x", "wa"], "stride": [2, 2], "padding": [1, 1]},
+        {"id": "s", "op": "conv2d", "inputs": ["x", "ws"], "stride": [2, 2], "padding": [0, 0]},
+        {"id": "r", "op": "add", "inputs": ["a", "s"]},
+    ]
+    cur = "r"
+    for i in range(convs):
+        t[f"w{i}"] = {"shape": [n, n, 3, 3], "role": "weight"}
+        nodes.append({"id": f"c{i}", "op": "conv2d", "inputs": [cur, f"w{i}"], "stride": [1, 1], "padding": [1, 1]})
+        cur = f"c{i}"
+    nodes += [
+        {"id": "flat", "op": "reshape", "inputs": [cur], "shape": [n, (hw // 2) ** 2]},
+        {"id": "pool", "op": "sum", "inputs": ["flat"], "axis": 1},
+        {"id": "y", "op": "matvec", "inputs": ["fc", "pool"]},
+    ]
+    return {"schema": "slotplan.graph/1", "name": "down-convs", "tensors": t, "nodes": nodes, "outputs": ["y"]}
+
+
+def test_dense_route_for_room_on_lattigo() -> None:
+    """n14 (8192 slots), B = 2: a block ring of 4096 slots; the stride-2 output (8 channels
+    in blocks of 256 slots, one ciphertext) is packed to 8 x 8 x 8 (room for eight copies)
+    by the route at equal ciphertexts.  Encrypted on Lattigo, each sample equals numpy."""
+    from backends.lattigo_backend import available
+    from backends.runner import run_plan
+    from planner.frontend.params import preset
+
+    if not available():
+        pytest.skip("Lattigo extension not built (make lattigo)")
+    g = parse_graph(residual_then_convs())
+    res = plan_graph(g, preset("n14"), PlanOptions(batch=2))
+    dense = [n for n in res.plan["nodes"] if n["params"].get("densify")]
+    # the gapped input of the densified node is one ciphertext, as is its dense output
+    assert dense and all(not n["in_layouts"][0].startswith("ct[") for n in dense)
+    assert [n["out_layout"] for n in dense] == ["[c:8:128][h:8:16][w:8:2][B:2:1]"]
+    vals = random_values(g, 3)
+    vals["x"] = np.random.default_rng(2).uniform(-1.0, 1.0, (2, 4, 16, 16))
+    rep = run_plan(res.plan, res.tables, "lattigo", values=vals)
+    want = batched_reference(g, vals, 2)["y"]
+    assert rep.ok
+    err = float(np.max(np.abs(rep.outputs["y"] - want))) / float(np.max(np.abs(want)))
+    assert err < 1e-5, err
