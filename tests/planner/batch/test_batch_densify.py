@@ -127,6 +127,19 @@ def test_dense_route_for_room_at_equal_ciphertexts() -> None:
     same = ChannelLayout(shape=(1, 5, 5), channels=1, height=5, width=5, slots=32, cpc=1, lc=32, lh=6, lw=1)
     assert _room(same) == _room(natural_layout((1, 5, 5), 32)) == 1 and _dense_route(same) is None
     assert _dense_route(natural_layout((4, 8, 8), 256)) is None  # natural: nothing to pack
+    # a row-major grid with channel blocks apart: clean, one permute (one level); dirty, a mask first
+    from planner.kernels.convert import plan_conversion
+
+    apart = ChannelLayout(shape=(8, 8, 8), channels=8, height=8, width=8, slots=4096, cpc=8, lc=512, lh=8, lw=1)
+    for clean, first in ((True, "none"), (False, "mask")):
+        lay = apart.with_clean(clean)
+        r = _dense_route(lay)
+        assert r is not None and plan_conversion(lay, r[0]).kind == first
+        assert plan_conversion(r[0], r[1]).kind == "permute" and plan_conversion(r[0], r[1]).cost().depth == 1
+    # a 43-vector viewed as 32 x 2 x 1 with rows 32 apart: row-major rows would collide (no route)
+    vec = ChannelLayout(shape=(43,), channels=32, height=2, width=1, slots=256, cpc=32, lc=1, lh=32, lw=1)
+    vec.validate()
+    assert _dense_route(vec) is None
 
 
 def test_dense_route_chosen_for_room() -> None:
