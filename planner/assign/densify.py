@@ -1,16 +1,24 @@
 """Dense packing of gapped outputs, offered to batched plans (``PlanOptions.densify``,
 :mod:`planner.batch`): a candidate whose strided output leaves gaps that cost ciphertexts in
-a batch's block ring gets a variant followed by the two permutes that pack it densely."""
+a batch's block ring, or room for periodic copies a later kernel could use, gets a variant
+followed by the two permutes that pack it densely."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, sequential
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout, LayoutError, natural_layout
+
+
+def _room(lay: ChannelLayout) -> int:
+    """Copies of one ciphertext's content its ring holds (1: no room to replicate)."""
+    return lay.slots // max(1, lay.extent)
 
 
 def _dense_route(lay: Any) -> tuple[Any, Any] | None:
@@ -25,26 +33,35 @@ def _dense_route(lay: Any) -> tuple[Any, Any] | None:
         dense = natural_layout(lay.shape, lay.slots)
     except LayoutError:
         return None
-    if not isinstance(dense, ChannelLayout) or dense.n_ct >= lay.n_ct or dense.axes:
+    if not isinstance(dense, ChannelLayout) or dense.axes:
+        return None
+    if dense.n_ct > lay.n_ct or dense.n_ct == lay.n_ct and _room(dense) <= _room(lay):
         return None
     mid = replace(lay, lh=lay.width, lw=1, base=0, clean=True)
     try:
         mid.validate()
     except LayoutError:
         return None
+    # (validate catches collisions between copies only: every element must keep its own slot)
+    if sum(int(np.count_nonzero(mid.index_map(q) >= 0)) for q in range(mid.n_ct)) != mid.size:
+        return None
     return mid, dense.with_clean(True)
 
 
 def densified_variants(cands: list[Any], slots: int) -> list[Any]:
     """Batched plans (``PlanOptions.densify``): next to each candidate whose output layout
-    has gaps that cost ciphertexts, the candidate followed by the two permutes that pack its
-    output densely (``_dense_route``; two levels, priced by lowering like every conversion).
+    has gaps that cost ciphertexts or room (``_dense_route``), the candidate followed by the
+    two permutes that pack its output densely (two levels, priced by lowering like every
+    conversion).
 
     A one-sample plan at a large ring keeps a strided conv's gapped output (ResNet-20 at
     n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext); in
     the block ring of a batch the same layout needs twice the ciphertexts, so every later
-    kernel, product and bootstrap would be paid per sample again.  The solver weighs the
-    packing's rotations against the ciphertexts (and bootstraps) it saves downstream."""
+    kernel, product and bootstrap would be paid per sample again.  At stage 3 the gapped
+    layout fills the block ring in one ciphertext, as does the dense one, which leaves room
+    for four copies; without the route the pair converted it in one permute (222 rotations,
+    4096 masked products) instead of two (40 rotations, 128 products).  The solver weighs
+    the packing's rotations and levels against what it saves downstream."""
     out: list[Any] = []
     for c in cands:
         route = _dense_route(c.out_layout)
