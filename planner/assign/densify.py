@@ -1,7 +1,7 @@
-"""Dense packing of gapped outputs, offered to batched plans (``PlanOptions.densify``,
-:mod:`planner.batch`): a candidate whose strided output leaves gaps that cost ciphertexts in
-a batch's block ring, or room for periodic copies a later kernel could use, gets a variant
-followed by the two permutes that pack it densely."""
+"""Dense packing of gapped outputs, offered to every plan (``PlanOptions.densify``, on by
+default; batched plans plan their block ring with it too): a candidate whose strided output
+leaves gaps that cost ciphertexts, or room for periodic copies a later kernel could use,
+gets a variant followed by the two permutes that pack it densely."""
 
 from __future__ import annotations
 
@@ -49,14 +49,15 @@ def _dense_route(lay: Any) -> tuple[Any, Any] | None:
 
 
 def densified_variants(cands: list[Any], slots: int) -> list[Any]:
-    """Batched plans (``PlanOptions.densify``): next to each candidate whose output layout
+    """Every plan (``PlanOptions.densify``): next to each candidate whose output layout
     has gaps that cost ciphertexts or room (``_dense_route``), the candidate followed by the
     two permutes that pack its output densely (two levels, priced by lowering like every
     conversion).
 
-    A one-sample plan at a large ring keeps a strided conv's gapped output (ResNet-20 at
-    n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext); in
-    the block ring of a batch the same layout needs twice the ciphertexts, so every later
+    A one-sample plan at a large ring may keep a strided conv's gapped output (ResNet-20 at
+    n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext; its
+    stage 3, 64 channels of 8 x 8, takes two gapped and one dense); in the block ring of a
+    batch the same layout needs twice the ciphertexts, so every later
     kernel, product and bootstrap would be paid per sample again.  At stage 3 the gapped
     layout fills the block ring in one ciphertext, as does the dense one, which leaves room
     for four copies; without the route the pair converted it in one permute (222 rotations,

@@ -257,13 +257,12 @@ def test_bench_schedules_keys_over_budget(n12) -> None:  # noqa: ANN001
     # method's plan takes the same re-planning path, run_plan_bench, and each re-plan is two
     # CP-SAT key solves of ~18 CPU-s; fhelipe's was the second half of this test's 48 s.)
     (r,) = bench(n12, [(64, 512)], [], budget=25_000_000, methods=("ours",))
-    for m in ("ours",):
-        res = r[m]
-        assert res["status"] == "ok" and res["max_rel_error"] < 1e-4, res
-        assert res["key_bytes_model"] > 25_000_000
-        ks = res["key_schedule"]
-        assert ks["memory_cap_bytes"] == 12_500_000 and ks["key_loads"] >= res["keys"]
-        assert res["eval_seconds"] <= res["eval_seconds_with_key_loads"]
+    res = r["ours"]
+    assert res["status"] == "ok" and res["max_rel_error"] < 1e-4, res
+    assert res["key_bytes_model"] > 25_000_000
+    ks = res["key_schedule"]
+    assert ks["memory_cap_bytes"] == 12_500_000 and ks["key_loads"] >= res["keys"]
+    assert res["eval_seconds"] <= res["eval_seconds_with_key_loads"]
 
 
 def test_cli_lattigo_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
