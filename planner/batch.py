@@ -233,7 +233,8 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     # the real ring's parameters are what must be secure (or a built-in preset, or allowed):
     # the block parameters share their chain and are no preset of their own
     check_security(params, options.allow_insecure)
-    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False, densify=True, allow_insecure=True)
+    small_opts = replace(options, batch=None, memory_cap_bytes=None, cins=False, densify=True, densify_room=True,
+                         allow_insecure=True)
     # a padded batch (B < P) with clean outputs: the output ciphertexts are masked to the B
     # real samples (one pmul and rescale each), so one level must be left for the mask
     pad_mask = options.clean_outputs and info.batch < info.blocks

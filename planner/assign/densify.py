@@ -21,7 +21,7 @@ def _room(lay: ChannelLayout) -> int:
     return lay.slots // max(1, lay.extent)
 
 
-def _dense_route(lay: Any) -> tuple[Any, Any] | None:
+def _dense_route(lay: Any, room: bool = True) -> tuple[Any, Any] | None:
     """For a gapped channel layout (a strided conv computed in place leaves ``lh = s W``,
     ``lw = s``, channel blocks of the input's size), the two steps that pack it densely:
     the grid of every channel block made row-major at the block's start, then the channel
@@ -35,7 +35,7 @@ def _dense_route(lay: Any) -> tuple[Any, Any] | None:
         return None
     if not isinstance(dense, ChannelLayout) or dense.axes:
         return None
-    if dense.n_ct > lay.n_ct or dense.n_ct == lay.n_ct and _room(dense) <= _room(lay):
+    if dense.n_ct > lay.n_ct or dense.n_ct == lay.n_ct and (not room or _room(dense) <= _room(lay)):
         return None
     mid = replace(lay, lh=lay.width, lw=1, base=0, clean=True)
     try:
@@ -48,11 +48,14 @@ def _dense_route(lay: Any) -> tuple[Any, Any] | None:
     return mid, dense.with_clean(True)
 
 
-def densified_variants(cands: list[Any], slots: int) -> list[Any]:
+def densified_variants(cands: list[Any], slots: int, room: bool = True) -> list[Any]:
     """Every plan (``PlanOptions.densify``): next to each candidate whose output layout
     has gaps that cost ciphertexts or room (``_dense_route``), the candidate followed by the
     two permutes that pack its output densely (two levels, priced by lowering like every
-    conversion).
+    conversion). ``room`` (``PlanOptions.densify_room``, batched plans): also where the dense
+    layout takes as many ciphertexts but leaves room for more copies; one-sample plans pack
+    only where it saves ciphertexts (with room too, the dense variants beat the Chebyshev
+    fold of a matvec's output: tests/planner/assign/test_chebyshev_fold.py).
 
     A one-sample plan at a large ring may keep a strided conv's gapped output (ResNet-20 at
     n16boot: 32 channels of 16 x 16 in blocks of 1024 slots still fit one ciphertext; its
@@ -65,7 +68,7 @@ def densified_variants(cands: list[Any], slots: int) -> list[Any]:
     the packing's rotations and levels against what it saves downstream."""
     out: list[Any] = []
     for c in cands:
-        route = _dense_route(c.out_layout)
+        route = _dense_route(c.out_layout, room)
         if route is None or c.resets:
             continue
         mid, dense = route

@@ -94,6 +94,8 @@ class PlanOptions:
     # (planner/assign/densify.py; never in the plan's options): offered to every plan, one
     # sample or a batch; false only to compare against the gapped plans
     densify: bool = True
+    # batched plans (planner/batch.py): the dense route also where it gains room for copies
+    densify_room: bool = False
     boot_variants: bool = True
 
     @staticmethod

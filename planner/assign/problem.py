@@ -100,7 +100,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions, least_memo
         if options.clean_outputs and node.id in graph.outputs:
             out = [with_clean_output(c, S) for c in out]
         if options.densify:
-            out = out + densified_variants(out, S)
+            out = out + densified_variants(out, S, options.densify_room)
         cands[node.id] = _prune(out, tm, S)
         progress.advance("candidates", node.id)
     progress.end("candidates")

@@ -201,8 +201,8 @@ def test_random_strided_batches(start: int, monkeypatch: pytest.MonkeyPatch) -> 
     offered: list[str] = []
     route = densify._dense_route
 
-    def spy(lay: Any) -> Any:
-        r = route(lay)
+    def spy(lay: Any, room: bool = True) -> Any:
+        r = route(lay, room)
         if r is not None and r[1].n_ct == lay.n_ct:
             offered.append(lay.notation())
         return r
