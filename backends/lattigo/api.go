@@ -425,6 +425,8 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.EvalSecondsNoMatrices = st.EvalSeconds - st.BootMatrixSeconds
 	if opt.KeepBootState && err == nil {
 		putKeptBoot(cache.boot)
+	} else {
+		st.BootStateKept = false // (the call lets go of it)
 	}
 	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
 	st.KeyLoadsReused, st.KeyLoadSplit = keys.keysReused, keys.keyLoadSplit()

@@ -127,3 +127,61 @@ func mustPlan(t *testing.T, planJSON string) *plan {
 	}
 	return p
 }
+
+// TestBootStateAcrossEvaluateSamples: the evaluation side (Evaluate, log N 12) on two samples
+// in one call: the first sample encodes the matrices, the second uses them; both right.
+func TestBootStateAcrossEvaluateSamples(t *testing.T) {
+	const slots, samples = 2048, 2
+	plan, powers := bootStatePlan("prologue", false)
+	dir := t.TempDir()
+	mustKeygen(t, plan, dir, "boot1")
+	rng := rand.New(rand.NewSource(9))
+	xs := make([][]float64, samples)
+	h := make([]float64, slots)
+	for i := range h {
+		h[i] = 0.5 + 0.5*rng.Float64()
+	}
+	for s := range xs {
+		xs[s] = make([]float64, slots)
+		for i := range xs[s] {
+			xs[s][i] = (rng.Float64()*2 - 1) / 16
+		}
+	}
+	ctIn, ctOut := dir+"/in.ct", dir+"/out.ct"
+	if _, err := Encrypt(plan, dir+"/"+secretKeyName, packVecs(xs...), samples, ctIn, ""); err != nil {
+		t.Fatal(err)
+	}
+	out, err := Evaluate(plan, dir+"/"+evalDirName, ctIn, samples, packVecs(h), ctOut, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vr evaluateResult
+	if err := json.Unmarshal([]byte(out), &vr); err != nil {
+		t.Fatal(err)
+	}
+	s0, s1 := vr.Samples[0], vr.Samples[1]
+	t.Logf("sample 1: eval %.2f s (matrices %.2f s); sample 2: eval %.2f s (matrices %.2f s)", s0.EvalSeconds,
+		s0.BootMatrixSeconds, s1.EvalSeconds, s1.BootMatrixSeconds)
+	if s0.BootMatrixBuilds != 1 || s0.BootStateReused || s0.BootMatrixSeconds <= 0 {
+		t.Fatalf("sample 1: %+v", s0)
+	}
+	if s1.BootMatrixBuilds != 0 || !s1.BootStateReused || s1.BootMatrixSeconds != 0 || s1.EvalSecondsNoMatrices != s1.EvalSeconds {
+		t.Fatalf("sample 2: %+v", s1)
+	}
+	out, err = Decrypt(plan, dir+"/"+secretKeyName, ctOut, 0, samples, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dr decryptResult
+	if err := json.Unmarshal([]byte(out), &dr); err != nil {
+		t.Fatal(err)
+	}
+	for s := 0; s < samples; s++ {
+		got := decodeOut(t, dr.Samples[s][0].Data)
+		for i := 0; i < slots; i++ {
+			if d := math.Abs(got[i] - xs[s][i]*math.Pow(h[i], float64(powers))); d > 1e-6 {
+				t.Fatalf("sample %d slot %d: error %g", s, i, d)
+			}
+		}
+	}
+}
