@@ -293,6 +293,12 @@ def run(
             b = rep.bootstraps
             each = f"  {b['mean_seconds']:.2f}s each" if "mean_seconds" in b else ""
             out.print(f"bootstraps {b['count']}{each}")
+        evs = rep.stats.get("evaluations") or []
+        if any(e["matrices_built"] or e["matrices_reused"] for e in evs):  # setup, apart (bootstate.go)
+            out.print("DFT matrices: " + "; ".join(
+                f"evaluation {i + 1} " + (f"encoded them {e['boot_matrix_seconds']:.2f}s (eval {e['eval_seconds']:.2f}s, "
+                                          f"{e['eval_seconds_without_matrices']:.2f}s without)" if e["matrices_built"]
+                                          else f"reused them (eval {e['eval_seconds']:.2f}s)") for i, e in enumerate(evs)))
         mem = rep.memory
         if mem.get("modelled_peak_bytes") and (mem.get("peak_rss_bytes") or mem.get("peak_tracked_bytes")):
             parts = [f"modelled peak {mem['modelled_peak_bytes'] / 2**20:.1f} MiB"]

@@ -384,6 +384,7 @@ def run_plan(
     output_shapes: Mapping[str, Sequence[int]] | None = None,
     key_level: int | None = None,
     memory_limit_extra_bytes: int | None = None,
+    keep_boot_state: bool = False,
 ) -> LattigoResult:
     """Execute ``plan`` encrypted with Lattigo and return the decrypted output tensors.
 
@@ -394,7 +395,10 @@ def run_plan(
     largest table index). ``key_level`` generates the rotation keys at a lower level (they
     are smaller, and refused for ciphertexts above that level). ``memory_limit_extra_bytes``
     sets Go's soft memory limit to the Go runtime's memory at the start plus this (the
-    modelled growth, backends/lattigo_memory.py).
+    modelled growth, backends/lattigo_memory.py). ``keep_boot_state`` leaves the
+    bootstrapping evaluators with their encoded DFT matrices in the process for the next call
+    with the same bootstrapping parameters (backends/lattigo/bootstate.go); a call uses such a
+    state whether or not it keeps it.
     """
     t0 = time.perf_counter()
     check_executable(plan)
@@ -410,6 +414,8 @@ def run_plan(
         own_keys = tempfile.mkdtemp(prefix=f"{KEY_DIR_PREFIX}{os.getpid()}-")
         key_dir = own_keys
     options["key_dir"] = str(key_dir)
+    if keep_boot_state:
+        options["keep_boot_state"] = True
     try:
         return _run_plan(plan, inputs, weights, tables, options, t0, slots, output_shapes, key_level,
                          memory_limit_extra_bytes)

@@ -4,7 +4,7 @@ reference of its graph."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,7 +171,7 @@ def _run_noisy(
 @EXECUTION_BACKENDS.register("lattigo")
 def _run_lattigo(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
-    params: Params,
+    params: Params, keep_boot_state: bool = False,
 ) -> Execution:
     from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES, check_executable
     from backends.lattigo_backend import run_plan as lattigo_run
@@ -187,7 +187,7 @@ def _run_lattigo(
     lr = lattigo_run(
         dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
         output_shapes={t: tuple(plan["outputs"][t]) for t in graph.outputs},
-        memory_limit_extra_bytes=int(pm["growth"] * GC_LIMIT_HEADROOM),
+        memory_limit_extra_bytes=int(pm["growth"] * GC_LIMIT_HEADROOM), keep_boot_state=keep_boot_state,
     )
     stats = dict(lr.stats)
     if stats.get("rss_start_bytes"):  # the baseline measured by the run itself
@@ -370,9 +370,17 @@ def run_plan(
     seed: int = 0,
     init: str = "fan-in",
     values: Mapping[str, np.ndarray] | None = None,
+    keep_boot_state: bool = False,
 ) -> RunReport:
     """Run ``plan`` on ``backend`` with ``values`` (every input and weight, by tensor name)
-    or, when None, seeded random ones; compare the outputs with the graph's reference."""
+    or, when None, seeded random ones; compare the outputs with the graph's reference.
+
+    Lattigo, bootstrapping plans: the ciphertext sets of a batched plan are evaluated one
+    after the other in this process, the first set's bootstrapping state (DFT matrices) kept
+    for the next (backends/lattigo/bootstate.go); ``keep_boot_state`` keeps the last one's too
+    (for the next ``run_plan`` call: model-bench's repeats). ``stats.evaluations`` lists, per
+    evaluation, its seconds with and without the matrices' encoding and whether it encoded
+    them."""
     if "spec" not in plan["graph"]:
         raise SlotplanError("the plan does not embed its graph (graph.spec): cannot compute the reference")
     graph = parse_graph(plan["graph"]["spec"])
@@ -383,7 +391,7 @@ def run_plan(
         tables = regenerate_tables(plan)
     batch = plan.get("summary", {}).get("batch")
     if batch is not None:
-        return _run_batched(plan, tables, backend, seed, init, values, graph, params, int(batch))
+        return _run_batched(plan, tables, backend, seed, init, values, graph, params, int(batch), keep_boot_state)
     if values is None:
         values = random_values(graph, seed, init)  # declared ranges respected
     # every plan, not only bootstrapping ones (SPEC section 9): an input outside its
@@ -394,10 +402,12 @@ def run_plan(
     exits = poly_domain_exits(graph, values, ref)
     execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
-    ex = execute(plan, tables, values, graph, params)
+    ex = execute(plan, tables, values, graph, params, **_keep_kw(backend, keep_boot_state))
     outputs, counts, rotations, loads, peak_keys, tol, stats = (
         ex.outputs, ex.counts, ex.rotations, ex.key_loads, ex.peak_key_bytes, ex.tolerance, ex.stats
     )
+    if backend == "lattigo":
+        stats["evaluations"] = evaluations([stats])
     seconds = time.perf_counter() - t0
     decrypted = {t: np.asarray(outputs[t], dtype=np.float64).reshape(graph.shape(t)) for t in graph.outputs}
     exits += _name_register_exits(plan, graph, ex.domain_exits)
@@ -407,7 +417,7 @@ def run_plan(
 
 def _run_batched(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], backend: str, seed: int, init: str,
-    values: Mapping[str, np.ndarray] | None, graph: Graph, params: Params, batch: int,
+    values: Mapping[str, np.ndarray] | None, graph: Graph, params: Params, batch: int, keep_boot_state: bool = False,
 ) -> RunReport:
     """A plan of ``batch`` samples (SPEC section 8) on N samples: inputs with a leading
     dimension N (an input of the tensor's own shape is one sample; random values: N = B,
@@ -447,7 +457,8 @@ def _run_batched(
             pad = np.zeros((batch - x.shape[0], *graph.shape(t)))  # zero samples: never read back
             chunk[t] = np.concatenate([x, pad]) if pad.shape[0] else x
         t1 = time.perf_counter()
-        ex = execute(plan, tables, chunk, graph, params)
+        # every set but the last keeps the bootstrapping state for the next (bootstate.go)
+        ex = execute(plan, tables, chunk, graph, params, **_keep_kw(backend, keep_boot_state or start + batch < n))
         set_seconds.append(round(time.perf_counter() - t1, 6))
         for k, v in ex.counts.items():
             counts[k] = counts.get(k, 0) + int(v)
@@ -466,8 +477,34 @@ def _run_batched(
                              "set_seconds": set_seconds}
     if any("bootstrap_seconds" in x for x in sets):
         stats["bootstrap_seconds"] = [b for x in sets for b in x.get("bootstrap_seconds") or []]
+    if backend == "lattigo":
+        stats["evaluations"] = evaluations(sets)
     return _report(backend, graph, ref, decrypted, counts, rotations, loads, peak_keys, tol, seconds, stats, plan,
                    exits)
+
+
+def _keep_kw(backend: str, keep: bool) -> dict[str, Any]:
+    """The keep_boot_state argument for the Lattigo back end (the others take none)."""
+    return {"keep_boot_state": True} if backend == "lattigo" and keep else {}
+
+
+def evaluations(sets: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per evaluation (Lattigo ``Run`` call, one per ciphertext set): its seconds with and
+    without the bootstrapping DFT matrices' encoding (setup: public, input-independent,
+    encoded once and kept by a process that evaluates again), whether it encoded them
+    (``matrices_built``) or used the ones an earlier evaluation left (``matrices_reused``)."""
+    out = []
+    for st in sets:
+        ev = float(st.get("eval_seconds", 0.0))
+        mat = float(st.get("boot_matrix_seconds", 0.0))
+        out.append({"eval_seconds": round(ev, 6), "boot_matrix_seconds": round(mat, 6),
+                    "eval_seconds_without_matrices": round(ev - mat, 6),
+                    "matrices_built": int(st.get("boot_matrix_builds", 0)) > 0,
+                    "matrices_reused": bool(st.get("boot_state_reused", False)),
+                    "matrices_kept": bool(st.get("boot_state_kept", False)),
+                    "peak_tracked_bytes": int(st.get("peak_tracked_bytes", 0)),
+                    "peak_rss_bytes": int(st.get("peak_rss_bytes", 0)), "rss_start_bytes": int(st.get("rss_start_bytes", 0))})
+    return out
 
 
 def _report(

@@ -134,6 +134,11 @@ type runOptions struct {
 	// Go runtime holds at its start plus this (the modelled growth of the process,
 	// backends/lattigo_memory.py): the collector runs before the heap passes the model.
 	MemoryLimitExtraBytes int64 `json:"memory_limit_extra_bytes"`
+	// KeepBootState: leave the bootstrapping evaluators with their encoded DFT matrices in
+	// the process for the next Run of the same bootstrapping parameters (bootstate.go: a
+	// batched plan's ciphertext sets, model-bench's repeats); without it the call lets go of
+	// them at its end (it still uses a state an earlier call left).
+	KeepBootState bool `json:"keep_boot_state"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -197,6 +202,14 @@ type stats struct {
 	BootKeyBytes      int64    `json:"boot_key_bytes"`
 	BootMatrixBytes   int64    `json:"boot_matrix_bytes"`
 	BootMatrixSeconds float64  `json:"boot_matrix_seconds"`
+	// BootMatrixBuilds: how many times this evaluation encoded the matrices (0: it used the
+	// ones an earlier evaluation of the process left, BootStateReused); BootStateKept: it
+	// left them for the next one (bootstate.go); EvalSecondsNoMatrices: eval_seconds less
+	// boot_matrix_seconds (the per-evaluation cost once the matrices exist)
+	BootMatrixBuilds      int     `json:"boot_matrix_builds"`
+	BootStateReused       bool    `json:"boot_state_reused"`
+	BootStateKept         bool    `json:"boot_state_kept"`
+	EvalSecondsNoMatrices float64 `json:"eval_seconds_without_matrices"`
 	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
 	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
 	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)
@@ -300,12 +313,17 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err := decodeOptions(optionsJSON, &opt, &opt.commonOptions); err != nil {
 		return "", err
 	}
+	kept := takeKeptBoot() // (an earlier call's bootstrapping state: counted in rss_start)
 	rssStart, rssReset := resetPeakRSS()
 	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
 		return "", err
 	}
 	params := setup.params
+	if keepable, _ := p.bootKeepable(); kept != nil && (setup.boot == nil || kept.id != bootStateID(setup) || !keepable) {
+		kept = nil
+		releaseMemory()
+	}
 	gcPercent := defaultGCPercent // memmodel.go
 	if opt.GCPercent != nil {
 		gcPercent = *opt.GCPercent
@@ -395,13 +413,21 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	if err != nil {
 		return "", err
 	}
-	ex := newExecutor(setup, keys, p, ptValues, io, st)
+	cache := newPtCache(-1) // (one evaluation: plaintexts encoded when read and not kept)
+	cache.boot = kept
+	ex := newExecutor(setup, keys, p, ptValues, io, st, executorOptions{Cache: cache})
 	ex.ptFile = ptFile
 	st.SetupSeconds = time.Since(t).Seconds()
 
 	t = time.Now()
 	err = ex.run()
 	st.EvalSeconds = time.Since(t).Seconds()
+	st.EvalSecondsNoMatrices = st.EvalSeconds - st.BootMatrixSeconds
+	if opt.KeepBootState && err == nil {
+		putKeptBoot(cache.boot)
+	} else {
+		st.BootStateKept = false // (the call lets go of it)
+	}
 	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
 	st.KeyLoadsReused, st.KeyLoadSplit = keys.keysReused, keys.keyLoadSplit()
 	st.KeyLoadCPUSeconds = float64(keys.readCPUNanos.Load()) / 1e9

@@ -396,6 +396,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			return "", err
 		}
 		st.EvalSeconds = eval
+		st.EvalSecondsNoMatrices = eval // (runTimed times the matrices' encoding apart)
 		st.KeyLoads, st.KeyLoadSeconds = keys.loads-loads0, keys.loadSeconds-loadSec0
 		st.KeyLoadBytes = keys.readBytes.Load() - readBytes0
 		st.KeyLoadsReused = keys.keysReused - keysReused0

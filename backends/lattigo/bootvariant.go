@@ -248,26 +248,19 @@ type bootVariants struct {
 	masks map[string]*rlwe.Plaintext
 }
 
-// buildVariantEvaluators encodes the DFT matrices of every variant the plan uses (under
-// stand-in keys, as newBootEvaluator) and returns their bytes.
-func (e *executor) buildVariantEvaluators(galEls []uint64) (int64, error) {
-	if len(e.setup.variants) == 0 {
-		return 0, nil
+// useVariantEvaluators takes a copy of each variant's evaluator of the state (its matrices
+// shared), to be wired once the block is read.
+func (e *executor) useVariantEvaluators(bs *bootState) {
+	if len(bs.variants) == 0 {
+		return
 	}
 	if e.bv == nil {
 		e.bv = &bootVariants{masks: map[string]*rlwe.Plaintext{}}
 	}
 	e.bv.evs = map[int]*bootstrapping.Evaluator{}
-	var n int64
-	for _, k := range e.setup.sortedVariants() {
-		ev, err := newBootEvaluator(*e.setup.variants[k], galEls)
-		if err != nil {
-			return 0, fmt.Errorf("sparse bootstrap at 2^%d slots: %w", k, err)
-		}
-		e.bv.evs[k] = ev
-		n += matrixBytes(ev)
+	for k, ev := range bs.variants {
+		e.bv.evs[k] = copyEvaluator(ev)
 	}
-	return n, nil
 }
 
 // wireVariantEvaluators points the variants' evaluators at the executor's evaluator and

@@ -98,6 +98,13 @@ type executor struct {
 	cins         *cinsPlan        // to_cins / fused bootstrap_cins (cins_exec.go)
 	sumAcc       *rlwe.Ciphertext // degree-2 accumulator of product sums (relin.go)
 	initErr      error            // a malformed "fused" annotation (plans not read by loadPlan)
+
+	// the bootstrapping state (bootstate.go): its matrices while the block is resident;
+	// keptBytes: those kept after the block's last drop for the next evaluation, until the
+	// block is loaded again; bootKeep: the plan lets them stay (plan.bootKeepable)
+	boot      *bootState
+	keptBytes int64
+	bootKeep  bool
 }
 
 // executorOptions: fuse linear blocks (default on), workers for fused blocks (0: GOMAXPROCS),
@@ -143,9 +150,10 @@ func (e *executor) reset(io *ctIO, st *stats) {
 	e.babies = map[string]*babyCache{}
 	e.liveBytes, e.nInput, e.nOutput, e.cur = 0, 0, 0, 0
 	st.Workers = e.nWorkers
-	if e.btpEval != nil {
+	if e.btpEval != nil { // keep-all: the block (keys and matrices) stayed resident
 		st.BootMatrixBytes = e.matBytes
 		st.BootKeyBytes = e.keys.block.bytes
+		st.BootStateReused, st.BootStateKept = true, e.bootKeep
 	}
 }
 
@@ -179,6 +187,10 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		e.cache = newPtCache(-1)
 	}
 	e.sc = e.cache.scratchFor(params, keys)
+	e.bootKeep, _ = p.bootKeepable()
+	if e.bootKeep && e.cache.boot != nil { // an earlier evaluation's matrices, held until the block loads
+		e.keptBytes = e.cache.boot.bytes
+	}
 	e.eval, e.polyEval, e.ecd, e.emb = e.sc.eval, e.sc.polyEval, e.sc.ecd, e.sc.emb
 	if e.nWorkers <= 0 {
 		e.nWorkers = runtime.GOMAXPROCS(0)
@@ -931,12 +943,13 @@ func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
 
 // notePeak tracks the largest sum of what the memory model counts: live ciphertexts,
 // resident keys (plan keys and the boot block), the relinearisation key and the resident
-// DFT matrices.
+// DFT matrices (and those kept for the next evaluation after the block's last drop:
+// keptBytes, bootstate.go).
 func (e *executor) notePeak() {
-	if kb := e.keys.residentBytes + e.matBytes; kb > e.st.PeakKeyBlockBytes {
+	if kb := e.keys.residentBytes + e.matBytes + e.keptBytes; kb > e.st.PeakKeyBlockBytes {
 		e.st.PeakKeyBlockBytes = kb
 	}
-	total := e.liveBytes + e.keys.residentBytes + e.matBytes
+	total := e.liveBytes + e.keys.residentBytes + e.matBytes + e.keptBytes
 	if e.keys.rlk != nil {
 		total += int64(e.keys.rlk.BinarySize())
 	}
@@ -946,8 +959,9 @@ func (e *executor) notePeak() {
 }
 
 // loadBlock makes the bootstrapping block resident: the DFT matrices are encoded first
-// (under stand-in keys, boot.go), then the block's keys are read from the key directory
-// and the bootstrapping evaluator is wired to the executor's evaluator.
+// (under stand-in keys, boot.go) unless an earlier evaluation left them (bootstate.go), then
+// the block's keys are read from the key directory and the bootstrapping evaluator is wired
+// to the executor's evaluator.
 func (e *executor) loadBlock(stream int) error {
 	if e.btpEval != nil {
 		return nil
@@ -955,21 +969,22 @@ func (e *executor) loadBlock(stream int) error {
 	if e.setup.btp == nil {
 		return fmt.Errorf("the plan's params carry no \"boot\" object")
 	}
-	t := time.Now()
 	galEls := e.setup.blockKeys().galEls // the full-slot bootstrap's and the variants' (bootvariant.go)
-	ev, err := newBootEvaluator(*e.setup.btp, galEls)
+	bs, reused, err := e.bootStateFor(galEls)
 	if err != nil {
 		return err
 	}
-	varBytes, err := e.buildVariantEvaluators(galEls)
-	if err != nil {
-		return err
+	if reused {
+		e.st.BootStateReused = true
+	} else {
+		e.st.BootMatrixSeconds += bs.seconds
+		e.st.BootMatrixBuilds++
+		e.encodeSec += bs.seconds // encoding public matrices: model preparation, timed apart (runTimed)
 	}
-	releaseMemory() // the encoder's temporaries, before any key is read
-	d := time.Since(t).Seconds()
-	e.st.BootMatrixSeconds += d
-	e.encodeSec += d // encoding public matrices: model preparation, timed apart (runTimed)
-	e.matBytes = matrixBytes(ev) + varBytes
+	e.boot, e.keptBytes = bs, 0
+	ev := copyEvaluator(bs.full)
+	e.useVariantEvaluators(bs)
+	e.matBytes = bs.bytes
 	e.st.BootMatrixBytes = e.matBytes
 	if err = e.keys.loadBlock(stream); err != nil {
 		return err
@@ -978,13 +993,25 @@ func (e *executor) loadBlock(stream int) error {
 	e.wireVariantEvaluators()
 	e.btpEval = ev
 	e.st.BootKeyBytes = e.keys.block.bytes
+	if !e.scheduled {
+		// keep-all: the block stays resident to the end, the state for the next evaluation
+		e.keepBootState(e.bootKeep)
+	}
 	e.notePeak()
 	return nil
 }
 
-// dropBlock forgets the bootstrapping block (keys and matrices).
+// dropBlock forgets the bootstrapping block (keys and matrices). At the program's last
+// drop of a plan that lets it (plan.bootKeepable), the matrices stay for the next
+// evaluation (bootstate.go): tracked as kept bytes until the block is loaded again.
 func (e *executor) dropBlock() {
 	e.keys.dropBlock()
+	keep := e.bootKeep && e.plan.isLastBlockDrop(e.cur)
+	e.keepBootState(keep)
+	if keep && e.boot != nil {
+		e.keptBytes = e.boot.bytes
+	}
+	e.boot = nil
 	e.btpEval = nil
 	if e.bv != nil {
 		e.bv.evs = nil

@@ -423,6 +423,9 @@ type ptCache struct {
 	ctBytes int64
 	// the evaluation's working state, kept for the next evaluation (evalScratch)
 	scratch *evalScratch
+	// the bootstrapping evaluators with their encoded DFT matrices, kept for the next
+	// evaluation (bootstate.go; under mu)
+	boot *bootState
 	// CinS matrices (to_cins factors, fused convolutions, S_(N/2<-l)) encoded for
 	// lintrans, by name and level (cins_exec.go): once per model
 	lts map[ptKey]*lintrans.LinearTransformation

@@ -482,6 +482,13 @@ type sampleStats struct {
 	MaxScaleFix  float64            `json:"max_scale_fix"`
 	PeakCtBytes  int64              `json:"peak_ciphertext_bytes"`
 	PeakKeyBytes int64              `json:"peak_key_bytes"`
+	// the bootstrapping state (bootstate.go): the DFT matrices' encoding inside
+	// eval_seconds, how many times this sample encoded them (0: an earlier sample's or
+	// call's were used), and eval_seconds without them
+	BootMatrixSeconds     float64 `json:"boot_matrix_seconds"`
+	BootMatrixBuilds      int     `json:"boot_matrix_builds"`
+	BootStateReused       bool    `json:"boot_state_reused"`
+	EvalSecondsNoMatrices float64 `json:"eval_seconds_without_matrices"`
 }
 
 type evaluateResult struct {
@@ -703,7 +710,9 @@ func (ev *evaluator) evaluate(inputs []*rlwe.Ciphertext) ([]*rlwe.Ciphertext, sa
 		Rotations: st.Rotations, KeyLoads: ev.keys.loads - loads0, Bootstraps: len(st.BootstrapSeconds),
 		BootSeconds: st.BootstrapSeconds, FusedBlocks: st.FusedBlocks, MaxScaleFix: st.MaxScaleFix,
 		PeakCtBytes: st.PeakCiphertextBytes, PeakKeyBytes: ev.keys.peakBytes,
+		BootMatrixSeconds: st.BootMatrixSeconds, BootMatrixBuilds: st.BootMatrixBuilds, BootStateReused: st.BootStateReused,
 	}
+	ss.EvalSecondsNoMatrices = ss.EvalSeconds - st.BootMatrixSeconds
 	if len(io.outputs) != ev.plan.count("output") {
 		return nil, ss, fmt.Errorf("%d output ciphertexts for %d output instructions", len(io.outputs), ev.plan.count("output"))
 	}
