@@ -177,18 +177,24 @@ def _matches(nodeid: str, key: str) -> bool:
     return nodeid == key or nodeid.startswith(key + "[") or nodeid.startswith(key + "::")
 
 
+def _id(item: pytest.Item) -> str:
+    """The test's id without pytest-xdist's ``@group`` suffix (``--dist loadgroup`` appends it
+    to an ``xdist_group`` test's id in the worker processes)."""
+    return item.nodeid.rsplit("@", 1)[0] if item.get_closest_marker("xdist_group") else item.nodeid
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(_matches(item.nodeid, k) for k in SLOW_TESTS):
+        if any(_matches(_id(item), k) for k in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
     # where every file the list names was collected, each entry must name a test and each
     # cover a test of the default tier (a renamed test must not leave its tier silently)
-    files = {i.nodeid.split("::")[0] for i in items}
+    files = {_id(i).split("::")[0] for i in items}
     named = {k.split("::")[0] for k in (*SLOW_TESTS, *SLOW_TESTS.values())}
     if not named <= files:
         return
-    fast = [i.nodeid for i in items if i.get_closest_marker("slow") is None]
-    bad = [k for k in SLOW_TESTS if not any(_matches(i.nodeid, k) for i in items)]
+    fast = [_id(i) for i in items if i.get_closest_marker("slow") is None]
+    bad = [k for k in SLOW_TESTS if not any(_matches(_id(i), k) for i in items)]
     bad += [f"{c} (cover)" for c in set(SLOW_TESTS.values()) if not any(_matches(n, c) for n in fast)]
     if bad:
         raise pytest.UsageError("tests/conftest.py SLOW_TESTS names no test of its tier: " + ", ".join(sorted(bad)))
