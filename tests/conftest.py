@@ -76,6 +76,11 @@ def fake_backends() -> Iterator[tuple[str, str]]:
 # still covers its behaviour (docs/testing.md says what each checks and why that suffices;
 # tests/test_tiers.py checks that every entry and every cover names a real test).
 SLOW_TESTS: dict[str, str] = {
+    # two n14boot evaluations (59 s beside the other worker); the kept DFT matrices are
+    # checked in `go test -short` at log N 12 (bootstate_test.go: across Run calls, reloads,
+    # Evaluate's samples), their Python report by the model-bench test
+    "tests/backends/test_lattigo_bootstate.py::test_second_evaluation_reuses_the_matrices":
+        "tests/api/test_model_bench.py::test_small_model_modelled_and_measured_on_lattigo",
     "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[keymemrt_lola]":
         "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[keymemrt_mlp]",
     "tests/e2e/test_boot_suite.py::test_solvers_place_the_same_bootstraps[resnet20_cifar10_deg15]":
@@ -184,17 +189,18 @@ def _id(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if any(_matches(_id(item), k) for k in SLOW_TESTS):
+    ids = [_id(i) for i in items]
+    for item, nid in zip(items, ids, strict=True):
+        if any(_matches(nid, k) for k in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
     # where every file the list names was collected, each entry must name a test and each
     # cover a test of the default tier (a renamed test must not leave its tier silently)
-    files = {_id(i).split("::")[0] for i in items}
+    files = {nid.split("::")[0] for nid in ids}
     named = {k.split("::")[0] for k in (*SLOW_TESTS, *SLOW_TESTS.values())}
     if not named <= files:
         return
-    fast = [_id(i) for i in items if i.get_closest_marker("slow") is None]
-    bad = [k for k in SLOW_TESTS if not any(_matches(_id(i), k) for i in items)]
+    fast = [nid for i, nid in zip(items, ids, strict=True) if i.get_closest_marker("slow") is None]
+    bad = [k for k in SLOW_TESTS if not any(_matches(nid, k) for nid in ids)]
     bad += [f"{c} (cover)" for c in set(SLOW_TESTS.values()) if not any(_matches(n, c) for n in fast)]
     if bad:
         raise pytest.UsageError("tests/conftest.py SLOW_TESTS names no test of its tier: " + ", ".join(sorted(bad)))
