@@ -74,18 +74,33 @@ def densified_variants(cands: list[Any], slots: int, room: bool = True) -> list[
         mid, dense = route
         first = plan_conversion(c.out_layout, mid)
         second = plan_conversion(mid, dense)
-
-        def lower(b: ProgramBuilder, regs: dict[str, list[str]], c: Any = c, first: Any = first,
-                  second: Any = second) -> list[str]:
-            r = first.lower(b, c.lower(b, regs), f"dense/{c.node}/grid")
-            return second.lower(b, r, f"dense/{c.node}/channels")
-
-        def analytic(c: Any = c, first: Any = first, second: Any = second) -> Any:
-            return sequential(sequential(c.cost(slots), first.cost()), second.cost())
-
-        out.append(Candidate(
-            node=c.node, kernel=c.kernel, params={**c.params, "densify": True}, in_layouts=c.in_layouts,
-            out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
-            analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
-        ))
+        out.append(_packed(c, dense, (first, second), True, slots))
+        # the same packing in one permute: one level instead of two, for more rotations and
+        # masked products (the solver weighs a level, which can cost a bootstrap, against them)
+        direct = plan_conversion(c.out_layout, dense)
+        if direct.cost().depth < first.cost().depth + second.cost().depth:
+            out.append(_packed(c, dense, (direct,), "one-level", slots))
     return out
+
+
+def _packed(c: Any, dense: Any, steps: tuple[Any, ...], how: Any, slots: int) -> Candidate:
+    """``c`` followed by the conversions ``steps`` to the dense layout."""
+    tags = ("grid", "channels") if len(steps) == 2 else ("dense",)
+
+    def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
+        r = c.lower(b, regs)
+        for conv, tag in zip(steps, tags, strict=True):
+            r = conv.lower(b, r, f"dense/{c.node}/{tag}")
+        return r
+
+    def analytic() -> Any:
+        cost = c.cost(slots)
+        for conv in steps:
+            cost = sequential(cost, conv.cost())
+        return cost
+
+    return Candidate(
+        node=c.node, kernel=c.kernel, params={**c.params, "densify": how}, in_layouts=c.in_layouts,
+        out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
+        analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
+    )

@@ -3,7 +3,15 @@ calls it; docs/time-model.md): one decomposition per rotated register, the lazy 
 per (register, offset), each giant step and product, the block's own finish (QP) or output
 reduction (Q mode), a rescale when the plan rescales it, and, when the run encodes its
 plaintexts in the clock, one plaintext per product at the block's level (QP, or Q in Q
-mode). A block's cost is charged at its root."""
+mode). A block's cost is charged at its root.
+
+A run that streams its plaintexts (``encode`` given) runs a QP block with its babies in Q
+where the executor's rule says it pays (backends/lattigo/fused_qbabies.go, ``useQBabies``):
+for every register the block's babies come from, the NTTs saved over all the QP blocks on it
+(the P primes of each product's plaintext, one ModDown of c1 per giant step) outweigh the two
+ModDowns of each of its babies not yet in Q. Such a block's products run in Q
+(``block_product_q``), its plaintexts are encoded in Q, and each baby is brought down once
+(``block_baby_q``, shared with the register's Q-mode blocks)."""
 
 from __future__ import annotations
 
@@ -12,31 +20,85 @@ from collections.abc import Callable, Sequence
 from planner.ir.fusion import FusedBlock
 
 
+def q_babies(blocks: Sequence[FusedBlock], level: Callable[[str], int], p_primes: int) -> set[int]:
+    """Indices of the QP blocks a streaming run evaluates with their babies in Q (the module
+    docstring; the executor's ``useQBabies``/``qBabiesPays``, block by block in program order:
+    a register whose babies were brought down in place serves only such blocks after)."""
+    work: dict[str, list[int]] = {}
+    betas: dict[str, set[int]] = {}
+    for blk in blocks:
+        for r in _regs(blk):
+            if not blk.qmode:
+                w = work.setdefault(r, [0, 0])
+                w[0] += blk.products
+                w[1] += blk.giants
+        for r, beta in blk.babies:
+            betas.setdefault(r, set()).add(beta)
+    down: dict[str, set[int]] = {}  # babies already in Q, per register
+    in_place: set[str] = set()
+    out: set[int] = set()
+    for k in sorted(range(len(blocks)), key=lambda k: blocks[k].root):
+        blk = blocks[k]
+        regs = _regs(blk)
+        if not blk.qmode:
+            q = level(blk.base) + 1
+
+            def pays(r: str, q: int = q) -> bool:
+                fresh = len(betas.get(r, set()) - down.get(r, set()))
+                products, giants = work.get(r, (0, 0))
+                return products * p_primes + giants * (q + p_primes) > fresh * 2 * (q + p_primes)
+
+            if not (regs & in_place or all(pays(r) for r in regs)):
+                continue
+            out.add(k)
+            in_place |= regs
+        for r, beta in blk.babies:  # brought down (a Q-mode block's too: pooled copies)
+            down.setdefault(r, set()).add(beta)
+    return out
+
+
+def _regs(blk: FusedBlock) -> set[str]:
+    """The registers a block's products read (its base and its babies' registers)."""
+    return {blk.base} | {r for r, _ in blk.babies}
+
+
 def price_blocks(at: Callable[[str, int], float], split: bool, blocks: Sequence[FusedBlock],
                  level: Callable[[str], int], cost: list[float],
-                 encode: Callable[[int, bool], float] | None = None) -> None:
+                 encode: Callable[[int, bool], float] | None = None, p_primes: int = 0,
+                 stats: dict[str, int] | None = None) -> None:
     """Add each block's cost (table units) to ``cost`` at its root.  ``at``: a weight at a
     level (``TimeModel.at``); ``split``: the table prices a base's decomposition apart
     (``block_base``), once per register; ``level``: a register's level as the run has it;
     ``encode``: a plaintext's encoding at a level, in QP or Q (``TimeModel.encode``), when
-    the run encodes in the clock."""
+    the run encodes in the clock; ``p_primes``: the special primes of the key-switching
+    basis (the Q-babies rule, module docstring); ``stats`` gets ``q_baby_blocks``, the
+    blocks the rule runs with their babies in Q (the executor's ``fused_qbaby_blocks``)."""
+    in_q = q_babies(blocks, level, p_primes) if encode is not None and p_primes else set()
+    if stats is not None:
+        stats["q_baby_blocks"] = len(in_q)
     babies: dict[str, set[tuple[str, int]]] = {}
-    q_babies: dict[str, set[tuple[str, int]]] = {}
+    q_babies_of: dict[str, set[tuple[str, int]]] = {}
     decomposed: set[str] = set()
-    for blk in blocks:
+    for k, blk in enumerate(blocks):
         lv = level(blk.base)
         fixed = 0.0
         c = 0.0
-        if blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
-            new_q = blk.babies - q_babies.setdefault(blk.base, set())
+        if k in in_q:  # a QP block with its babies in Q: products in Q, babies down once
+            new_q = blk.babies - q_babies_of.setdefault(blk.base, set())
+            fixed = at("block_finish", lv) if split else at("block_fixed", lv)
+            c += (at("block_giant", lv) * blk.giants + at("block_product_q", lv) * blk.products
+                  + at("block_baby_q", lv) * len(new_q))
+            q_babies_of[blk.base] |= new_q
+        elif blk.qmode:  # Q mode (planner.ir.fusion): no ModDown per block, babies brought down once
+            new_q = blk.babies - q_babies_of.setdefault(blk.base, set())
             c += (at("block_q", lv) + at("block_product_q", lv) * blk.products
                   + at("block_baby_q", lv) * len(new_q))
-            q_babies[blk.base] |= new_q
+            q_babies_of[blk.base] |= new_q
         else:
             fixed = at("block_finish", lv) if split else at("block_fixed", lv)
             c += at("block_giant", lv) * blk.giants + at("block_product", lv) * blk.products
         if encode is not None:
-            c += encode(lv, not blk.qmode) * blk.products
+            c += encode(lv, not (blk.qmode or k in in_q)) * blk.products
         regs = {r for r, _ in blk.babies} - decomposed  # one decomposition per rotated register
         if split and regs:
             fixed += at("block_base", lv) * len(regs)

@@ -265,11 +265,12 @@ class TimeModel:
         return 0.0
 
     def program_costs(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
-                      run: Run | None = None) -> list[float]:
+                      run: Run | None = None, stats: dict[str, int] | None = None) -> list[float]:
         """Each instruction's cost (table units) with every instruction and fused block at
         its level; a fused block or product sum is charged at its root, the instructions it
         absorbs cost nothing of their own.  ``run`` (:class:`Run`): at the levels the
-        executor drops fresh values to, and with each plaintext's encoding."""
+        executor drops fresh values to, and with each plaintext's encoding.  ``stats``:
+        :func:`planner.cost.blocks.price_blocks`'s."""
         run = run or Run()
         prog = [ir.decode(dict(raw)) for raw in program]
         cost = [0.0] * len(prog)
@@ -318,7 +319,7 @@ class TimeModel:
             for w in ins.writes():
                 pending[w] = dirty
         price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost,
-                     self.encode if run.encode else None)
+                     self.encode if run.encode else None, self.p_primes, stats)
         return cost
 
     def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,
@@ -388,6 +389,7 @@ class ModelledTime:
     compute_ms: float
     load_ms: float  # all loads, whether hidden or not
     stall_ms: float  # time the program waited for a key
+    matrix_ms: float = 0.0  # of compute_ms: the bootstrapping DFT matrices encoded at block loads
 
     def to_json(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in vars(self).items()}
@@ -416,7 +418,7 @@ def modelled_time(
     prog = ir.decode_program(program)
     cost = tm.program_costs(program, params.max_level, params.slots, run)
     used = boot_block.variants_used(prog, params)
-    clock = compute = loads = stall = 0.0
+    clock = compute = loads = stall = matrices = 0.0
     loader_free = 0.0
     ready: dict[int, float] = {}
     top = params.rotation_key_bytes()
@@ -438,6 +440,7 @@ def modelled_time(
                     mat = tm.matrix_ms * (1 + sum(v.matrix_bytes for v in used) / max(1, params.boot.matrix_bytes))
                     clock += mat
                     compute += mat
+                    matrices += mat
             continue
         if isinstance(ins, ir.LoadKey):
             if ins.k is None:
@@ -480,4 +483,4 @@ def modelled_time(
             if loader_free > clock:
                 stall += loader_free - clock
                 clock = loader_free
-    return ModelledTime(clock, compute, loads, stall)
+    return ModelledTime(clock, compute, loads, stall, matrices)

@@ -70,6 +70,9 @@ def test_small_model_modelled_and_measured_on_lattigo(cli: Cli, tmp_path: Path) 
         assert k in md and k in m
     assert md["total_seconds"] > 0 and m["eval_seconds"] > 0
     assert row["model_over_measured"] == pytest.approx(md["total_seconds"] / m["eval_seconds"], rel=1e-2)
+    # no bootstrap: no DFT matrices on either side
+    assert md["matrix_seconds"] == 0 and row["model_over_measured_without_matrices"] == pytest.approx(
+        row["model_over_measured"], rel=1e-2)
     assert len(m["eval_seconds_runs"]) == 2 and m["ok"]
     assert 0 < m["max_rel_error"] < 1e-4 and m["bits"] > 13
     assert m["keygen_seconds"] > 0 and m["peak_rss_bytes"] > 0 and m["process_model_bytes"] > 0

@@ -241,3 +241,31 @@ def test_fused_under_a_key_schedule(name: str, make: Any, kernels: tuple[str, ..
         # the joint strategy's time model prices whether a two-hop chain pays; without one
         # every block has one base
         assert fused["fused_multi_base"] == 0, (fused, graph_plan["summary"]["key_schedule"].get("chains"))
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("name", "make", "kernels", "paid"), [
+    ("mvm 64x64 bsgs", lambda: mvm_graph(64, 64), ("bsgs", "elementwise"), True),
+    ("conv1 default", lambda: conv_workload("conv1").graph, None, None),
+])
+def test_q_babies_blocks_as_the_time_model_decides(name: str, make: Any, kernels: tuple[str, ...] | None,
+                                                   paid: bool | None) -> None:
+    """A one-shot run (``slotplan run``) streams its plaintexts, and the executor runs a QP
+    block with its babies in Q where fused_qbabies.go's rule pays; the time model
+    (planner/cost/blocks.py ``q_babies``) decides the same blocks, so it prices them so."""
+    from backends.runner import run_plan
+    from planner.cost.conditions import Run
+    from planner.cost.tables import load_costs
+    from planner.cost.timing import TimeModel
+
+    graph = make()
+    res = _plan(graph, kernels)
+    rep = run_plan(res.plan, res.tables, "lattigo", seed=3)
+    assert rep.ok, rep.failure()
+    params = load_params("n12")
+    st: dict[str, int] = {}
+    TimeModel(load_costs("n12-lattigo")).program_costs(res.plan["program"], params.max_level, params.slots,
+                                                       Run(encode=True), st)
+    assert rep.stats["fused_qbaby_blocks"] == st["q_baby_blocks"], (rep.stats["fused_blocks"], st)
+    if paid:
+        assert st["q_baby_blocks"] >= 1

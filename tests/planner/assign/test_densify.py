@@ -6,6 +6,7 @@ is never above the gapped plan's."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,3 +48,42 @@ def test_one_sample_strided_output_packed_densely(c: int, hw: int, log_n: int, c
     assert not any(n["params"].get("densify") for n in gapped.plan["nodes"])
     assert res.solution.objective is not None and gapped.solution.objective is not None
     assert res.solution.objective <= gapped.solution.objective
+
+
+@pytest.mark.parametrize("how", [True, "one-level"])
+def test_each_packing_route_alone(how: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two routes of planner.assign.densify, each forced where it applies (the node's
+    # other candidates withdrawn): two permutes (grid, then channels: two levels) or one
+    # permute (one level, more rotations and products). Either plan equals numpy with every
+    # layout claim holding, and the one-level route spends one level less at the packed node
+    import planner.assign.problem as problem
+    from planner.assign.densify import densified_variants
+
+    def forced(want: bool | str) -> Any:
+        def variants(cands: list[Any], *a: Any) -> list[Any]:
+            vs = [v for v in densified_variants(cands, *a) if v.params["densify"] == want]
+            if vs:
+                cands[:] = []  # (problem.py adds the variants to this list)
+            return vs
+        return variants
+
+    g = parse_graph(downsampling_block(8, 8))
+    params = small_params(10, levels=10)
+    monkeypatch.setattr(problem, "densified_variants", forced(how))
+    res = plan_graph(g, params, PlanOptions(allow_insecure=True))
+    packed = [n for n in res.plan["nodes"] if n["params"].get("densify")]
+    assert packed and all(n["params"]["densify"] == how for n in packed), [n["params"] for n in res.plan["nodes"]]
+    vals = random_values(g, 5)
+    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
+    problems = list(check_claims(res, vals, sim))
+    assert not problems, "\n".join(problems)
+    ref = reference(g, vals)
+    for t in g.outputs:
+        err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / max(1.0, float(np.max(np.abs(ref[t]))))
+        assert err < 1e-9, (t, err)
+    if how == "one-level":  # the same packing in the other route costs one level more
+        monkeypatch.setattr(problem, "densified_variants", forced(True))
+        two = plan_graph(g, params, PlanOptions(allow_insecure=True))
+        depth = {n["id"]: n["cost"]["depth"] for n in two.plan["nodes"]}
+        for n in packed:
+            assert n["cost"]["depth"] == depth[n["id"]] - 1, (n["id"], n["cost"], depth)

@@ -1,0 +1,74 @@
+"""The Q-babies rule of the time model (planner/cost/blocks.py): which QP blocks a streaming
+run evaluates with their babies in Q, as the executor decides it (fused_qbabies.go,
+``qBabiesPays``: products x P + giants x (Q + P) > fresh babies x 2 (Q + P), per register
+over all its QP blocks), and what such a block costs against the same block in QP."""
+
+from __future__ import annotations
+
+from planner.cost.blocks import price_blocks, q_babies
+from planner.ir.fusion import FusedBlock
+
+
+def _blk(base: str, products: int, giants: int, betas: tuple[int, ...], root: int, qmode: bool = False) -> FusedBlock:
+    return FusedBlock(base, products, giants, frozenset((base, b) for b in betas), False, qmode, root)
+
+
+def test_rule_at_its_boundary() -> None:
+    # one register, two babies, q = 10 primes (level 9), p = 5: pays when 5 x products + 15 x
+    # giants > 2 x 2 x 15 = 60
+    level = {"x": 9}.__getitem__
+    assert q_babies([_blk("x", 12, 0, (1, 2), 0)], level, 5) == set()  # 60, not more
+    assert q_babies([_blk("x", 13, 0, (1, 2), 0)], level, 5) == {0}
+    assert q_babies([_blk("x", 9, 1, (1, 2), 0)], level, 5) == set()  # 45 + 15 = 60: no
+    assert q_babies([_blk("x", 10, 1, (1, 2), 0)], level, 5) == {0}  # 50 + 15 = 65
+    # the work of every QP block on the register counts, at each block
+    two = [_blk("x", 7, 0, (1,), 0), _blk("x", 6, 0, (2,), 1)]
+    assert q_babies(two, level, 5) == {0, 1}
+    # at level 0 (q = 1) a baby's ModDowns are cheaper: 60 + 6 > 2 x 2 x 6
+    assert q_babies([_blk("x", 12, 1, (1, 2), 0)], {"x": 0}.__getitem__, 5) == {0}
+
+
+def test_q_mode_blocks_do_not_count_but_bring_babies_down() -> None:
+    level = {"x": 9}.__getitem__
+    # a Q-mode block's products are not QP work; its babies come down (pooled): the QP
+    # block after it finds no fresh baby and pays
+    blocks = [_blk("x", 50, 0, (1, 2), 0, qmode=True), _blk("x", 1, 0, (1, 2), 1)]
+    assert q_babies(blocks, level, 5) == {1}
+    # alone, the same QP block does not pay
+    assert q_babies(blocks[1:], level, 5) == set()
+
+
+def test_a_register_brought_down_in_place_serves_q_babies_only() -> None:
+    # block 0 on x pays and brings x's babies down in place; block 1 reads x and y, and y
+    # alone would not pay: the executor runs it with Q babies all the same
+    level = {"x": 9, "y": 9}.__getitem__
+    b0 = _blk("x", 40, 0, (1, 2), 0)
+    b1 = FusedBlock("y", 1, 0, frozenset({("y", 3), ("y", 4), ("x", 1)}), False, False, 1)
+    assert q_babies([b0, b1], level, 5) == {0, 1}
+    assert q_babies([b1], level, 5) == set()
+
+
+def test_a_q_babies_block_is_priced_with_q_products_and_q_encoding() -> None:
+    weights = {"block_finish": 10.0, "block_fixed": 10.0, "block_giant": 7.0, "block_product": 2.0,
+               "block_product_q": 1.0, "block_baby": 3.0, "block_baby_q": 4.0, "block_base": 5.0,
+               "block_q": 1.0, "rescale": 1.0}
+
+    def at(k: str, lv: int) -> float:
+        return weights[k]
+
+    def encode(lv: int, qp: bool) -> float:
+        return 0.5 if qp else 0.25
+
+    blk = _blk("x", 20, 2, (1, 2), 0)
+    level = {"x": 9}.__getitem__
+    streamed, cached, no_p = [0.0], [0.0], [0.0]
+    price_blocks(at, True, [blk], level, streamed, encode, p_primes=5)
+    price_blocks(at, True, [blk], level, cached, None, p_primes=5)
+    price_blocks(at, True, [blk], level, no_p, encode, p_primes=0)
+    # QP (no P primes given: the rule is off): finish 10 + giants 14 + products 40 + base 5 +
+    # babies 6 + encodings 20 x 0.5
+    assert no_p[0] == 10 + 14 + 40 + 5 + 6 + 10
+    # not streamed: the plaintexts are cached, the executor keeps QP
+    assert cached[0] == 10 + 14 + 40 + 5 + 6
+    # Q babies: products 20 x 1, babies brought down 2 x 4, encodings 20 x 0.25
+    assert streamed[0] == 10 + 14 + 20 + 8 + 5 + 6 + 5
