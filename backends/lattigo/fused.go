@@ -68,6 +68,7 @@ type fForm struct {
 	rescaled bool
 	instrs   []int
 	qmode    bool // evaluated in Q (the annotation's mode "q")
+	qbabies  bool // a QP block with its babies in Q when the plaintexts are streamed (babies_in_q)
 }
 
 func (f *fForm) terms() int {
@@ -111,7 +112,6 @@ type fusionPlan struct {
 	skip      []bool
 	baseRoots map[string]int      // fused roots per base register (the baby cache is freed after the last)
 	baseBetas map[string][]int    // non-zero baby offsets of all fused roots per base (sorted)
-	baseWork  map[string][2]int   // products and giant steps of the QP-mode blocks per base (useQBabies)
 	pre       []bool              // skipped baby rotations computed where they stand (key schedule)
 	sums      map[int]*productSum // product-sum roots (relin.go), by instruction
 }
@@ -130,6 +130,9 @@ type fusedAnnotation struct {
 type fusedBlockSpec struct {
 	Instrs []int  `json:"instrs"`
 	Mode   string `json:"mode"`
+	// a "qp" block a streaming run evaluates with its babies in Q (fused_qbabies.go), as
+	// the planner decided it (planner/ir/fusion.py q_babies)
+	BabiesInQ bool `json:"babies_in_q"`
 }
 
 // decodeFused reads the raw "fused" object strictly (unknown keys refused).
@@ -152,7 +155,7 @@ func readFusion(p *plan, slots int) (*fusionPlan, error) {
 	prog := p.Program
 	n := len(prog)
 	fp := &fusionPlan{roots: map[int]*fForm{}, rootDst: map[int]string{}, skip: make([]bool, n),
-		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, baseWork: map[string][2]int{}, pre: make([]bool, n),
+		baseRoots: map[string]int{}, baseBetas: map[string][]int{}, pre: make([]bool, n),
 		sums: map[int]*productSum{}}
 	if len(p.Fused) > 0 && string(p.Fused) != "null" {
 		ann, err := decodeFused(p.Fused)
@@ -227,6 +230,9 @@ func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, 
 		if spec.Mode != "qp" && spec.Mode != "q" {
 			return bad(w+".mode", "%q is not one of [\"qp\", \"q\"]", spec.Mode)
 		}
+		if spec.BabiesInQ && spec.Mode != "qp" {
+			return bad(w+".babies_in_q", "is true, on a \"qp\" block only (absent: false)")
+		}
 		if len(spec.Instrs) == 0 {
 			return bad(w+".instrs", "must be a non-empty list of instruction indices")
 		}
@@ -296,7 +302,8 @@ func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, 
 			}
 			above[i] = pa
 		}
-		f := &fForm{groups: map[int][]fTerm{}, instrs: append([]int{}, spec.Instrs...), qmode: spec.Mode == "q"}
+		f := &fForm{groups: map[int][]fTerm{}, instrs: append([]int{}, spec.Instrs...), qmode: spec.Mode == "q",
+			qbabies: spec.BabiesInQ}
 		rescales := map[int]bool{}
 		for j, i := range spec.Instrs {
 			in := prog[i]
@@ -367,10 +374,6 @@ func (fp *fusionPlan) readBlocks(prog []instr, ann *fusedAnnotation, slots int, 
 		f := fp.roots[i]
 		for _, b := range f.bases() {
 			fp.baseRoots[b]++
-			if !f.qmode {
-				w := fp.baseWork[b]
-				fp.baseWork[b] = [2]int{w[0] + f.terms(), w[1] + len(f.groups) - btoi(f.groups[0] != nil)}
-			}
 		}
 		for _, g := range f.gammas() {
 			for _, t := range f.groups[g] {
@@ -800,7 +803,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 	if f.qmode {
 		return e.evalFusedQ(f, ct, cts, caches, pts[0], stream, ptScale, tEval)
 	}
-	if stream && e.useQBabies(f, caches, levelQ, levelP) {
+	if stream && e.useQBabies(f, caches) {
 		return e.evalFusedQBabies(f, ct, cts, caches, ptScale, tEval)
 	}
 	tBabies := nowSeconds()

@@ -29,6 +29,7 @@ import (
 // already). The result differs from the QP path by the rounding of the babies' ModDown
 // (as a Q-mode block's), far below CKKS precision (TestFusedQBabiesMatchesQP).
 //
+// Which blocks: those the planner marks babies_in_q (planner/ir/fusion.py q_babies).
 // SLOTPLAN_FUSED_QBABIES=0 forces the QP path (A/B comparisons), =always this one for every
 // streamed QP block (tests on small rings, where it rarely pays).
 var qBabiesMode = qBabiesModeOf(os.Getenv("SLOTPLAN_FUSED_QBABIES"))
@@ -49,42 +50,24 @@ func qBabiesModeOf(env string) int {
 	return qBabiesAuto
 }
 
-// useQBabies: a streamed QP block runs with its babies in Q when qBabiesPays for each of the
-// registers its products read, over all the QP blocks on that register (its babies are
-// brought down once for all of them: a permutation's 160 blocks of 26 products share one
-// base's babies) and the babies not yet in Q.
-func (e *executor) useQBabies(f *fForm, caches map[string]*babyCache, levelQ, levelP int) bool {
+// useQBabies: a streamed QP block runs with its babies in Q when the plan's annotation says
+// so (babies_in_q: the planner's rule, planner/ir/fusion.py q_babies, which weighs the NTTs
+// of the P primes of every product's plaintext and of one ModDown per giant step against the
+// babies' ModDowns), or when one of its bases had its babies brought down in place by an
+// earlier such block (its QP babies are gone; the planner's rule marks these blocks too).
+func (e *executor) useQBabies(f *fForm, caches map[string]*babyCache) bool {
 	if qBabiesMode == qBabiesOff || f.qmode {
 		return false
 	}
-	if qBabiesMode == qBabiesAlways {
+	if qBabiesMode == qBabiesAlways || f.qbabies {
 		return true
 	}
 	for _, b := range f.bases() {
-		if caches[b].inPlace { // its QP babies are gone (babiesToQInPlace)
+		if caches[b].inPlace { // its QP babies are gone (babiesToQ in place)
 			return true
 		}
 	}
-	for _, b := range f.bases() {
-		fresh := 0
-		for _, beta := range e.fusion.baseBetas[b] {
-			if caches[b].rotQ[beta] == nil {
-				fresh++
-			}
-		}
-		w := e.fusion.baseWork[b]
-		if !qBabiesPays(w[0], w[1], fresh, levelQ+1, levelP+1) {
-			return false
-		}
-	}
-	return true
-}
-
-// qBabiesPays: the NTTs (of one prime) a block saves with its babies in Q, the P primes of
-// every product's plaintext and one ModDown of c1 per giant (q + p NTTs), outweigh those of
-// the ModDowns of the babies it brings down (two each: those of its base not yet in Q).
-func qBabiesPays(products, giants, freshBabies, q, p int) bool {
-	return products*p+giants*(q+p) > freshBabies*2*(q+p)
+	return false
 }
 
 // babiesToQ brings the babies the terms read down to Q, once per base (bc.rotQ).

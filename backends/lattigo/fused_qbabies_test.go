@@ -122,6 +122,19 @@ func TestFusedQBabiesMatchesQP(t *testing.T) {
 	if st["fused_blocks"].(float64) != 1 || st["fused_qbaby_blocks"].(float64) != 0 {
 		t.Fatalf("QP path: stats %v", st)
 	}
+	// the default mode follows the annotation: QP without babies_in_q, Q babies with it
+	if _, st := run(qBabiesAuto, 1); st["fused_qbaby_blocks"].(float64) != 0 {
+		t.Fatalf("no babies_in_q: stats %v", st)
+	}
+	marked := strings.Replace(plan, `"mode": "qp"}]`, `"mode": "qp", "babies_in_q": true}]`, 1)
+	if marked == plan {
+		t.Fatal("the test plan's annotation changed shape")
+	}
+	plan, marked = marked, plan
+	if _, st := run(qBabiesAuto, 1); st["fused_qbaby_blocks"].(float64) != 1 {
+		t.Fatalf("babies_in_q: stats %v", st)
+	}
+	plan = marked
 	for _, workers := range []int{1, 2} {
 		q, st := run(qBabiesAlways, workers)
 		if st["fused_blocks"].(float64) != 1 || st["fused_qbaby_blocks"].(float64) != 1 {
@@ -137,26 +150,6 @@ func TestFusedQBabiesMatchesQP(t *testing.T) {
 		}
 		if maxErr > 1e-5 || maxDiff > 1e-5 {
 			t.Errorf("Q babies, %d workers: max error %.3g against the reference, %.3g against the QP path", workers, maxErr, maxDiff)
-		}
-	}
-}
-
-// The rule: a block pays for its babies' ModDowns when its plaintexts' P primes outweigh
-// them (ResNet-20's n16boot convolutions: hundreds of products over 17 babies), not with
-// one product per baby.
-func TestQBabiesPays(t *testing.T) {
-	for _, c := range []struct {
-		products, giants, babies, q, p int
-		want                           bool
-	}{
-		{567, 15, 16, 6, 5, true},  // s2b2_ca at level 5 (n16boot)
-		{1134, 30, 16, 8, 5, true}, // s3b1_ca at level 7
-		{26, 1, 16, 4, 5, false},   // a small block bringing a whole base down
-		{26, 1, 0, 4, 5, true},     // ... whose base is already in Q
-		{12, 2, 3, 5, 1, false},    // bsgsPlan on the test ring (one P prime)
-	} {
-		if got := qBabiesPays(c.products, c.giants, c.babies, c.q, c.p); got != c.want {
-			t.Errorf("qBabiesPays%v = %v", c, got)
 		}
 	}
 }

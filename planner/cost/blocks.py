@@ -6,60 +6,17 @@ plaintexts in the clock, one plaintext per product at the block's level (QP, or 
 mode). A block's cost is charged at its root.
 
 A run that streams its plaintexts (``encode`` given) runs a QP block with its babies in Q
-where the executor's rule says it pays (backends/lattigo/fused_qbabies.go, ``useQBabies``):
-for every register the block's babies come from, the NTTs saved over all the QP blocks on it
-(the P primes of each product's plaintext, one ModDown of c1 per giant step) outweigh the two
-ModDowns of each of its babies not yet in Q. Such a block's products run in Q
-(``block_product_q``), its plaintexts are encoded in Q, and each baby is brought down once
-(``block_baby_q``, shared with the register's Q-mode blocks)."""
+where the planner's rule says it pays (:func:`planner.ir.fusion.q_babies`, written into the
+plan's ``fused`` annotation as ``babies_in_q``; backends/lattigo/fused_qbabies.go obeys it).
+Such a block's products run in Q (``block_product_q``), its plaintexts are encoded in Q, and
+each baby is brought down once (``block_baby_q``, shared with the register's Q-mode
+blocks)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.ir.fusion import FusedBlock
-
-
-def q_babies(blocks: Sequence[FusedBlock], level: Callable[[str], int], p_primes: int) -> set[int]:
-    """Indices of the QP blocks a streaming run evaluates with their babies in Q (the module
-    docstring; the executor's ``useQBabies``/``qBabiesPays``, block by block in program order:
-    a register whose babies were brought down in place serves only such blocks after)."""
-    work: dict[str, list[int]] = {}
-    betas: dict[str, set[int]] = {}
-    for blk in blocks:
-        for r in _regs(blk):
-            if not blk.qmode:
-                w = work.setdefault(r, [0, 0])
-                w[0] += blk.products
-                w[1] += blk.giants
-        for r, beta in blk.babies:
-            betas.setdefault(r, set()).add(beta)
-    down: dict[str, set[int]] = {}  # babies already in Q, per register
-    in_place: set[str] = set()
-    out: set[int] = set()
-    for k in sorted(range(len(blocks)), key=lambda k: blocks[k].root):
-        blk = blocks[k]
-        regs = _regs(blk)
-        if not blk.qmode:
-            q = level(blk.base) + 1
-
-            def pays(r: str, q: int = q) -> bool:
-                fresh = len(betas.get(r, set()) - down.get(r, set()))
-                products, giants = work.get(r, (0, 0))
-                return products * p_primes + giants * (q + p_primes) > fresh * 2 * (q + p_primes)
-
-            if not (regs & in_place or all(pays(r) for r in regs)):
-                continue
-            out.add(k)
-            in_place |= regs
-        for r, beta in blk.babies:  # brought down (a Q-mode block's too: pooled copies)
-            down.setdefault(r, set()).add(beta)
-    return out
-
-
-def _regs(blk: FusedBlock) -> set[str]:
-    """The registers a block's products read (its base and its babies' registers)."""
-    return {blk.base} | {r for r, _ in blk.babies}
+from planner.ir.fusion import FusedBlock, q_babies
 
 
 def price_blocks(at: Callable[[str, int], float], split: bool, blocks: Sequence[FusedBlock],

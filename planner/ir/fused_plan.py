@@ -17,6 +17,8 @@ reader that ignores it executes the same program (SPEC section 4). Its schema
 * ``blocks[j].mode``: ``"qp"`` (products accumulated in the extended basis, one ModDown
   per block, giant steps allowed) or ``"q"`` (no giant step; the base's baby rotations
   brought down to Q once and the products accumulated in Q);
+* ``blocks[j].babies_in_q`` (optional, ``"qp"`` blocks only): ``true`` where a run that
+  streams its plaintexts evaluates the block with its babies in Q (:func:`planner.ir.fusion.q_babies`);
 * ``babies``: the baby rotations (``rot``/``rot_hoisted``) the blocks rotate lazily
   instead: a product of such a rotation's output is the rotation's source rotated by its
   offset inside the block. Every other product multiplies its register as it is.
@@ -31,12 +33,13 @@ the field (:class:`common.errors.PlanFileError`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import PlanFileError
-from planner.ir.fusion import _analyse
+from planner.ir.analysis import level_drops, register_depths
+from planner.ir.fusion import FusedBlock, _analyse, q_babies
 from planner.ir.instructions import UnknownOpError
 
 FIELD = "fused"
@@ -61,27 +64,47 @@ def plan_key_levels(plan: Mapping[str, Any]) -> dict[int, int]:
 
 def fused_annotation(
     program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None,
-    scheduled: bool | None = None, split_giants: bool = False,
+    scheduled: bool | None = None, split_giants: bool = False, level: Callable[[str], int] | None = None,
+    p_primes: int = 0,
 ) -> dict[str, Any]:
     """The ``fused`` annotation of ``program``: the blocks :mod:`planner.ir.fusion` decides
     (which instructions, Q or QP mode) and the baby rotations they absorb. ``scheduled``
     (True: as under a key schedule, for a program that has none yet) and ``split_giants``
     (every block with giant steps fused group by group, as when the schedule drops its giant
     keys early): the key scheduler's views of the plan it is making
-    (planner.cost.process.executor_series)."""
+    (planner.cost.process.executor_series). ``level`` (a register's level) and ``p_primes``
+    (the key-switching basis' special primes): mark the QP blocks a streaming run evaluates
+    with their babies in Q (``babies_in_q``; :func:`planner.ir.fusion.q_babies`)."""
     roots, skip, _ = _analyse(program, slots, key_levels, scheduled, split_giants)
+    in_q: set[int] = set()
+    if level is not None and p_primes:
+        fb = [FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled,
+                         f.qmode, f.instrs[-1]) for f in roots]
+        in_q = {fb[k].root for k in q_babies(fb, level, p_primes)}
     blocks = sorted((sorted(f.instrs), f.qmode) for f in roots)
     in_blocks = {i for f in roots for i in f.instrs}
     return {
-        "blocks": [{"instrs": instrs, "mode": "q" if q else "qp"} for instrs, q in blocks],
+        "blocks": [{"instrs": instrs, "mode": "q" if q else "qp", **({"babies_in_q": True} if instrs[-1] in in_q else {})}
+                   for instrs, q in blocks],
         "babies": sorted(skip - in_blocks),
     }
 
 
 def annotate(plan: dict[str, Any]) -> dict[str, Any]:
-    """Set ``plan["fused"]`` to the annotation of its program (in place; returned)."""
-    slots = int(plan["params"]["slots"])
-    plan[FIELD] = fused_annotation(plan["program"], slots, plan_key_levels(plan))
+    """Set ``plan["fused"]`` to the annotation of its program (in place; returned), the Q
+    babies decided at the levels the executor runs the registers at (a bootstrapping plan's
+    fresh values dropped to the levels their consumers need: planner.ir.analysis.level_drops)."""
+    params = plan["params"]
+    slots = int(params["slots"])
+    max_level = int(params.get("max_level", 0))
+    drops = level_drops(plan["program"], max_level) if params.get("boot") else None
+    depth = register_depths(plan["program"], drops, max_level)
+
+    def level(reg: str) -> int:
+        return max(0, max_level - depth.get(reg, 0))
+
+    plan[FIELD] = fused_annotation(plan["program"], slots, plan_key_levels(plan), level=level,
+                                   p_primes=len(params.get("log_p") or []))
     return plan
 
 
@@ -232,12 +255,14 @@ class _Reader:
         w = f".blocks[{b}]"
         if not isinstance(blk, Mapping):
             raise _bad(w, 'must be an object {"instrs": [...], "mode": "qp"|"q"}')
-        extra = sorted(set(blk) - {"instrs", "mode"})
+        extra = sorted(set(blk) - {"instrs", "mode", "babies_in_q"})
         if extra:
-            raise _bad(w, f"unknown key {extra[0]!r} (expected 'instrs' and 'mode')")
+            raise _bad(w, f"unknown key {extra[0]!r} (expected 'instrs', 'mode' and optionally 'babies_in_q')")
         mode = blk.get("mode")
         if mode not in MODES:
             raise _bad(f"{w}.mode", f"{mode!r} is not one of {list(MODES)}")
+        if "babies_in_q" in blk and (blk["babies_in_q"] is not True or mode != "qp"):
+            raise _bad(f"{w}.babies_in_q", "is true, on a 'qp' block only (absent: false)")
         raw = blk.get("instrs")
         if not isinstance(raw, list) or not raw:
             raise _bad(f"{w}.instrs", "must be a non-empty list of instruction indices")

@@ -33,6 +33,11 @@ those blocks without deciding any itself. The rules, on the program's dataflow:
   brought down to Q once (two ModDowns, shared by the base's Q-mode blocks) and the
   products accumulate in Q, with no ModDown per block (a convolution's many small output
   blocks over a few rotations of one input). Blocks with giant steps run in QP.
+* *Q babies* (:func:`q_babies`, the annotation's ``babies_in_q``): a QP block that a run
+  streaming its plaintexts (``slotplan run``: each diagonal encoded just before its product)
+  evaluates with its babies brought down to Q once and its products and plaintexts in Q, the
+  giant steps' key switches still in QP (backends/lattigo/fused_qbabies.go), where that saves
+  NTTs; an executor with its plaintexts cached keeps such blocks in QP.
 
 *Product sums* (``backends/lattigo/relin.go``, which still finds them itself): ``cmul`` starts a sum of one term; ``add``
 of two sums, each used only there, merges them; a sum with two or more terms that is not
@@ -53,7 +58,7 @@ product, and each distinct baby offset of its base ``block_baby`` + ``block_baby
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -369,6 +374,53 @@ class FusedBlock:
     rescaled: bool
     qmode: bool = False  # evaluated in Q (module docstring)
     root: int = -1  # the instruction where the executor runs the block (its last)
+
+
+def q_babies(blocks: Sequence[FusedBlock], level: Callable[[str], int], p_primes: int) -> set[int]:
+    """Indices of the QP blocks a run that streams its plaintexts evaluates with their babies
+    in Q (module docstring, *Q babies*), decided block by block in program order: for every
+    register a block reads, the NTTs (of one prime) saved over all the QP blocks on it, the P
+    primes of each product's plaintext and one ModDown of c1 per giant step (``products x P +
+    giants x (Q + P)``), must exceed the two ModDowns of each of its babies not yet in Q
+    (``fresh x 2 (Q + P)``; a Q-mode block brings its babies down too); a register whose
+    babies came down in place serves only such blocks after. ``level``: a register's level
+    (Q = level + 1 primes); ``p_primes``: P."""
+    work: dict[str, list[int]] = {}
+    betas: dict[str, set[int]] = {}
+    for blk in blocks:
+        for r in _regs(blk):
+            if not blk.qmode:
+                w = work.setdefault(r, [0, 0])
+                w[0] += blk.products
+                w[1] += blk.giants
+        for r, beta in blk.babies:
+            betas.setdefault(r, set()).add(beta)
+    down: dict[str, set[int]] = {}  # babies already in Q, per register
+    in_place: set[str] = set()
+    out: set[int] = set()
+    for k in sorted(range(len(blocks)), key=lambda k: blocks[k].root):
+        blk = blocks[k]
+        regs = _regs(blk)
+        if not blk.qmode:
+            q = level(blk.base) + 1
+
+            def pays(r: str, q: int = q) -> bool:
+                fresh = len(betas.get(r, set()) - down.get(r, set()))
+                products, giants = work.get(r, (0, 0))
+                return products * p_primes + giants * (q + p_primes) > fresh * 2 * (q + p_primes)
+
+            if not (regs & in_place or all(pays(r) for r in regs)):
+                continue
+            out.add(k)
+            in_place |= regs
+        for r, beta in blk.babies:  # brought down (a Q-mode block's too: pooled copies)
+            down.setdefault(r, set()).add(beta)
+    return out
+
+
+def _regs(blk: FusedBlock) -> set[str]:
+    """The registers a block's products read (its base and its babies' registers)."""
+    return {blk.base} | {r for r, _ in blk.babies}
 
 
 def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list[FusedBlock], set[int]]:

@@ -1,12 +1,15 @@
-"""The Q-babies rule of the time model (planner/cost/blocks.py): which QP blocks a streaming
-run evaluates with their babies in Q, as the executor decides it (fused_qbabies.go,
-``qBabiesPays``: products x P + giants x (Q + P) > fresh babies x 2 (Q + P), per register
-over all its QP blocks), and what such a block costs against the same block in QP."""
+"""The Q-babies rule (planner/ir/fusion.py ``q_babies``, written into the plan's ``fused``
+annotation as ``babies_in_q`` and obeyed by fused_qbabies.go): which QP blocks a run that
+streams its plaintexts evaluates with their babies in Q (products x P + giants x (Q + P) >
+fresh babies x 2 (Q + P), per register over all its QP blocks), and what such a block costs
+in the time model (planner/cost/blocks.py) against the same block in QP."""
 
 from __future__ import annotations
 
-from planner.cost.blocks import price_blocks, q_babies
-from planner.ir.fusion import FusedBlock
+import pytest
+
+from planner.cost.blocks import price_blocks
+from planner.ir.fusion import FusedBlock, q_babies
 
 
 def _blk(base: str, products: int, giants: int, betas: tuple[int, ...], root: int, qmode: bool = False) -> FusedBlock:
@@ -72,3 +75,15 @@ def test_a_q_babies_block_is_priced_with_q_products_and_q_encoding() -> None:
     assert cached[0] == 10 + 14 + 40 + 5 + 6
     # Q babies: products 20 x 1, babies brought down 2 x 4, encodings 20 x 0.25
     assert streamed[0] == 10 + 14 + 20 + 8 + 5 + 6 + 5
+
+
+@pytest.mark.parametrize(("products", "giants", "babies", "q", "p", "pays"), [
+    (567, 15, 16, 6, 5, True),    # ResNet-20's s2b2_ca at level 5 (n16boot)
+    (1134, 30, 16, 8, 5, True),   # s3b1_ca at level 7
+    (26, 1, 16, 4, 5, False),     # a small block bringing a whole base down
+    (26, 1, 0, 4, 5, True),       # ... whose base has no baby to bring down
+    (12, 2, 3, 5, 1, False),      # a 3-baby BSGS on a test ring (one P prime)
+])
+def test_rule_on_measured_shapes(products: int, giants: int, babies: int, q: int, p: int, pays: bool) -> None:
+    blk = _blk("x", products, giants, tuple(range(1, babies + 1)), 0)
+    assert (q_babies([blk], {"x": q - 1}.__getitem__, p) == {0}) is pays

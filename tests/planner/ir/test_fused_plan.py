@@ -236,6 +236,10 @@ GOOD = {"blocks": [{"instrs": [2, 3, 4, 5, 6, 7, 8, 9, 10], "mode": "qp"}], "bab
     ({**GOOD, "babies": [2]}, "'fused.babies[0]'"),
     ({**GOOD, "babies": [1, 1]}, "'fused.babies[1]'"),
     ({"blocks": [], "babies": [1]}, "'fused.babies[0]'"),
+    ({"blocks": [{**GOOD["blocks"][0], "babies_in_q": False}], "babies": [1]}, "'fused.blocks[0].babies_in_q'"),
+    ({"blocks": [{**GOOD["blocks"][0], "babies_in_q": 1}], "babies": [1]}, "'fused.blocks[0].babies_in_q'"),
+    ({"blocks": [{"instrs": [2, 3, 4, 5, 6, 7, 8, 9, 10], "mode": "q", "babies_in_q": True}], "babies": [1]},
+     "'fused.blocks[0].babies_in_q'"),
 ], ids=lambda v: None)
 def test_malformed_annotation_refused_naming_the_field(fused: Any, field: str) -> None:
     read_fused(plan_of(bsgs(), GOOD))  # the well-formed one passes
