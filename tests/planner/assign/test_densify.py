@@ -20,6 +20,20 @@ from tests.helpers import small_params
 from tests.planner.batch.test_batch_densify import downsampling_block
 
 
+def _simulated_against_numpy(res: Any, g: Any, seed: int) -> Any:
+    """Simulate the plan on random values: every layout claim holds and the outputs equal
+    numpy (1e-9); the simulation."""
+    vals = random_values(g, seed)
+    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
+    problems = list(check_claims(res, vals, sim))
+    assert not problems, "\n".join(problems)
+    ref = reference(g, vals)
+    for t in g.outputs:
+        err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / max(1.0, float(np.max(np.abs(ref[t]))))
+        assert err < 1e-9, (t, err)
+    return sim
+
+
 @pytest.mark.parametrize(("c", "hw", "log_n", "chosen"),
                          [(8, 8, 10, True), (2, 16, 10, None), (4, 16, 11, None), (3, 12, 10, None)])
 def test_one_sample_strided_output_packed_densely(c: int, hw: int, log_n: int, chosen: bool | None) -> None:
@@ -34,14 +48,7 @@ def test_one_sample_strided_output_packed_densely(c: int, hw: int, log_n: int, c
     dense = [n["id"] for n in res.plan["nodes"] if n["params"].get("densify")]
     if chosen:
         assert dense, [(n["id"], n["out_layout"]) for n in res.plan["nodes"]]
-    vals = random_values(g, 3)
-    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
-    problems = list(check_claims(res, vals, sim))
-    assert not problems, "\n".join(problems)
-    ref = reference(g, vals)
-    for t in g.outputs:
-        err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / max(1.0, float(np.max(np.abs(ref[t]))))
-        assert err < 1e-9, (t, err)
+    sim = _simulated_against_numpy(res, g, 3)
     assert res.plan["summary"]["clean_outputs"] and not any(sim.leaked_slots.values())
     # the gapped plan (densify off) is a feasible point of the same model: never cheaper
     gapped = plan_graph(g, params, replace(opts, densify=False))
@@ -73,14 +80,7 @@ def test_each_packing_route_alone(how: bool | str, monkeypatch: pytest.MonkeyPat
     res = plan_graph(g, params, PlanOptions(allow_insecure=True))
     packed = [n for n in res.plan["nodes"] if n["params"].get("densify")]
     assert packed and all(n["params"]["densify"] == how for n in packed), [n["params"] for n in res.plan["nodes"]]
-    vals = random_values(g, 5)
-    sim = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))
-    problems = list(check_claims(res, vals, sim))
-    assert not problems, "\n".join(problems)
-    ref = reference(g, vals)
-    for t in g.outputs:
-        err = float(np.max(np.abs(sim.outputs[t] - ref[t]))) / max(1.0, float(np.max(np.abs(ref[t]))))
-        assert err < 1e-9, (t, err)
+    _simulated_against_numpy(res, g, 5)
     if how == "one-level":  # the same packing in the other route costs one level more
         monkeypatch.setattr(problem, "densified_variants", forced(True))
         two = plan_graph(g, params, PlanOptions(allow_insecure=True))
