@@ -97,13 +97,18 @@ def annotate(plan: dict[str, Any]) -> dict[str, Any]:
     params = plan["params"]
     slots = int(params["slots"])
     max_level = int(params.get("max_level", 0))
-    drops = level_drops(plan["program"], max_level) if params.get("boot") else None
-    depth = register_depths(plan["program"], drops, max_level)
+    try:
+        drops = level_drops(plan["program"], max_level) if params.get("boot") else None
+        depth: dict[str, int] | None = register_depths(plan["program"], drops, max_level)
+    except KeyError:  # a register read before it is written: no marks; the executor's
+        depth = None  # validation names the instruction
 
     def level(reg: str) -> int:
+        assert depth is not None
         return max(0, max_level - depth.get(reg, 0))
 
-    plan[FIELD] = fused_annotation(plan["program"], slots, plan_key_levels(plan), level=level,
+    plan[FIELD] = fused_annotation(plan["program"], slots, plan_key_levels(plan),
+                                   level=level if depth is not None else None,
                                    p_primes=len(params.get("log_p") or []))
     return plan
 
