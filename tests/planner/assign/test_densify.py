@@ -58,7 +58,8 @@ def test_one_sample_strided_output_packed_densely(c: int, hw: int, log_n: int, c
 
 
 @pytest.mark.parametrize("how", [True, "one-level"])
-def test_each_packing_route_alone(how: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("c", "hw", "log_n"), [(8, 8, 10), (3, 12, 10), (2, 16, 10)])
+def test_each_packing_route_alone(how: bool | str, c: int, hw: int, log_n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # the two routes of planner.assign.densify, each forced where it applies (the node's
     # other candidates withdrawn): two permutes (grid, then channels: two levels) or one
     # permute (one level, more rotations and products). Either plan equals numpy with every
@@ -74,8 +75,9 @@ def test_each_packing_route_alone(how: bool | str, monkeypatch: pytest.MonkeyPat
             return vs
         return variants
 
-    g = parse_graph(downsampling_block(8, 8))
-    params = small_params(10, levels=10)
+    # (odd and power-of-two grids; the gapped output spans two ciphertexts, dense one)
+    g = parse_graph(downsampling_block(c, hw))
+    params = small_params(log_n, levels=10)
     monkeypatch.setattr(problem, "densified_variants", forced(how))
     res = plan_graph(g, params, PlanOptions(allow_insecure=True))
     packed = [n for n in res.plan["nodes"] if n["params"].get("densify")]
