@@ -55,7 +55,7 @@ class CinsConversion:
         regs = [b._reg(0) for _ in range(self.src.n_ct)]
         outs = self.lower(b, regs, "cost")
         d = max((b.depth[r] for r in outs), default=0)
-        return count_program(b.instrs, 0, d, len(b.plaintexts), len(outs), 0.0)
+        return count_program(b.objs, 0, d, len(b.plaintexts), len(outs), 0.0)
 
 
 def plan_cins_conversion(src: Any, dst: Any, levels: int = DEFAULT_TO_CINS_LEVELS) -> CinsConversion:

@@ -64,7 +64,7 @@ def foldable_into(graph: Graph, tensor: str) -> Node | None:
 
 
 def plan_cone(
-    instrs: Sequence[dict[str, Any]], outs: Sequence[str], in_regs: Mapping[str, str]
+    instrs: Sequence[Mapping[str, Any] | ir.Instr], outs: Sequence[str], in_regs: Mapping[str, str]
 ) -> ConePlan | None:
     """Which instructions of ``instrs`` (one candidate's span) absorb a factor on every
     register of ``outs``; ``in_regs`` maps the candidate's operand registers to their
@@ -158,18 +158,18 @@ def apply_cone(b: ProgramBuilder, start: int, n_pt_before: int, cone: ConePlan, 
     copies: dict[str, str] = {}
     for j in sorted(cone.scale_pt | cone.scale_coeffs):
         i = start + j
-        ins = ir.decode(b.instrs[i])
+        ins = b.objs[i]
         if isinstance(ins, ir.Poly):
-            b.instrs[i] = replace(ins, coeffs=tuple(float(c) * s for c in ins.coeffs)).to_json()
+            b.set_instr(i, replace(ins, coeffs=tuple(float(c) * s for c in ins.coeffs)))
             continue
         assert isinstance(ins, ir.PMul | ir.PAdd | ir.PSub)
         if ins.pt not in copies:
             copies[ins.pt] = b.scaled_plaintext(ins.pt, s, lambda gen: _scaled_gen(gen, s))
-        b.instrs[i] = replace(ins, pt=copies[ins.pt]).to_json()
+        b.set_instr(i, replace(ins, pt=copies[ins.pt]))
     made = list(b.plaintexts)[n_pt_before:]
     replaced = [p for p in made if p in copies]
     if replaced:
-        used = {p for raw in b.instrs[start:] for p in ir.decode(raw).plaintexts()}
+        used = {p for ins in b.objs[start:] for p in ins.plaintexts()}
         b.drop_plaintexts([p for p in replaced if p not in used])
 
 
@@ -180,7 +180,7 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
         return None
     b, regs, outs = c.dry_lowering(slots)
     in_regs = {r: t for t, rs in regs.items() for r in rs}
-    cone = plan_cone(b.instrs, outs, in_regs)
+    cone = plan_cone(b.objs, outs, in_regs)
     if cone is None:
         return None
     if any(c.operand_scales.get(t, 1.0) != 1.0 for t in cone.operands):
@@ -188,13 +188,13 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     # the variant's cost: c's instructions, only plaintexts swapped for scaled copies (a
     # copy may stay beside an original that unscaled reads still need: counted here)
     apply_cone(b, 0, 0, cone, s)
-    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts), fused=fused_counts(b.instrs, slots))
+    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts), fused=fused_counts(b.objs, slots))
     inner = c.lower
 
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
         start, n_pt = len(bb.instrs), len(bb.plaintexts)
         res = inner(bb, regs)
-        cone_here = plan_cone(bb.instrs[start:], res, {r: t for t, rs in regs.items() for r in rs})
+        cone_here = plan_cone(bb.objs[start:], res, {r: t for t, rs in regs.items() for r in rs})
         assert cone_here is not None and cone_here.operands == cone.operands, "scaled lowering changed shape"
         apply_cone(bb, start, n_pt, cone_here, s)
         return res

@@ -115,6 +115,9 @@ class ProgramBuilder:
     # (plaintext, factor) -> its scaled copy (planner.assign.fold)
     _scaled_cache: dict[tuple[str, float], str] = field(default_factory=dict)
     _n_scaled: int = 0
+    # the objects of ``instrs`` (same order): the cost paths count and analyse a scratch
+    # lowering without decoding its JSON again; ``set_instr`` keeps both in step
+    objs: list[ir.Instr] = field(default_factory=list)
 
     # ---------------------------------------------------------------- registers
     def _reg(self, d: int) -> str:
@@ -202,8 +205,15 @@ class ProgramBuilder:
 
     # ---------------------------------------------------------------- instructions
     def _emit(self, ins: ir.Instr) -> None:
-        """Instructions are kept in their JSON form (what the plan's program holds)."""
+        """Instructions are kept in their JSON form (what the plan's program holds) and as
+        objects (``objs``)."""
         self.instrs.append(ins.to_json())
+        self.objs.append(ins)
+
+    def set_instr(self, i: int, ins: ir.Instr) -> None:
+        """Replace the ``i``-th instruction (its JSON form and its object)."""
+        self.instrs[i] = ins.to_json()
+        self.objs[i] = ins
 
     def input(self, tensor: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)

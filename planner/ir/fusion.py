@@ -149,7 +149,7 @@ class _Form:
         return {(t.base, t.beta) for ts in self.groups.values() for t in ts if t.beta != 0}
 
 
-def fused_counts(program: Sequence[Mapping[str, Any]], slots: int) -> FusedCounts:
+def fused_counts(program: Sequence[Mapping[str, Any] | ir.Instr], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
     roots, skip, instrs = _analyse(program, slots)
     sums = product_sums(instrs)
@@ -177,22 +177,27 @@ def product_sums(instrs: Sequence[Any]) -> list[ProductSum]:
     for ins in instrs:
         for r in ins.reads():
             users[r] = users.get(r, 0) + 1
-    sums: dict[str, ProductSum] = {}
+    # (terms, instructions) by register, grown in place: an absorbed operand's lists are
+    # its sum's alone (each operand has one user), so a long chain of adds stays linear
+    sums: dict[str, tuple[list[tuple[str, str]], list[int]]] = {}
     absorbed: set[str] = set()
     for i, ins in enumerate(instrs):
         if isinstance(ins, ir.CMul):
-            sums[ins.dst] = ProductSum(((ins.a, ins.b),), (i,))
+            sums[ins.dst] = ([(ins.a, ins.b)], [i])
         elif isinstance(ins, ir.Add):
             sa, sb = sums.get(ins.a), sums.get(ins.b)
             if sa is None or sb is None or ins.a == ins.b or users.get(ins.a) != 1 or users.get(ins.b) != 1:
                 continue
-            sums[ins.dst] = ProductSum(sa.terms + sb.terms, (*sa.instrs, *sb.instrs, i))
+            sa[0].extend(sb[0])
+            sa[1].extend(sb[1])
+            sa[1].append(i)
+            sums[ins.dst] = sa
             absorbed.update((ins.a, ins.b))
-    return [s for r, s in sums.items() if r not in absorbed and len(s.terms) >= 2]
+    return [ProductSum(tuple(t), tuple(ix)) for r, (t, ix) in sums.items() if r not in absorbed and len(t) >= 2]
 
 
 def _analyse(
-    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None,
+    program: Sequence[Mapping[str, Any] | ir.Instr], slots: int, key_levels: Mapping[int, int] | None = None,
     scheduled: bool | None = None, split_giants: bool = False,
 ) -> tuple[list[_Form], set[int], list[Any]]:
     """(fused roots, absorbed instruction indices, decoded instructions); ``key_levels``:
@@ -200,7 +205,7 @@ def _analyse(
     ``scheduled``: decide the blocks as under a key schedule (None: whether the program has
     ``load_key``/``drop_key``); ``split_giants``: every block with giant steps fused group by
     group, as when a schedule drops each giant key before the block's root."""
-    instrs = [ir.decode(dict(raw)) for raw in program]
+    instrs = [ir.decode(raw) for raw in program]
     if scheduled is None:
         scheduled = any(isinstance(ins, ir.LoadKey | ir.DropKey) for ins in instrs)
     roots, skip, split = _analyse_once(instrs, slots, scheduled, set(), key_levels)
@@ -271,7 +276,8 @@ def _forms(
             elif single(ins.src) and not f.rotated and set(f.groups) == {0} and i not in no_giant:
                 g = ins.k % slots
                 low = f.low_giants | {g} if f.rescaled else f.low_giants
-                forms[ins.dst] = _Form(f.base, {g: f.groups[0]}, f.rescaled, True, [*f.instrs, i], low_giants=low)
+                f.instrs.append(i)  # (f is absorbed: its lists pass to the new form)
+                forms[ins.dst] = _Form(f.base, {g: f.groups[0]}, f.rescaled, True, f.instrs, low_giants=low)
                 absorbed.add(ins.src)
         elif isinstance(ins, ir.PMul):
             if ins.src in babies:
@@ -286,18 +292,22 @@ def _forms(
             if (fa is None or fb is None or ins.a == ins.b or not single(ins.a) or not single(ins.b)
                     or fa.base != fb.base or fa.rescaled != fb.rescaled):
                 continue
-            groups: dict[int, list[_Term]] = {}
-            for f in (fa, fb):
-                for g, ts in f.groups.items():
-                    groups.setdefault(g, []).extend(ts)
+            # both operands are absorbed (one user each): fa's containers grow in place
+            # (no other live form shares them), so a long sum of products stays linear
+            groups = fa.groups
+            for g, ts in fb.groups.items():
+                groups.setdefault(g, []).extend(ts)
+            fa.instrs.extend(fb.instrs)
+            fa.instrs.append(i)
             forms[ins.dst] = _Form(fa.base, groups, fa.rescaled, fa.rotated or fb.rotated,
-                                   [*fa.instrs, *fb.instrs, i], low_giants=fa.low_giants | fb.low_giants)
+                                   fa.instrs, low_giants=fa.low_giants | fb.low_giants)
             absorbed.update((ins.a, ins.b))
         elif isinstance(ins, ir.Rescale):
             f = forms.get(ins.src)
             if f is None or f.rescaled or not single(ins.src):
                 continue
-            forms[ins.dst] = _Form(f.base, f.groups, True, f.rotated, [*f.instrs, i], low_giants=f.low_giants)
+            f.instrs.append(i)
+            forms[ins.dst] = _Form(f.base, f.groups, True, f.rotated, f.instrs, low_giants=f.low_giants)
             absorbed.add(ins.src)
     return forms, absorbed, baby_instr
 
@@ -440,7 +450,7 @@ def giant_spans(program: Sequence[Mapping[str, Any]], slots: int) -> list[tuple[
     schedule, as (rotation's index, block root's index, key offset): a key schedule keeps
     such a block whole only when the key stays resident from the rotation to the root
     (module docstring; the key schedule's ``keep_giant_keys``)."""
-    instrs = [ir.decode(dict(raw)) for raw in program]
+    instrs = [ir.decode(raw) for raw in program]
     roots, _, _ = _analyse_once(instrs, slots, False, set())
     out: list[tuple[int, int, int]] = []
     for f in roots:

@@ -8,7 +8,7 @@ solver optimises is, by construction, the cost of the program the plan contains.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,7 +82,7 @@ def sequential(first: CostVector, then: CostVector) -> CostVector:
 
 
 def count_program(
-    instrs: list[dict[str, Any]], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float,
+    instrs: Sequence[Mapping[str, Any] | ir.Instr], depth_in: int, depth_out: int, n_pt: int, n_out: int, util: float,
     slots: int | None = None,
 ) -> CostVector:
     counts: Counter[str] = Counter()
@@ -113,7 +113,7 @@ def count_program(
         plaintexts=n_pt,
         ciphertexts_out=n_out,
         slot_utilization=util,
-        fused=fused_counts(instrs, slots) if slots else FusedCounts(),
+        fused=fused_counts(prog, slots) if slots else FusedCounts(),
         bootstraps=counts["bootstraps"],
     )
 
@@ -163,7 +163,7 @@ class Candidate:
         if fused and self.analytic is not None:
             if self._fused is None:
                 b, _ = self.dry_program(slots)
-                self._fused = fused_counts(b.instrs, slots)
+                self._fused = fused_counts(b.objs, slots)
             c = replace(c, fused=self._fused)
         return c
 
@@ -184,7 +184,7 @@ class Candidate:
         if self._cost is None or self.analytic is not None:
             b, outs = self.dry_program(slots)
             d_out = max((b.depth[r] for r in outs), default=0)
-            counted = count_program(b.instrs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization, slots)
+            counted = count_program(b.objs, 0, d_out, len(b.plaintexts), len(outs), self.slot_utilization, slots)
             if self.analytic is not None:
                 return counted
             self._cost = counted
@@ -199,7 +199,7 @@ class Candidate:
             return None
         if self._reset_depths is None:
             b, outs = self.dry_program(slots)
-            pre = max((b.depth[r] for raw in b.instrs if ir.is_bootstrap(ins := ir.decode(raw)) for r in ins.reads()),
+            pre = max((b.depth[r] for ins in b.objs if ir.is_bootstrap(ins) for r in ins.reads()),
                       default=0)
             self._reset_depths = (pre, max((b.depth[r] for r in outs), default=0))
         return self._reset_depths

@@ -485,7 +485,7 @@ def _doubling_keys(m: int, period: int, S: int) -> frozenset[int]:
     from planner.kernels.imra import sum_of_shifts
 
     sum_of_shifts(b, b._reg(0), m, -period)
-    return count_program(b.instrs, 0, 0, 0, 0, 0.0).rot_keys
+    return count_program(b.objs, 0, 0, 0, 0, 0.0).rot_keys
 
 
 def lowered_conversion_cost(conv: Conversion) -> CostVector:
@@ -493,4 +493,4 @@ def lowered_conversion_cost(conv: Conversion) -> CostVector:
     regs = [b._reg(0) for _ in range(conv.src.n_ct)]
     outs = conv.lower(b, regs, "cost")
     d = max((b.depth[r] for r in outs), default=0)
-    return count_program(b.instrs, 0, d, len(b.plaintexts), len(outs), 0.0)
+    return count_program(b.objs, 0, d, len(b.plaintexts), len(outs), 0.0)

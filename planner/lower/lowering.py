@@ -101,7 +101,7 @@ def lower_solution(
                 "kernel": cand.kernel,
                 "params": cand.params,
                 **({"min_cap_bytes": cand.min_cap_bytes} if cand.min_cap_bytes is not None else {}),
-                **span_counts(b.instrs[start:end], S),
+                **span_counts(b.objs[start:end], S),
                 "span": [start, end],
                 "cost": cv.to_json(),
                 "in_layouts": [
@@ -110,7 +110,7 @@ def lower_solution(
                 ],
                 "out_layout": cand.out_layout.notation(),
                 "conversions": conversions,
-                **({"bootstraps": sum(1 for i in b.instrs[start:end] if ir.is_bootstrap(ir.decode(i)))}
+                **({"bootstraps": sum(1 for i in b.objs[start:end] if ir.is_bootstrap(i))}
                    if params.boot is not None else {}),
                 **({"boot_variant": node_variant[node.id]} if node.id in node_variant else {}),
             }
@@ -122,7 +122,7 @@ def lower_solution(
         for q in range(lay.n_ct):
             b.output(regs[t][q], t, f"out/{t}/{q}", _map_gen(lay, q))
     program = b.instrs
-    summary = summarize(program, params, len(b.plaintexts))
+    summary = summarize(b.objs, params, len(b.plaintexts))
     if summary["depth"] > params.max_level:
         raise PlanError(
             f"the plan needs multiplicative depth {summary['depth']} but params {params.name} have "
