@@ -14,10 +14,21 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP) lattigo
 
+# Set-up time on a fresh clone (2 cores, measured in docs/testing.md): pip's byte-compiling of
+# the 1.2 GB it installs took 71 of its 109 s, so it is skipped (--no-compile; Python compiles
+# and caches the modules a process imports); the Lattigo build (gopy, one core, ~25 s) needs
+# only pybindgen from the venv, so it runs beside the main install (its output printed after).
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,all]'
+	$(PY) -m pip install -q --no-compile 'pybindgen>=0.22'
+	@echo "bash backends/lattigo/build.sh &  (beside the install below)"
+	@bash backends/lattigo/build.sh > $(VENV)/lattigo-build.log 2>&1 & build=$$!; \
+	  echo "$(PY) -m pip install -q --no-compile -e '.[dev,all]'"; \
+	  $(PY) -m pip install -q --no-compile -e '.[dev,all]'; pip_rc=$$?; \
+	  wait $$build; build_rc=$$?; cat $(VENV)/lattigo-build.log; \
+	  [ $$pip_rc = 0 ] || { echo "make: pip install failed"; exit 1; }; \
+	  [ $$build_rc = 0 ] || { echo "make: the Lattigo build failed (above)"; exit 1; }
 	touch $(STAMP)
 
 # Builds the Lattigo extension with gopy into .venv (skips when up to date).
