@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api.common import ExitError, err, fail, out
+from planner.assign.options import DEFAULT_TIME_LIMIT_S, MAX_TIME_LIMIT_S
 
 # Relative error bound of an encrypted result vs numpy (same as `slotplan run`).
 RTOL = 1e-4
@@ -356,6 +357,7 @@ def lattigo_bench(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per workload instead of tables")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write all rows, parameters and machine as one JSON file")] = None,
     calibrate_now: Annotated[bool, typer.Option("--calibrate", help="calibrate the preset first, in this job, and also price each plan with that table (model now/wall)")] = False,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="each plan's solver time limit, seconds (as plan --time-limit)")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """Time our plans, Fhelipe-style plans and Lattigo's lintrans encrypted on this machine."""
     import time
@@ -381,6 +383,8 @@ def lattigo_bench(
             raise SlotplanError(f"--out {str(output)!r}: expected a .json file")
         if not shape_list and not conv_list:
             raise SlotplanError("nothing to run: --shapes and --convs are both empty")
+        if not 0 < time_limit <= MAX_TIME_LIMIT_S:
+            raise SlotplanError(f"--time-limit must be in (0, {MAX_TIME_LIMIT_S:g}] seconds, got {time_limit:g}")
         rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         try:
@@ -390,7 +394,8 @@ def lattigo_bench(
         if not ratios or any(not 0 <= r <= 16 for r in ratios):
             raise SlotplanError(f"--log-bsgs-ratio {log_bsgs_ratio!r}: integers 0..16, comma-separated")
         with _table_now(p, calibrate_now) as table_now:
-            for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, ratios, table_now):
+            for row in lb.bench(p, shape_list, conv_list, repeat, seed, method_list, budget, ratios, table_now,
+                                time_limit):
                 rows.append(row)
                 _progress(p.name, row, as_json, lb.METHODS)
         total = time.perf_counter() - t0

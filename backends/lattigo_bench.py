@@ -53,6 +53,7 @@ import numpy as np
 from backends.lattigo_backend import LattigoError, _call, _ext, go_plan_json, pack_vectors
 from common.errors import SlotplanError
 from common.paths import DATA_DIR
+from planner.assign.options import DEFAULT_TIME_LIMIT_S
 from planner.frontend.graph import Graph, load_graph, parse_graph
 from planner.frontend.params import Params
 from planner.frontend.reference import random_values, reference
@@ -502,9 +503,12 @@ def bench(
     budget: int | None = None,
     log_bsgs_ratios: Sequence[int] = LINTRANS_SWEEP,
     table_now: Path | None = None,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Iterator[dict[str, Any]]:
     """One row per workload (MVM shapes first, then convolutions), as they finish.
-    ``table_now``: a cost table calibrated in this job (``run_plan_bench``).
+    ``table_now``: a cost table calibrated in this job (``run_plan_bench``);
+    ``time_limit_s``: each plan's solver limit (``plan --time-limit``; a re-plan under the
+    budget's cap solves its key schedule within it too).
     lintrans runs at every LogBSGSRatio of ``log_bsgs_ratios``; ``row["lintrans"]`` is the
     fastest (the fair baseline), ``row["lintrans_sweep"]`` every variant's time."""
     if repeat < 1:
@@ -525,14 +529,14 @@ def bench(
             row["shape"] = list(w.shape)
         if "ours" in methods:
             row["ours"] = _guard(
-                partial(run_plan_bench, w.graph, params, PlanOptions(input_layout="free"), values, repeat, budget,
+                partial(run_plan_bench, w.graph, params, PlanOptions(input_layout="free", time_limit_s=time_limit_s), values, repeat, budget,
                         table_now=table_now)
             )
         if "ours-complex" in methods:
-            cplx = PlanOptions(input_layout="free", packing="complex")
+            cplx = PlanOptions(input_layout="free", packing="complex", time_limit_s=time_limit_s)
             row["ours-complex"] = _guard(partial(run_plan_bench, w.graph, params, cplx, values, repeat, budget, table_now=table_now))
         if w.kind == "mvm" and "fhelipe" in methods:
-            fhelipe = PlanOptions(kernels=("fhelipe", "elementwise"), input_layout="free")
+            fhelipe = PlanOptions(kernels=("fhelipe", "elementwise"), input_layout="free", time_limit_s=time_limit_s)
             row["fhelipe"] = _guard(partial(run_plan_bench, w.graph, params, fhelipe, values, repeat, budget, table_now=table_now))
         if w.kind == "mvm" and "lintrans" in methods:
             assert w.shape is not None

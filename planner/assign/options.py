@@ -27,6 +27,8 @@ DEFAULT_CINS_KERNELS = ("cins-bsgs", "cins-dw")
 # Default solver time limit: the models of single kernels and small graphs prove optimal
 # in milliseconds; 10 s bounds a large graph without making a CLI user wait long.
 DEFAULT_TIME_LIMIT_S = 10.0
+# the longest solver limit a request may ask for (an hour)
+MAX_TIME_LIMIT_S = 3600.0
 
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ class PlanOptionsLiteral(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     solver: SolverName = "cpsat"
-    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=3600)
+    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=MAX_TIME_LIMIT_S)
     memory_cap_bytes: int | None = Field(default=None, gt=0)
     kernels: list[str] | None = None
     input_layout: Literal["free", "row-major"] = "free"
