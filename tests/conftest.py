@@ -76,6 +76,16 @@ def fake_backends() -> Iterator[tuple[str, str]]:
 # still covers its behaviour (docs/testing.md says what each checks and why that suffices;
 # tests/test_tiers.py checks that every entry and every cover names a real test).
 SLOW_TESTS: dict[str, str] = {
+    # the CI recipe's script on two commits of a clone: git worktrees and six fresh Python
+    # processes (23 s); what it runs is covered by batch_results_diff (batch lines diffed)
+    # and cli_diff_formats_and_exit_codes (--fail-on-regression: 1 on a regression, 0 on none)
+    "tests/api/test_plan_diff_ci.py::test_script_reports_a_regression_and_passes_a_clean_head":
+        "tests/planner/report/test_diff.py::test_cli_diff_formats_and_exit_codes",
+    # a batched plan with the densify route encrypted on Lattigo (17 s); the route's program is
+    # plain instructions: each packing route forced alone, simulated against numpy with every
+    # layout claim, on three grids; batched plans on Lattigo: test_split_round_trip_n_samples
+    "tests/planner/batch/test_batch_densify.py::test_dense_route_for_room_on_lattigo":
+        "tests/planner/assign/test_densify.py::test_each_packing_route_alone",
     # two n14boot evaluations (59 s beside the other worker); the kept DFT matrices are
     # checked in `go test -short` at log N 12 (bootstate_test.go: across Run calls, reloads,
     # Evaluate's samples), their Python report by the model-bench test
