@@ -88,7 +88,7 @@ def nonempty(lay: Any) -> tuple[Any, list[int | None]]:
 
 def slot_to_cins(b: ProgramBuilder, src: Any, regs: list[str], dst: CinSLayout, levels: int) -> list[str]:
     pair, where = nonempty(dst.with_clean(True).pair_layout())
-    moved = plan_conversion(src, pair).lower(b, regs, f"cins-entry/{len(b.instrs)}")
+    moved = plan_conversion(src, pair).lower(b, regs, f"cins-entry/{len(b.objs)}")
     out = []
     for q in range(dst.n_ct):
         jr, ji = where[2 * q], where[2 * q + 1]
@@ -102,7 +102,7 @@ def cins_to_slot(b: ProgramBuilder, src: CinSLayout, regs: list[str], dst: Any, 
     pairs: list[str] = []
     for r in regs:
         pairs.extend(b.bootstrap_cins(r, src.l, fused))
-    return plan_conversion(src.pair_layout(), dst).lower(b, pairs, f"cins-exit/{len(b.instrs)}")
+    return plan_conversion(src.pair_layout(), dst).lower(b, pairs, f"cins-exit/{len(b.objs)}")
 
 
 @dataclass

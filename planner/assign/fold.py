@@ -192,7 +192,7 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     inner = c.lower
 
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
-        start, n_pt = len(bb.instrs), len(bb.plaintexts)
+        start, n_pt = len(bb.objs), len(bb.plaintexts)
         res = inner(bb, regs)
         cone_here = plan_cone(bb.objs[start:], res, {r: t for t, rs in regs.items() for r in rs})
         assert cone_here is not None and cone_here.operands == cone.operands, "scaled lowering changed shape"

@@ -100,7 +100,6 @@ class LazyTables(Mapping[str, np.ndarray]):
 @dataclass
 class ProgramBuilder:
     slots: int
-    instrs: list[dict[str, Any]] = field(default_factory=list)
     plaintexts: dict[str, Plaintext] = field(default_factory=dict)
     tables: dict[str, TableSpec] = field(default_factory=dict)
     depth: dict[str, int] = field(default_factory=dict)
@@ -115,9 +114,19 @@ class ProgramBuilder:
     # (plaintext, factor) -> its scaled copy (planner.assign.fold)
     _scaled_cache: dict[tuple[str, float], str] = field(default_factory=dict)
     _n_scaled: int = 0
-    # the objects of ``instrs`` (same order): the cost paths count and analyse a scratch
-    # lowering without decoding its JSON again; ``set_instr`` keeps both in step
+    # the program's instructions as objects; ``instrs`` is their JSON form, made when read
+    # (the cost paths count and analyse scratch lowerings from the objects alone)
     objs: list[ir.Instr] = field(default_factory=list)
+    _json: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def instrs(self) -> list[dict[str, Any]]:
+        """The program in its JSON form (what the plan's program holds), up to date with
+        ``objs`` whenever read."""
+        n = len(self._json)
+        if n < len(self.objs):
+            self._json.extend(ins.to_json() for ins in self.objs[n:])
+        return self._json
 
     # ---------------------------------------------------------------- registers
     def _reg(self, d: int) -> str:
@@ -205,15 +214,13 @@ class ProgramBuilder:
 
     # ---------------------------------------------------------------- instructions
     def _emit(self, ins: ir.Instr) -> None:
-        """Instructions are kept in their JSON form (what the plan's program holds) and as
-        objects (``objs``)."""
-        self.instrs.append(ins.to_json())
         self.objs.append(ins)
 
     def set_instr(self, i: int, ins: ir.Instr) -> None:
-        """Replace the ``i``-th instruction (its JSON form and its object)."""
-        self.instrs[i] = ins.to_json()
+        """Replace the ``i``-th instruction (its object, and its JSON form if made)."""
         self.objs[i] = ins
+        if i < len(self._json):
+            self._json[i] = ins.to_json()
 
     def input(self, tensor: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)
