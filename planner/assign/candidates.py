@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -400,6 +401,32 @@ def linear_candidates(
         except (KernelError, LayoutError) as e:
             raise PlanError(str(e), node.id) from e
     return problem_candidates(prob, node, allowed, free_input)
+
+
+def share_keys(graph: Graph, node: Node, cands: Sequence[Candidate], free: set[str]) -> None:
+    """Give the slot-kernel candidates of a matvec, conv or matmul their ``share`` key
+    (planner.kernels.base: structurally identical candidates share their cost). The key
+    holds what the lowering reads: the node's op, attributes, operand shapes, which
+    operands are encrypted, equal or free, the result's shape, the kernel and its
+    parameters, layouts, scales and the lowering's code. Tensor names are replaced by the
+    operand's position. Wrapped or multi-node candidates (CinS layers, folded or scaled
+    variants) and any whose description is abbreviated (a long array's ``...``) keep none."""
+    pos: dict[str, int] = {}
+    operands = tuple((pos.setdefault(t, len(pos)), graph.shape(t), graph.encrypted(t), t in free)
+                     for t in node.inputs)
+    sig = (node.op, json.dumps(node.attrs, sort_keys=True), operands, graph.shape(node.id))
+    for c in cands:
+        if c.source is not None or c.resets or c.scaled_from is not None or c.node != node.id:
+            continue
+        code = getattr(getattr(c.lower, "__func__", c.lower), "__code__", None)
+        if code is None or not set(c.in_layouts) <= set(pos) or not set(c.operand_scales) <= set(pos):
+            continue
+        text = (repr(sorted(c.params.items())),
+                repr(sorted((pos[t], lay) for t, lay in c.in_layouts.items())), repr(c.out_layout))
+        if any("..." in x for x in text):
+            continue
+        c.set_share((sig, c.kernel, *text, c.out_scale,
+                     tuple(sorted((pos[t], v) for t, v in c.operand_scales.items())), code))
 
 
 def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202

@@ -74,17 +74,18 @@ def densified_variants(cands: list[Any], slots: int, room: bool = True) -> list[
         mid, dense = route
         first = plan_conversion(c.out_layout, mid)
         second = plan_conversion(mid, dense)
-        out.append(_packed(c, dense, (first, second), True, slots))
+        out.append(_packed(c, dense, (first, second), True, slots, room))
         # the same packing in one permute: one level instead of two, for more rotations and
         # masked products (the solver weighs a level, which can cost a bootstrap, against them)
         direct = plan_conversion(c.out_layout, dense)
         if direct.cost().depth < first.cost().depth + second.cost().depth:
-            out.append(_packed(c, dense, (direct,), "one-level", slots))
+            out.append(_packed(c, dense, (direct,), "one-level", slots, room))
     return out
 
 
-def _packed(c: Any, dense: Any, steps: tuple[Any, ...], how: Any, slots: int) -> Candidate:
-    """``c`` followed by the conversions ``steps`` to the dense layout."""
+def _packed(c: Any, dense: Any, steps: tuple[Any, ...], how: Any, slots: int, room: bool) -> Candidate:
+    """``c`` followed by the conversions ``steps`` to the dense layout (the route a
+    function of ``c``'s output layout and ``room``: its cost shared where ``c``'s is)."""
     tags = ("grid", "channels") if len(steps) == 2 else ("dense",)
 
     def lower(b: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
@@ -99,8 +100,12 @@ def _packed(c: Any, dense: Any, steps: tuple[Any, ...], how: Any, slots: int) ->
             cost = sequential(cost, conv.cost())
         return cost
 
-    return Candidate(
+    v = Candidate(
         node=c.node, kernel=c.kernel, params={**c.params, "densify": how}, in_layouts=c.in_layouts,
         out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
         analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
     )
+    key = c.derived_share("densify", how, room, repr(dense), lower.__code__)
+    if key is not None:
+        v.set_share(key)
+    return v

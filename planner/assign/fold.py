@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from common.cache import BoundedCache
 from planner import ir
 from planner.frontend.graph import Graph, Node
 from planner.ir.builder import ProgramBuilder, TableGen
 from planner.ir.fusion import fused_counts
-from planner.kernels.base import Candidate
+from planner.kernels.base import Candidate, CostVector
 
 _LINEAR = (ir.Add, ir.Sub)
 _PASS = (ir.Rot, ir.RotHoisted, ir.Rescale, ir.MulI, ir.Conj)  # (a real factor commutes with i and conj)
@@ -173,35 +174,52 @@ def apply_cone(b: ProgramBuilder, start: int, n_pt_before: int, cone: ConePlan, 
         b.drop_plaintexts([p for p in replaced if p not in used])
 
 
+# Scaled variants of structurally identical candidates (``Candidate.share``): the variant's
+# cost, or None where the program cannot absorb the factor, and its cone's operands.
+SCALED_COSTS = BoundedCache[tuple[CostVector | None, tuple[int, ...]]](4096)
+
+
 def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     """The variant of ``c`` whose result is ``s`` times the node's value (no level more),
     or None when its program cannot absorb the factor (see ``plan_cone``)."""
     if c.out_scale != 1.0 or c.resets:  # (a candidate that bootstraps inside cannot absorb)
         return None
-    b, regs, outs = c.dry_lowering(slots)
-    in_regs = {r: t for t, rs in regs.items() for r in rs}
-    cone = plan_cone(b.objs, outs, in_regs)
-    if cone is None:
+    names = list(c.in_layouts)
+    # (structurally identical candidates: planner.kernels.base, the cone's operands by position)
+    shared = c.shared_key(slots)
+    key = None if shared is None else (*shared, s)
+    hit = None if key is None else SCALED_COSTS.get(key)
+    if hit is None:
+        b, regs, outs = c.dry_lowering(slots)
+        in_regs = {r: t for t, rs in regs.items() for r in rs}
+        cone = plan_cone(b.objs, outs, in_regs)
+        if cone is not None:
+            # the variant's cost: c's instructions, only plaintexts swapped for scaled copies
+            # (a copy may stay beside an original that unscaled reads still need: counted here)
+            apply_cone(b, 0, 0, cone, s)
+            cost = replace(c.cost(slots), plaintexts=len(b.plaintexts), fused=fused_counts(b.objs, slots))
+        hit = (None, ()) if cone is None else (cost, tuple(sorted(names.index(t) for t in cone.operands)))
+        if key is not None:
+            SCALED_COSTS.put(key, hit)
+    scaled_cost, positions = hit
+    if scaled_cost is None:
         return None
-    if any(c.operand_scales.get(t, 1.0) != 1.0 for t in cone.operands):
+    operands = {names[i] for i in positions}
+    if any(c.operand_scales.get(t, 1.0) != 1.0 for t in operands):
         return None
-    # the variant's cost: c's instructions, only plaintexts swapped for scaled copies (a
-    # copy may stay beside an original that unscaled reads still need: counted here)
-    apply_cone(b, 0, 0, cone, s)
-    cost = replace(c.cost(slots), plaintexts=len(b.plaintexts), fused=fused_counts(b.objs, slots))
     inner = c.lower
 
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
         start, n_pt = len(bb.objs), len(bb.plaintexts)
         res = inner(bb, regs)
         cone_here = plan_cone(bb.objs[start:], res, {r: t for t, rs in regs.items() for r in rs})
-        assert cone_here is not None and cone_here.operands == cone.operands, "scaled lowering changed shape"
+        assert cone_here is not None and set(cone_here.operands) == operands, "scaled lowering changed shape"
         apply_cone(bb, start, n_pt, cone_here, s)
         return res
 
     return replace(
         c, params={**c.params, "scaled_by": s}, lower=lower, out_scale=s,
-        operand_scales={**c.operand_scales, **{t: s for t in cone.operands}}, analytic=None, _cost=cost,
+        operand_scales={**c.operand_scales, **{t: s for t in sorted(operands)}}, analytic=None, _cost=scaled_cost,
         _reset_depths=None, scaled_from=c,
     )
 

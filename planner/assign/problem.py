@@ -23,6 +23,7 @@ from planner.assign.candidates import (
     input_layout,
     linear_candidates,
     matmul_candidates,
+    share_keys,
     slice_candidates,
     view_candidates,
     with_clean_output,
@@ -319,6 +320,7 @@ def _node_candidates(
         try:
             for base in seen_bases:
                 out.extend(linear_candidates(graph, node, base, linear_allowed, free and is_input))
+            share_keys(graph, node, out, {t} if free and is_input else set())
         except PlanError:
             if not cins:  # no slot kernel fits: the CinS layers may
                 raise
@@ -328,12 +330,15 @@ def _node_candidates(
         if fold_scale(node) is not None and foldable_into(graph, node.inputs[0]) is not None:
             # the change of variable folded into the producer (planner.assign.fold)
             out += elementwise_candidates(graph, node, bases, folded=True)
+        share_keys(graph, node, out, set())
         return out
     if node.op == "matmul":
         if not enc:
             raise PlanError("matmul has no encrypted operand: nothing to plan", node.id)
         free_inputs = {t for t in enc if graph.producer(t) is None and free and t not in pinned}
-        return matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+        out = matmul_candidates(graph, node, bases, options.kernels, free_inputs)
+        share_keys(graph, node, out, free_inputs)
+        return out
     if node.op in ("slice", "concat"):
         if not enc:
             raise PlanError(f"{node.op} of plaintext tensors: fold it before planning", node.id)

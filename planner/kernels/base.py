@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common.cache import BoundedCache
 from planner import ir
 from planner.ir.builder import ProgramBuilder
 from planner.ir.fusion import FusedCounts, fused_counts
@@ -118,6 +119,16 @@ def count_program(
     )
 
 
+# Cost vectors of structurally identical candidates, shared (ResNet-20 makes the same
+# candidates for its six convolutions of a stage: 131 of its 206 scratch lowerings at n16boot
+# repeated one before them). A candidate's ``share`` key, set where it is made
+# (planner.assign.problem.share_key), holds everything its lowering reads: the node's op,
+# attributes and operand shapes, the kernel, its parameters, layouts and scales, and the
+# lowering's code; tensor names are left out (they name registers and tables, never a count).
+# Bounded: entries are small (two count vectors), and a long-lived service plans many graphs.
+SHARED_COSTS = BoundedCache[tuple[CostVector | None, FusedCounts | None]](8192)
+
+
 @dataclass
 class Candidate:
     node: str
@@ -146,6 +157,34 @@ class Candidate:
     _cost: CostVector | None = field(default=None, repr=False)
     _fused: FusedCounts | None = field(default=None, repr=False)
     _reset_depths: tuple[int, int] | None = field(default=None, repr=False)
+    # structurally identical candidates share their cost (module comment above; None: not
+    # shared): set by ``set_share``, ignored by a copy whose lowering or layouts were replaced
+    share: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    _share_of: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.lower, self.params, self.in_layouts, self.out_layout, self.operand_scales, self.out_scale,
+                self.analytic, self.resets, self.scaled_from, self.source)
+
+    def set_share(self, key: tuple[Any, ...]) -> None:
+        self.share = key
+        self._share_of = self._identity()
+
+    def derived_share(self, *how: Any) -> tuple[Any, ...] | None:
+        """The key of a candidate made from this one by a deterministic step ``how`` (its
+        parameters part of ``how``); None where this one has no valid key."""
+        mine = self.shared_key(0)
+        return None if mine is None else (*mine[:-1], *how)
+
+    def shared_key(self, slots: int) -> tuple[Any, ...] | None:
+        """This candidate's ``share`` key at ``slots``; None when it has none or is a copy
+        (``dataclasses.replace``) that changed what the key describes."""
+        if self.share is None or self._share_of is None:
+            return None
+        mine = self._identity()
+        if any(a is not b for a, b in zip(mine, self._share_of, strict=True)):
+            return None
+        return (*self.share, slots)
 
     def cost(self, slots: int, fused: bool = False) -> CostVector:
         """Exact cost vector: analytic when the kernel provides one (tests check it equals
@@ -157,6 +196,15 @@ class Candidate:
         (without it, a table with block weights priced bsgs / hs-diagonal candidates
         instruction by instruction and lowered ones such as imra fused: conv4 at n13
         chose imra at 272 modelled ms over bsgs at 181)."""
+        key = None
+        if self._cost is None or (fused and self.analytic is not None and self._fused is None):
+            key = self.shared_key(slots)
+        if key is not None:
+            cost, fz = SHARED_COSTS.get(key) or (None, None)
+            if self._cost is None:
+                self._cost = cost
+            if self._fused is None:
+                self._fused = fz
         if self._cost is None and self.analytic is not None:
             self._cost = self.analytic()
         c = self.lowered_cost(slots) if self._cost is None else self._cost
@@ -165,6 +213,8 @@ class Candidate:
                 b, _ = self.dry_program(slots)
                 self._fused = fused_counts(b.objs, slots)
             c = replace(c, fused=self._fused)
+        if key is not None:
+            SHARED_COSTS.put(key, (self._cost, self._fused))
         return c
 
     def dry_program(self, slots: int) -> tuple[ProgramBuilder, list[str]]:
