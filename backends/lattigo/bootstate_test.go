@@ -71,9 +71,7 @@ func runBootState(t *testing.T, planJSON string, powers int, keep bool, seed int
 
 // TestBootStateKeptAcrossRuns: a Run asked to keep the bootstrapping state leaves its DFT
 // matrices for the next Run of the same parameters, which encodes none (and lets go of them
-// without the option: the next Run encodes again); a block dropped and loaded again inside
-// one evaluation is encoded again at its reload; a plan whose block loads after other work
-// keeps nothing.
+// without the option: the next Run encodes again, TestBootStateReloadAndLateLoad).
 func TestBootStateKeptAcrossRuns(t *testing.T) {
 	putKeptBoot(nil)
 	defer putKeptBoot(nil)
@@ -96,9 +94,19 @@ func TestBootStateKeptAcrossRuns(t *testing.T) {
 	if math.Abs(st1.EvalSecondsNoMatrices-(st1.EvalSeconds-st1.BootMatrixSeconds)) > 1e-9 {
 		t.Fatalf("eval_seconds_without_matrices %.6f", st1.EvalSecondsNoMatrices)
 	}
+}
 
+// TestBootStateReloadAndLateLoad: a block dropped and loaded again inside one evaluation is
+// encoded again at its reload; a plan whose block loads after other work keeps nothing. Two
+// more evaluations with their key generation (13 s): skipped in -short (`make test`), whose
+// TestBootStateKeptAcrossRuns keeps the state across runs; `make gocheck` runs it.
+func TestBootStateReloadAndLateLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two more log N 12 evaluations: skipped in -short mode")
+	}
+	putKeptBoot(nil)
+	defer putKeptBoot(nil)
 	reload, powers := bootStatePlan("prologue", true)
-	// (the second run let go of the state: this one encodes at both loads)
 	st := runBootState(t, reload, powers, true, 4)
 	if st.BootMatrixBuilds != 2 || st.BootBlockLoads != 2 || !st.BootStateKept {
 		t.Fatalf("reload: builds %d over %d block loads, kept %v", st.BootMatrixBuilds, st.BootBlockLoads, st.BootStateKept)

@@ -410,7 +410,8 @@ def share_keys(graph: Graph, node: Node, cands: Sequence[Candidate], free: set[s
     operands are encrypted, equal or free, the result's shape, the kernel and its
     parameters, layouts, scales and the lowering's code. Tensor names are replaced by the
     operand's position. Wrapped or multi-node candidates (CinS layers, folded or scaled
-    variants) and any whose description is abbreviated (a long array's ``...``) keep none."""
+    variants), any whose parameters print abbreviated (a long array's ``...``) and any with
+    an unhashable layout keep none."""
     pos: dict[str, int] = {}
     operands = tuple((pos.setdefault(t, len(pos)), graph.shape(t), graph.encrypted(t), t in free)
                      for t in node.inputs)
@@ -421,12 +422,22 @@ def share_keys(graph: Graph, node: Node, cands: Sequence[Candidate], free: set[s
         code = getattr(getattr(c.lower, "__func__", c.lower), "__code__", None)
         if code is None or not set(c.in_layouts) <= set(pos) or not set(c.operand_scales) <= set(pos):
             continue
-        text = (repr(sorted(c.params.items())),
-                repr(sorted((pos[t], lay) for t, lay in c.in_layouts.items())), repr(c.out_layout))
-        if any("..." in x for x in text):
+        params = repr(sorted(c.params.items()))
+        if "..." in params:
             continue
-        c.set_share((sig, c.kernel, *text, c.out_scale,
-                     tuple(sorted((pos[t], v) for t, v in c.operand_scales.items())), code))
+        # layouts by value (their own equality and hash; a mapped layout's label too)
+        lays = tuple((pos[t], _by_value(lay)) for t, lay in sorted(c.in_layouts.items(), key=lambda kv: pos[kv[0]]))
+        key = (sig, c.kernel, params, lays, _by_value(c.out_layout), c.out_scale,
+               tuple(sorted((pos[t], v) for t, v in c.operand_scales.items())), code)
+        try:
+            hash(key)
+        except TypeError:  # (a layout without a value hash)
+            continue
+        c.set_share(key)
+
+
+def _by_value(lay: Any) -> tuple[Any, ...]:
+    return (type(lay).__name__, lay, getattr(lay, "label", None))
 
 
 def _pt_table_gen(lay: ChannelLayout, q: int):  # noqa: ANN202

@@ -105,7 +105,7 @@ def _packed(c: Any, dense: Any, steps: tuple[Any, ...], how: Any, slots: int, ro
         out_layout=dense, lower=lower, slot_utilization=c.slot_utilization, note=c.note,
         analytic=analytic, out_scale=c.out_scale, operand_scales=c.operand_scales,
     )
-    key = c.derived_share("densify", how, room, repr(dense), lower.__code__)
+    key = c.derived_share("densify", how, room, type(dense).__name__, dense, getattr(dense, "label", None), lower.__code__)
     if key is not None:
         v.set_share(key)
     return v

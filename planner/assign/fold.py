@@ -176,7 +176,7 @@ def apply_cone(b: ProgramBuilder, start: int, n_pt_before: int, cone: ConePlan, 
 
 # Scaled variants of structurally identical candidates (``Candidate.share``): the variant's
 # cost, or None where the program cannot absorb the factor, and its cone's operands.
-SCALED_COSTS = BoundedCache[tuple[CostVector | None, tuple[int, ...]]](4096)
+SCALED_COSTS = BoundedCache[tuple[CostVector | None, tuple[int, ...]]](1024)
 
 
 def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:

@@ -125,8 +125,9 @@ def count_program(
 # (planner.assign.problem.share_key), holds everything its lowering reads: the node's op,
 # attributes and operand shapes, the kernel, its parameters, layouts and scales, and the
 # lowering's code; tensor names are left out (they name registers and tables, never a count).
-# Bounded: entries are small (two count vectors), and a long-lived service plans many graphs.
-SHARED_COSTS = BoundedCache[tuple[CostVector | None, FusedCounts | None]](8192)
+# Bounded: an entry is two count vectors (a large kernel's key set: ~100 KB), and a
+# long-lived service plans many graphs (ResNet-20 needs ~75 entries).
+SHARED_COSTS = BoundedCache[tuple[CostVector | None, FusedCounts | None]](2048)
 
 
 @dataclass

@@ -6,6 +6,7 @@ when the gopy extension is not built (`make lattigo`).
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -29,16 +30,29 @@ def n12():  # noqa: ANN201
     return load_params("n12")
 
 
+# One n12 measurement (8 s) serves the tests marked with this group: they run in one worker
+# (calibrate() itself, measure then write, is run whole by test_cli_calibrate).
+N12_MEASURED = pytest.mark.xdist_group("calibrate-n12")
+
+
 @pytest.fixture(scope="module")
-def n12_table(tmp_path_factory: pytest.TempPathFactory, n12):  # noqa: ANN001, ANN201
-    from backends.calibrate import calibrate
+def n12_measured(n12):  # noqa: ANN001, ANN201
+    from backends.calibrate import measure
+
+    return measure(n12, repeat=1)
+
+
+@pytest.fixture(scope="module")
+def n12_table(tmp_path_factory: pytest.TempPathFactory, n12, n12_measured):  # noqa: ANN001, ANN201
+    from backends.calibrate import cost_table, write_table
 
     path = tmp_path_factory.mktemp("costs") / "n12-test-lattigo.json"
-    table, written = calibrate(n12, repeat=1, out=path)
-    assert written == path
+    table = cost_table(n12, copy.deepcopy(n12_measured), path.stem)
+    assert write_table(table, path) == path
     return table, path
 
 
+@N12_MEASURED
 def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     from planner.cost.tables import load_costs
 
@@ -72,6 +86,7 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     assert m["samples_ms"]["once"]["keygen_galois"]
 
 
+@N12_MEASURED
 def test_plan_graph_uses_the_table(n12_table, n12) -> None:  # noqa: ANN001
     from backends.lattigo_bench import mvm_graph
     from planner.cost.tables import load_costs
@@ -296,15 +311,16 @@ def test_bench_reports_unsupported_methods(n12) -> None:  # noqa: ANN001
     assert r["lintrans_over_ours"] is None and r["fhelipe_over_ours"] is None
 
 
-def test_bootstrap_weight_in_the_table(n12) -> None:  # noqa: ANN001
+@N12_MEASURED
+def test_bootstrap_weight_in_the_table(n12, n12_measured) -> None:  # noqa: ANN001
     """How a bootstrapping preset's bootstrap timing (Go: once.bootstrap and boot) becomes
     the cost table's weight and measurements (the Go side runs at n14boot in
     tests/backends/test_lattigo_boot.py and `slotplan calibrate --params n14boot`)."""
-    from backends.calibrate import cost_table, measure
+    from backends.calibrate import cost_table
     from planner.cost.tables import CostTable
     from planner.cost.timing import TimeModel
 
-    raw = measure(n12, repeat=1)
+    raw = copy.deepcopy(n12_measured)
     assert "bootstrap" not in raw["once"] and "boot" not in raw  # a plain preset times no bootstrap
     assert "bootstrap" not in cost_table(n12, raw)["weights"]
     raw["once"]["bootstrap"] = {"median": 4.25, "samples": [4.25, 4.5]}
