@@ -14,24 +14,15 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP) lattigo
 
-# Set-up time on a fresh clone (2 cores, measured in docs/testing.md): pip byte-compiles the
-# 1.2 GB it installs on one core (71 of its 109 s), so pip installs without compiling and
-# compileall then compiles the same files on every core (34 s); leaving them to be compiled
-# on import cost more than it saved (the first test run's processes each compiled what they
-# imported: +190 s of pytest). The Lattigo build (gopy, one core, ~25 s) needs only pybindgen
-# from the venv, so it runs beside the main install (its output printed after).
+# Set-up time on a fresh clone (2 cores, measured in docs/testing.md): scripts/install_deps.sh
+# installs with uv (pip where uv is not available: it took 90-190 s, one core), the Lattigo
+# build beside it, without byte-compiling; compileall then compiles the venv on every core
+# (leaving modules to be compiled on import cost more than it saved: the first test run's
+# processes each compiled what they imported, +190 s of pytest).
 SITE = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile 'pybindgen>=0.22'
-	@echo "bash backends/lattigo/build.sh &  (beside the install below)"
-	@bash backends/lattigo/build.sh > $(VENV)/lattigo-build.log 2>&1 & build=$$!; \
-	  echo "$(PY) -m pip install -q --no-compile -e '.[dev,all]'"; \
-	  $(PY) -m pip install -q --no-compile -e '.[dev,all]'; pip_rc=$$?; \
-	  wait $$build; build_rc=$$?; cat $(VENV)/lattigo-build.log; \
-	  [ $$pip_rc = 0 ] || { echo "make: pip install failed"; exit 1; }; \
-	  [ $$build_rc = 0 ] || { echo "make: the Lattigo build failed (above)"; exit 1; }
+	bash scripts/install_deps.sh $(VENV)
 	@# (-qq: some packages ship files that are not Python 3, which pip skips silently too)
 	$(PY) -m compileall -qq -j 0 $(SITE) || true
 	touch $(STAMP)
