@@ -14,17 +14,12 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP) lattigo
 
-# Set-up time on a fresh clone (2 cores, measured in docs/testing.md): scripts/install_deps.sh
-# installs with uv (pip where uv is not available: it took 90-190 s, one core), the Lattigo
-# build beside it, without byte-compiling; compileall then compiles the venv on every core
-# (leaving modules to be compiled on import cost more than it saved: the first test run's
-# processes each compiled what they imported, +190 s of pytest).
-SITE = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Set-up on a fresh clone (2 cores, measured in docs/testing.md): scripts/install_deps.sh
+# installs with uv (pip where uv is not available: it took 90-190 s, one core), byte-compiles
+# the venv on every core and builds the Lattigo extension beside both.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	bash scripts/install_deps.sh $(VENV)
-	@# (-qq: some packages ship files that are not Python 3, which pip skips silently too)
-	$(PY) -m compileall -qq -j 0 $(SITE) || true
 	touch $(STAMP)
 
 # Builds the Lattigo extension with gopy into .venv (skips when up to date).

@@ -5,12 +5,14 @@
 # The installer is uv (from PyPI, installed into the venv by pip): it resolves, downloads and
 # unpacks the ~1 GB of wheels in ~10 s on this 2-core machine, where pip took 90-190 s (one
 # core; docs/testing.md). Where uv cannot be installed or its install fails, pip does the same
-# install. Neither byte-compiles: `make install` compiles the venv on every core afterwards.
+# install. Neither byte-compiles: compileall then compiles the venv on every core, beside the
+# Lattigo build (leaving modules to be compiled on import cost more than it saved: the first
+# test run's processes each compiled what they imported, +190 s of pytest).
 # uv is told what pip is told through the environment: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL and
 # PIP_FIND_LINKS; it reads the system's certificates (--native-tls), as pip does here.
 #
-# The Lattigo build (gopy, one core, ~25 s) needs only pybindgen from the venv: it runs beside
-# the main install and its output is printed after.
+# The Lattigo build (gopy, one core, ~28 s) needs only pybindgen from the venv: it runs beside
+# the main install and the compile, and its output is printed after.
 set -uo pipefail
 
 venv=${1:?usage: install_deps.sh VENV}
@@ -46,6 +48,13 @@ bash backends/lattigo/build.sh > "$venv/lattigo-build.log" 2>&1 &
 build=$!
 install -e '.[dev,all]'
 pip_rc=$?
+if [ "$pip_rc" = 0 ]; then
+    # byte-code for every installed module, on every core, while the Lattigo build goes on
+    # (-qq: some packages ship files that are not Python 3, which pip skips silently too)
+    site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "python -m compileall -qq -j 0 $site"
+    "$py" -m compileall -qq -j 0 "$site" || true
+fi
 wait "$build"
 build_rc=$?
 cat "$venv/lattigo-build.log"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, run_cli
 
 ROOT = REPO_ROOT
 N = 40
@@ -86,7 +86,10 @@ def test_accuracy_limit_and_table(case: dict[str, Path]) -> None:
     assert "5 samples" in r.stdout and "argmax agreement reference~backend: 100.00%" in r.stdout
 
 
-def test_accuracy_bad_input_one_line(case: dict[str, Path], tmp_path: Path) -> None:
+def test_accuracy_bad_input_one_line(case: dict[str, Path], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """(in this process: the CLI's error path is the same; the subprocess runs above check
+    the real command line)"""
     np.save(tmp_path / "short.npy", np.zeros(N - 1, dtype=np.int64))
     np.savez(tmp_path / "bad.npz", z=np.zeros((N, 16)))
     np.savez(tmp_path / "shape.npz", x=np.zeros((N, 15)))
@@ -104,9 +107,10 @@ def test_accuracy_bad_input_one_line(case: dict[str, Path], tmp_path: Path) -> N
         for k, v in base.items():
             if k not in args:
                 args += [k, v]
-        r = _run("accuracy", str(case["plan"]), "--tables", str(case["tables"]), "--weights", str(case["w"]), *args)
-        assert r.returncode == 2, (extra, r.stderr)
-        assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        code, _, err = run_cli(["accuracy", str(case["plan"]), "--tables", str(case["tables"]),
+                                "--weights", str(case["w"]), *args], capsys)
+        assert code == 2, (extra, err)
+        assert msg in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.skipif("not __import__('backends.lattigo_backend', fromlist=['x']).available()")
