@@ -1,6 +1,6 @@
 """Bootstrapping on Lattigo: a small plan built through the IR at ``n14boot`` (the
-N16QP1546H192H32 chain at log N 14, insecure, ~3 GB and ~1 min here), run encrypted and
-compared with numpy and with the simulator.
+N16QP1546H192H32 chain at log N 14, insecure, ~3 GB and ~1 min here) and on the same chain
+at log N 12 (``P12``, seconds), run encrypted and compared with numpy and with the simulator.
 
 The plan spends all 9 levels, bootstraps with the key block ``boot`` resident (loaded by the
 key schedule), rotates by an offset the block holds (its key, no plan key), drops the block,
@@ -26,7 +26,7 @@ from backends.lattigo_backend import available, go_plan_json, run_plan
 from backends.sim import simulate
 from common.errors import PlanFileError
 from planner import ir
-from planner.frontend.params import preset
+from planner.frontend.params import Params, _boot_preset, preset
 from tests.helpers import mem_available
 
 pytestmark = [
@@ -36,19 +36,31 @@ pytestmark = [
 
 P = preset("n14boot")
 S = P.slots
+# The same chain and bootstrapping literal at log N 12 (insecure, like n14boot; a bootstrap
+# ~1 s, the block ~0.37 GB): the Go tests' ring (backends/lattigo/boot_test.go bootParamsAt).
+# Its key offsets, key bytes and matrix bytes measured from Lattigo v6.1.1 (the executor
+# refuses offsets other than the literal's rotations at the ring; the test compares the bytes
+# with the run's).
+P12 = _boot_preset(
+    12, "test12boot", "test size: N16QP1546H192H32's chain at log N 12; insecure",
+    (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 96, 128, 256, 384, 512, 1024, 1536, 1792, 1920, 1952, 1984, 2016, 2032,
+     2040, 2044, 2046),
+    285_290_453, 80_827_328,
+)
 
 
-def _plan(program: list[ir.Instr]) -> dict[str, Any]:
+def _plan(program: list[ir.Instr], params: Params = P) -> dict[str, Any]:
     return {
         "schema": ir.PLAN_SCHEMA,
         "graph": {"name": "boot-small", "sha256": "0" * 64},
-        "params": P.to_json(),
+        "params": params.to_json(),
         "plaintexts": {"w": {"source": "w", "table": "pt/w"}},
         "program": ir.to_json_program(program),
     }
 
 
-def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
+def _check_bootstrap_plan(P: Params, tmp_path: Path) -> None:
+    S = P.slots
     assert P.boot is not None
     in_block = P.boot.key_offsets[4]  # 8: held by the block
     not_in_block = next(k for k in range(1, S) if k not in P.boot.key_offsets)
@@ -74,7 +86,7 @@ def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
         ir.Output(src="y", tensor="y", table="out/y"),
         ir.Output(src="e", tensor="e", table="out/e"),
     ]
-    plan = _plan(prog)
+    plan = _plan(prog, P)
     rng = np.random.default_rng(11)
     assert P.boot is not None
     x = rng.uniform(-1, 1, S) * P.boot.max_abs
@@ -124,6 +136,16 @@ def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
     block_files = {g["file"] for g in boot["galois"]} | {boot["relin"], boot["dense_to_sparse"], boot["sparse_to_dense"]}
     assert set(names) == {"manifest.json", f"rot_{not_in_block}.key", "relin.key"} | block_files
     assert not any("secret" in n or n.startswith("sk") for n in names)
+
+
+def test_bootstrap_plan_n12boot(tmp_path: Path) -> None:
+    """The checks below at log N 12 (6 s; the default tier's bootstrapping run)."""
+    _check_bootstrap_plan(P12, tmp_path)
+
+
+def test_bootstrap_plan_n14boot(tmp_path: Path) -> None:
+    """The same at n14boot (~40 s: its keys are 1.4 GB; the full tier)."""
+    _check_bootstrap_plan(P, tmp_path)
 
 
 def test_bootstrap_refused_on_plain_params() -> None:
