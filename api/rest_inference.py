@@ -570,63 +570,55 @@ def _binary(desc: str, media: str = "application/octet-stream") -> dict[str, Any
     return {"required": True, "description": desc, "content": {media: {"schema": {"type": "string", "format": "binary"}}}}
 
 
-# the routes are closures over the service: short each, but counted together by mccabe
-def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -> InferenceService:  # noqa: C901, PLR0915
-    """Add the inference routes to ``app``; returns the service (its pool must be shut down)."""
-    svc = InferenceService(store, limits, metrics)
+class _Routes:
+    """What the inference routes do, one method per route (``register`` adds thin FastAPI
+    functions that call them): the caller's identity, plan and blob lookups scoped to it,
+    bounded uploads, evaluation and its job's result."""
 
-    def _owner(request: Request) -> str:
+    def __init__(self, svc: InferenceService, store: PlanStore, limits: RestLimits):
+        self.svc, self.store, self.limits = svc, store, limits
+
+    @staticmethod
+    def owner(request: Request) -> str:
         return str(getattr(request.state, "owner", ""))
 
-    def _admin(request: Request) -> bool:
+    @staticmethod
+    def admin(request: Request) -> bool:
         return bool(getattr(request.state, "admin", False))
 
-    def _ctype(request: Request, allowed: tuple[str, ...]) -> None:
+    @staticmethod
+    def ctype(request: Request, allowed: tuple[str, ...]) -> None:
         ctype = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
         if ctype not in allowed:
             raise _err(415, "request", f"the body must be {allowed[0]}, not {ctype[:60] or 'without a Content-Type'}",
                        field="Content-Type", rule=allowed[0])
 
-    async def _plan_ref(plan_id: str, request: Request) -> tuple[str, str]:
+    async def plan_ref(self, plan_id: str, request: Request) -> tuple[str, str]:
         if not _ID_RE.match(plan_id):
             raise _err(404, "not_found", f"no plan {plan_id[:80]!r}: ids are 64 hex digits")
         request.state.plan_id = plan_id
-        ref = await run_in_threadpool(store.resolve, _owner(request), plan_id, _admin(request))
+        ref = await run_in_threadpool(self.store.resolve, self.owner(request), plan_id, self.admin(request))
         if ref is None:
             raise _err(404, "not_found", f"no plan with id {plan_id}")
-        stored = await run_in_threadpool(store.get, ref)
+        stored = await run_in_threadpool(self.store.get, ref)
         if stored is None:
             raise _err(404, "not_found", f"no plan with id {plan_id}")
         return ref, stored.plan_json
 
-    async def _blob(oid: str, kind: str, request: Request, what: str) -> Any:
+    async def blob(self, oid: str, kind: str, request: Request, what: str) -> Any:
         fld = "key_id" if kind == KEYS else "weights_id"
         if not _ID_RE.match(oid):
             raise _err(404, "not_found", f"no {what} {oid[:80]!r}: ids are 64 hex digits", field=fld)
-        blob = await run_in_threadpool(store.get_blob, _owner(request), oid, kind, _admin(request))
+        blob = await run_in_threadpool(self.store.get_blob, self.owner(request), oid, kind, self.admin(request))
         if blob is None:
             raise _err(404, "not_found", f"no {what} with id {oid}", field=fld)
         return blob
 
-    up_errors = {**_ERRORS, 413: {"model": ErrorBody, "description": "over the upload's own size limit"},
-                 415: {"model": ErrorBody, "description": "wrong Content-Type"}}
-
-    @app.post("/v1/plans/{plan_id}/keys", status_code=201, response_model=KeysCreated, responses=up_errors,
-              summary="Upload a plan's evaluation keys (tar of keygen's eval/)",
-              openapi_extra={"requestBody": _binary("an uncompressed tar of the eval/ directory keygen wrote "
-                                                    "(manifest.json and *.key files; never secret.key); streamed "
-                                                    "to disk, limit limits.max_eval_keys_bytes", "application/x-tar")})
-    async def post_keys(plan_id: str, request: Request) -> JSONResponse:
-        ref, _ = await _plan_ref(plan_id, request)
-        _ctype(request, ("application/x-tar", "application/tar"))
-        # the tar itself may be a little larger than the keys it holds (512-byte headers)
-        return await _upload(request, "keys", ".tar", limits.max_eval_keys_bytes + (1 << 20), "max_eval_keys_bytes",
-                             lambda tmp: svc.store_keys(_owner(request), ref, plan_id, tmp))
-
-    async def _upload(request: Request, kind: str, suffix: str, limit: int, limit_name: str,
-                      store_fn: Callable[[Path], BaseModel]) -> JSONResponse:
+    async def upload(self, request: Request, kind: str, suffix: str, limit: int, limit_name: str,
+                     store_fn: Callable[[Path], BaseModel]) -> JSONResponse:
         """Stream a body to a temporary file (bounded), store it (one line on a refusal) and
         count it; the temporary file never outlives the request."""
+        svc = self.svc
         tmp = svc._tmp(suffix)
         try:
             size = await svc.receive(request, tmp, limit, limit_name)
@@ -640,57 +632,37 @@ def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -
         svc.m_upload_bytes.labels(kind).inc(size)
         return JSONResponse(created.model_dump(), status_code=201)
 
-    async def _delete(request: Request, blob_id: str, kind: str, what: str, field: str) -> Response:
-        await _blob(blob_id, kind, request, what)
-        blob = await run_in_threadpool(store.delete_blob, _owner(request), blob_id, kind, _admin(request))
+    async def post_keys(self, plan_id: str, request: Request) -> JSONResponse:
+        ref, _ = await self.plan_ref(plan_id, request)
+        self.ctype(request, ("application/x-tar", "application/tar"))
+        # the tar itself may be a little larger than the keys it holds (512-byte headers)
+        return await self.upload(request, "keys", ".tar", self.limits.max_eval_keys_bytes + (1 << 20),
+                                 "max_eval_keys_bytes",
+                                 lambda tmp: self.svc.store_keys(self.owner(request), ref, plan_id, tmp))
+
+    async def post_weights(self, request: Request) -> JSONResponse:
+        self.ctype(request, ("application/octet-stream", "application/x-npz"))
+        return await self.upload(request, "weights", ".npz", self.limits.max_weights_bytes, "max_weights_bytes",
+                                 lambda tmp: self.svc.store_weights(self.owner(request), tmp))
+
+    async def delete(self, request: Request, blob_id: str, kind: str, what: str, field: str) -> Response:
+        await self.blob(blob_id, kind, request, what)
+        blob = await run_in_threadpool(self.store.delete_blob, self.owner(request), blob_id, kind, self.admin(request))
         if blob is None:
             raise _err(404, "not_found", f"no {what} with id {blob_id}", field=field)
         await run_in_threadpool(_rm, Path(blob.path))
         return Response(status_code=204)
 
-    @app.delete("/v1/keys/{key_id}", status_code=204, response_class=Response, responses=_ERRORS,
-                summary="Delete an uploaded key set")
-    async def delete_keys(key_id: str, request: Request) -> Response:
-        return await _delete(request, key_id, KEYS, "key set", "key_id")
-
-    @app.post("/v1/weights", status_code=201, response_model=WeightsCreated, responses=up_errors,
-              summary="Upload weights (.npz)",
-              openapi_extra={"requestBody": _binary("the weights .npz (arrays named as the graph's weight tensors; "
-                                                    "checked against a plan when evaluated), limit "
-                                                    "limits.max_weights_bytes")})
-    async def post_weights(request: Request) -> JSONResponse:
-        _ctype(request, ("application/octet-stream", "application/x-npz"))
-        return await _upload(request, "weights", ".npz", limits.max_weights_bytes, "max_weights_bytes",
-                             lambda tmp: svc.store_weights(_owner(request), tmp))
-
-    @app.delete("/v1/weights/{weights_id}", status_code=204, response_class=Response, responses=_ERRORS,
-                summary="Delete uploaded weights")
-    async def delete_weights(weights_id: str, request: Request) -> Response:
-        return await _delete(request, weights_id, WEIGHTS, "weights", "weights_id")
-
-    @app.post("/v1/plans/{plan_id}/evaluate", summary="Evaluate the plan on a ciphertext file",
-              response_class=Response,
-              responses={**up_errors,
-                         200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                               "description": "the output ciphertext file (what decrypt reads)"},
-                         202: {"model": EvalJobStatus, "description": "evaluation takes long: poll Location "
-                               "(/v1/jobs/{job}), then GET /v1/jobs/{job}/result",
-                               "headers": {"Location": {"schema": {"type": "string"}}, **_RETRY}},
-                         503: {"model": ErrorBody, "description": "the evaluation worker died (replaced); retry",
-                               "headers": _RETRY}},
-              openapi_extra={"requestBody": _binary("a ciphertext file as encrypt writes it (this plan, the key "
-                                                    "set of key_id), limit limits.max_ciphertext_bytes")})
-    async def post_evaluate(plan_id: str, request: Request,
-                            key_id: str = Query(..., description="from POST /v1/plans/{id}/keys"),
-                            weights_id: str = Query(..., description="from POST /v1/weights"),
-                            prefer: str | None = Header(None, description="respond-async: answer 202 at once")) -> Response:
-        ref, plan_json = await _plan_ref(plan_id, request)
-        keys = await _blob(key_id, KEYS, request, "key set")
-        weights = await _blob(weights_id, WEIGHTS, request, "weights")
+    async def evaluate(self, plan_id: str, request: Request, key_id: str, weights_id: str,
+                       prefer: str | None) -> Response:
+        svc, limits = self.svc, self.limits
+        ref, plan_json = await self.plan_ref(plan_id, request)
+        keys = await self.blob(key_id, KEYS, request, "key set")
+        weights = await self.blob(weights_id, WEIGHTS, request, "weights")
         if keys.plan_ref != ref:
             raise _err(422, "keys", f"key set {key_id[:16]}... was uploaded for another plan (plan "
                        f"{str(keys.meta.get('plan_id', ''))[:16]}...)", field="key_id", rule="keys of this plan")
-        _ctype(request, ("application/octet-stream",))
+        self.ctype(request, ("application/octet-stream",))
         ct = await svc.read_body(request, limits.max_ciphertext_bytes, "max_ciphertext_bytes")
         info = await run_in_threadpool(svc.plan_info, ref, plan_json)
         try:
@@ -698,12 +670,10 @@ def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -
         except ApiError:
             svc._observe("bad_input", "none", None)
             raise
-        job = svc.new_job(_owner(request))
+        job = svc.new_job(self.owner(request))
         wait = 0.0 if prefer and "respond-async" in prefer.lower() else limits.eval_sync_wait_s
-        task = asyncio.create_task(svc.run_job(job, (ref, keys.id, weights.id), info, keys.path, weights.path, ct,
-                                               keep_file=wait == 0.0))
-        svc._tasks.add(task)
-        task.add_done_callback(svc._tasks.discard)
+        self._spawn(svc.run_job(job, (ref, keys.id, weights.id), info, keys.path, weights.path, ct,
+                                keep_file=wait == 0.0))
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(job.done.wait()), wait)
@@ -724,30 +694,92 @@ def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -
                 job.result, job.data = path, None
 
         if wait > 0:
-            t = asyncio.create_task(keep())
-            svc._tasks.add(t)
-            t.add_done_callback(svc._tasks.discard)
+            self._spawn(keep())
         loc = f"/v1/jobs/{job.id}"
         return JSONResponse(svc.job_status(job).model_dump(), status_code=202,
                             headers={"Location": loc, "Retry-After": str(limits.retry_after_s)})
 
-    @app.get("/v1/jobs/{job_id}/result", response_class=Response, summary="The output of a finished evaluation job",
-             responses={**_ERRORS,
-                        200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                              "description": "the output ciphertext file"},
-                        202: {"model": EvalJobStatus, "description": "still running; retry after Retry-After"}})
-    async def get_result(job_id: str, request: Request) -> Response:
-        job = svc.job(job_id, _owner(request), _admin(request)) if _ID_RE.match(job_id) else None
+    def _spawn(self, coro: Any) -> None:
+        """Run ``coro`` as a task the service holds until it ends (shutdown waits for it)."""
+        task = asyncio.create_task(coro)
+        self.svc._tasks.add(task)
+        task.add_done_callback(self.svc._tasks.discard)
+
+    async def result(self, job_id: str, request: Request) -> Response:
+        svc = self.svc
+        job = svc.job(job_id, self.owner(request), self.admin(request)) if _ID_RE.match(job_id) else None
         if job is None:
             raise _err(404, "not_found", f"no evaluation job with id {job_id[:80]}")
         if job.status == "running" or (job.status == "done" and job.result is None and job.data is None):
             return JSONResponse(svc.job_status(job).model_dump(), status_code=202,
-                                headers={"Retry-After": str(limits.retry_after_s), "Location": f"/v1/jobs/{job.id}"})
+                                headers={"Retry-After": str(self.limits.retry_after_s), "Location": f"/v1/jobs/{job.id}"})
         if job.status == "failed":
             assert job.error is not None
             raise ApiError(job.error_status, job.error, job.headers)
         data = job.data if job.data is not None else await run_in_threadpool(job.result.read_bytes)  # type: ignore[union-attr]
         return Response(data, media_type="application/octet-stream", headers=job.headers)
+
+
+_UP_ERRORS = {**_ERRORS, 413: {"model": ErrorBody, "description": "over the upload's own size limit"},
+              415: {"model": ErrorBody, "description": "wrong Content-Type"}}
+_CT_RESPONSE = {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+
+
+def register(app: FastAPI, store: PlanStore, limits: RestLimits, metrics: Any) -> InferenceService:
+    """Add the inference routes to ``app`` (each calls its :class:`_Routes` method); returns
+    the service (its pool must be shut down)."""
+    svc = InferenceService(store, limits, metrics)
+    r = _Routes(svc, store, limits)
+
+    @app.post("/v1/plans/{plan_id}/keys", status_code=201, response_model=KeysCreated, responses=_UP_ERRORS,
+              summary="Upload a plan's evaluation keys (tar of keygen's eval/)",
+              openapi_extra={"requestBody": _binary("an uncompressed tar of the eval/ directory keygen wrote "
+                                                    "(manifest.json and *.key files; never secret.key); streamed "
+                                                    "to disk, limit limits.max_eval_keys_bytes", "application/x-tar")})
+    async def post_keys(plan_id: str, request: Request) -> JSONResponse:
+        return await r.post_keys(plan_id, request)
+
+    @app.delete("/v1/keys/{key_id}", status_code=204, response_class=Response, responses=_ERRORS,
+                summary="Delete an uploaded key set")
+    async def delete_keys(key_id: str, request: Request) -> Response:
+        return await r.delete(request, key_id, KEYS, "key set", "key_id")
+
+    @app.post("/v1/weights", status_code=201, response_model=WeightsCreated, responses=_UP_ERRORS,
+              summary="Upload weights (.npz)",
+              openapi_extra={"requestBody": _binary("the weights .npz (arrays named as the graph's weight tensors; "
+                                                    "checked against a plan when evaluated), limit "
+                                                    "limits.max_weights_bytes")})
+    async def post_weights(request: Request) -> JSONResponse:
+        return await r.post_weights(request)
+
+    @app.delete("/v1/weights/{weights_id}", status_code=204, response_class=Response, responses=_ERRORS,
+                summary="Delete uploaded weights")
+    async def delete_weights(weights_id: str, request: Request) -> Response:
+        return await r.delete(request, weights_id, WEIGHTS, "weights", "weights_id")
+
+    @app.post("/v1/plans/{plan_id}/evaluate", summary="Evaluate the plan on a ciphertext file",
+              response_class=Response,
+              responses={**_UP_ERRORS,
+                         200: {**_CT_RESPONSE, "description": "the output ciphertext file (what decrypt reads)"},
+                         202: {"model": EvalJobStatus, "description": "evaluation takes long: poll Location "
+                               "(/v1/jobs/{job}), then GET /v1/jobs/{job}/result",
+                               "headers": {"Location": {"schema": {"type": "string"}}, **_RETRY}},
+                         503: {"model": ErrorBody, "description": "the evaluation worker died (replaced); retry",
+                               "headers": _RETRY}},
+              openapi_extra={"requestBody": _binary("a ciphertext file as encrypt writes it (this plan, the key "
+                                                    "set of key_id), limit limits.max_ciphertext_bytes")})
+    async def post_evaluate(plan_id: str, request: Request,
+                            key_id: str = Query(..., description="from POST /v1/plans/{id}/keys"),
+                            weights_id: str = Query(..., description="from POST /v1/weights"),
+                            prefer: str | None = Header(None, description="respond-async: answer 202 at once")) -> Response:
+        return await r.evaluate(plan_id, request, key_id, weights_id, prefer)
+
+    @app.get("/v1/jobs/{job_id}/result", response_class=Response, summary="The output of a finished evaluation job",
+             responses={**_ERRORS,
+                        200: {**_CT_RESPONSE, "description": "the output ciphertext file"},
+                        202: {"model": EvalJobStatus, "description": "still running; retry after Retry-After"}})
+    async def get_result(job_id: str, request: Request) -> Response:
+        return await r.result(job_id, request)
 
     app.state.inference = svc
     return svc
