@@ -404,7 +404,7 @@ def linear_candidates(
 
 
 def share_keys(graph: Graph, node: Node, cands: Sequence[Candidate], free: set[str]) -> None:
-    """Give the slot-kernel candidates of a matvec, conv or matmul their ``share`` key
+    """Give the candidates of a matvec, conv, matmul or element-wise node their ``share`` key
     (planner.kernels.base: structurally identical candidates share their cost). The key
     holds what the lowering reads: the node's op, attributes, operand shapes, which
     operands are encrypted, equal or free, the result's shape, the kernel and its

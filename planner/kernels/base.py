@@ -122,7 +122,7 @@ def count_program(
 # Cost vectors of structurally identical candidates, shared (ResNet-20 makes the same
 # candidates for its six convolutions of a stage: 131 of its 206 scratch lowerings at n16boot
 # repeated one before them). A candidate's ``share`` key, set where it is made
-# (planner.assign.problem.share_key), holds everything its lowering reads: the node's op,
+# (planner.assign.candidates.share_keys), holds everything its lowering reads: the node's op,
 # attributes and operand shapes, the kernel, its parameters, layouts and scales, and the
 # lowering's code; tensor names are left out (they name registers and tables, never a count).
 # Bounded: an entry is two count vectors (a large kernel's key set: ~100 KB), and a
