@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import sys
@@ -22,6 +23,14 @@ from solver.model import ChoiceModel, Edge, Group, Solution, Status
 
 # the repository root (tests live at any depth under tests/)
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skip unless every module is installed, without importing any: a module-level
+    `pytest.importorskip` imports at collection in every pytest worker (scikit-learn with
+    skl2onnx: ~4 s each), where only the worker that runs the tests needs them."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (pip install '.[dev]')")
 
 
 def small_params(log_n: int = 10, levels: int = 4) -> Params:

@@ -18,13 +18,14 @@ import pytest
 from api.rest import RestLimits, create_app
 from backends.lattigo_backend import available
 from tests.api.test_inference_service import GRAPH, HA, OCTET, OPTIONS, WEIGHTS, A, _close, _ref
+from tests.helpers import needs
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")
+pytestmark = [needs("ray"),
+              pytest.mark.skipif(not available(), reason="Lattigo extension not built (make lattigo)")]
 
 
 def test_ray_actors_same_outputs_warm_and_replaced(tmp_path: Path) -> None:

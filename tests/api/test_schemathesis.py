@@ -4,7 +4,6 @@ every response conforms to the schema it documents.  Deterministic (derandomized
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -18,12 +17,21 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient  # noqa: F401,E402
 
-_DB = Path(__import__("tempfile").mkdtemp(prefix="slotplan-st-")) / "plans.sqlite3"
-APP = create_app(_DB, RestLimits(executor="thread", workers=2, max_time_limit_s=2.0, max_work=256,
-                                 max_slot_blocks=64, request_timeout_s=20.0))
 # the key upload's tar body (api/rest_inference.py): sent as the bytes generated
 schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
-schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+
+
+@pytest.fixture(scope="module")
+def api_schema(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The app and its OpenAPI document, made when the test runs: the cases are generated
+    then, in the one worker that runs them, not at every worker's collection (3.6 s each)."""
+    app = create_app(tmp_path_factory.mktemp("st") / "plans.sqlite3",
+                     RestLimits(executor="thread", workers=2, max_time_limit_s=2.0, max_work=256,
+                                max_slot_blocks=64, request_timeout_s=20.0))
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
 CASES: list[int] = []
 
 

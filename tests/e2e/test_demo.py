@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from backends import lattigo_backend
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, needs
 
-pytest.importorskip("sklearn")
+pytestmark = needs("sklearn")
 DEMO = REPO_ROOT / "examples" / "digits" / "demo.py"
 
 

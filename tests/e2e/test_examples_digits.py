@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 import pytest
 
-pytest.importorskip("sklearn")
+from backends.sim import simulate
+from planner.frontend.importers.onnx_import import ImportOptions, import_model
+from planner.frontend.params import preset
+from planner.frontend.reference import reference
+from planner.pipeline import plan_graph
+from tests.helpers import REPO_ROOT, needs
 
-from backends.sim import simulate  # noqa: E402
-from planner.frontend.importers.onnx_import import ImportOptions, import_model  # noqa: E402
-from planner.frontend.params import preset  # noqa: E402
-from planner.frontend.reference import reference  # noqa: E402
-from planner.pipeline import plan_graph  # noqa: E402
-from tests.helpers import REPO_ROOT
+pytestmark = needs("sklearn")
 
 SCRIPT = REPO_ROOT / "examples" / "digits" / "train.py"
 

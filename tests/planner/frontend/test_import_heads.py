@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import needs
+
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
-sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn is not installed (pip install '.[dev]')")
-pytest.importorskip("skl2onnx", reason="skl2onnx is not installed (pip install '.[dev]')")
+pytestmark = needs("sklearn", "skl2onnx")
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -27,9 +28,10 @@ def digits_mlp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An MLPClassifier (64-32-10, ReLU) on digits scaled to [0, 1], exported by skl2onnx
     with and without ZipMap; 64 calibration images and held-out test images."""
     from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
     from sklearn.neural_network import MLPClassifier
 
-    X, y = sklearn_datasets.load_digits(return_X_y=True)
+    X, y = load_digits(return_X_y=True)
     X = (X / 16.0).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a few iterations: ConvergenceWarning
