@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.main
 from rich.markup import escape
 from rich.table import Table
 
@@ -410,10 +411,24 @@ def _register_extensions() -> None:
 
 _register_extensions()
 
+_COMMAND: dict[tuple[int, int], Any] = {}
+
+
+def command() -> Any:
+    """The click command tree typer builds from ``app``: built once per process (typer's
+    ``app()`` rebuilds it at every call, ~0.15 s of signature inspection), so in-process
+    callers (the Python facade, tests) pay it once.  Keyed by the registered commands and
+    groups, so a command registered later is seen."""
+    key = (len(app.registered_commands), len(app.registered_groups))
+    if key not in _COMMAND:
+        _COMMAND.clear()
+        _COMMAND[key] = typer.main.get_command(app)
+    return _COMMAND[key]
+
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        command()(standalone_mode=False)
     except ExitError as e:
         if e.code != 1 or str(e):
             err.print(f"slotplan: {e}", highlight=False, markup=False, soft_wrap=True)
