@@ -45,6 +45,7 @@ class DiagonalKernel:
             for oi, ks in self._keys.items()
         }
         self.n1 = self._choose_n1() if kind == "bsgs" else prob.slots
+        self._valid_pos: dict[int, np.ndarray] = {}  # tap -> its valid anchor positions
 
     def _diag_keys(self, o: int, i: int) -> list[DiagKey]:
         p = self.prob
@@ -114,24 +115,25 @@ class DiagonalKernel:
 
     # ------------------------------------------------------------------ tables
     def plaintext_table(self, o: int, i: int, key: DiagKey, gam: int) -> np.ndarray:
+        """Slot ``co_l*lc + pos + gam`` (mod S) holds W(co, co + dc, tap t) for the output
+        channels whose input channel ``co_l + dc`` is in the part, at the tap's valid
+        anchor positions; -1 elsewhere."""
         p = self.prob
         S, lc = p.slots, p.lc
         dc, t = key
         n_o = p.part_channels(o, p.cpc_out, p.n)
         k_i = p.part_channels(i, p.cpc_in, p.k)
-        _, _, valid = p.anchor_tables
-        co_l = np.arange(n_o, dtype=np.int64)[:, None]
-        pos = np.arange(lc, dtype=np.int64)[None, :]
-        ci_l = co_l + dc
-        ok = (ci_l >= 0) & (ci_l < k_i) & valid[t][pos]
-        co = np.broadcast_to(o * p.cpc_out + co_l, ok.shape)
-        ci = np.broadcast_to(i * p.cpc_in + ci_l, ok.shape)
-        widx = p.weight_index(co, ci, t)
-        ok &= widx >= 0
-        s = (co_l * lc + pos + gam) % S
-        s = np.broadcast_to(s, ok.shape)
+        pos = self._valid_pos.get(t)
+        if pos is None:
+            pos = self._valid_pos[t] = np.flatnonzero(p.anchor_tables[2][t]).astype(np.int64)
+        co_l = np.arange(max(0, -dc), max(0, min(n_o, k_i - dc)), dtype=np.int64)
+        w = p.weight_index(o * p.cpc_out + co_l, i * p.cpc_in + co_l + dc, t)
+        keep = w >= 0
+        co_l, w = co_l[keep], w[keep]
+        s = (co_l[:, None] * lc + pos[None, :] + gam).ravel()
+        s = s & (S - 1) if S & (S - 1) == 0 else s % S
         idx = np.full(S, -1, dtype=np.int64)
-        idx[s[ok]] = widx[ok]
+        idx[s] = np.repeat(w, pos.size)
         return idx
 
     def _gen(self, o: int, i: int, key: DiagKey, gam: int) -> Callable[[], tuple[np.ndarray, None]]:

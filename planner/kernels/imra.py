@@ -162,6 +162,8 @@ class ImraKernel:
         else:
             self.x_layout = lay.with_clean(True)
         self._nz_cache: dict[tuple[int, int], np.ndarray] = {}
+        self._grid_cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pair_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ structure
     def _part_sizes(self, o: int, i: int) -> tuple[int, int]:
@@ -215,28 +217,54 @@ class ImraKernel:
         return keys
 
     # ------------------------------------------------------------------ tables
+    def _grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What every table of this kernel shares: row r (Ps, 1), channel block j of each
+        read slot (1, kd * lc), its row offset in a pair table (j % nn) * kk, and the
+        slot of (r, read slot) before the giant's shift."""
+        if self._grid_cache is None:
+            g, p, ch = self.g, self.prob, self.choice
+            r = np.arange(ch.Ps, dtype=np.int64)[:, None]
+            ol = np.arange(g.kd * p.lc, dtype=np.int64)[None, :]
+            j = ol // p.lc
+            self._grid_cache = (r, j, (j % g.nn) * g.kk, r * g.R + ol)
+        return self._grid_cache
+
+    def _pair_table(self, o: int, i: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """For part pair (o, i) and tap t: the weight index of every (co_l, ci_l) channel
+        pair, flat (co_l * kk + ci_l; -1 outside the parts or structurally zero), and which
+        read slots hold a valid output channel and anchor (1, kd * lc)."""
+        key = (o, i, t)
+        hit = self._pair_cache.get(key)
+        if hit is None:
+            g, p = self.g, self.prob
+            n_o, k_i = self._part_sizes(o, i)
+            co_l = np.arange(g.nn, dtype=np.int64)[:, None]
+            ci_l = np.arange(g.kk, dtype=np.int64)[None, :]
+            co = np.broadcast_to(o * p.cpc_out + co_l, (g.nn, g.kk))
+            ci = np.broadcast_to(i * p.cpc_in + ci_l, (g.nn, g.kk))
+            w = p.weight_index(co, ci, t)
+            w = np.where((co_l < n_o) & (ci_l < k_i), w, -1).ravel()
+            _, j, _, _ = self._grid()
+            pos = np.arange(g.kd * p.lc, dtype=np.int64)[None, :] % p.lc
+            valid = ((j % g.nn) < n_o) & p.anchor_tables[2][t][pos]
+            hit = self._pair_cache[key] = (w, valid)
+        return hit
+
     def plaintext_table(self, o: int, i: int, key: tuple[int, int, int, int]) -> np.ndarray:
         ig, m, c, t = key
         g, p, ch = self.g, self.prob, self.choice
-        S, lc = p.slots, p.lc
-        n_o, k_i = self._part_sizes(o, i)
-        ho_of, _, valid = p.anchor_tables
-        r = np.arange(ch.Ps, dtype=np.int64)[:, None]
-        ol = np.arange(g.kd * lc, dtype=np.int64)[None, :]
-        j, pos = ol // lc, ol % lc
-        d = (ig + r * g.gs) * g.f + c
-        q = j + d
-        co_l = j % g.nn
-        ci_l = q % g.kk
-        ok = (co_l < n_o) & (ci_l < k_i) & valid[t][pos]
-        if ch.fallback:
-            ok &= self._wrap_m(q) == m
-        co = o * p.cpc_out + co_l
-        ci = i * p.cpc_in + ci_l
-        widx = p.weight_index(np.broadcast_to(co, ok.shape), np.broadcast_to(ci, ok.shape), t)
-        ok &= widx >= 0
-        gam = ig * g.f * lc - m * g.kk * lc
-        s = (r * g.R + ol + gam) % S
+        S = p.slots
+        r, j, row, base = self._grid()
+        wpair, valid = self._pair_table(o, i, t)
+        q = j + (ig + r * g.gs) * g.f + c
+        widx = wpair[row + q % g.kk]
+        ok = valid & (widx >= 0)
+        if ch.fallback:  # _wrap_m(q) == m, as the interval of q it holds on
+            lo, hi = (0, g.Eb - 1) if m == 0 else (g.Eb + (m - 1) * g.kk, g.Eb + m * g.kk - 1)
+            ok &= (q >= lo) & (q <= hi)
+        gam = ig * g.f * p.lc - m * g.kk * p.lc
+        # mod S (for a power of two as a mask: negative shifts wrap the same)
+        s = (base + gam) & (S - 1) if S & (S - 1) == 0 else (base + gam) % S
         idx = np.full(S, -1, dtype=np.int64)
         idx[s[ok]] = widx[ok]
         return idx
