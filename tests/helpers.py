@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import itertools
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +154,34 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def cli_in_process(args: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``slotplan ARGS`` through ``api.cli.main`` in this process, as the CompletedProcess a
+    subprocess would give: the same entry point, exit status, stdout and stderr, without a
+    new interpreter's imports (~1 s each).  The tests of the process itself keep a real
+    subprocess (byte-identical plans across processes, usage errors without a traceback,
+    ``serve``)."""
+    from api.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    code = 0
+    try:
+        sys.argv = ["slotplan", *args]
+        if cwd is not None:
+            os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as e:
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return subprocess.CompletedProcess(["slotplan", *args], code, out.getvalue(), err.getvalue())
 
 
 def tiny_mlp_graph(name: str) -> dict[str, Any]:

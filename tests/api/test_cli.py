@@ -14,7 +14,7 @@ import pytest
 from planner.frontend.graph import load_graph
 from planner.frontend.reference import random_values, reference
 from solver import SOLVERS
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, cli_in_process
 from tests.third_party_exec import execute
 
 ROOT = REPO_ROOT
@@ -22,6 +22,13 @@ SLOTPLAN = [sys.executable, "-m", "api.cli"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``slotplan ARGS`` in this process (api.cli.main, its exit status and output)."""
+    return cli_in_process(args, cwd=ROOT)
+
+
+def run_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``slotplan ARGS`` as its own process: for what only a process shows (the same plan
+    bytes from two interpreters, usage errors without a traceback)."""
     return subprocess.run([*SLOTPLAN, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
@@ -45,7 +52,7 @@ def test_plans_are_byte_for_byte_deterministic(tmp_path: Path) -> None:
     outs = []
     for i in range(2):
         p = tmp_path / f"p{i}.json"
-        r = run("plan", "data/workloads/conv3.json", "--params", "n16", "-o", str(p))
+        r = run_process("plan", "data/workloads/conv3.json", "--params", "n16", "-o", str(p))
         assert r.returncode == 0, r.stderr
         outs.append(p.read_bytes())
     assert outs[0] == outs[1]
@@ -120,6 +127,6 @@ def test_solvers_agree_via_cli() -> None:
 
 def test_usage_errors_exit_2_without_traceback() -> None:
     for args in (("plan", "--bogus"), ("nosuchcommand",), ("plan",)):
-        r = run(*args)
+        r = run_process(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr and r.stderr.startswith("slotplan:")

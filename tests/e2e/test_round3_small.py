@@ -20,7 +20,7 @@ from common.errors import PlanFileError
 from planner.ir.io import parse_size
 from planner.ir.plan import validate_plan
 from tests.api.test_rest import matvec, small_body
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, cli_in_process
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -31,9 +31,8 @@ REPRO = Path("/work/shared/repro/matvec_square_matvec.json")
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd or ROOT, timeout=300)
+    """``slotplan ARGS`` in this process (tests/api/test_cli.py runs the real process)."""
+    return cli_in_process(args, cwd=cwd or ROOT)
 
 
 def mvsq() -> dict[str, Any]:
