@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, cli_in_process, run_cli
 
 ROOT = REPO_ROOT
 N = 40
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    """``slotplan ARGS`` in this process (tests/api/test_cli.py runs the real process)."""
+    return cli_in_process(args, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
