@@ -292,22 +292,24 @@ def _forms(
             if (fa is None or fb is None or ins.a == ins.b or not single(ins.a) or not single(ins.b)
                     or fa.base != fb.base or fa.rescaled != fb.rescaled):
                 continue
-            # both operands are absorbed (one user each): fa's containers grow in place
-            # (no other live form shares them), so a long sum of products stays linear
-            groups = fa.groups
+            # both operands are absorbed (one user each, never looked up again): fa grows in
+            # place and becomes the sum's form, so a long sum of products stays linear
             for g, ts in fb.groups.items():
-                groups.setdefault(g, []).extend(ts)
+                fa.groups.setdefault(g, []).extend(ts)
             fa.instrs.extend(fb.instrs)
             fa.instrs.append(i)
-            forms[ins.dst] = _Form(fa.base, groups, fa.rescaled, fa.rotated or fb.rotated,
-                                   fa.instrs, low_giants=fa.low_giants | fb.low_giants)
+            fa.rotated = fa.rotated or fb.rotated
+            if fb.low_giants:
+                fa.low_giants = fa.low_giants | fb.low_giants
+            forms[ins.dst] = fa
             absorbed.update((ins.a, ins.b))
         elif isinstance(ins, ir.Rescale):
             f = forms.get(ins.src)
             if f is None or f.rescaled or not single(ins.src):
                 continue
             f.instrs.append(i)
-            forms[ins.dst] = _Form(f.base, f.groups, True, f.rotated, f.instrs, low_giants=f.low_giants)
+            f.rescaled = True  # (absorbed: f becomes the rescaled register's form)
+            forms[ins.dst] = f
             absorbed.add(ins.src)
     return forms, absorbed, baby_instr
 
