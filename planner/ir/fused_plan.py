@@ -40,7 +40,7 @@ from typing import Any
 from common.errors import PlanFileError
 from planner.ir.analysis import level_drops, register_depths
 from planner.ir.fusion import FusedBlock, _analyse, q_babies
-from planner.ir.instructions import UnknownOpError
+from planner.ir.instructions import Instr, UnknownOpError, decode_program
 
 FIELD = "fused"
 MODES = ("qp", "q")
@@ -63,7 +63,7 @@ def plan_key_levels(plan: Mapping[str, Any]) -> dict[int, int]:
 
 
 def fused_annotation(
-    program: Sequence[Mapping[str, Any]], slots: int, key_levels: Mapping[int, int] | None = None,
+    program: Sequence[Mapping[str, Any] | Instr], slots: int, key_levels: Mapping[int, int] | None = None,
     scheduled: bool | None = None, split_giants: bool = False, level: Callable[[str], int] | None = None,
     p_primes: int = 0,
 ) -> dict[str, Any]:
@@ -97,9 +97,10 @@ def annotate(plan: dict[str, Any]) -> dict[str, Any]:
     params = plan["params"]
     slots = int(params["slots"])
     max_level = int(params.get("max_level", 0))
+    program = decode_program(plan["program"])  # once for the analyses below
     try:
-        drops = level_drops(plan["program"], max_level) if params.get("boot") else None
-        depth: dict[str, int] | None = register_depths(plan["program"], drops, max_level)
+        drops = level_drops(program, max_level) if params.get("boot") else None
+        depth: dict[str, int] | None = register_depths(program, drops, max_level)
     except KeyError:  # a register read before it is written: no marks; the executor's
         depth = None  # validation names the instruction
 
@@ -107,7 +108,7 @@ def annotate(plan: dict[str, Any]) -> dict[str, Any]:
         assert depth is not None
         return max(0, max_level - depth.get(reg, 0))
 
-    plan[FIELD] = fused_annotation(plan["program"], slots, plan_key_levels(plan),
+    plan[FIELD] = fused_annotation(program, slots, plan_key_levels(plan),
                                    level=level if depth is not None else None,
                                    p_primes=len(params.get("log_p") or []))
     return plan

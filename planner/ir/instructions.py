@@ -181,7 +181,7 @@ class Instr:
             yield "dst", dst
 
     def writes(self) -> tuple[str, ...]:
-        return tuple(r for _, r in self.write_fields())
+        return _WRITERS[type(self)](self)
 
     def plaintexts(self) -> tuple[str, ...]:
         """Plaintexts the instruction reads."""
@@ -261,8 +261,18 @@ def instruction(cls: _I) -> _I:
         raise ValueError(f"instruction class {cls.__name__}: op {cls.op!r} missing or taken")
     OPS[cls.op] = cls
     _READERS[cls] = _getter(cls.read_fields)
-    cls._names()
+    names = cls._names()
+    _WRITERS[cls] = (_writes_fields if cls.write_fields is not Instr.write_fields
+                     else _writes_dst if "dst" in names else lambda _o: ())
     return cls
+
+
+def _writes_dst(o: Any) -> tuple[str, ...]:
+    return () if o.dst is None else (o.dst,)
+
+
+def _writes_fields(o: Any) -> tuple[str, ...]:
+    return tuple(r for _, r in o.write_fields())
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
@@ -276,8 +286,10 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     return get  # type: ignore[return-value]
 
 
-# per instruction class (filled by ``instruction``): the registers it reads
+# per instruction class (filled by ``instruction``): the registers it reads, and those it
+# writes (``dst`` unless the class names its own ``write_fields``; the same hot path)
 _READERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+_WRITERS: dict[type, Callable[[Any], tuple[str, ...]]] = {}
 
 
 # ---------------------------------------------------------------------- ciphertext I/O
