@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from common.cache import BoundedCache
 from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
 from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, square_dims
@@ -39,6 +40,13 @@ from solver.formulas import eq11
 # Dense checks of which channel diagonals carry weights are skipped above this many
 # (diagonal, block) pairs: a zero plaintext only wastes a pmul, it is never wrong.
 MAX_STRUCTURE_CHECK = 20_000_000
+# Plaintext tables: a part pair's weight indices over its channel block are kept when the
+# block has at most this many (channel, channel) entries (512 KiB), for at most
+# PAIR_CACHE_ENTRIES (pair, tap) at once per kernel (the tables of one pair share them);
+# a larger block (a wide matvec) looks up only the pairs of each table, as the table has
+# at most S entries where the block may have S^2.
+PAIR_TABLE_MAX_ENTRIES = 1 << 16
+PAIR_CACHE_ENTRIES = 32
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ class ImraKernel:
             self.x_layout = lay.with_clean(True)
         self._nz_cache: dict[tuple[int, int], np.ndarray] = {}
         self._grid_cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._pair_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._pair_cache: BoundedCache[tuple[np.ndarray | None, np.ndarray]] = BoundedCache(PAIR_CACHE_ENTRIES)
 
     # ------------------------------------------------------------------ structure
     def _part_sizes(self, o: int, i: int) -> tuple[int, int]:
@@ -229,25 +237,28 @@ class ImraKernel:
             self._grid_cache = (r, j, (j % g.nn) * g.kk, r * g.R + ol)
         return self._grid_cache
 
-    def _pair_table(self, o: int, i: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_table(self, o: int, i: int, t: int) -> tuple[np.ndarray | None, np.ndarray]:
         """For part pair (o, i) and tap t: the weight index of every (co_l, ci_l) channel
-        pair, flat (co_l * kk + ci_l; -1 outside the parts or structurally zero), and which
-        read slots hold a valid output channel and anchor (1, kd * lc)."""
+        pair, flat (co_l * kk + ci_l; -1 outside the parts or structurally zero; None above
+        ``PAIR_TABLE_MAX_ENTRIES``), and which read slots hold a valid output channel and
+        anchor (1, kd * lc)."""
         key = (o, i, t)
         hit = self._pair_cache.get(key)
         if hit is None:
             g, p = self.g, self.prob
             n_o, k_i = self._part_sizes(o, i)
-            co_l = np.arange(g.nn, dtype=np.int64)[:, None]
-            ci_l = np.arange(g.kk, dtype=np.int64)[None, :]
-            co = np.broadcast_to(o * p.cpc_out + co_l, (g.nn, g.kk))
-            ci = np.broadcast_to(i * p.cpc_in + ci_l, (g.nn, g.kk))
-            w = p.weight_index(co, ci, t)
-            w = np.where((co_l < n_o) & (ci_l < k_i), w, -1).ravel()
+            w: np.ndarray | None = None
+            if g.nn * g.kk <= PAIR_TABLE_MAX_ENTRIES:
+                co_l = np.arange(g.nn, dtype=np.int64)[:, None]
+                ci_l = np.arange(g.kk, dtype=np.int64)[None, :]
+                co = np.broadcast_to(o * p.cpc_out + co_l, (g.nn, g.kk))
+                ci = np.broadcast_to(i * p.cpc_in + ci_l, (g.nn, g.kk))
+                w = np.where((co_l < n_o) & (ci_l < k_i), p.weight_index(co, ci, t), -1).ravel()
             _, j, _, _ = self._grid()
             pos = np.arange(g.kd * p.lc, dtype=np.int64)[None, :] % p.lc
             valid = ((j % g.nn) < n_o) & p.anchor_tables[2][t][pos]
-            hit = self._pair_cache[key] = (w, valid)
+            hit = (w, valid)
+            self._pair_cache.put(key, hit)
         return hit
 
     def plaintext_table(self, o: int, i: int, key: tuple[int, int, int, int]) -> np.ndarray:
@@ -257,7 +268,13 @@ class ImraKernel:
         r, j, row, base = self._grid()
         wpair, valid = self._pair_table(o, i, t)
         q = j + (ig + r * g.gs) * g.f + c
-        widx = wpair[row + q % g.kk]
+        ci_l = q % g.kk
+        if wpair is not None:
+            widx = wpair[row + ci_l]
+        else:  # a large channel block: the weights of this table's pairs only
+            co = np.broadcast_to(o * p.cpc_out + j % g.nn, q.shape)
+            widx = p.weight_index(co, i * p.cpc_in + ci_l, t)
+            widx = np.where(ci_l < self._part_sizes(o, i)[1], widx, -1)
         ok = valid & (widx >= 0)
         if ch.fallback:  # _wrap_m(q) == m, as the interval of q it holds on
             lo, hi = (0, g.Eb - 1) if m == 0 else (g.Eb + (m - 1) * g.kk, g.Eb + m * g.kk - 1)
