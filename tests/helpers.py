@@ -139,19 +139,28 @@ def bench_encrypted(res: PlanResult, graph: Graph, options: dict[str, Any], seed
     return raw["stats"], errs
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``slotplan ARGS`` in this process -> (exit status, stdout, stderr)."""
+def _main_status(args: Sequence[str]) -> int:
+    """Run ``api.cli.main`` on ``slotplan ARGS`` in this process; its exit status (a string
+    ``sys.exit`` message goes to stderr with status 1, as the interpreter does)."""
     from api.cli import main
 
     old = sys.argv
     sys.argv = ["slotplan", *args]
-    code = 0
     try:
         main()
     except SystemExit as e:
-        code = int(e.code or 0)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     finally:
         sys.argv = old
+    return 0
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``slotplan ARGS`` in this process -> (exit status, stdout, stderr), the output read
+    from ``capsys``."""
+    code = _main_status(args)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -162,24 +171,14 @@ def cli_in_process(args: Sequence[str], cwd: Path | None = None) -> subprocess.C
     new interpreter's imports (~1 s each).  The tests of the process itself keep a real
     subprocess (byte-identical plans across processes, usage errors without a traceback,
     ``serve``)."""
-    from api.cli import main
-
     out, err = io.StringIO(), io.StringIO()
-    old_argv, old_cwd = sys.argv, os.getcwd()
-    code = 0
+    old_cwd = os.getcwd()
     try:
-        sys.argv = ["slotplan", *args]
         if cwd is not None:
             os.chdir(cwd)
         with redirect_stdout(out), redirect_stderr(err):
-            try:
-                main()
-            except SystemExit as e:
-                if isinstance(e.code, str):
-                    print(e.code, file=sys.stderr)
-                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            code = _main_status(args)
     finally:
-        sys.argv = old_argv
         os.chdir(old_cwd)
     return subprocess.CompletedProcess(["slotplan", *args], code, out.getvalue(), err.getvalue())
 

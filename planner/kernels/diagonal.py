@@ -21,7 +21,7 @@ import numpy as np
 
 from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate, CostVector
-from planner.kernels.problem import ChannelProblem
+from planner.kernels.problem import ChannelProblem, slot_mod
 
 MAX_PAIR_CHECK = 4_000_000
 
@@ -130,8 +130,7 @@ class DiagonalKernel:
         w = p.weight_index(o * p.cpc_out + co_l, i * p.cpc_in + co_l + dc, t)
         keep = w >= 0
         co_l, w = co_l[keep], w[keep]
-        s = (co_l[:, None] * lc + pos[None, :] + gam).ravel()
-        s = s & (S - 1) if S & (S - 1) == 0 else s % S
+        s = slot_mod((co_l[:, None] * lc + pos[None, :] + gam).ravel(), S)
         idx = np.full(S, -1, dtype=np.int64)
         idx[s] = np.repeat(w, pos.size)
         return idx

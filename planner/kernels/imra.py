@@ -33,7 +33,7 @@ import numpy as np
 from common.cache import BoundedCache
 from planner.ir.builder import ProgramBuilder
 from planner.kernels.base import Candidate
-from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, square_dims
+from planner.kernels.problem import ChannelProblem, KernelError, doubling_cost, slot_mod, square_dims
 from planner.layout.channels import ChannelLayout
 from solver.formulas import eq11
 
@@ -204,6 +204,11 @@ class ImraKernel:
         g = self.g
         return np.where(q < g.Eb, 0, -(-(q - g.Eb + 1) // g.kk))
 
+    def _wrap_bounds(self, m: int) -> tuple[int, int]:
+        """The q >= 0 with ``_wrap_m(q) == m``, as an interval (lo, hi) (it is monotone)."""
+        g = self.g
+        return (0, g.Eb - 1) if m == 0 else (g.Eb + (m - 1) * g.kk, g.Eb + m * g.kk - 1)
+
     def plaintext_keys(self, o: int, i: int) -> list[tuple[int, int, int, int]]:
         """(giant i, wrap m, baby c, tap t) of the nonzero plaintexts of part pair (o, i)."""
         g, p, ch = self.g, self.prob, self.choice
@@ -276,12 +281,10 @@ class ImraKernel:
             widx = p.weight_index(co, i * p.cpc_in + ci_l, t)
             widx = np.where(ci_l < self._part_sizes(o, i)[1], widx, -1)
         ok = valid & (widx >= 0)
-        if ch.fallback:  # _wrap_m(q) == m, as the interval of q it holds on
-            lo, hi = (0, g.Eb - 1) if m == 0 else (g.Eb + (m - 1) * g.kk, g.Eb + m * g.kk - 1)
+        if ch.fallback:
+            lo, hi = self._wrap_bounds(m)
             ok &= (q >= lo) & (q <= hi)
-        gam = ig * g.f * p.lc - m * g.kk * p.lc
-        # mod S (for a power of two as a mask: negative shifts wrap the same)
-        s = (base + gam) & (S - 1) if S & (S - 1) == 0 else (base + gam) % S
+        s = slot_mod(base + ig * g.f * p.lc - m * g.kk * p.lc, S)
         idx = np.full(S, -1, dtype=np.int64)
         idx[s[ok]] = widx[ok]
         return idx

@@ -126,6 +126,12 @@ class ChannelProblem:
         return max(0, min(cpc, total - part * cpc))
 
 
+def slot_mod(x: np.ndarray, slots: int) -> np.ndarray:
+    """``x mod slots`` for slot indices (negative shifts included), as a mask when ``slots``
+    is a power of two (the plaintext tables' hot path)."""
+    return x & (slots - 1) if slots & (slots - 1) == 0 else x % slots
+
+
 def _conv_out(H: int, K: int, s: int, p: int) -> int:
     return (H + 2 * p - K) // s + 1
 
