@@ -431,14 +431,15 @@ def _plan(graph: Any, o: BenchOptions) -> tuple[Any, Any, float]:
 
 def _values(graph: Any, plan: Mapping[str, Any], o: BenchOptions, imported: dict[str, np.ndarray] | None,
             orion_arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-    """The run's data: the user's files, Orion's input and weights (its MLP), an ONNX
-    model's own weights with seeded inputs, or None (seeded random, as ``slotplan run``)."""
+    """The run's data: the user's files (an ONNX model's own weights where ``--weights`` is
+    not given), Orion's input and weights (its MLP), an ONNX model's own weights with seeded
+    inputs, or None (seeded random, as ``slotplan run``)."""
     from planner.frontend.reference import random_values
     from planner.ir.io import user_values
 
     batch = plan.get("summary", {}).get("batch")
     if o.inputs is not None or o.weights is not None:
-        return user_values(graph, o.inputs, o.weights, samples=batch is not None)
+        return user_values(graph, o.inputs, o.weights, samples=batch is not None, known_weights=imported)
     if orion_arrays is not None and set(graph.inputs) | set(graph.weights) <= set(orion_arrays):
         vals = {t: orion_arrays[t].reshape(graph.shape(t)) for t in (*graph.inputs, *graph.weights)}
     elif imported is not None:
@@ -467,6 +468,11 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
     from backends.runner import run_plan
 
     graph, imported = _load(model, o)
+    if (o.inputs is not None or o.weights is not None) and not o.dry_run:
+        from planner.ir.io import user_values
+
+        # the user's files are checked before planning (minutes at n16boot), not after
+        user_values(graph, o.inputs, o.weights, samples=True, known_weights=imported)
     net = find_network(nets, graph.name, o.network)
     orion_row: dict[str, Any] | None = None
     orion_arrays = None

@@ -106,11 +106,12 @@ def used_span(lay: object) -> int | None:
 
 def options(
     lay: object, n_ct: int, clean: bool, s: int, s_half: int, prices: Mapping[str, float],
-    full: BootOption,
+    full: BootOption, absorbs: bool = False,
 ) -> tuple[BootOption, ...]:
     """The variants of one option besides the full bootstrap ``full`` (its cost, levels
     before and after): per kind the cheapest priced one that the layout fits, unless the
-    full bootstrap or another variant is no dearer and needs no more levels."""
+    full bootstrap or another variant is no dearer and needs no more levels.  ``absorbs``:
+    the option's own plaintext products take the ``1/scale`` before it (no level)."""
     if not prices:
         return ()
     span = used_span(lay)
@@ -138,7 +139,7 @@ def options(
             continue
         # halves: the executor multiplies the source by a complex mask (1 on the low half,
         # i on the high one) before the sparse bootstrap, one level (docs/formats.md)
-        pre = int(scale > 1 or not clean) + (1 if v.kind == "h" else 0)
+        pre = int(scale > 1 and not absorbs or not clean) + (1 if v.kind == "h" else 0)
         opt = BootOption(label, units, pre, 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]

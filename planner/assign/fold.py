@@ -224,6 +224,38 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     )
 
 
+# Whether structurally identical candidates' results absorb a factor alone (``result_absorbs``).
+ABSORBS = BoundedCache[bool](1024)
+
+
+def result_absorbs(c: Candidate, slots: int) -> bool:
+    """Whether ``c``'s own program can take a factor on its result without any operand
+    taking it (``plan_cone`` reaches only its plaintext products and polys): a bootstrap's
+    ``1/s`` range scaling then multiplies those plaintexts (coefficients) instead of costing
+    a product and a level of its own (planner.assign.problem, planner.lower.lowering)."""
+    if c.out_scale != 1.0 or c.resets:
+        return False
+    shared = c.shared_key(slots)
+    key = None if shared is None else (*shared, "absorbs")
+    hit = None if key is None else ABSORBS.get(key)
+    if hit is None:
+        b, regs, outs = c.dry_lowering(slots)
+        cone = plan_cone(b.objs, outs, {r: t for t, rs in regs.items() for r in rs})
+        hit = cone is not None and not cone.operands
+        if key is not None:
+            ABSORBS.put(key, hit)
+    return hit
+
+
+def prescaled_candidate(c: Candidate, s: float, slots: int) -> Candidate:
+    """``c`` lowered with its result multiplied by ``s`` in its own plaintext products (a
+    candidate for which ``result_absorbs`` holds); used only to lower a bootstrapped node
+    whose range scaling is folded, so the node keeps ``c``'s parameters."""
+    v = scaled_candidate(c, s, slots)
+    assert v is not None and v.operand_scales == c.operand_scales, "the result does not absorb alone"
+    return v
+
+
 def add_scaled_variants(
     graph: Graph, cands: dict[str, list[Candidate]], slots: int, keep_scale: Callable[[str, float], bool] | None = None
 ) -> None:

@@ -29,7 +29,7 @@ from planner.assign.candidates import (
     with_clean_output,
 )
 from planner.assign.densify import densified_variants
-from planner.assign.fold import add_scaled_variants, foldable_into
+from planner.assign.fold import add_scaled_variants, foldable_into, result_absorbs
 from planner.assign.options import PlanOptions, resolve_objective
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.cost.timing import TimeModel
@@ -192,7 +192,8 @@ def _variant_options(
     full_w = tm.bootstrap_units()
     out = tuple(
         boot_variants.options(c.out_layout, c.out_layout.n_ct, c.out_layout.clean, s, sh, prices,
-                              BootOption(FULL, full_w * c.out_layout.n_ct, pre, post))
+                              BootOption(FULL, full_w * c.out_layout.n_ct, pre, post),
+                              absorbs=c.out_layout.clean and result_absorbs(c, params.slots))
         for c, pre in zip(cs, pres, strict=True)
     )
     return out if any(out) else ()
@@ -204,7 +205,8 @@ def _boot_options(
 ) -> tuple[bool, tuple[int, ...], int]:
     """Whether a node's result may be bootstrapped, and the levels around a bootstrap: per
     candidate one level before it when its layout is dirty (a mask zeroes the free slots,
-    whose partial sums no range bounds) or the value must be scaled down by ``1/s``; one
+    whose partial sums no range bounds) or the value must be scaled down by ``1/s`` and the
+    candidate's own plaintext products cannot take that factor (``result_absorbs``); one
     after it when scaled (times ``s``)."""
     if params.boot is None or ranges is None or not graph.encrypted(node.id) or not graph.consumers(node.id):
         return False, (), 0
@@ -214,7 +216,7 @@ def _boot_options(
         return False, (), 0
     s = boot_scale(bound, params.boot.max_abs)
     scales[node.id] = s
-    return True, tuple(int(s > 1 or not c.out_layout.clean) for c in cs), int(s > 1)
+    return True, tuple(int(not c.out_layout.clean or s > 1 and not result_absorbs(c, params.slots)) for c in cs), int(s > 1)
 
 
 def _fold_chebyshev(

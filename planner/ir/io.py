@@ -337,15 +337,19 @@ def read_arrays(path: str | Path, what: str) -> dict[str, np.ndarray]:
 
 
 def user_values(graph: Graph, inputs: str | Path | None, weights: str | Path | None,
-                samples: bool = False) -> dict[str, np.ndarray]:
+                samples: bool = False, known_weights: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The graph's encrypted inputs from ``inputs`` and its weights from ``weights``, each
     array named as its tensor and of any shape with the tensor's number of elements (a
     leading batch dimension of 1, a flattened image), reshaped to the declared shape.  A
-    missing, extra, mis-sized or non-finite array is refused naming the tensor."""
+    missing, extra, mis-sized or non-finite array is refused naming the tensor.
+    ``known_weights`` (an imported model's own) serve when ``weights`` is None."""
     out: dict[str, np.ndarray] = {}
     for role, path, names, flag in (
         ("input", inputs, graph.inputs, "--inputs"), ("weight", weights, graph.weights, "--weights"),
     ):
+        if path is None and role == "weight" and known_weights is not None:
+            out |= {t: np.asarray(known_weights[t], dtype=np.float64).reshape(graph.shape(t)) for t in names}
+            continue
         if path is None:
             if names:
                 raise ValuesError(

@@ -18,6 +18,7 @@ from planner.assign.boot_variants import Variant, chosen
 from planner.assign.candidates import (
     PlanError,
 )
+from planner.assign.fold import prescaled_candidate, result_absorbs
 from planner.assign.problem import BOOT_BOUND_WARN_BITS, BOOT_PRECISION_BITS, PlanProblem
 from planner.ir import PLAN_SCHEMA
 from planner.ir.analysis import span_counts, summarize
@@ -83,12 +84,19 @@ def lower_solution(
                 conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
                 claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t]),
                                           cand.operand_scales.get(t, 1.0)))
-        outs = cand.lower(b, op_regs)
         out_layout = cand.out_layout
+        prescaled = False
         if node.id in boots:
             var = chosen(variants, node.id)
             s = problem.boot_scales[node.id] if var is None or not var.packed else problem.boot_half_scales[node.id]
-            outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var)
+            # the bootstrap's 1/s in the node's own plaintext products (the level the model
+            # saved: planner.assign.problem._boot_options)
+            prescaled = s > 1 and out_layout.clean and result_absorbs(cand, S)
+            lowered = prescaled_candidate(cand, 1.0 / s, S) if prescaled else cand
+            outs = lowered.lower(b, op_regs)
+            outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var, prescaled)
+        else:
+            outs = cand.lower(b, op_regs)
         regs[node.id] = outs
         layout_of[node.id] = out_layout
         claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
@@ -113,6 +121,7 @@ def lower_solution(
                 **({"bootstraps": sum(1 for i in b.objs[start:end] if ir.is_bootstrap(i))}
                    if params.boot is not None else {}),
                 **({"boot_variant": node_variant[node.id]} if node.id in node_variant else {}),
+                **({"boot_prescaled": True} if prescaled else {}),
             }
         )
         progress.advance("lowering", node.id)
@@ -164,17 +173,21 @@ def lower_solution(
 
 def _lower_bootstrap(
     b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str, var: Variant | None = None,
+    prescaled: bool = False,
 ) -> tuple[list[str], ChannelLayout]:
     """Bootstrap every ciphertext of a node's result: before it one pmul by ``1/s`` on the
     layout's slots and 0 on its free slots (when scaled, or when the layout is dirty: the
     free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled).  A
     variant (``var``, planner.assign.boot_variants) folds that ``s`` into its unpacking
-    product (the instruction's ``scale``) and pairs two ciphertexts per ``bootstrap2``."""
+    product (the instruction's ``scale``) and pairs two ciphertexts per ``bootstrap2``.
+    ``prescaled``: the registers already hold the value times ``1/s`` (the node's own
+    plaintext products took it) and the layout is clean, so nothing comes before."""
     slots = b.slots
     masked = not lay.clean
+    assert not (prescaled and masked)
 
     def pre(q: int, r: str) -> str:
-        if s > 1 or masked:
+        if s > 1 and not prescaled or masked:
             # (a packed variant's 1/s, of the halved budget, gets a table of its own)
             half = var is not None and var.packed
             pt = b.const_plaintext(

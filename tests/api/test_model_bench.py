@@ -104,6 +104,17 @@ def test_onnx_model_runs_with_its_own_weights(cli: Cli, tmp_path: Path) -> None:
     assert code == 0, err
     (row,) = json.loads(stdout)["rows"]
     assert row["measured"]["ok"] and row["measured"]["max_rel_error"] < 1e-4
+    # the user's input with the model's own weights (no --weights: the import's)
+    x = tmp_path / "x.npz"
+    np.savez(x, input=np.random.default_rng(2).uniform(-1, 1, (1, 64)))
+    code, stdout, err = cli("model-bench", model, "--params", "n13", "--inputs", x, "--json")
+    assert code == 0, err
+    (row,) = json.loads(stdout)["rows"]
+    assert row["measured"]["ok"] and row["measured"]["max_rel_error"] < 1e-4
+    # a wrong input file is refused before planning, naming the array
+    np.savez(x, image=np.zeros(64))
+    code, stdout, err = cli("model-bench", model, "--params", "n13", "--inputs", x)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "image" in err, err
 
 
 def test_dry_run_prices_a_bootstrapping_plan_at_n16boot(cli: Cli, tmp_path: Path) -> None:

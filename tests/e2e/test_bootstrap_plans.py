@@ -113,6 +113,68 @@ def test_scaling_keeps_bootstrap_inputs_in_range() -> None:
         simulate(bad, res.tables, vals)
 
 
+def test_bootstrap_scaling_folds_into_the_producers_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scaled bootstrap of a value whose node ends in plaintext products costs no level
+    of its own: the node's products take the 1/s (``boot_prescaled``; the bootstrap reads the
+    rescaled product directly), so the chain needs fewer bootstraps than with the separate
+    1/s product, and both plans equal numpy with every bootstrap input within max_abs."""
+    from planner.assign import problem
+    from planner.lower import lowering
+
+    g = mul_chain(12, weight_range=3.0)
+    res = plan(g, tiny_boot(3))
+    check_plan(res, g)
+    prog = res.plan["program"]
+    made = {i["dst"]: i for i in prog if "dst" in i}
+    pre = {n["id"] for n in res.plan["nodes"] if n.get("boot_prescaled")}
+    scales = res.plan["summary"]["bootstrapping"]["scales"]
+    assert pre and pre <= set(scales)
+    for n in res.plan["nodes"]:
+        a, b = n["span"]
+        boots = [i for i in prog[a:b] if i["op"] == "bootstrap"]
+        for bt in boots:
+            src = made[bt["src"]]
+            assert src["op"] == "rescale" and made[src["src"]]["op"] == "pmul"
+            # the product before the bootstrap is the node's weight (scaled), or the 1/s mask
+            assert made[src["src"]]["pt"].startswith("pt/boot/") == (n["id"] not in pre)
+    for mod in (problem, lowering):
+        monkeypatch.setattr(mod, "result_absorbs", lambda c, slots: False)
+    res0 = plan(g, tiny_boot(3))
+    check_plan(res0, g)
+    assert not any(n.get("boot_prescaled") for n in res0.plan["nodes"])
+    assert res.plan["summary"]["bootstraps"] < res0.plan["summary"]["bootstraps"]
+
+
+def test_a_residual_sum_keeps_its_scaling_product() -> None:
+    """An ``add`` of two encrypted values cannot take the 1/s alone (it would have to reach
+    both operands, one of them read elsewhere): its bootstrap keeps the 1/s product."""
+    g = parse_graph({"schema": "slotplan.graph/1", "name": "residual", "tensors": {
+        "x": {"shape": [64], "role": "input", "range": [-1, 1]},
+        **{f"w{i}": {"shape": [64], "role": "weight", "range": [-3, 3]} for i in range(4)}},
+        "nodes": [{"id": "m0", "op": "mul", "inputs": ["x", "w0"]},
+                  {"id": "m1", "op": "mul", "inputs": ["m0", "w1"]},
+                  {"id": "r", "op": "add", "inputs": ["m1", "m0"]},
+                  {"id": "m2", "op": "mul", "inputs": ["r", "w2"]},
+                  {"id": "m3", "op": "mul", "inputs": ["m2", "w3"]},
+                  {"id": "y", "op": "mul", "inputs": ["m3", "r"]}],
+        "outputs": ["y"]})
+    from planner.assign.problem import build_problem
+
+    params = tiny_boot(2)
+    prob = build_problem(g, params, PlanOptions(allow_insecure=True))
+    assert prob.boot_scales["r"] > 1 and prob.boot_scales["m1"] > 1
+    assert set(prob.model.group("r").boot_pres) == {1}  # the 1/s product before the bootstrap
+    assert set(prob.model.group("m1").boot_pres) == {0}  # taken by the weight's product
+    res = plan(g, params)
+    check_plan(res, g)
+    # lowered as modelled: a bootstrapped sum reads its 1/s product
+    prog = res.plan["program"]
+    for n in res.plan["nodes"]:
+        a, b = n["span"]
+        if n["id"] == "r" and n["bootstraps"]:
+            assert any(i["op"] == "pmul" and i["pt"].startswith("pt/boot/") for i in prog[a:b])
+
+
 def test_unknown_range_is_refused_naming_the_tensor() -> None:
     with pytest.raises(PlanError) as ei:
         plan(mul_chain(22, x_range=None), N14BOOT)

@@ -49,14 +49,14 @@ def cnn(pad_last: int = 1) -> dict[str, Any]:
 @pytest.fixture
 def no_sharing() -> Iterator[None]:
     """Sharing off (limits 0) and emptied, for the test's duration."""
-    old = base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit
-    base.SHARED_COSTS.clear()
-    fold.SCALED_COSTS.clear()
-    base.SHARED_COSTS.limit = fold.SCALED_COSTS.limit = 0
+    old = base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit
+    for cache in (base.SHARED_COSTS, fold.SCALED_COSTS, fold.ABSORBS):
+        cache.clear()
+        cache.limit = 0
     try:
         yield
     finally:
-        base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit = old
+        base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = old
 
 
 def _fresh(c: base.Candidate) -> base.Candidate:
@@ -118,7 +118,7 @@ def test_plans_byte_identical_without_sharing(case: tuple[str, dict[str, Any], A
     _, spec, params, options = case
     g = parse_graph(spec)
     off = dumps_plan(plan_graph(g, params, options).plan)
-    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit = 2048, 1024
+    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = 2048, 1024, 1024
     on_first = dumps_plan(plan_graph(g, params, options).plan)  # fills the caches
     on_again = dumps_plan(plan_graph(g, params, options).plan)  # reads them
     assert off == on_first == on_again
@@ -126,7 +126,7 @@ def test_plans_byte_identical_without_sharing(case: tuple[str, dict[str, Any], A
 
 def test_each_structure_is_lowered_once(no_sharing: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """With sharing on, conv d (b's structure under other names) lowers nothing of its own."""
-    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit = 2048, 1024
+    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = 2048, 1024, 1024
     lowered: dict[str, int] = {}
     real = base.Candidate.dry_lowering
 
