@@ -499,12 +499,21 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         # the repeats are evaluations one after the other in this process: the first encodes
         # the bootstrapping DFT matrices and keeps them for the next (a server's steady state;
         # backends/lattigo/bootstate.go), the last lets go of them
-        runs = [run_plan(plan, res.tables, "lattigo", o.seed, "fan-in", values=vals, keep_boot_state=i < o.repeat - 1)
-                for i in range(o.repeat)]
+        runs, reads = [], []
+        for i in range(o.repeat):
+            before = storage_read_bytes()
+            runs.append(run_plan(plan, res.tables, "lattigo", o.seed, "fan-in", values=vals,
+                                 keep_boot_state=i < o.repeat - 1))
+            after = storage_read_bytes()
+            reads.append(None if before is None or after is None else after - before)
         evals = [float(r.stats.get("eval_seconds", r.seconds)) for r in runs]
         without = [e - float(r.stats.get("boot_matrix_seconds", 0.0)) for e, r in zip(evals, runs, strict=True)]
         med = sorted(range(len(runs)), key=lambda i: without[i])[len(runs) // 2]
         m = measured(runs[med])
+        # what the page cache did not serve (keys read back from disk when the machine's
+        # memory cannot cache the key files beside the process: the model prices reads at
+        # page-cache speed; docs/model-bench.md)
+        m["storage_read_bytes"] = reads[med]
         m["eval_seconds_runs"] = [round(x, 3) for x in evals]
         m["eval_seconds_without_matrices_runs"] = [round(x, 3) for x in without]
         m["evaluations"] = [e | {"run": i} for i, r in enumerate(runs) for e in r.stats.get("evaluations") or []]
@@ -539,6 +548,19 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         else:
             row["orion"] = orion_row
     return row
+
+
+def storage_read_bytes() -> int | None:
+    """Bytes this process (the run is in process: keys, evaluation) has read from storage,
+    i.e. not from the page cache (``/proc/self/io`` ``read_bytes``); None where the kernel
+    does not say."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def bench(models: Sequence[Path], o: BenchOptions) -> list[dict[str, Any]]:
