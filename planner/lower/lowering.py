@@ -85,18 +85,17 @@ def lower_solution(
                 claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t]),
                                           cand.operand_scales.get(t, 1.0)))
         out_layout = cand.out_layout
-        prescaled = False
-        if node.id in boots:
+        if node.id not in boots:
+            prescaled = False
+            outs = cand.lower(b, op_regs)
+        else:
             var = chosen(variants, node.id)
             s = problem.boot_scales[node.id] if var is None or not var.packed else problem.boot_half_scales[node.id]
             # the bootstrap's 1/s in the node's own plaintext products (the level the model
             # saved: planner.assign.problem._boot_options)
             prescaled = s > 1 and out_layout.clean and result_absorbs(cand, S)
-            lowered = prescaled_candidate(cand, 1.0 / s, S) if prescaled else cand
-            outs = lowered.lower(b, op_regs)
+            outs = (prescaled_candidate(cand, 1.0 / s, S) if prescaled else cand).lower(b, op_regs)
             outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var, prescaled)
-        else:
-            outs = cand.lower(b, op_regs)
         regs[node.id] = outs
         layout_of[node.id] = out_layout
         claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
