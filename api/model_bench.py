@@ -243,6 +243,14 @@ def measured(rep: Any) -> dict[str, Any]:
         "fused_blocks": int(st.get("fused_blocks", 0)),
         "key_load_seconds": round(float(st.get("key_load_seconds", 0.0)), 3),
         "key_loads": int(st.get("key_loads", 0)),
+        "key_load_split": {k: round(float(v), 3) for k, v in sorted((st.get("key_load_split") or {}).items())},
+        # the key reads the page cache did not serve, by what was read, and the streamed
+        # block keys mapped rather than copied (docs/lattigo.md, "Streamed keys mapped")
+        "key_storage_read_bytes": dict(sorted((st.get("key_storage_read_bytes") or {}).items())),
+        "key_stream_mapped": int(st.get("key_stream_mapped", 0)),
+        "key_load_cpu_seconds": round(float(st.get("key_load_cpu_seconds", 0.0)), 3),
+        "key_wait_seconds": round(float(st.get("key_wait_seconds", 0.0)), 3),
+        "bootstrap_seconds_each": [[k, round(x, 3)] for k, x in zip(kinds_list, secs, strict=True)],
         "other_seconds": round(ev - sum(secs) - fused - float(st.get("key_load_seconds", 0.0)), 3),
         "op_seconds": {k: round(float(v), 3) for k, v in sorted(ops.items())},
         "keygen_seconds": round(float(st.get("keygen_seconds", 0.0)), 3),

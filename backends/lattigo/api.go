@@ -144,33 +144,38 @@ type runOptions struct {
 }
 
 type stats struct {
-	LogN                int                `json:"log_n"`
-	Slots               int                `json:"slots"`
-	MaxLevel            int                `json:"max_level"`
-	OpCounts            map[string]int     `json:"op_counts"`
-	OpSeconds           map[string]float64 `json:"op_seconds"`
-	Rotations           int                `json:"rotations"`
-	RotationKeys        int                `json:"rotation_keys"`
-	KeyMode             string             `json:"key_mode"`
-	KeyLevel            int                `json:"key_level"`
-	KeyLoads            int                `json:"key_loads"`
-	KeyLoadSeconds      float64            `json:"key_load_seconds"`
-	KeyLoadBytes        int64              `json:"key_load_bytes"`       // bytes of key files read in those seconds
-	KeyLoadsReused      int                `json:"key_loads_reused"`     // plan key loads read into a dropped key's memory (keystore.go)
-	KeyLoadSplit        map[string]float64 `json:"key_load_split"`       // key_load_seconds by what was read (keystore.go: keyLoadSplit)
-	KeyLoadCPUSeconds   float64            `json:"key_load_cpu_seconds"` // the reading threads' CPU time of those reads
-	GaloisKeyBytes      int                `json:"galois_key_bytes"`
-	PeakKeyBytes        int64              `json:"peak_key_bytes"`
-	PeakResidentKeys    int                `json:"peak_resident_keys"`
-	RelinKeyBytes       int                `json:"relin_key_bytes"`
-	PeakCiphertextBytes int64              `json:"peak_ciphertext_bytes"`
-	SkippedRescales     int                `json:"skipped_rescales"`
-	FusedBlocks         int                `json:"fused_blocks"`
-	LevelDrops          int                `json:"level_drops"` // levels dropped (executor.dropLevel), summed
-	FusedProducts       int                `json:"fused_products"`
-	ProductSums         int                `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
-	ProductSumTerms     int                `json:"product_sum_terms"` // their cmul terms
-	FusedQBlocks        int                `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (the annotation's mode "q")
+	LogN              int                `json:"log_n"`
+	Slots             int                `json:"slots"`
+	MaxLevel          int                `json:"max_level"`
+	OpCounts          map[string]int     `json:"op_counts"`
+	OpSeconds         map[string]float64 `json:"op_seconds"`
+	Rotations         int                `json:"rotations"`
+	RotationKeys      int                `json:"rotation_keys"`
+	KeyMode           string             `json:"key_mode"`
+	KeyLevel          int                `json:"key_level"`
+	KeyLoads          int                `json:"key_loads"`
+	KeyLoadSeconds    float64            `json:"key_load_seconds"`
+	KeyLoadBytes      int64              `json:"key_load_bytes"`       // bytes of key files read in those seconds
+	KeyLoadsReused    int                `json:"key_loads_reused"`     // plan key loads read into a dropped key's memory (keystore.go)
+	KeyLoadSplit      map[string]float64 `json:"key_load_split"`       // key_load_seconds by what was read (keystore.go: keyLoadSplit)
+	KeyLoadCPUSeconds float64            `json:"key_load_cpu_seconds"` // the reading threads' CPU time of those reads
+	// KeyStorageReadBytes: of the bytes read, those the kernel fetched from storage (the page
+	// cache did not hold them), by what was read (pagecache.go); absent where not counted
+	KeyStorageReadBytes map[string]int64 `json:"key_storage_read_bytes,omitempty"`
+	KeyStreamMapped     int64            `json:"key_stream_mapped"` // streamed block keys mapped, not copied (pagecache.go)
+	KeyWaitSeconds      float64          `json:"key_wait_seconds"`  // the evaluation waited for keys read ahead (plan keys, streamed block keys)
+	GaloisKeyBytes      int              `json:"galois_key_bytes"`
+	PeakKeyBytes        int64            `json:"peak_key_bytes"`
+	PeakResidentKeys    int              `json:"peak_resident_keys"`
+	RelinKeyBytes       int              `json:"relin_key_bytes"`
+	PeakCiphertextBytes int64            `json:"peak_ciphertext_bytes"`
+	SkippedRescales     int              `json:"skipped_rescales"`
+	FusedBlocks         int              `json:"fused_blocks"`
+	LevelDrops          int              `json:"level_drops"` // levels dropped (executor.dropLevel), summed
+	FusedProducts       int              `json:"fused_products"`
+	ProductSums         int              `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
+	ProductSumTerms     int              `json:"product_sum_terms"` // their cmul terms
+	FusedQBlocks        int              `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (the annotation's mode "q")
 	// of FusedBlocks, QP blocks run with their babies in Q (fused_qbabies.go)
 	FusedQBabyBlocks int `json:"fused_qbaby_blocks"`
 	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy
@@ -431,6 +436,9 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = keys.loads, keys.loadSeconds, keys.readBytes.Load()
 	st.KeyLoadsReused, st.KeyLoadSplit = keys.keysReused, keys.keyLoadSplit()
 	st.KeyLoadCPUSeconds = float64(keys.readCPUNanos.Load()) / 1e9
+	st.KeyStorageReadBytes = keys.cache.storageReadBytes()
+	st.KeyStreamMapped = keys.cache.mapped.Load()
+	st.KeyWaitSeconds = keys.waitSeconds()
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	st.BootStreamReads, st.BootStreamReused = keys.streamReads, keys.streamReused

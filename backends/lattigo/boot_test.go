@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -426,6 +427,13 @@ func testBootstrapStreamedBlock(t *testing.T, logN int) {
 		x[i] = (rng.Float64()*2 - 1) / 16
 		half[i] = 0.5 + 0.5*rng.Float64()
 	}
+	params := bootParamsAt(logN)
+	// a plan key (an offset the block does not hold) loaded while the block is streamed
+	info := bootKeyInfo(*bootSetupOf(t, params).btp)
+	planK := 1
+	for slices.Contains(info.offsets, planK) {
+		planK++
+	}
 	program, prev := levelChain(9)
 	program = append(program,
 		`{"op": "load_key", "block": "boot", "stream": 2}`,
@@ -434,18 +442,41 @@ func testBootstrapStreamedBlock(t *testing.T, logN int) {
 		`{"op": "rescale", "dst": "r10", "src": "m10"}`,
 		`{"op": "bootstrap", "dst": "b2", "src": "r10"}`,
 		`{"op": "bootstrap", "dst": "b3", "src": "b2"}`,
+		fmt.Sprintf(`{"op": "load_key", "k": %d}`, planK),
+		fmt.Sprintf(`{"op": "rot", "dst": "b4", "src": "b3", "k": %d}`, planK),
+		fmt.Sprintf(`{"op": "drop_key", "k": %d}`, planK),
 		`{"op": "drop_key", "block": "boot"}`,
-		`{"op": "output", "src": "b3", "tensor": "y", "table": "out/y"}`)
-	params := bootParamsAt(logN)
+		`{"op": "output", "src": "b4", "tensor": "y", "table": "out/y"}`)
 	planJSON := `{"schema": "slotplan.plan/1", "params": ` + params + `,
 	  "plaintexts": {"p0": {"source": "w", "table": "pt/p0"}}, "keys": {}, "program": [` + strings.Join(program, ",\n") + `]}`
+	// streamed keys mapped (the default: pagecache.go) and copied (SLOTPLAN_KEY_MAP=off):
+	// the same checks, and the same outputs
+	var outs [2][]float64
+	for mode, mapped := range []bool{true, false} {
+		if !mapped {
+			t.Setenv("SLOTPLAN_KEY_MAP", "off")
+		}
+		outs[mode] = checkStreamedRun(t, logN, params, planJSON, planK, x, half, mapped)
+	}
+	for s := range outs[0] {
+		if d := math.Abs(outs[0][s] - outs[1][s]); d > 1e-7 {
+			t.Fatalf("slot %d: %g with mapped keys, %g with copied keys", s, outs[0][s], outs[1][s])
+		}
+	}
+}
+
+// checkStreamedRun runs testBootstrapStreamedBlock's plan and checks its outputs and stream.
+func checkStreamedRun(t *testing.T, logN int, params, planJSON string, planK int, x, half []float64, mapped bool) []float64 {
+	t.Helper()
+	slots := len(x)
 	r := mustRun(t, planJSON, packVecs(x), packVecs(half))
 	got := decodeOut(t, r.Outputs[0].Data)
 	maxErr := 0.0
 	for s := range got {
-		want := x[s]
+		j := (s + planK) % slots // y = rot(b3, planK)
+		want := x[j]
 		for i := 0; i < 10; i++ {
-			want *= half[s]
+			want *= half[j]
 		}
 		maxErr = math.Max(maxErr, math.Abs(got[s]-want))
 	}
@@ -453,14 +484,15 @@ func testBootstrapStreamedBlock(t *testing.T, logN int) {
 	setup := bootSetupOf(t, params)
 	// the size of one Galois key of the block
 	gk := int64(rlwe.NewGaloisKey(setup.params, rlwe.EvaluationKeyParameters{}).BinarySize())
-	t.Logf("max abs error %.3g; peak key bytes %d (block fixed %d + %d Galois keys), stream reads %d, bootstraps %v",
-		maxErr, st.PeakKeyBytes, st.BootKeyBytes, (st.PeakKeyBytes-st.BootKeyBytes)/gk, st.BootStreamReads, st.BootstrapSeconds)
+	t.Logf("mapped %v: max abs error %.3g; peak key bytes %d (block fixed %d + %d Galois keys), stream reads %d, bootstraps %v",
+		mapped, maxErr, st.PeakKeyBytes, st.BootKeyBytes, (st.PeakKeyBytes-st.BootKeyBytes)/gk, st.BootStreamReads, st.BootstrapSeconds)
 	if maxErr > 1e-6 {
 		t.Fatalf("max abs error %g", maxErr)
 	}
-	// the block's fixed part (relinearisation and two encapsulation keys) and at most
-	// depth + 1 = 3 Galois keys
-	if st.BootKeyBytes > 3*gk || st.PeakKeyBytes > st.BootKeyBytes+3*gk {
+	// the block's fixed part (relinearisation and two encapsulation keys), at most
+	// depth + 1 = 3 Galois keys, and the plan key (loaded after the last bootstrap, while
+	// the block's last streamed key may still be held: at most one more key)
+	if st.BootKeyBytes > 3*gk || st.PeakKeyBytes > st.BootKeyBytes+4*gk {
 		t.Fatalf("block fixed part %d bytes, peak key bytes %d: more than 3 Galois keys resident", st.BootKeyBytes, st.PeakKeyBytes)
 	}
 	// a bootstrap asks for R keys (at log N 14, 55: C2S 4 x 6, conjugation, S2C 3 x 10):
@@ -471,12 +503,26 @@ func testBootstrapStreamedBlock(t *testing.T, logN int) {
 	if st.Bootstraps != 3 || st.BootStreamReads != reqs+2+2*reqs || reqs < 3 || (logN == 14 && reqs != 55) {
 		t.Fatalf("%d bootstraps, %d streamed key reads (want R + 2 + 2R, R = 55 at log N 14)", st.Bootstraps, st.BootStreamReads)
 	}
-	// every read-ahead but the first three (the two after learning, and the first request
-	// of the second bootstrap, when no key is finished yet) reads into a finished key, and
-	// the outputs above are right with them
-	if st.BootStreamReused != 2+2*reqs-3 {
-		t.Fatalf("%d streamed reads into finished keys, want %d", st.BootStreamReused, 2+2*reqs-3)
+	if mapped {
+		// every streamed key is mapped (a mapped key's memory is not reused)
+		if st.KeyStreamMapped != int64(st.BootStreamReads) || st.BootStreamReused != 0 {
+			t.Fatalf("%d of %d streamed keys mapped, %d reused: want all mapped, none reused",
+				st.KeyStreamMapped, st.BootStreamReads, st.BootStreamReused)
+		}
+	} else if st.KeyStreamMapped != 0 || st.BootStreamReused != 2+2*reqs-3 {
+		// every read-ahead but the first three (the two after learning, and the first
+		// request of the second bootstrap, when no key is finished yet) reads into a
+		// finished key, and the outputs above are right with them
+		t.Fatalf("%d streamed keys mapped, %d reads into finished keys: want 0 and %d", st.KeyStreamMapped, st.BootStreamReused, 2+2*reqs-3)
 	}
+	// the storage reads are counted by what was read (Linux: /proc/thread-self/io)
+	if threadStorageReadBytes() >= 0 {
+		sr := st.KeyStorageReadBytes
+		if len(sr) != 3 || sr["plan_keys"] < 0 || sr["block_keys"] < 0 || sr["block_stream"] < 0 {
+			t.Fatalf("key_storage_read_bytes %v: want plan_keys, block_keys and block_stream", sr)
+		}
+	}
+	return got
 }
 
 // testBootSetup is the evaluation setup of testBootParams.

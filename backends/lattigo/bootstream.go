@@ -42,6 +42,7 @@ type bootStream struct {
 	jobs    chan streamJob      // read-ahead queue (nil: depth 0)
 	learnKs []uint64            // the sequence being learned
 	onlyKey *rlwe.GaloisKey     // learning: the key handed out last
+	onlyMap []byte              // its mapping (mapped keys: pagecache.go)
 	onlyEl  uint64
 	// keys the bootstrap finished with, read into again by the next read-ahead (at most
 	// one waits here: a slot is freed right before the next read is queued)
@@ -49,10 +50,11 @@ type bootStream struct {
 }
 
 type streamSlot struct {
-	galEl uint64
-	bytes int64
-	gk    *rlwe.GaloisKey
-	done  chan prefetchResult
+	galEl   uint64
+	bytes   int64
+	gk      *rlwe.GaloisKey
+	mapping []byte // the key's file mapped (nil: read into memory)
+	done    chan prefetchResult
 }
 
 type streamJob struct {
@@ -77,15 +79,8 @@ func (s *keyStore) startStream(depth int) {
 		go func(dir *keyStore, jobs <-chan streamJob) {
 			for j := range jobs {
 				t := time.Now()
-				gk := j.gk
-				if gk == nil {
-					gk = new(rlwe.GaloisKey)
-				}
-				err := dir.readInto(j.mk.File, gk)
-				if err == nil && gk.GaloisElement != j.mk.GaloisElement {
-					err = fmt.Errorf("key file %s holds Galois element %d, expected %d", j.mk.File, gk.GaloisElement, j.mk.GaloisElement)
-				}
-				j.done <- prefetchResult{gk, err, time.Since(t).Seconds()}
+				gk, mapping, err := dir.readStreamKey(j.mk, j.gk)
+				j.done <- prefetchResult{gk: gk, err: err, seconds: time.Since(t).Seconds(), mapping: mapping}
 			}
 		}(s, st.jobs)
 	}
@@ -114,7 +109,34 @@ func (s *keyStore) dropLearnKey() {
 	if st.onlyKey != nil {
 		s.residentBytes -= int64(st.onlyKey.BinarySize())
 		st.onlyKey = nil
+		s.unmapKey(st.onlyMap)
+		st.onlyMap = nil
 	}
+}
+
+// readStreamKey reads a streamed block key: mapped (pagecache.go), else into the key
+// `into` (a key the bootstrap finished with) or a new one. It may run on the stream's
+// reading goroutine.
+func (s *keyStore) readStreamKey(mk manifestKey, into *rlwe.GaloisKey) (*rlwe.GaloisKey, []byte, error) {
+	var mapping []byte
+	var err error
+	gk := into
+	if s.mapsStreamedKeys() {
+		gk, mapping, err = s.mapStreamKey(mk.File)
+	} else {
+		if gk == nil {
+			gk = new(rlwe.GaloisKey)
+		}
+		err = s.readInto(mk.File, gk, readStream)
+	}
+	if err == nil && gk.GaloisElement != mk.GaloisElement {
+		s.unmapKey(mapping)
+		err = fmt.Errorf("key file %s holds Galois element %d, expected %d", mk.File, gk.GaloisElement, mk.GaloisElement)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return gk, mapping, nil
 }
 
 // freeSlot forgets the key at sequence position p (waiting for its read if in flight).
@@ -124,16 +146,18 @@ func (s *keyStore) freeSlot(p int) {
 	if !ok {
 		return
 	}
-	gk := sl.gk
+	gk, mapping := sl.gk, sl.mapping
 	if sl.done != nil {
 		r := <-sl.done
 		s.loadSeconds += r.seconds
-		gk = nil
+		gk, mapping = nil, nil
 		if r.err == nil {
-			gk = r.gk
+			gk, mapping = r.gk, r.mapping
 		}
 	}
-	if gk != nil {
+	if mapping != nil {
+		s.unmapKey(mapping) // (a mapped key's memory is the page cache's: nothing to reuse)
+	} else if gk != nil {
 		st.free = append(st.free, gk)
 	}
 	s.residentBytes -= sl.bytes
@@ -161,22 +185,22 @@ func (s *keyStore) ahead(p int) {
 	st.jobs <- streamJob{mk, into, sl.done}
 }
 
-// readNow reads the block key galEl in line.
-func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, error) {
+// readNow reads the block key galEl in line (and returns its mapping, if mapped).
+func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, []byte, error) {
 	mk, ok := s.bootByGalEl[galEl]
 	if !ok {
-		return nil, fmt.Errorf("no bootstrapping key for Galois element %d", galEl)
+		return nil, nil, fmt.Errorf("no bootstrapping key for Galois element %d", galEl)
 	}
 	t := time.Now()
-	gk := new(rlwe.GaloisKey)
-	if err := s.readInto(mk.File, gk); err != nil {
-		return nil, err
+	gk, mapping, err := s.readStreamKey(mk, nil)
+	if err != nil {
+		return nil, nil, err
 	}
 	s.loadSeconds += time.Since(t).Seconds()
 	s.streamWait += time.Since(t).Seconds()
 	s.streamReads++
 	s.loads++
-	return gk, nil
+	return gk, mapping, nil
 }
 
 // beginBootstrap: the requests that follow are a full-slot bootstrap's.
@@ -252,11 +276,11 @@ func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 		}
 		sl, ok := st.slots[p]
 		if !ok { // not read ahead (depth 0)
-			gk, err := s.readNow(galEl)
+			gk, mapping, err := s.readNow(galEl)
 			if err != nil {
 				return nil, err
 			}
-			sl = &streamSlot{galEl: galEl, bytes: int64(gk.BinarySize()), gk: gk}
+			sl = &streamSlot{galEl: galEl, bytes: int64(gk.BinarySize()), gk: gk, mapping: mapping}
 			st.slots[p] = sl
 			s.addResident(sl.bytes, 1)
 		} else if sl.done != nil {
@@ -268,7 +292,7 @@ func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 			if r.err != nil {
 				return nil, r.err
 			}
-			sl.gk = r.gk
+			sl.gk, sl.mapping = r.gk, r.mapping
 			s.residentBytes += int64(r.gk.BinarySize()) - sl.bytes
 			sl.bytes = int64(r.gk.BinarySize())
 		}
@@ -288,11 +312,11 @@ func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 		st.learnKs = st.learnKs[:0]
 	}
 	s.dropLearnKey()
-	gk, err := s.readNow(galEl)
+	gk, mapping, err := s.readNow(galEl)
 	if err != nil {
 		return nil, err
 	}
-	st.onlyKey, st.onlyEl = gk, galEl
+	st.onlyKey, st.onlyMap, st.onlyEl = gk, mapping, galEl
 	s.addResident(int64(gk.BinarySize()), 1)
 	st.learnKs = append(st.learnKs, galEl)
 	return gk, nil

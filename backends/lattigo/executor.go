@@ -305,10 +305,17 @@ func (e *executor) dropLevel(i int, in instr) error {
 	return nil
 }
 
-func (e *executor) run() error {
+func (e *executor) run() (err error) {
 	if e.initErr != nil {
 		return e.initErr
 	}
+	defer func() {
+		if err != nil {
+			// a failed evaluation lets go of a streamed block: its reader ends, its mapped
+			// keys are unmapped (pagecache.go), and the store holds no block afterwards
+			e.keys.dropBlock()
+		}
+	}()
 	if e.scheduled && e.plan.usesConjugation() {
 		// the conjugation key is resident throughout (docs/formats.md): no schedule places it
 		if err := e.keys.load(conjOffset); err != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
@@ -96,6 +97,27 @@ func TestReadKeyFileMatchesLattigo(t *testing.T) {
 				t.Fatalf("key %d read into another: %d bytes, want %d", i, into.BinarySize(), want.BinarySize())
 			}
 		}
+		if !swap {
+			// mapped (pagecache.go): the same key, its limbs inside the mapping, and after
+			// the unmapping the store counts it
+			for i, path := range galPaths {
+				want := readWithLattigo[rlwe.GaloisKey](t, path)
+				got, mapping, err := mapKeyFile(path, sh)
+				if err != nil || !got.Equal(&want.GadgetCiphertext) || got.GaloisElement != want.GaloisElement ||
+					got.NthRoot != want.NthRoot || len(mapping) != want.BinarySize() {
+					t.Fatalf("mapped key %d: err %v", i, err)
+				}
+				limb := uintptr(unsafe.Pointer(&got.Value[0][0][0].Q.Coeffs[0][0]))
+				if base := uintptr(unsafe.Pointer(&mapping[0])); limb < base || limb >= base+uintptr(len(mapping)) {
+					t.Fatalf("mapped key %d: its first limb is not in the mapping", i)
+				}
+				st := &keyStore{}
+				st.unmapKey(mapping)
+				if st.cache.unmapped.Load() != 1 {
+					t.Fatalf("unmapped %d", st.cache.unmapped.Load())
+				}
+			}
+		}
 		gotR := new(rlwe.RelinearizationKey)
 		if _, err := readKeyFile(rlkPath, gotR, sh); err != nil || !gotR.Equal(&rlk.GadgetCiphertext) {
 			t.Fatalf("relinearisation key: %v", err)
@@ -150,17 +172,26 @@ func TestReadKeyFileRejectsCorruptFiles(t *testing.T) {
 				t.Errorf("%s (into a key with limbs %v): no error", name, len(into.Value) > 0)
 			}
 		}
+		if _, mapping, err := mapKeyFile(bad, sh); err == nil || mapping != nil {
+			t.Errorf("%s (mapped): no error", name)
+		}
 	}
 	s := &keyStore{dir: dir, params: params, shape: sh}
 	if err := os.WriteFile(filepath.Join(dir, "bad.key"), good[:100], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err = s.readInto("bad.key", new(rlwe.GaloisKey))
+	err = s.readInto("bad.key", new(rlwe.GaloisKey), readPlan)
 	if err == nil || !strings.Contains(err.Error(), "corrupt or truncated") {
 		t.Errorf("store: %v", err)
 	}
-	if err = s.readInto("missing.key", new(rlwe.GaloisKey)); err == nil || !strings.Contains(err.Error(), "cannot read key file") {
+	if err = s.readInto("missing.key", new(rlwe.GaloisKey), readPlan); err == nil || !strings.Contains(err.Error(), "cannot read key file") {
 		t.Errorf("store, missing file: %v", err)
+	}
+	if _, _, err = s.mapStreamKey("bad.key"); err == nil || !strings.Contains(err.Error(), "corrupt or truncated") {
+		t.Errorf("store, mapped: %v", err)
+	}
+	if _, _, err = s.mapStreamKey("missing.key"); err == nil || !strings.Contains(err.Error(), "cannot read key file") {
+		t.Errorf("store, mapped, missing file: %v", err)
 	}
 }
 

@@ -67,6 +67,9 @@ type keyStore struct {
 
 	pf *prefetcher // nil: load reads in line
 
+	cache  cacheAccount // storage reads, mapped streamed keys (pagecache.go)
+	mapOff bool         // SLOTPLAN_KEY_MAP=off: streamed keys are copied, not mapped
+
 	// Reading key files (keyread.go): the shape a file may hold, whether to read as
 	// Lattigo does (SLOTPLAN_KEY_READ=lattigo: no reuse either), and the free key: the plan
 	// key dropped last, read into by the next load of a key of its shape (same levels, same
@@ -138,6 +141,7 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 		shape:       shapeOf(params.N(), params.QCount(), params.PCount()),
 		lattigoRead: lattigoKeyReader(),
 	}
+	s.mapOff = keyMapOff()
 	for _, mk := range m.Rotations {
 		if mk.GaloisElement != galoisOf(params, mk.K) {
 			return nil, fmt.Errorf("key directory %s: key %s claims k=%d but Galois element %d", dir, mk.File, mk.K, mk.GaloisElement)
@@ -164,7 +168,7 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 	sort.Slice(s.galEls, func(i, j int) bool { return s.galEls[i] < s.galEls[j] })
 	if m.Relin != "" {
 		rlk := new(rlwe.RelinearizationKey)
-		if err := s.readInto(m.Relin, rlk); err != nil {
+		if err := s.readInto(m.Relin, rlk, readPlan); err != nil {
 			return nil, err
 		}
 		s.rlk = rlk
@@ -176,12 +180,17 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 // relinearisation or evaluation key with readKeyFile (keyread.go; into obj's limbs when it
 // has them), else (or with SLOTPLAN_KEY_READ=lattigo) with obj's ReadFrom through a buffer.
 // It may run on a prefetching goroutine: it touches only obj and the byte counter.
-func (s *keyStore) readInto(name string, obj io.ReaderFrom) error {
-	runtime.LockOSThread() // the thread's CPU clock times this read only
+func (s *keyStore) readInto(name string, obj io.ReaderFrom, cat int) (err error) {
+	runtime.LockOSThread() // the thread's CPU clock and I/O counter time this read only
 	defer runtime.UnlockOSThread()
-	c0 := threadCPUSeconds()
-	defer func() { s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0))) }()
+	c0, b0 := threadCPUSeconds(), threadStorageReadBytes()
 	path := filepath.Join(s.dir, name)
+	defer func() {
+		s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0)))
+		if err == nil {
+			s.cache.countRead(cat, b0, threadStorageReadBytes())
+		}
+	}()
 	if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
 		n, err := readKeyFile(path, obj, s.shape)
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
@@ -294,7 +303,7 @@ func (s *keyStore) loadBlock(stream int) error {
 			break
 		}
 		gk := new(rlwe.GaloisKey)
-		if err := s.readInto(mk.File, gk); err != nil {
+		if err := s.readInto(mk.File, gk, readBlock); err != nil {
 			return err
 		}
 		if gk.GaloisElement != mk.GaloisElement {
@@ -312,7 +321,7 @@ func (s *keyStore) loadBlock(stream int) error {
 			BinarySize() int
 		}
 	}{{bm.Relin, b.rlk}, {bm.DenseToSparse, b.denseToSparse}, {bm.SparseToDense, b.sparseToDense}} {
-		if err := s.readInto(f.name, f.obj); err != nil {
+		if err := s.readInto(f.name, f.obj, readBlock); err != nil {
 			return err
 		}
 		b.bytes += int64(f.obj.BinarySize())
@@ -357,7 +366,7 @@ func (s *keyStore) load(k int) error {
 	}
 	t := time.Now()
 	gk := s.takeFree(mk)
-	if err := s.readInto(mk.File, gk); err != nil {
+	if err := s.readInto(mk.File, gk, readPlan); err != nil {
 		return err
 	}
 	if gk.GaloisElement != galEl {

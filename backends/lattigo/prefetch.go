@@ -26,6 +26,7 @@ type prefetchResult struct {
 	gk      *rlwe.GaloisKey
 	err     error
 	seconds float64
+	mapping []byte // a streamed block key's mapping (pagecache.go); nil: read into memory
 }
 
 type prefetcher struct {
@@ -45,11 +46,11 @@ func (s *keyStore) enablePrefetch() {
 		for j := range jobs {
 			t := time.Now()
 			gk := j.gk
-			err := dir.readInto(j.mk.File, gk)
+			err := dir.readInto(j.mk.File, gk, readPlan)
 			if err == nil && gk.GaloisElement != j.mk.GaloisElement {
 				err = fmt.Errorf("key file %s holds Galois element %d, expected %d (k=%d)", j.mk.File, gk.GaloisElement, j.mk.GaloisElement, j.mk.K)
 			}
-			j.done <- prefetchResult{gk, err, time.Since(t).Seconds()}
+			j.done <- prefetchResult{gk: gk, err: err, seconds: time.Since(t).Seconds()}
 		}
 	}(s, pf.jobs)
 	s.pf = pf
