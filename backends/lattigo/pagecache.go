@@ -27,8 +27,9 @@ import (
 //
 // Mapped streamed keys. A streamed bootstrapping block reads its Galois keys again in every
 // bootstrap: ResNet-20 at n16boot read 521 keys of 157 MB (82 GB) in one evaluation, ~40 s
-// of reading on the evaluation's one core, most of it copying pages the kernel already held
-// (mapped instead, the evaluation took 493.5 s against 525.9 s: docs/model-bench.md).
+// of reading on the evaluation's one core (25 s of it CPU), most of it copying pages the
+// kernel already held. Mapped, the reading CPU is 12 s; the evaluation's wall time did not
+// move beyond the runs' spread (docs/model-bench.md, session 26).
 // A streamed key is now mapped instead (mmap of its file, read-only, MAP_POPULATE: the
 // kernel maps the cached pages, or reads them first, in the one system call of the reading
 // goroutine): its limbs are slices of the mapping, the bytes are the page cache's own and
