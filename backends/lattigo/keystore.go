@@ -180,37 +180,38 @@ func openKeyStore(dir string, params ckks.Parameters) (*keyStore, error) {
 // relinearisation or evaluation key with readKeyFile (keyread.go; into obj's limbs when it
 // has them), else (or with SLOTPLAN_KEY_READ=lattigo) with obj's ReadFrom through a buffer.
 // It may run on a prefetching goroutine: it touches only obj and the byte counter.
-func (s *keyStore) readInto(name string, obj io.ReaderFrom, cat int) (err error) {
+func (s *keyStore) readInto(name string, obj io.ReaderFrom, cat int) error {
+	path := filepath.Join(s.dir, name)
+	return s.accountedRead(path, cat, func() (int64, error) {
+		if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
+			return readKeyFile(path, obj, s.shape)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		return obj.ReadFrom(bufio.NewReaderSize(f, 1<<20))
+	})
+}
+
+// accountedRead runs one key read of path (read returns the bytes it read) on a locked
+// OS thread and counts it: the thread's CPU time, its storage reads by category
+// (pagecache.go) and the bytes. A missing or unreadable file and a corrupt one are told
+// apart in the error.
+func (s *keyStore) accountedRead(path string, cat int, read func() (int64, error)) error {
 	runtime.LockOSThread() // the thread's CPU clock and I/O counter time this read only
 	defer runtime.UnlockOSThread()
 	c0, b0 := threadCPUSeconds(), threadStorageReadBytes()
-	path := filepath.Join(s.dir, name)
-	defer func() {
-		s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0)))
-		if err == nil {
-			s.cache.countRead(cat, b0, threadStorageReadBytes())
-		}
-	}()
-	if ct, _ := gadgetOf(obj); ct != nil && !s.lattigoRead {
-		n, err := readKeyFile(path, obj, s.shape)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
-			return fmt.Errorf("cannot read key file: %w", err)
-		}
-		if err != nil {
-			return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
-		}
-		s.readBytes.Add(n)
-		return nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
+	n, err := read()
+	s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0)))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
 		return fmt.Errorf("cannot read key file: %w", err)
 	}
-	defer f.Close()
-	n, err := obj.ReadFrom(bufio.NewReaderSize(f, 1<<20))
 	if err != nil {
 		return fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
 	}
+	s.cache.countRead(cat, b0, threadStorageReadBytes())
 	s.readBytes.Add(n)
 	return nil
 }

@@ -3,13 +3,10 @@ package slotlattigo
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -171,20 +168,14 @@ func mapKeyFile(path string, sh keyShape) (*rlwe.GaloisKey, []byte, error) {
 // mapStreamKey maps a streamed block key (the stream's reader or an in-line read), with
 // the store's accounting of reads; it may run on the stream's reading goroutine.
 func (s *keyStore) mapStreamKey(name string) (gk *rlwe.GaloisKey, mapping []byte, err error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	c0, b0 := threadCPUSeconds(), threadStorageReadBytes()
-	path := filepath.Join(s.dir, name)
-	gk, mapping, err = mapKeyFile(path, s.shape)
-	s.readCPUNanos.Add(int64(1e9 * (threadCPUSeconds() - c0)))
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
-		return nil, nil, fmt.Errorf("cannot read key file: %w", err)
-	}
+	err = s.accountedRead(filepath.Join(s.dir, name), readStream, func() (int64, error) {
+		var err error
+		gk, mapping, err = mapKeyFile(filepath.Join(s.dir, name), s.shape)
+		return int64(len(mapping)), err
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("key file %s is corrupt or truncated: %w", path, err)
+		return nil, nil, err
 	}
-	s.cache.countRead(readStream, b0, threadStorageReadBytes())
-	s.readBytes.Add(int64(len(mapping)))
 	s.cache.mapped.Add(1)
 	return gk, mapping, nil
 }
