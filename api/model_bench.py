@@ -216,6 +216,14 @@ def process_model(plan: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------ measured
+def _phases(ph: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not ph:
+        return None
+    return {"bootstraps": int(ph.get("bootstraps", 0)),
+            **{part: {k: round(float(v), 3) for k, v in (ph.get(part) or {}).items()}
+               for part in ("seconds", "cpu_seconds", "key_wait_seconds")}}
+
+
 def measured(rep: Any) -> dict[str, Any]:
     """A ``slotplan run --backend lattigo`` report (backends.runner.RunReport) as the same
     components as :func:`modelled`, plus key generation, memory and error."""
@@ -251,6 +259,10 @@ def measured(rep: Any) -> dict[str, Any]:
         "key_load_cpu_seconds": round(float(st.get("key_load_cpu_seconds", 0.0)), 3),
         "key_wait_seconds": round(float(st.get("key_wait_seconds", 0.0)), 3),
         "bootstrap_seconds_each": [[k, round(x, 3)] for k, x in zip(kinds_list, secs, strict=True)],
+        # the sparse bootstraps by phase (wall, thread CPU, key waits) and the process's CPU,
+        # collector and page faults over the evaluation (docs/lattigo.md, "Where the time goes")
+        "bootstrap_phases": _phases(st.get("bootstrap_phases")),
+        "eval_cpu": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in (st.get("eval_cpu") or {}).items()},
         "other_seconds": round(ev - sum(secs) - fused - float(st.get("key_load_seconds", 0.0)), 3),
         "op_seconds": {k: round(float(v), 3) for k, v in sorted(ops.items())},
         "keygen_seconds": round(float(st.get("keygen_seconds", 0.0)), 3),

@@ -368,5 +368,7 @@ def _variant_measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
                                     "boot_keygen_seconds", "boot_matrix_seconds")}
     if "full" in measured["kinds"]:
         run["full_median_ms"] = _ms(measured["kinds"]["full"]["median_s"])
+    if measured.get("bootstrap_phases"):  # the sparse bootstraps by phase (docs/lattigo.md)
+        run["bootstrap_phases"] = measured["bootstrap_phases"]
     out["run " + ",".join(sorted(measured["kinds"]))] = run
     return out

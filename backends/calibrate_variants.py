@@ -161,7 +161,8 @@ def measure_variants(params: Params, kinds: Sequence[str], repeat: int = 3, seed
         e["ratio_to_full"] = round(e["median_s"] / full, 4) if full else None
     return {"kinds": out, "repeat": repeat, "stream": stream, "peak_rss_bytes": st.get("peak_rss_bytes"),
             "boot_key_bytes": st.get("boot_key_bytes"), "boot_matrix_bytes": st.get("boot_matrix_bytes"),
-            "boot_keygen_seconds": st.get("boot_keygen_seconds"), "boot_matrix_seconds": st.get("boot_matrix_seconds")}
+            "boot_keygen_seconds": st.get("boot_keygen_seconds"), "boot_matrix_seconds": st.get("boot_matrix_seconds"),
+            "bootstrap_phases": st.get("bootstrap_phases")}
 
 
 def boot_variants_weights(measured: Mapping[str, Any], full_weight_ms: float | None = None) -> dict[str, float]:

@@ -243,6 +243,10 @@ type stats struct {
 	PeakRSSBytes  int64 `json:"peak_rss_bytes"`
 	PeakRSSReset  bool  `json:"peak_rss_reset"`
 	GCPercent     int   `json:"gc_percent"`
+	// BootstrapPhases: the sparse bootstraps' time by phase (bootphase.go); EvalCPU: the
+	// process's CPU time, collector, GC cycles and page faults over the evaluation
+	BootstrapPhases *bootPhases `json:"bootstrap_phases,omitempty"`
+	EvalCPU         *evalCPU    `json:"eval_cpu,omitempty"`
 }
 
 func (s *stats) addOp(op string, seconds float64) {
@@ -424,9 +428,21 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	ex.ptFile = ptFile
 	st.SetupSeconds = time.Since(t).Seconds()
 
+	stopProfile, err := startEnvCPUProfile()
+	if err != nil {
+		return "", err
+	}
+	st.BootstrapPhases = newBootPhases()
+	cpu0 := sampleEvalCPU()
 	t = time.Now()
 	err = ex.run()
 	st.EvalSeconds = time.Since(t).Seconds()
+	cpu := sampleEvalCPU().since(cpu0)
+	st.EvalCPU = &cpu
+	stopProfile()
+	if st.BootstrapPhases.Count == 0 {
+		st.BootstrapPhases = nil
+	}
 	st.EvalSecondsNoMatrices = st.EvalSeconds - st.BootMatrixSeconds
 	if opt.KeepBootState && err == nil {
 		putKeptBoot(cache.boot)

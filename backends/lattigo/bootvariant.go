@@ -113,6 +113,16 @@ func (p *plan) bootVariantsUsed() map[int]int {
 	return out
 }
 
+// sparseDFTBSGSRatio is the log2 ratio of baby to giant steps of a sparse variant's DFT
+// matrices (CoeffsToSlots and SlotsToCoeffs; Lattigo's own parameters use 1). Measured at
+// n16boot (TestMeasureDFTRatio, keys resident, one core, thread CPU, 2026-11-27): at 2^14
+// slots ratio 1 / 2 / 3 take CoeffsToSlots 13.96 / 10.74 / 10.33 s and SlotsToCoeffs 6.05 /
+// 5.93 / 4.46 s with 48 / 47 / 59 Galois keys; at 2^13 slots 10.12 / 9.29 / 9.17 s and
+// 6.02 / 4.60 / 3.97 s with 40 / 41 / 52 keys. A giant step is a whole key switch (a
+// decomposition), a baby step a hoisted one: 2 takes most of the saving without the dozen
+// more keys (1.9 GB each variant at log N 16) that 3 asks the key stream and disk for.
+const sparseDFTBSGSRatio = 2
+
 // variantBootParameters builds the bootstrapping parameters at 2^k slots of a setup's
 // literal (the same residual chain); their bootstrapping chain must be the full-slot
 // one's, so that both run on one evaluator and share the keys of one Galois element.
@@ -128,6 +138,8 @@ func variantBootParameters(setup *evalSetup, k int) (*bootstrapping.Parameters, 
 	if err != nil {
 		return nil, fmt.Errorf("Lattigo rejects the bootstrapping parameters %s at 2^%d slots: %w", setup.boot.Literal, k, err)
 	}
+	btp.CoeffsToSlotsParameters.LogBSGSRatio = sparseDFTBSGSRatio
+	btp.SlotsToCoeffsParameters.LogBSGSRatio = sparseDFTBSGSRatio
 	if !btp.BootstrappingParameters.Equal(&setup.btp.BootstrappingParameters) {
 		return nil, fmt.Errorf("the bootstrapping chain of %s at 2^%d slots differs from the full-slot one (its keys could not be shared)",
 			setup.boot.Literal, k)
@@ -352,10 +364,10 @@ func (e *executor) sparseBootstrap(ev *bootstrapping.Evaluator, ct *rlwe.Ciphert
 	// the bootstrapper reads the slot count from the ciphertext too (CoeffsToSlots repacks
 	// the imaginary half by a rotation of 2^LogSlots): label it sparse; the trace makes it so
 	cp.LogDimensions.Cols = k
-	// Evaluate, not Bootstrap: in Lattigo v6.1.1 Bootstrap (BootstrapMany's packing) returns
-	// wrong values for a sparse ciphertext when both rings have the same degree (Lattigo
+	// Evaluate (here phase by phase: evaluatePhased), not Bootstrap: in Lattigo v6.1.1
+	// Bootstrap (BootstrapMany's packing) returns wrong values for a sparse ciphertext when both rings have the same degree (Lattigo
 	// issue #505, fixed after v6.1.1; measured here: every slot wrong at log N 12 and 14)
-	out, err := ev.Evaluate(cp)
+	out, err := evaluatePhased(ev, cp, e.st.BootstrapPhases, e.keys.waitSeconds)
 	if err != nil {
 		return nil, err
 	}

@@ -241,4 +241,28 @@ func TestBootVariantsLogN12(t *testing.T) {
 	if len(r.Stats.BootstrapKinds) != 7 || r.Stats.BootstrapKinds[0] != "full" || r.Stats.BootstrapKinds[3] != "p6" {
 		t.Errorf("bootstrap kinds %v", r.Stats.BootstrapKinds)
 	}
+	// the six sparse bootstraps are timed by phase (bootphase.go), inside their instructions
+	ph := r.Stats.BootstrapPhases
+	if ph == nil || ph.Count != 6 {
+		t.Fatalf("bootstrap phases %+v, want 6 sparse bootstraps", ph)
+	}
+	var phases, sparse float64
+	for _, name := range bootPhaseNames {
+		if ph.Seconds[name] <= 0 || ph.CPUSeconds[name] <= 0 {
+			t.Errorf("phase %s: %g s, %g s CPU", name, ph.Seconds[name], ph.CPUSeconds[name])
+		}
+		phases += ph.Seconds[name]
+	}
+	for i, kd := range r.Stats.BootstrapKinds {
+		if kd != "full" {
+			sparse += r.Stats.BootstrapSeconds[i]
+		}
+	}
+	if phases > sparse {
+		t.Errorf("the phases sum to %g s, more than the sparse bootstrap instructions' %g s", phases, sparse)
+	}
+	t.Logf("phases %v (cpu %v, key waits %v); eval cpu %+v", ph.Seconds, ph.CPUSeconds, ph.KeyWait, *r.Stats.EvalCPU)
+	if c := r.Stats.EvalCPU; c == nil || c.UserSeconds <= 0 || c.GCCycles == 0 {
+		t.Errorf("eval_cpu %+v: no CPU time or GC cycle counted", c)
+	}
 }

@@ -82,6 +82,9 @@ def test_small_model_modelled_and_measured_on_lattigo(cli: Cli, tmp_path: Path) 
     assert [e["run"] for e in m["evaluations"]] == [0, 1] and not any(e["matrices_built"] for e in m["evaluations"])
     assert m["per_sample_seconds_with_matrices"] == pytest.approx(m["per_sample_seconds"])
     assert row["published"] == [] and row["network"] is None  # no published figures for this graph
+    # where the time went: no bootstrap to split into phases; the process's CPU over the run
+    assert m["bootstrap_phases"] is None
+    assert m["eval_cpu"]["user_seconds"] > 0 and m["eval_cpu"]["gc_cycles"] >= 0
 
 
 @needs_lattigo
