@@ -531,6 +531,13 @@ func testBootSetup(t *testing.T) *evalSetup {
 	return bootSetupOf(t, testBootParams)
 }
 
+// bootSetupAtLogN is the evaluation setup of the test bootstrapping params at log N logN.
+func bootSetupAtLogN(t *testing.T, logN int) *evalSetup {
+	t.Helper()
+	return bootSetupOf(t, strings.Replace(testBootParams, `"log_n": 14, "slots": 8192`,
+		fmt.Sprintf(`"log_n": %d, "slots": %d`, logN, 1<<(logN-1)), 1))
+}
+
 // bootSetupOf is the evaluation setup of a plan's params object.
 func bootSetupOf(t *testing.T, params string) *evalSetup {
 	t.Helper()

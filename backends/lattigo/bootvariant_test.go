@@ -93,15 +93,7 @@ func TestMeasureBootVariants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	params := strings.Replace(testBootParams, `"log_n": 14, "slots": 8192`, fmt.Sprintf(`"log_n": %d, "slots": %d`, logN, 1<<(logN-1)), 1)
-	var pp planParams
-	if err := json.Unmarshal([]byte(params), &pp); err != nil {
-		t.Fatal(err)
-	}
-	setup, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := bootSetupAtLogN(t, logN)
 	bp := setup.params
 	lq, lp := bp.MaxLevel(), bp.MaxLevelP()
 	keyBytes := rlwe.NewGaloisKey(bp, rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &lp}).BinarySize()

@@ -1,8 +1,6 @@
 package slotlattigo
 
 import (
-	"encoding/json"
-	"fmt"
 	"math"
 	"math/rand"
 	"os"
@@ -27,18 +25,19 @@ func TestMeasureDFTRatio(t *testing.T) {
 		t.Skip("set SLOTLATTIGO_DFT_RATIO=<logN>:<k>:<r>,<r>,... to measure")
 	}
 	f := strings.Split(spec, ":")
-	logN, _ := strconv.Atoi(f[0])
-	k, _ := strconv.Atoi(f[1])
-	params := strings.Replace(testBootParams, `"log_n": 14, "slots": 8192`, fmt.Sprintf(`"log_n": %d, "slots": %d`, logN, 1<<(logN-1)), 1)
-	var pp planParams
-	if err := json.Unmarshal([]byte(params), &pp); err != nil {
-		t.Fatal(err)
+	if len(f) != 3 {
+		t.Fatalf("SLOTLATTIGO_DFT_RATIO=%q: want <logN>:<k>:<r>,<r>,...", spec)
 	}
-	setup, err := pp.setup()
-	if err != nil {
-		t.Fatal(err)
+	var ratios []int
+	for _, x := range append(f[:2:2], strings.Split(f[2], ",")...) {
+		v, err := strconv.Atoi(x)
+		if err != nil {
+			t.Fatalf("SLOTLATTIGO_DFT_RATIO=%q: %v", spec, err)
+		}
+		ratios = append(ratios, v)
 	}
-	btp, err := variantBootParameters(setup, k)
+	logN, k, ratios := ratios[0], ratios[1], ratios[2:]
+	btp, err := variantBootParameters(bootSetupAtLogN(t, logN), k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +72,7 @@ func TestMeasureDFTRatio(t *testing.T) {
 		return out
 	}
 	var ref [2][]complex128
-	for _, rs := range strings.Split(f[2], ",") {
-		r, _ := strconv.Atoi(rs)
+	for _, r := range ratios {
 		c2s, s2c := btp.CoeffsToSlotsParameters, btp.SlotsToCoeffsParameters
 		c2s.LogBSGSRatio, s2c.LogBSGSRatio = r, r
 		galEls := append(append(c2s.GaloisElements(bp), s2c.GaloisElements(bp)...), bp.GaloisElementForComplexConjugation())
