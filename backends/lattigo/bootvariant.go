@@ -114,14 +114,15 @@ func (p *plan) bootVariantsUsed() map[int]int {
 }
 
 // sparseDFTBSGSRatio is the log2 ratio of baby to giant steps of a sparse variant's DFT
-// matrices (CoeffsToSlots and SlotsToCoeffs; Lattigo's own parameters use 1). Measured at
-// n16boot (TestMeasureDFTRatio, keys resident, one core, thread CPU, 2026-11-27): at 2^14
-// slots ratio 1 / 2 / 3 take CoeffsToSlots 13.96 / 10.74 / 10.33 s and SlotsToCoeffs 6.05 /
-// 5.93 / 4.46 s with 48 / 47 / 59 Galois keys; at 2^13 slots 10.12 / 9.29 / 9.17 s and
-// 6.02 / 4.60 / 3.97 s with 40 / 41 / 52 keys. A giant step is a whole key switch (a
-// decomposition), a baby step a hoisted one: 2 takes most of the saving without the dozen
-// more keys (1.9 GB each variant at log N 16) that 3 asks the key stream and disk for.
-const sparseDFTBSGSRatio = 2
+// matrices (CoeffsToSlots and SlotsToCoeffs): Lattigo's own 1. Measured at n16boot
+// (TestMeasureDFTRatio, keys resident, one core, thread CPU, 2026-11-27): at 2^14 slots
+// ratio 1 / 2 / 3 take CoeffsToSlots 13.96 / 10.74 / 10.33 s and SlotsToCoeffs 6.05 / 5.93
+// / 4.46 s with 48 / 47 / 59 Galois keys; at 2^13 slots 10.12 / 9.29 / 9.17 s and 6.02 /
+// 4.60 / 3.97 s with 40 / 41 / 52 keys. Ratio 2 was tried and reverted (docs/lattigo.md):
+// its keys are other offsets, with which the ONNX ResNet-20 plan's key schedule no longer
+// fit 12 GiB with variants (1049 s with 20 full bootstraps against 869 s), while the
+// ResNet-20 run that kept its variants did not get measurably faster.
+const sparseDFTBSGSRatio = 1
 
 // variantBootParameters builds the bootstrapping parameters at 2^k slots of a setup's
 // literal (the same residual chain); their bootstrapping chain must be the full-slot
