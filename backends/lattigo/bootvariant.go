@@ -366,8 +366,9 @@ func (e *executor) sparseBootstrap(ev *bootstrapping.Evaluator, ct *rlwe.Ciphert
 	// the imaginary half by a rotation of 2^LogSlots): label it sparse; the trace makes it so
 	cp.LogDimensions.Cols = k
 	// Evaluate (here phase by phase: evaluatePhased), not Bootstrap: in Lattigo v6.1.1
-	// Bootstrap (BootstrapMany's packing) returns wrong values for a sparse ciphertext when both rings have the same degree (Lattigo
-	// issue #505, fixed after v6.1.1; measured here: every slot wrong at log N 12 and 14)
+	// Bootstrap (BootstrapMany's packing) returns wrong values for a sparse ciphertext when
+	// both rings have the same degree (Lattigo issue #505, fixed after v6.1.1; measured
+	// here: every slot wrong at log N 12 and 14)
 	out, err := evaluatePhased(ev, cp, e.st.BootstrapPhases, e.keys.waitSeconds)
 	if err != nil {
 		return nil, err
