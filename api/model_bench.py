@@ -167,7 +167,46 @@ def modelled(plan: Mapping[str, Any]) -> dict[str, Any]:
         "other_seconds": round(mt.compute_ms / 1e3 - boots - fused, 3),
         "time_model": tm.source,
         "conditions": vars(run) | {"preload_prologue": False},
+        **table_cpu(tm),
     }
+
+
+def table_cpu(tm: Any) -> dict[str, Any]:
+    """The CPU the time model's table was measured on, and whether it is this machine's
+    (``backends.calibrate.same_cpu``: None when the table predates the CPU identity). A
+    table measured on another CPU prices this one only approximately: these VMs' "AMD EPYC"
+    is a Zen 4 with AVX-512 on some days and a Zen 3 without it on others."""
+    from backends.calibrate import cpu_identity, same_cpu
+
+    machine = (tm.table.measurements or {}).get("machine") if tm.table is not None else None
+    if not isinstance(machine, Mapping):
+        return {"table_cpu": None, "table_cpu_matches": None}
+    keys = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_flags", "product_kernel", "date")
+    return {"table_cpu": {k: machine[k] for k in keys if k in machine},
+            "table_cpu_matches": same_cpu(machine, cpu_identity())}
+
+
+def table_cpu_warning(md: Mapping[str, Any]) -> str | None:
+    """One line when the modelled seconds come from a table measured on another CPU (or one
+    that does not say which), None when it is this machine's CPU."""
+    match = md.get("table_cpu_matches")
+    if match:
+        return None
+    cpu = md.get("table_cpu") or {}
+    from backends.calibrate import cpu_identity
+
+    here = cpu_identity()
+
+    def name(c: Mapping[str, Any]) -> str:
+        fam = f" family {c['cpu_family']} model {c['cpu_model_number']}" if "cpu_family" in c else ""
+        return f"{c.get('cpu_model', '?')}{fam} [{' '.join(c.get('cpu_flags') or [])}]"
+
+    if match is None:
+        return (f"{md.get('time_model')}: measured on {cpu.get('cpu_model', 'an unrecorded CPU')} "
+                f"({cpu.get('date', 'undated')}) without its family/model; this machine is {name(here)}: "
+                "the modelled seconds may be another CPU's (slotplan calibrate re-measures them here)")
+    return (f"{md.get('time_model')}: measured on {name(cpu)} ({cpu.get('date', 'undated')}), this machine is "
+            f"{name(here)}: the modelled seconds are another CPU's (slotplan calibrate re-measures them here)")
 
 
 def keep_all_load_ms(program: Sequence[Mapping[str, Any]], params: Any, tm: Any, matrices_only: bool = False) -> float:
@@ -670,6 +709,9 @@ def print_rows(rows: Sequence[Mapping[str, Any]]) -> None:
     for r in rows:
         if not r["security"]["secure"]:
             out.print(f"[red]warning[/red]: {escape(r['graph'])}: {escape(r['security']['line'])}")
+        cpu_line = table_cpu_warning(r["modelled"])
+        if cpu_line:
+            out.print(f"[yellow]warning[/yellow]: {escape(r['graph'])}: {escape(cpu_line)}")
         if not r["published"] and "orion" not in r:
             continue
         p = Table(title=escape(f"{r['graph']}: per image, published (NOT measured here) and measured in this job"))

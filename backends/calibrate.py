@@ -63,8 +63,10 @@ __all__ = [
     "calibrate",
     "cost_table",
     "default_path",
+    "cpu_identity",
     "machine_info",
     "measure",
+    "same_cpu",
     "write_table",
 ]
 
@@ -75,22 +77,58 @@ _MS = 1000.0
 _DIGITS = 5  # 10 ns resolution in milliseconds
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model (/proc/cpuinfo), core count, OS and Python version of this machine."""
-    cpu = platform.processor() or "unknown"
+# the vector extensions a table's prices depend on: Lattigo's Go code runs scalar, but the
+# product kernel (backends/lattigo/product.go) takes AVX-512 IFMA where the CPU has it, and a
+# CPU with AVX-512 is a later core generation than one with AVX2 only (the "AMD EPYC" of
+# these VMs is a Zen 3 without AVX-512 on some days and a Zen 4 with it on others)
+CPU_FLAGS_RECORDED = ("avx2", "avx512f", "avx512ifma", "sha_ni", "vaes")
+
+
+def cpu_identity() -> dict[str, Any]:
+    """This CPU as /proc/cpuinfo names it: model name, family, model and stepping numbers and
+    the recorded vector extensions (``CPU_FLAGS_RECORDED``); a cost table measured on one
+    identity prices another CPU only approximately (:func:`same_cpu`)."""
+    ident: dict[str, Any] = {"cpu_model": platform.processor() or "unknown"}
     try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        pass
+        return ident
+    first = dict(line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line)
+    first = {k.strip().lower(): v.strip() for k, v in first.items()}
+    if "model name" in first:
+        ident["cpu_model"] = first["model name"]
+    for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model_number"), ("stepping", "cpu_stepping")):
+        if key in first:
+            ident[name] = _int_or(first[key])
+    flags = set(first.get("flags", "").split())
+    ident["cpu_flags"] = [f for f in CPU_FLAGS_RECORDED if f in flags]
+    return ident
+
+
+def _int_or(value: str) -> int | str:
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def same_cpu(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool | None:
+    """Whether two machine records name the same CPU (model name, family, model, stepping and
+    recorded flags); None when either record predates the identity (only a model name)."""
+    if not a or not b or "cpu_family" not in a or "cpu_family" not in b:
+        return None
+    keys = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_flags")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU identity (:func:`cpu_identity`), core count, OS and Python version of this machine."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = []
     return {
-        "cpu_model": cpu,
+        **cpu_identity(),
         "cpu_count": os.cpu_count(),
         "loadavg_1_5_15": load,
         "platform": platform.platform(),

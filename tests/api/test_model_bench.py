@@ -137,6 +137,17 @@ def test_dry_run_prices_a_bootstrapping_plan_at_n16boot(cli: Cli, tmp_path: Path
     assert parts + md["stall_seconds"] == pytest.approx(md["total_seconds"], abs=0.01)
     if available():
         assert row["process_model"]["growth"] > 7e9  # the bootstrapping keys alone are 7.9 GB
+    # the table's CPU is reported, and a table from another CPU (or one that does not say) warned
+    from api.model_bench import table_cpu_warning
+    from backends.calibrate import cpu_identity
+
+    assert "table_cpu" in md and md["table_cpu_matches"] in (True, False, None)
+    assert (table_cpu_warning(md) is None) == bool(md["table_cpu_matches"])
+    here = cpu_identity() | {"date": "2026-11-27T00:00:00Z"}
+    assert table_cpu_warning({"table_cpu": here, "table_cpu_matches": True}) is None
+    other = here | {"cpu_model_number": -1}
+    line = table_cpu_warning({"time_model": "cost table x", "table_cpu": other, "table_cpu_matches": False})
+    assert line and "model -1" in line and "another CPU" in line and "slotplan calibrate" in line
 
 
 def test_published_figures_cite_their_sources() -> None:

@@ -83,6 +83,11 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     assert m["key_read_keys"] == m["block_keys"]
     mc = m["machine"]
     assert mc["cpu_model"] and mc["go_version"].startswith("go") and mc["date"]
+    # the CPU's identity, so a table measured on another CPU is told apart (model-bench warns)
+    from backends.calibrate import CPU_FLAGS_RECORDED, cpu_identity, same_cpu
+
+    assert {k: mc[k] for k in cpu_identity()} == cpu_identity()
+    assert set(mc["cpu_flags"]) <= set(CPU_FLAGS_RECORDED) and same_cpu(mc, cpu_identity())
     assert m["samples_ms"]["once"]["keygen_galois"]
 
 
@@ -337,3 +342,17 @@ def test_bootstrap_weight_in_the_table(n12, n12_measured) -> None:  # noqa: ANN0
     assert b["evaluation_key_bytes"] == 1455522709 and b["matrix_bytes"] == 461666240
     top = str(raw["max_level"])
     assert b["rotations_per_bootstrap"] == round(4.25 / raw["per_level"][top]["rotate"]["median"], 1)
+
+
+def test_same_cpu_tells_generations_apart() -> None:
+    """Two "AMD EPYC" records differ by family/model/flags (a Zen 3 without AVX-512 against a
+    Zen 4 with it); a record with only the model name cannot be compared."""
+    from backends.calibrate import same_cpu
+
+    zen3 = {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 1, "cpu_stepping": 1,
+            "cpu_flags": ["avx2", "sha_ni", "vaes"], "cpu_count": 2, "date": "2026-11-27"}
+    zen4 = zen3 | {"cpu_model_number": 17, "cpu_flags": ["avx2", "avx512f", "avx512ifma", "sha_ni", "vaes"]}
+    assert same_cpu(zen3, dict(zen3, date="2026-11-28", cpu_count=16)) is True  # date, cores do not matter
+    assert same_cpu(zen3, zen4) is False
+    assert same_cpu(zen3, dict(zen3, cpu_flags=["avx2"])) is False
+    assert same_cpu({"cpu_model": "AMD EPYC"}, zen3) is None and same_cpu(None, zen3) is None
