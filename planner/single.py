@@ -90,14 +90,24 @@ def plan_single(
                         if not sol.variants:
                             raise err from None
                         # issue 36: the bootstrap variants' keys and DFT matrices do not fit
-                        # the cap: the full-slot plan (its options say boot_variants false), with why
-                        res = plan_single(graph, params, replace(options, boot_variants=False), record_timings,
-                                          wall_limit_s, wall_started)
+                        # the cap: the plan without the variants worth the least per byte
+                        # (their slot counts left out of the options' boot_variant_slots),
+                        # and without any (the full-slot plan, its options say boot_variants
+                        # false) when none is left; with why
+                        kept, dropped = _variants_within(plan, params, err.min_cap, err.cap, options.boot_variant_slots)
+                        if kept:
+                            slim = replace(options, boot_variant_slots=kept)
+                            why = (f"bootstrap variants at {', '.join(f'2^{k}' for k in dropped)} slots not used: "
+                                   f"with them the plan needs at least {err.min_cap} bytes, above the memory cap "
+                                   f"(their keys and DFT matrices join the key block 'boot')")
+                        else:
+                            slim = replace(options, boot_variants=False, boot_variant_slots=None)
+                            why = (f"bootstrap variants not used: with them the plan needs at least {err.min_cap} "
+                                   f"bytes, above the memory cap (their keys and DFT matrices join the key block 'boot')")
+                        res = plan_single(graph, params, slim, record_timings, wall_limit_s, wall_started)
                         bt = res.plan["summary"].get("bootstrapping")
                         if bt is not None:
-                            bt.setdefault("warnings", []).append(
-                                f"bootstrap variants not used: with them the plan needs at least {err.min_cap} "
-                                f"bytes, above the memory cap (their keys and DFT matrices join the key block 'boot')")
+                            bt.setdefault("warnings", []).insert(0, why)
                         return res
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
@@ -111,6 +121,45 @@ def plan_single(
         plan["summary"]["solver"]["seconds"] = round(sol.seconds, 6)
         plan["summary"]["plan_seconds"] = round(seconds, 6)
     return PlanResult(plan, tables, sol, problem, seconds, claims)
+
+
+def _variants_within(plan: dict[str, Any], params: Params, need: int, cap: int,
+                     allowed: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The variant slot counts a capped plan may still use (and those it drops) when with
+    its variants it needs ``need`` bytes, more than ``cap``. Each variant adds its keys and
+    DFT matrices to the block (``boot_block.added_bytes``). Dropped: every variant that adds
+    more than the room the plan leaves for variants (the cap less what the plan needs
+    without the variants it uses), which fits no plan; then, of the variants the plan uses,
+    those with the least modelled saving against the full-slot bootstrap per byte, until
+    the bytes dropped cover the excess. Every other slot count ``allowed`` (None: all the
+    params offer) stays a choice. The plan without the dropped ones is planned again, and
+    drops more the same way if it still does not fit: each step leaves out one slot count
+    or more, so the ladder ends, at worst in the full-slot plan."""
+    from planner.assign.boot_variants import Variant
+    from planner.ir import boot_block
+
+    offered = {v.log_slots: v for v in params.boot.variants} if params.boot is not None else {}
+    choice = set(offered) if allowed is None else set(allowed) & set(offered)
+    used = {v.log_slots for v in boot_block.variants_used(plan["program"], params)}
+    if not used:  # no variant in the plan: nothing of theirs to leave out but all
+        return (), ()
+    size = {k: max(1, boot_block.added_bytes(params, [offered[k]])) for k in choice | used}
+    saving: dict[int, float] = dict.fromkeys(used, 0.0)
+    for r in ((plan.get("summary") or {}).get("bootstrapping") or {}).get("per_bootstrap") or []:
+        v = Variant.parse(str(r.get("variant")))
+        if v is not None and v.log_slots in saving:
+            saving[v.log_slots] += float(r.get("saving_seconds") or 0.0)
+    room = cap - (need - boot_block.added_bytes(params, [offered[k] for k in sorted(used)]))
+    dropped = {k for k in choice | used if size[k] > room}
+    freed = sum(size[k] for k in dropped & used)
+    for k in sorted(used - dropped, key=lambda k: (saving[k] / size[k], k)):
+        if freed >= need - cap:
+            break
+        dropped.add(k)
+        freed += size[k]
+    if not dropped & used:  # (the bytes are estimates: leave one out whatever they say)
+        dropped.add(min(used, key=lambda k: (saving[k] / size[k], k)))
+    return tuple(sorted(choice - dropped)), tuple(sorted(dropped & (choice | used)))
 
 
 def _solved(graph: Graph, params: Params, options: PlanOptions, claims: list[LayoutClaim],

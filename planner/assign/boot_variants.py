@@ -23,7 +23,7 @@ scaled down before a bootstrap are scaled by ``1/s`` (``s``: the node's bootstra
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -68,12 +68,16 @@ def instructions(kind: str, n_ct: int) -> dict[str, int]:
     return {kind: n_ct}
 
 
-def priced(costs: CostTable, params: Params, enabled: bool = True) -> dict[str, float]:
-    """The variants the choice model may use: offered by the params and priced by the
-    table (label -> table units per instruction)."""
+def priced(costs: CostTable, params: Params, enabled: bool = True,
+           slots: Collection[int] | None = None) -> dict[str, float]:
+    """The variants the choice model may use: offered by the params, priced by the table
+    and, with ``slots`` (``PlanOptions.boot_variant_slots``), at one of those slot counts
+    (label -> table units per instruction)."""
     if not enabled or params.boot is None or not costs.boot_variants:
         return {}
     offered = {v.log_slots for v in params.boot.variants}
+    if slots is not None:
+        offered &= set(slots)
     shift = params.variant_shift  # a batch's block ring: the table prices the real ring's variant
     out = {}
     for label, w in sorted(costs.boot_variants.items()):

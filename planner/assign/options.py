@@ -74,6 +74,10 @@ class PlanOptionsLiteral(BaseModel):
     # where the params offer them and the cost table prices them; false: the full-slot
     # bootstrap only
     boot_variants: bool = True
+    # the variants' slot counts (log2) the choice model may use; unset: every one the
+    # params offer. A capped plan whose variants' keys and DFT matrices do not fit sets it
+    # itself, dropping variants until they do (planner/single.py), and records it here
+    boot_variant_slots: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class PlanOptions:
     # batched plans (planner/batch.py): the dense route also where it gains room for copies
     densify_room: bool = False
     boot_variants: bool = True
+    boot_variant_slots: tuple[int, ...] | None = None
 
     @staticmethod
     def from_literal(lit: PlanOptionsLiteral) -> PlanOptions:
@@ -122,6 +127,7 @@ class PlanOptions:
             packing=lit.packing,
             batch=lit.batch,
             boot_variants=lit.boot_variants,
+            boot_variant_slots=None if lit.boot_variant_slots is None else tuple(sorted(set(lit.boot_variant_slots))),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -149,6 +155,8 @@ class PlanOptions:
             out["batch"] = self.batch
         if not self.boot_variants:  # only when off: other plans stay byte-identical
             out["boot_variants"] = False
+        if self.boot_variant_slots is not None:  # only when restricted (the same)
+            out["boot_variant_slots"] = list(self.boot_variant_slots)
         return out
 
     def with_packing(self) -> PlanOptions:

@@ -87,6 +87,12 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions, least_memo
     the cap (the plan whose smallest feasible cap a refusal names, planner/single.py)."""
     S = params.slots
     options = resolve_objective(options.with_packing(), params)
+    if options.boot_variant_slots is not None:
+        offered = sorted(v.log_slots for v in params.boot.variants) if params.boot is not None else []
+        unknown = [k for k in options.boot_variant_slots if k not in offered]
+        if unknown:
+            raise PlanError(f"options.boot_variant_slots: {unknown[0]} is not the log2 slot count of a bootstrap "
+                            f"variant these params offer (offered: {', '.join(map(str, offered)) or 'none'})")
     costs = load_costs(options.costs)
     tm = TimeModel(costs)  # the objective's prices (planner.cost.timing)
     free = options.input_layout == "free"
@@ -122,7 +128,8 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions, least_memo
     boot_unknown: dict[str, str] = {}
     half_scales: dict[str, int] = {}
     # (complex-packed plans keep the full-slot bootstrap: a variant refreshes real values only)
-    prices = boot_variants.priced(costs, params, options.boot_variants and options.packing == "real")
+    prices = boot_variants.priced(costs, params, options.boot_variants and options.packing == "real",
+                                  options.boot_variant_slots)
     fused = costs.weights.fused  # price what the Lattigo executor fuses (Candidate.cost)
     for node in graph.nodes:
         cs = cands[node.id]

@@ -252,6 +252,47 @@ def test_variants_that_do_not_fit_the_cap_give_the_full_slot_plan(tmp_path: Path
     check_plan(res, g)
 
 
+def test_a_variant_the_cap_cannot_hold_gives_way_to_one_it_can(tmp_path: Path) -> None:
+    """The variants the free plan uses get DFT matrices no cap here holds; the cap is what
+    the plan with the other variants needs. The capped plan leaves the big ones out
+    (``options.boot_variant_slots``, recorded in the plan), still uses a variant, says which
+    slot counts it dropped and why, stays under the cap and simulates; the option given
+    directly plans the same, and a slot count the params do not offer is refused."""
+    from planner.assign.candidates import PlanError
+    from planner.frontend.params import Params
+
+    g, pinned = random_graph(1)
+    c = variant_costs(tmp_path, "n14boot-lattigo", placeholder_prices(FULL_MS, KS, PARAMS.slots))
+    free = plan(g, c, pinned)
+    big_ks = {v.log_slots for v in boot_block.variants_used(free.plan["program"], PARAMS)}
+    assert big_ks and set(KS) - big_ks
+    raw = PARAMS.to_json()
+    for v in raw["boot"]["variants"]:  # type: ignore[index]
+        if v["log_slots"] in big_ks:
+            v["matrix_bytes"] = 8 * 2**30
+    big = Params.from_json(raw)
+    rest = tuple(sorted(set(KS) - big_ks))
+
+    def at(params: Params, **opts: Any) -> Any:
+        return plan_graph(g, params, PlanOptions(costs=c, allow_insecure=True, time_limit_s=120.0,
+                                                 input_layouts=tuple(sorted(pinned.items())), **opts))
+
+    slim = at(big, boot_variant_slots=rest)
+    slim_used = {v.log_slots for v in boot_block.variants_used(slim.plan["program"], big)}
+    assert slim_used and slim_used <= set(rest) and slim.plan["options"]["boot_variant_slots"] == list(rest)
+    cap = slim.plan["summary"]["peak_bytes"]["total"]
+    res = at(big, memory_cap_bytes=cap)
+    s = res.plan["summary"]
+    assert res.plan["options"]["boot_variant_slots"] == list(rest) and "boot_variants" not in res.plan["options"]
+    used = {v.log_slots for v in boot_block.variants_used(res.plan["program"], big)}
+    assert used and not used & big_ks and s["peak_bytes"]["total"] <= cap
+    dropped = ", ".join(f"2^{k}" for k in sorted(big_ks))
+    assert any(w.startswith(f"bootstrap variants at {dropped} slots not used") for w in s["bootstrapping"]["warnings"])
+    check_plan(res, g)
+    with pytest.raises(PlanError, match=r"options.boot_variant_slots: 3 is not .* \(offered: 5, 6, 10, 12\)"):
+        at(big, boot_variant_slots=(3, 5))
+
+
 def test_time_model_prices_each_variant_instruction(costs: str) -> None:
     """TimeModel.instr: a variant instruction at its boot_variants price, the full bootstrap
     at weights.bootstrap, a variant the table does not price at the full one's; a plan's
