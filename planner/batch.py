@@ -294,9 +294,17 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
         "program": program,
     }
     if options.memory_cap_bytes is not None:
+        from planner.keys.profile import KeyCapError
         from planner.keys.schedule import schedule_plan
 
-        plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", process=True, time_limit_s=options.time_limit_s)
+        try:
+            plan, _ = schedule_plan(plan, options.memory_cap_bytes, "joint", process=True,
+                                    time_limit_s=options.time_limit_s)
+        except KeyCapError as err:
+            # the bootstrap variants' keys and DFT matrices do not fit the cap: leave out
+            # those worth the least per byte and plan again, as planner.single does
+            return _without_variants(graph, params, options, small, block, err, record_timings, wall_limit_s,
+                                     wall_started)
     seconds = plan_seconds_model(plan, params)
     plan["summary"]["batch"] = options.batch
     plan["summary"]["per_sample"] = {
@@ -305,6 +313,37 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
     }
     annotate(plan)  # the batched program's fused blocks (planner.ir.fused_plan)
     return PlanResult(plan, tables, res.solution, res.problem, res.seconds, claims, info)
+
+
+def _without_variants(graph: Graph, params: Params, options: PlanOptions, small: Mapping[str, Any], block: Params,
+                      err: Exception, record_timings: bool, wall_limit_s: float | None,
+                      wall_started: float | None) -> PlanResult:
+    """A batched plan whose key schedule does not fit the cap: without the bootstrap
+    variants ``planner.single._variants_within`` leaves out (slot counts of the block
+    ring, as the small plan's options take them), or without any when none is left; the
+    error again when the small plan used none."""
+    from planner.ir import boot_block
+    from planner.keys.profile import KeyCapError
+    from planner.single import _variants_within
+
+    assert isinstance(err, KeyCapError)
+    if not boot_block.variants_used(small["program"], block):
+        raise err
+    kept, dropped = _variants_within(dict(small), block, err.min_cap, err.cap, options.boot_variant_slots)
+    if kept:
+        slim = replace(options, boot_variant_slots=kept)
+        why = (f"bootstrap variants at {', '.join(f'2^{k + block.variant_shift}' for k in dropped)} slots not used: "
+               f"with them the plan needs at least {err.min_cap} bytes, above the memory cap (their keys and DFT "
+               "matrices join the key block 'boot')")
+    else:
+        slim = replace(options, boot_variants=False, boot_variant_slots=None)
+        why = (f"bootstrap variants not used: with them the plan needs at least {err.min_cap} bytes, above the "
+               "memory cap (their keys and DFT matrices join the key block 'boot')")
+    res = plan_batched(graph, params, slim, record_timings, wall_limit_s, wall_started)
+    bt = res.plan["summary"].get("bootstrapping")
+    if bt is not None:
+        bt.setdefault("warnings", []).insert(0, why)
+    return res
 
 
 def _output_regs(program: list[dict[str, Any]], graph: Graph) -> dict[str, list[str]]:

@@ -289,6 +289,14 @@ def test_a_variant_the_cap_cannot_hold_gives_way_to_one_it_can(tmp_path: Path) -
     dropped = ", ".join(f"2^{k}" for k in sorted(big_ks))
     assert any(w.startswith(f"bootstrap variants at {dropped} slots not used") for w in s["bootstrapping"]["warnings"])
     check_plan(res, g)
+    # a batched plan (planned without the cap, then scheduled under it) leaves them out the
+    # same way: 4 GiB hold the process with the other variants, not with an 8 GiB one
+    bat = at(big, memory_cap_bytes=4 * 2**30, batch=1)
+    assert bat.plan["options"]["boot_variant_slots"] == list(rest) and bat.plan["summary"]["batch"] == 1
+    assert {v.log_slots for v in boot_block.variants_used(bat.plan["program"], big)} <= set(rest)
+    assert bat.plan["summary"]["process_peak_bytes"]["total"] <= 4 * 2**30
+    assert any(w.startswith(f"bootstrap variants at {dropped} slots not used")
+               for w in bat.plan["summary"]["bootstrapping"]["warnings"])
     with pytest.raises(PlanError, match=r"options.boot_variant_slots: 3 is not .* \(offered: 5, 6, 10, 12\)"):
         at(big, boot_variant_slots=(3, 5))
 
