@@ -121,8 +121,22 @@ def same_cpu(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool |
     return all(a.get(k) == b.get(k) for k in keys)
 
 
+def transparent_huge_pages() -> str | None:
+    """The kernel's transparent huge page mode (always, madvise or never:
+    /sys/kernel/mm/transparent_hugepage/enabled), None where it does not say. Go's heap
+    asks for none, so under ``madvise`` (a common default) every page of the keys, DFT
+    matrices and ciphertexts is 4 KiB (docs/lattigo.md, "Huge pages")."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    chosen = [w[1:-1] for w in text.split() if w.startswith("[") and w.endswith("]")]
+    return chosen[0] if chosen else None
+
+
 def machine_info() -> dict[str, Any]:
-    """CPU identity (:func:`cpu_identity`), core count, OS and Python version of this machine."""
+    """CPU identity (:func:`cpu_identity`), core count, transparent huge pages, OS and Python
+    version of this machine."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -130,6 +144,7 @@ def machine_info() -> dict[str, Any]:
     return {
         **cpu_identity(),
         "cpu_count": os.cpu_count(),
+        "transparent_hugepage": transparent_huge_pages(),
         "loadavg_1_5_15": load,
         "platform": platform.platform(),
         "python": platform.python_version(),

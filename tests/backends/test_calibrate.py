@@ -88,6 +88,7 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
 
     assert {k: mc[k] for k in cpu_identity()} == cpu_identity()
     assert set(mc["cpu_flags"]) <= set(CPU_FLAGS_RECORDED) and same_cpu(mc, cpu_identity())
+    assert mc["transparent_hugepage"] in ("always", "madvise", "never", None)
     assert m["samples_ms"]["once"]["keygen_galois"]
 
 
