@@ -34,8 +34,9 @@ encoding times, the block's bytes, each bootstrap's max abs error, and the memor
 bootstrap: the heap's peak above its start (``transient_bytes``) and the bytes it allocates
 (``alloc_bytes``), measured at GOGC 0 (the process model, backends/lattigo_memory.py).
 
-``measurements`` keeps every median (per level: rotate, rotate_hoisted_1/B, pmul, encode,
-add, cmul_relin, rescale, and encode_prec53 when log_scale > 53, where Lattigo's default
+``measurements`` keeps every median (per level: rotate, rotate_hoisted_1/B, pmul, encode
+(the executor's encoding, backends/lattigo/encode.go) and encode_lattigo (Lattigo's
+``Encoder.Encode``, which allocates per coefficient), add, cmul_relin, rescale, and encode_prec53 when log_scale > 53, where Lattigo's default
 encoder switches to a big-float FFT (``encoding_precision_bits``); once: poly3, encrypt, decrypt, keygen_galois, keygen_relin,
 key_read_file, key_unmarshal), the raw samples, key and ciphertext sizes, and the machine
 (CPU model from /proc/cpuinfo, Go and Lattigo versions, date).

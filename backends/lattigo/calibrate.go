@@ -37,8 +37,12 @@ import (
 //	rotate_hoisted_1  eval.RotateHoisted with 1 offset
 //	rotate_hoisted_B  eval.RotateHoisted with B offsets (one decomposition, B outputs)
 //	pmul              eval.Mul by a plaintext encoded beforehand (scale q_level)
-//	encode            ckks.Encoder.Encode of a random length-slots vector at that level
-//	                  (the default encoder: big-float FFT when log_scale > 53)
+//	encode            the executor's encoding (embedder, encode.go) of a random
+//	                  length-slots vector at that level: ckks.Encoder.Encode bit for bit
+//	                  (big-float FFT when log_scale > 53) without its per-coefficient
+//	                  allocations. Before 2026-11-27 this timed ckks.Encoder.Encode itself
+//	                  (now encode_lattigo), which is not what the executor runs
+//	encode_lattigo    ckks.Encoder.Encode, the same vector
 //	encode_prec53     only when log_scale > 53: the same with ckks.NewEncoder(params, 53)
 //	add               eval.Add of two ciphertexts
 //	cmul_relin        eval.MulRelin of two ciphertexts
@@ -394,8 +398,14 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		m := map[string]timing{}
 		key := fmt.Sprint(l)
 		pt := ckks.NewPlaintext(params, l)
-		if m["encode"], err = measure(opt.Repeat, func() error { return ecd.Encode(vals, pt) }); err != nil {
+		// the executor's encoding (encode.go: Lattigo's, bit for bit, without its 2N small
+		// allocations per polynomial), and Lattigo's own for comparison
+		emb := newEmbedder(params, ecd)
+		if m["encode"], err = measure(opt.Repeat, func() error { return emb.encode(vals, pt) }); err != nil {
 			return "", fmt.Errorf("encode at level %d: %w", l, err)
+		}
+		if m["encode_lattigo"], err = measure(opt.Repeat, func() error { return ecd.Encode(vals, pt) }); err != nil {
+			return "", fmt.Errorf("encode_lattigo at level %d: %w", l, err)
 		}
 		if params.EncodingPrecision() > 53 {
 			// ckks.NewEncoder(params) encodes with big floats when log_scale > 53; a

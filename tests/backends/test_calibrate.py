@@ -76,6 +76,8 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     for op in ("keygen_galois", "keygen_relin", "key_read_file", "key_unmarshal", "poly3", "encrypt", "decrypt"):
         assert m["once_ms"][op] > 0, op
     assert m["encode_ms"] > 0
+    # encode times the executor's encoding (encode.go), encode_lattigo Lattigo's Encode
+    assert all(v["encode"] > 0 and v["encode_lattigo"] > 0 for v in m["per_level_ms"].values())
     assert m["galois_key_bytes"] > 0
     # the block primitives cycle through keys whose bytes reach 256 MiB (calibrate.go)
     assert m["block_keys"] == min(64, max(m["hoist_batch"], -(-(256 << 20) // m["galois_key_bytes"])))
