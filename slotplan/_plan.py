@@ -19,7 +19,7 @@ from common.errors import PlanFileError, SlotplanError
 # the options plan() passes to planner.pipeline.PlanOptionsLiteral (same names)
 _PLAN_OPTIONS = ("solver", "time_limit_s", "memory_cap_bytes", "kernels", "input_layout", "input_layouts",
                  "costs", "objective", "clean_outputs", "allow_insecure", "cins", "cins_decompose", "packing",
-                 "batch")
+                 "batch", "boot_variants", "boot_variant_slots")
 # the options that only an ONNX model takes (as `slotplan import`)
 _IMPORT_OPTIONS = ("calibrate", "degree", "max_error", "relu", "margin", "newton", "output", "allow_error")
 

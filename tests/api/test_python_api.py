@@ -47,6 +47,13 @@ def test_plan_is_the_pipelines_plan(tmp_path: Path) -> None:
     assert (tmp_path / "p2.json").read_bytes() == (tmp_path / "p.json").read_bytes()
 
 
+def test_bootstrap_variant_options_are_plan_options() -> None:
+    """``boot_variants`` and ``boot_variant_slots`` reach the planner as in REST and the plan
+    file (docs/python.md), recorded in the plan's options."""
+    p = slotplan.plan(GRAPH, params="n12", boot_variants=False)
+    assert json.loads(p.to_json())["options"]["boot_variants"] is False
+
+
 def test_simulate_against_numpy() -> None:
     p = slotplan.plan(GRAPH, params="n12")
     rng = np.random.default_rng(3)
@@ -60,6 +67,8 @@ def test_simulate_against_numpy() -> None:
     (lambda: slotplan.plan(GRAPH, params="n99"), "params"),
     (lambda: slotplan.plan(GRAPH, params="n12", time_limit_s=-1), "option time_limit_s"),
     (lambda: slotplan.plan(GRAPH, params="n12", degree=3), "degree: only for an ONNX model"),
+    (lambda: slotplan.plan(GRAPH, params="n12", boot_variant_slots=[13]),
+     "options.boot_variant_slots: 13 is not the log2 slot count of a bootstrap variant these params offer (offered: none)"),
     (lambda: slotplan.plan({**GRAPH, "outputs": ["nope"]}, params="n12"), "nope"),
     (lambda: slotplan.plan("/nonexistent/g.json"), "no such file"),
     (lambda: slotplan.plan(42), "expected a graph dict"),
