@@ -359,3 +359,19 @@ def test_same_cpu_tells_generations_apart() -> None:
     assert same_cpu(zen3, zen4) is False
     assert same_cpu(zen3, dict(zen3, cpu_flags=["avx2"])) is False
     assert same_cpu({"cpu_model": "AMD EPYC"}, zen3) is None and same_cpu(None, zen3) is None
+
+
+def test_full_bootstrap_samples_pool_across_variant_runs() -> None:
+    """Each variant run times the full bootstrap; the table's executor median of ``full``
+    pools the runs' samples (on the same CPU) rather than keeping the last run's alone."""
+    from backends.calibrate import pool_full
+
+    old = {"full": {"median_ms": 34939.5, "samples_ms": [36600.0, 33280.0], "bits": 20.97, "max_abs_error": 3e-8},
+           "s13": {"median_ms": 26560.0}}
+    new = {"full": {"median_ms": 39460.0, "samples_ms": [39460.0], "bits": 20.79, "max_abs_error": 4e-8},
+           "s12": {"median_ms": 20620.0}}
+    got = pool_full(old, new)
+    assert got["full"]["samples_ms"] == [36600.0, 33280.0, 39460.0] and got["full"]["median_ms"] == 36600.0
+    assert got["full"]["bits"] == 20.79 and got["full"]["max_abs_error"] == 4e-8
+    assert got["s12"] == new["s12"] and "s13" not in got  # the other kinds are the run's own
+    assert pool_full({}, new) == new and pool_full(old, {"s12": new["s12"]}) == {"s12": new["s12"]}
