@@ -318,32 +318,18 @@ def plan_batched(graph: Graph, params: Params, options: PlanOptions, record_timi
 def _without_variants(graph: Graph, params: Params, options: PlanOptions, small: Mapping[str, Any], block: Params,
                       err: Exception, record_timings: bool, wall_limit_s: float | None,
                       wall_started: float | None) -> PlanResult:
-    """A batched plan whose key schedule does not fit the cap: without the bootstrap
-    variants ``planner.single._variants_within`` leaves out (slot counts of the block
-    ring, as the small plan's options take them), or without any when none is left; the
-    error again when the small plan used none."""
+    """A batched plan whose key schedule does not fit the cap: planned again with fewer
+    bootstrap variants (``planner.single.fewer_variants``, counted on the small plan's
+    block ring, as its options take them); the error again when the small plan used none."""
     from planner.ir import boot_block
     from planner.keys.profile import KeyCapError
-    from planner.single import _variants_within
+    from planner.single import fewer_variants, with_warning
 
     assert isinstance(err, KeyCapError)
     if not boot_block.variants_used(small["program"], block):
         raise err
-    kept, dropped = _variants_within(dict(small), block, err.min_cap, err.cap, options.boot_variant_slots)
-    if kept:
-        slim = replace(options, boot_variant_slots=kept)
-        why = (f"bootstrap variants at {', '.join(f'2^{k + block.variant_shift}' for k in dropped)} slots not used: "
-               f"with them the plan needs at least {err.min_cap} bytes, above the memory cap (their keys and DFT "
-               "matrices join the key block 'boot')")
-    else:
-        slim = replace(options, boot_variants=False, boot_variant_slots=None)
-        why = (f"bootstrap variants not used: with them the plan needs at least {err.min_cap} bytes, above the "
-               "memory cap (their keys and DFT matrices join the key block 'boot')")
-    res = plan_batched(graph, params, slim, record_timings, wall_limit_s, wall_started)
-    bt = res.plan["summary"].get("bootstrapping")
-    if bt is not None:
-        bt.setdefault("warnings", []).insert(0, why)
-    return res
+    slim, why = fewer_variants(small, block, options, err)
+    return with_warning(plan_batched(graph, params, slim, record_timings, wall_limit_s, wall_started), why)
 
 
 def _output_regs(program: list[dict[str, Any]], graph: Graph) -> dict[str, list[str]]:

@@ -5,8 +5,9 @@ schedule under a memory cap).  :mod:`planner.batch` plans B samples on top of it
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import progress
 from planner.assign.candidates import (
@@ -23,6 +24,9 @@ from planner.ir.builder import LazyTables
 from planner.ir.fused_plan import annotate
 from planner.lower.lowering import LayoutClaim, lower_solution
 from solver.model import Solution, Status
+
+if TYPE_CHECKING:
+    from planner.keys.profile import KeyCapError
 
 
 @dataclass
@@ -94,21 +98,9 @@ def plan_single(
                         # (their slot counts left out of the options' boot_variant_slots),
                         # and without any (the full-slot plan, its options say boot_variants
                         # false) when none is left; with why
-                        kept, dropped = _variants_within(plan, params, err.min_cap, err.cap, options.boot_variant_slots)
-                        if kept:
-                            slim = replace(options, boot_variant_slots=kept)
-                            why = (f"bootstrap variants at {', '.join(f'2^{k}' for k in dropped)} slots not used: "
-                                   f"with them the plan needs at least {err.min_cap} bytes, above the memory cap "
-                                   f"(their keys and DFT matrices join the key block 'boot')")
-                        else:
-                            slim = replace(options, boot_variants=False, boot_variant_slots=None)
-                            why = (f"bootstrap variants not used: with them the plan needs at least {err.min_cap} "
-                                   f"bytes, above the memory cap (their keys and DFT matrices join the key block 'boot')")
-                        res = plan_single(graph, params, slim, record_timings, wall_limit_s, wall_started)
-                        bt = res.plan["summary"].get("bootstrapping")
-                        if bt is not None:
-                            bt.setdefault("warnings", []).insert(0, why)
-                        return res
+                        slim, why = fewer_variants(plan, params, options, err)
+                        return with_warning(plan_single(graph, params, slim, record_timings, wall_limit_s,
+                                                        wall_started), why)
                 progress.check("key schedule")
     except progress.DeadlineExceeded as e:
         raise PlanWallTimeout(str(e)) from None
@@ -123,7 +115,30 @@ def plan_single(
     return PlanResult(plan, tables, sol, problem, seconds, claims)
 
 
-def _variants_within(plan: dict[str, Any], params: Params, need: int, cap: int,
+def fewer_variants(plan: Mapping[str, Any], params: Params, options: PlanOptions,
+                   err: KeyCapError) -> tuple[PlanOptions, str]:
+    """One step of the ladder (:func:`_variants_within`): the options of the plan to try
+    next, whose key schedule failed with ``err``, and the warning that says why. ``params``:
+    the ring the plan's variants are counted on (a batch's block ring: the warning names
+    the real ring's slot counts)."""
+    kept, dropped = _variants_within(plan, params, err.min_cap, err.cap, options.boot_variant_slots)
+    tail = (f"with them the plan needs at least {err.min_cap} bytes, above the memory cap (their keys and DFT "
+            "matrices join the key block 'boot')")
+    if not kept:
+        return replace(options, boot_variants=False, boot_variant_slots=None), f"bootstrap variants not used: {tail}"
+    slots = ", ".join(f"2^{k + params.variant_shift}" for k in dropped)
+    return replace(options, boot_variant_slots=kept), f"bootstrap variants at {slots} slots not used: {tail}"
+
+
+def with_warning(res: PlanResult, why: str) -> PlanResult:
+    """``res`` with ``why`` first among its bootstrapping warnings."""
+    bt = res.plan["summary"].get("bootstrapping")
+    if bt is not None:
+        bt.setdefault("warnings", []).insert(0, why)
+    return res
+
+
+def _variants_within(plan: Mapping[str, Any], params: Params, need: int, cap: int,
                      allowed: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The variant slot counts a capped plan may still use (and those it drops) when with
     its variants it needs ``need`` bytes, more than ``cap``. Each variant adds its keys and
