@@ -64,6 +64,11 @@ def calibrate(
         bool, typer.Option("--executor-only", help="only measure the executor's sizes (ExecutorMemory, for the "
                            "process model under --memory-cap); the table at --out keeps the rest"),
     ] = False,
+    encodings_only: Annotated[
+        bool, typer.Option("--encodings-only", help="only time the plaintext encodings (encode, encode_pair, "
+                           "encode_lattigo) at the table's levels, on the CPU that measured it; the table at "
+                           "--out keeps the rest"),
+    ] = False,
 ) -> None:
     """Measure CKKS operation times with Lattigo here and write a planner cost table (ms).
     A bootstrapping preset (n14boot, n16boot) also times a bootstrap."""
@@ -88,13 +93,22 @@ def calibrate(
             kinds = parse_kinds(p, boot_variants)
         table, path = run_calibration(p, repeat, output, hoist_batch, bootstrap_repeat=bootstrap_repeat,
                                       boot_variants=kinds, variants_only=boot_variants_only, boot_stream=boot_stream,
-                                      executor_only=executor_only)
+                                      executor_only=executor_only, encodings_only=encodings_only)
         load_costs(path)  # the planner accepts what was written
     except (SlotplanError, LattigoError) as e:
         raise fail(e) from None
-    if as_json or boot_variants_only or executor_only:
+    if as_json or boot_variants_only or executor_only or encodings_only:
         m_ = table.get("measurements", {})
-        out.print_json(json.dumps(table if as_json else m_.get("executor") if executor_only else m_.get("boot_variants")))
+        if as_json:
+            shown = table
+        elif executor_only:
+            shown = m_.get("executor")
+        elif encodings_only:
+            shown = {lv: {op: v for op, v in ops.items() if op.startswith("encode")}
+                     for lv, ops in (m_.get("per_level_ms") or {}).items()}
+        else:
+            shown = m_.get("boot_variants")
+        out.print_json(json.dumps(shown))
         return
     m = table["measurements"]
     w = table["weights"]

@@ -368,6 +368,7 @@ def calibrate(
     variants_only: bool = False,
     boot_stream: int | None = None,
     executor_only: bool = False,
+    encodings_only: bool = False,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, build the cost table and write it (default ``data/costs/<preset>-lattigo.json``).
 
@@ -376,6 +377,11 @@ def calibrate(
     ``measurements.boot_variants``; with ``variants_only`` the table already at the path keeps
     everything else (its weights and measurements) and only those two are replaced."""
     path = Path(out) if out is not None else default_path(params)
+    if encodings_only:
+        if boot_variants or variants_only or executor_only:
+            raise SlotplanError("--encodings-only measures the encodings alone: drop --boot-variants, "
+                                "--boot-variants-only and --executor-only")
+        return _encodings_only(params, path, repeat)
     if executor_only:
         # the executor's sizes only (seconds): the table at the path keeps everything else
         if not path.exists():
@@ -411,6 +417,50 @@ def calibrate(
             new = pool_full(old, new)
         m["boot_variants"] = {**old, **new}
         CostTable.model_validate(table)
+    return table, write_table(table, path)
+
+
+ENCODING_OPS = ("encode", "encode_pair", "encode_lattigo", "encode_prec53")
+
+
+def _encodings_only(params: Params, path: Path, repeat: int) -> tuple[dict[str, Any], Path]:
+    """``--encodings-only``: time the encodings (``encode``, ``encode_pair``,
+    ``encode_lattigo``; calibrate.go ``measureEncodings``) at the table's levels and replace
+    them in the table at ``path``, which keeps everything else; only on the CPU that measured
+    the table (its other entries were timed there). Seconds, where a whole table takes
+    minutes (n16boot: 5.5 min and 18.6 GB): what an executor change to encoding needs."""
+    if not path.exists():
+        raise SlotplanError(f"--encodings-only: no cost table at {path} to put the encodings in")
+    table = json.loads(path.read_text())
+    if table.get("params") is None or Params.from_json(table["params"]) != params:
+        raise SlotplanError(f"--encodings-only: the table at {path} was calibrated on other parameters")
+    m = table.setdefault("measurements", {})
+    here = cpu_identity()
+    if not same_cpu(m.get("machine"), here):
+        raise SlotplanError(f"--encodings-only: the table at {path} was measured on another CPU "
+                            f"({(m.get('machine') or {}).get('cpu_model', 'not said')}); calibrate the whole table here")
+    levels = sorted((int(lv) for lv in m.get("per_level_ms") or {}), reverse=True)
+    if not levels:
+        raise SlotplanError(f"--encodings-only: the table at {path} has no per-level measurements")
+    mod, _ = _ext()
+    opts = {"repeat": int(repeat), "levels": levels, "encodings_only": True}
+    raw = json.loads(_call(mod.Calibrate, json.dumps(params.to_json()), json.dumps(opts)))
+    per_ms = m["per_level_ms"]
+    samples = m.setdefault("samples_ms", {}).setdefault("per_level", {})
+    for lv, ops in raw["per_level"].items():
+        for op in ENCODING_OPS:
+            per_ms[lv].pop(op, None)
+            samples.get(lv, {}).pop(op, None)
+        for op, v in sorted(ops.items()):
+            per_ms[lv][op] = _ms(v["median"])
+            samples.setdefault(lv, {})[op] = [_ms(x) for x in v["samples"]]
+        per_ms[lv] = dict(sorted(per_ms[lv].items()))
+    m["encode_ms"] = per_ms[str(m.get("top_level", levels[0]))].get("encode")
+    now = _dt.datetime.now(_dt.UTC).replace(microsecond=0)
+    m["encodings"] = {"date": now.isoformat().replace("+00:00", "Z"), "repeat": int(repeat),
+                      "calibrate_seconds": round(float(raw.get("total_seconds", 0.0)), 3),
+                      "note": "encode, encode_pair and encode_lattigo re-measured alone (calibrate --encodings-only)"}
+    CostTable.model_validate(table)
     return table, write_table(table, path)
 
 

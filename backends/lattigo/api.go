@@ -176,6 +176,8 @@ type stats struct {
 	ProductSums         int              `json:"product_sums"`      // sums of ct-ct products relinearised once (relin.go)
 	ProductSumTerms     int              `json:"product_sum_terms"` // their cmul terms
 	FusedQBlocks        int              `json:"fused_q_blocks"`    // of FusedBlocks, evaluated in Q (the annotation's mode "q")
+	// streamed plaintexts encoded two at a time (embedPair, encode_pair.go)
+	PairedPlaintexts int64 `json:"paired_plaintexts"`
 	// of FusedBlocks, QP blocks run with their babies in Q (fused_qbabies.go)
 	FusedQBabyBlocks int `json:"fused_qbaby_blocks"`
 	// FusedPhaseSeconds: time inside fused blocks by phase (babies: decomposition and lazy

@@ -17,6 +17,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils/bignum"
@@ -42,6 +43,9 @@ import (
 //	                  (big-float FFT when log_scale > 53) without its per-coefficient
 //	                  allocations. Before 2026-11-27 this timed ckks.Encoder.Encode itself
 //	                  (now encode_lattigo), which is not what the executor runs
+//	encode_pair       two such vectors encoded together (embedPair, encode_pair.go: one
+//	                  inverse FFT and one NTT per prime for both), in Q, the pair's time;
+//	                  standard rings at precision <= 53 only
 //	encode_lattigo    ckks.Encoder.Encode, the same vector
 //	encode_prec53     only when log_scale > 53: the same with ckks.NewEncoder(params, 53)
 //	add               eval.Add of two ciphertexts
@@ -83,6 +87,9 @@ type calibrateOptions struct {
 	// Bootstrapping presets: how many timed bootstraps (default min(repeat, 3)), or none.
 	BootstrapRepeat int  `json:"bootstrap_repeat"`
 	NoBootstrap     bool `json:"no_bootstrap"`
+	// Only the encodings (encode, encode_pair, encode_lattigo per level): no keys, no
+	// bootstrap (calibrate --encodings-only merges them into a table)
+	EncodingsOnly bool `json:"encodings_only"`
 	// Clock: "cpu" (default: the thread's CPU time) or "wall"
 	Clock string `json:"clock"`
 	commonOptions
@@ -275,6 +282,21 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		return v
 	}
 
+	if opt.EncodingsOnly {
+		ecd := ckks.NewEncoder(params)
+		vals := randVec()
+		for _, l := range lv {
+			m := map[string]timing{}
+			if err := measureEncodings(params, ecd, l, opt.Repeat, vals, randVec(), m); err != nil {
+				return "", err
+			}
+			cal.PerLevel[fmt.Sprint(l)] = m
+		}
+		cal.TotalSeconds = time.Since(t0).Seconds()
+		out, err := json.Marshal(cal)
+		return string(out), err
+	}
+
 	// Keys: offsets 1..B (top level, serve all levels); each generation is a keygen sample.
 	levelQ, levelP := top, params.MaxLevelP()
 	evkParams := rlwe.EvaluationKeyParameters{LevelQ: &levelQ, LevelP: &levelP}
@@ -398,22 +420,11 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 		m := map[string]timing{}
 		key := fmt.Sprint(l)
 		pt := ckks.NewPlaintext(params, l)
-		// the executor's encoding (encode.go: Lattigo's, bit for bit, without its 2N small
-		// allocations per polynomial), and Lattigo's own for comparison
-		emb := newEmbedder(params, ecd)
-		if m["encode"], err = measure(opt.Repeat, func() error { return emb.encode(vals, pt) }); err != nil {
-			return "", fmt.Errorf("encode at level %d: %w", l, err)
+		if err = measureEncodings(params, ecd, l, opt.Repeat, vals, randVec(), m); err != nil {
+			return "", err
 		}
-		if m["encode_lattigo"], err = measure(opt.Repeat, func() error { return ecd.Encode(vals, pt) }); err != nil {
-			return "", fmt.Errorf("encode_lattigo at level %d: %w", l, err)
-		}
-		if params.EncodingPrecision() > 53 {
-			// ckks.NewEncoder(params) encodes with big floats when log_scale > 53; a
-			// complex128 encoder (precision 53) is what float64 inputs need.
-			ecd53 := ckks.NewEncoder(params, 53)
-			if m["encode_prec53"], err = measure(opt.Repeat, func() error { return ecd53.Encode(vals, pt) }); err != nil {
-				return "", fmt.Errorf("encode_prec53 at level %d: %w", l, err)
-			}
+		if err = ecd.Encode(vals, pt); err != nil {
+			return "", err
 		}
 		a, err := c.enc.EncryptNew(pt)
 		if err != nil {
@@ -504,6 +515,91 @@ func calibrate(paramsJSON string, optionsJSON string) (string, error) {
 // level 0 holding a random vector in [-1, 1]) after one untimed warm-up, and records the key
 // generation and DFT matrix encoding times, the block's sizes, each run's max abs error and
 // the memory one bootstrap holds and allocates (heapPeakDuring).
+// measureEncodings times, at level l, the executor's encoding of one vector (encode.go:
+// Lattigo's, bit for bit, without its 2N small allocations per polynomial), of two real
+// vectors together (encode_pair: embedPair, encode_pair.go, as streamed blocks encode their
+// diagonals; the time of the pair) and Lattigo's own encoding for comparison.
+//
+// Each sample encodes into buffers of its own (measureFresh): at log N 16 a prime's row is
+// 512 KiB, the size of this machine's L2, and the NTTs' time depends on where the buffers
+// landed: timed in one set of buffers, level 9's encode read 17.3, 23.9 and 25.8 ms in
+// three runs of 9 samples, each run's samples within a few percent of each other.
+func measureEncodings(params ckks.Parameters, ecd *ckks.Encoder, l, repeat int, vals, vals2 []float64, m map[string]timing) error {
+	var err error
+	if m["encode"], err = measureFresh(repeat, func() func() error {
+		pt := ckks.NewPlaintext(params, l)
+		emb := newEmbedder(params, ecd)
+		return func() error { return emb.encode(vals, pt) }
+	}); err != nil {
+		return fmt.Errorf("encode at level %d: %w", l, err)
+	}
+	if params.RingType() == ring.Standard && params.EncodingPrecision() <= 53 {
+		md := &rlwe.MetaData{}
+		md.Scale = params.DefaultScale()
+		md.LogDimensions = params.LogMaxDimensions()
+		md.IsBatched, md.IsNTT = true, true
+		if m["encode_pair"], err = measureFresh(repeat, func() func() error {
+			rq := params.RingQ().AtLevel(l)
+			p1, p2 := ringqp.Poly{Q: rq.NewPoly()}, ringqp.Poly{Q: rq.NewPoly()}
+			emb := newEmbedder(params, ecd)
+			return func() error {
+				if !emb.embedPair(vals, vals2, md, p1, p2) {
+					return fmt.Errorf("the pair path refused two random vectors")
+				}
+				return nil
+			}
+		}); err != nil {
+			return fmt.Errorf("encode_pair at level %d: %w", l, err)
+		}
+	}
+	if m["encode_lattigo"], err = measureFresh(repeat, func() func() error {
+		pt := ckks.NewPlaintext(params, l)
+		return func() error { return ecd.Encode(vals, pt) }
+	}); err != nil {
+		return fmt.Errorf("encode_lattigo at level %d: %w", l, err)
+	}
+	if params.EncodingPrecision() > 53 {
+		// ckks.NewEncoder(params) encodes with big floats when log_scale > 53; a
+		// complex128 encoder (precision 53) is what float64 inputs need.
+		ecd53 := ckks.NewEncoder(params, 53)
+		if m["encode_prec53"], err = measureFresh(repeat, func() func() error {
+			pt := ckks.NewPlaintext(params, l)
+			return func() error { return ecd53.Encode(vals, pt) }
+		}); err != nil {
+			return fmt.Errorf("encode_prec53 at level %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// measureFresh is measure with each sample's own buffers: setup allocates them and returns
+// the operation; each sample runs it once untimed (first touch) and once timed, after a
+// collection (the previous sample's buffers and encode_lattigo's garbage otherwise have
+// the collector run on this thread inside the timing: GOMAXPROCS 1, the thread's clock).
+func measureFresh(repeat int, setup func() func() error) (timing, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var tm timing
+	for i := 0; i < repeat; i++ {
+		fn := setup()
+		if err := fn(); err != nil {
+			return timing{}, err
+		}
+		runtime.GC()
+		t, c := time.Now(), threadCPUSeconds()
+		if err := fn(); err != nil {
+			return timing{}, err
+		}
+		if measureClock == "wall" {
+			tm.Samples = append(tm.Samples, time.Since(t).Seconds())
+		} else {
+			tm.Samples = append(tm.Samples, threadCPUSeconds()-c)
+		}
+	}
+	tm.Median = median(tm.Samples)
+	return tm, nil
+}
+
 func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randVec func() []float64) error {
 	n := opt.BootstrapRepeat
 	if n == 0 {

@@ -24,6 +24,7 @@ type embedder struct {
 	ecd    *ckks.Encoder
 	buf    []complex128
 	mags   []uint64 // rounded |coefficient| per coefficient, sign in the top bit (toFixedPointCRT)
+	comb   []int64  // embedPair's rounded coefficients of two real vectors (encode_pair.go)
 }
 
 func newEmbedder(params ckks.Parameters, ecd *ckks.Encoder) *embedder {

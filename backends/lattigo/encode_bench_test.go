@@ -83,6 +83,32 @@ func BenchmarkEncodeParts16(b *testing.B) {
 			rqp.NTT(poly, poly)
 		}
 	})
+	// two diagonals: one after the other, and as one pair (encode_pair.go)
+	vals2 := make([]float64, len(vals))
+	for i := range vals2 {
+		vals2[i] = 2*rng.Float64() - 1
+	}
+	poly2 := ringqp.Poly{Q: params.RingQ().AtLevel(level).NewPoly(), P: params.RingP().NewPoly()}
+	for _, qp := range []bool{true, false} {
+		p1, p2, suffix := poly, poly2, "qp_l6"
+		if !qp {
+			p1, p2, suffix = ringqp.Poly{Q: poly.Q}, ringqp.Poly{Q: poly2.Q}, "q_l6"
+		}
+		b.Run("two_embeds_"+suffix, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if em.embed(vals, md, p1) != nil || em.embed(vals2, md, p2) != nil {
+					b.Fatal("embed")
+				}
+			}
+		})
+		b.Run("embed_pair_"+suffix, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if !em.embedPair(vals, vals2, md, p1, p2) {
+					b.Fatal("embedPair refused")
+				}
+			}
+		})
+	}
 }
 
 // BenchmarkQBabiesParts16: the parts fused_qbabies.go trades at log N 16, per level: a

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/lintrans"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
@@ -528,6 +529,12 @@ type fusedWorker struct {
 	vecs   vecBuffers // the plaintext vectors it reads (no allocation per product)
 	ptBuf  ringqp.Poly
 	encSec float64 // encoding in the current block
+	// two products' plaintexts encoded together (termPlaintext, encode_pair.go): the
+	// second vector's buffers, the second plaintext and the term it belongs to
+	vecs2    vecBuffers
+	ptBuf2   ringqp.Poly
+	pairTerm *fTerm
+	noPair   bool // SLOTPLAN_PAIR_ENCODE=off: one at a time (for A/B timings)
 	// evalFusedQBabies: the block's sums kept in Q (giantless groups, giants' c0 parts)
 	accQ0, accQ1 ring.Poly
 }
@@ -545,7 +552,7 @@ func (e *executor) workerPool() []*fusedWorker {
 			ev = e.eval.ShallowCopy()
 		}
 		fw := &fusedWorker{eval: ev, tmp0: rqp.NewPoly(), tmp1: rqp.NewPoly(), acc0: rqp.NewPoly(), acc1: rqp.NewPoly(),
-			emb: newEmbedder(e.params, e.ecd.ShallowCopy()), ptBuf: rqp.NewPoly(),
+			emb: newEmbedder(e.params, e.ecd.ShallowCopy()), ptBuf: rqp.NewPoly(), ptBuf2: rqp.NewPoly(), noPair: pairEncodeOff(),
 			accQ0: e.params.RingQ().NewPoly(), accQ1: e.params.RingQ().NewPoly()}
 		fw.cQP = &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{rqp.NewPoly(), rqp.NewPoly()}, MetaData: &rlwe.MetaData{}}
 		fw.cQP.IsNTT = true
@@ -615,6 +622,53 @@ func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, 
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	return poly, nil
+}
+
+// termPlaintext is encodeInto for terms[j] of a block whose plaintexts are streamed, the
+// terms taken in order: an even j is encoded together with j+1 (embedPair: one inverse FFT
+// and one NTT per prime for both real diagonals) and the second kept in the worker's
+// second buffer for the call with j+1; terms the pair path does not take (complex or CinS
+// plaintexts, sparse slot counts, huge values) are encoded one by one.
+func (e *executor) termPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
+	if fw.pairTerm != nil && fw.pairTerm == &terms[j] {
+		fw.pairTerm = nil
+		return ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf2.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf2, levelP)}, nil
+	}
+	fw.pairTerm = nil
+	if j%2 == 0 && j+1 < len(terms) && !fw.noPair {
+		v1, err := e.ptVectorInto(terms[j].pt, &fw.vecs)
+		if err != nil {
+			return ringqp.Poly{}, err
+		}
+		v2, err := e.ptVectorInto(terms[j+1].pt, &fw.vecs2)
+		if err != nil {
+			return ringqp.Poly{}, err
+		}
+		r1, ok1 := v1.([]float64)
+		r2, ok2 := v2.([]float64)
+		if ok1 && ok2 {
+			p1 := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf, levelP)}
+			p2 := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf2.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf2, levelP)}
+			md := &rlwe.MetaData{}
+			md.Scale = scale
+			md.LogDimensions = e.params.LogMaxDimensions()
+			md.IsBatched, md.IsNTT = true, true // not Montgomery (as encodeInto)
+			if fw.emb.embedPair(r1, r2, md, p1, p2) {
+				fw.pairTerm = &terms[j+1]
+				atomic.AddInt64(&e.st.PairedPlaintexts, 2) // workers run in parallel
+				return p1, nil
+			}
+		}
+	}
+	return e.encodeInto(fw, terms[j].pt, levelQ, levelP, scale)
+}
+
+// bufP is buf's P part at levelP (-1: none).
+func (e *executor) bufP(buf ringqp.Poly, levelP int) ring.Poly {
+	if levelP < 0 {
+		return ring.Poly{}
+	}
+	return ring.Poly{Coeffs: buf.P.Coeffs[:levelP+1]}
 }
 
 // babiesFor returns the cache of lazy baby rotations of base, computing the missing ones
@@ -832,7 +886,7 @@ func (e *executor) evalFused(f *fForm) (*rlwe.Ciphertext, error) {
 					if stream {
 						te := nowSeconds()
 						var err error
-						if pt, err = e.encodeInto(fw, t.pt, levelQ, levelP, ptScale); err != nil {
+						if pt, err = e.termPlaintext(fw, f.groups[g], j, levelQ, levelP, ptScale); err != nil {
 							errs[w] = err
 							return
 						}
@@ -1003,7 +1057,7 @@ func (e *executor) evalFusedQ(f *fForm, ct *rlwe.Ciphertext, cts map[string]*rlw
 			// (Run: encoded into the worker's buffer just before its product, its Q part only;
 			// a fresh plaintext per product was fresh memory and 0.4 page faults per KiB)
 			te := nowSeconds()
-			p, err := e.encodeInto(fw, t.pt, levelQ, -1, ptScale)
+			p, err := e.termPlaintext(fw, terms, j, levelQ, -1, ptScale)
 			if err != nil {
 				return nil, err
 			}

@@ -145,7 +145,7 @@ func (e *executor) evalFusedQBabies(f *fForm, ct *rlwe.Ciphertext, cts map[strin
 				tp, enc := nowSeconds(), fw.encSec
 				for j, t := range f.groups[g] {
 					te := nowSeconds()
-					pt, err := e.encodeInto(fw, t.pt, levelQ, -1, ptScale)
+					pt, err := e.termPlaintext(fw, f.groups[g], j, levelQ, -1, ptScale)
 					if err != nil {
 						errs[w] = err
 						return

@@ -24,8 +24,8 @@ import (
 //   - fused: a fused linear block's working set (fused.go): the lazy baby rotations of its
 //     base (extended ciphertexts in QP at the base's level), P*c0 and P*c1, the block's
 //     plaintexts encoded in QP (with a plaintext cache, and for Q-mode blocks; otherwise
-//     each worker encodes one at a time into its buffer), and per worker 7 QP polys
-//     (accumulators, temporaries, cQP, the plaintext buffer) plus the decomposition
+//     each worker encodes one or two at a time into its buffers), and per worker 8 QP polys
+//     (accumulators, temporaries, cQP, two plaintext buffers) plus the decomposition
 //     buffers (allocated at the first block, kept).
 //
 // The fused blocks are the plan's (its "fused" annotation, fused.go readFusion); the walk
@@ -58,7 +58,7 @@ type executorMemory struct {
 	Workers int `json:"workers"`
 	// Per worker: the ckks evaluator's and encoder's buffers.
 	EvaluatorBytes int64 `json:"evaluator_bytes"`
-	// Once fusion runs: per worker 7 QP polys (accumulators, temporaries, cQP, plaintext), plus the
+	// Once fusion runs: per worker 8 QP polys (accumulators, temporaries, cQP, two plaintexts), plus the
 	// shared decomposition buffers.
 	FusedWorkerBytes int64 `json:"fused_worker_bytes"`
 	FusedDecompBytes int64 `json:"fused_decomp_bytes"`
@@ -147,7 +147,9 @@ func executorMemoryOf(setup *evalSetup, p *plan, slots, workers int, noFuse bool
 	withBlock = withBlock && setup.btp != nil
 	m.RelinResident = p.needsRelin() && (p.hasKeySchedule() || !withBlock) // as run() decides
 	full := qpPolyBytes(params, params.MaxLevel(), levelP)
-	m.FusedWorkerBytes = int64(7 * full) // and the buffer streamed plaintexts are encoded into
+	// and the two buffers streamed plaintexts are encoded into (a pair at a time,
+	// encode_pair.go), with the embedder's N rounded coefficients of a pair
+	m.FusedWorkerBytes = int64(8*full + 8*params.N())
 	m.FusedDecompBytes = int64(params.BaseRNSDecompositionVectorSize(params.MaxLevel(), levelP) * full)
 	for l := 0; l <= setup.top; l++ {
 		m.QPElementBytes = append(m.QPElementBytes, rlwe.NewElementExtended(params, 1, l, levelP).BinarySize())

@@ -65,7 +65,7 @@ BOOTSTRAP_ROTATIONS = 319.0
 _UNIT_SECONDS = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}
 
 # per_level_ms measurement of each priced operation
-_PER_LEVEL_KEYS = ("encode", "rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
+_PER_LEVEL_KEYS = ("encode", "encode_pair", "rotate", "hoisted_rotation_extra", "pmul", "cmul_relin", "add", "rescale",
                    "block_fixed", "block_base", "block_finish", "block_baby", "block_giant", "block_product",
                    "block_product_q", "block_baby_q", "block_q", "cmul_tensor", "relin")
 # a Q-mode weight missing from an older table: priced as its QP counterpart
@@ -170,7 +170,23 @@ class TimeModel:
         prime, so it is the line through the calibrated ``encode`` at the top level and at
         level 0 (``level + 1`` primes; the middle level is not used: at n16boot it measured
         78-147 ms between 23.6 and 11.3), read at the encoding's number of primes."""
-        pts = self.points.get("encode")
+        return self._per_prime("encode", level, qp)
+
+    def encode_pair(self, level: int, qp: bool) -> float:
+        """Encoding two real plaintexts together (table units), as a streaming run encodes
+        consecutive products of a block (backends/lattigo/encode_pair.go: one inverse FFT and
+        one NTT per prime for both): the line through the calibrated ``encode_pair`` as
+        :meth:`encode`; a table without it prices the two one by one."""
+        if not self.points.get("encode_pair"):
+            return 2 * self.encode(level, qp)
+        return self._per_prime("encode_pair", level, qp)
+
+    def encode_block(self, level: int, qp: bool, products: int, pairs: int) -> float:
+        """A streamed block's plaintexts: ``pairs`` pairs and the rest one by one."""
+        return self.encode_pair(level, qp) * pairs + self.encode(level, qp) * (products - 2 * pairs)
+
+    def _per_prime(self, key: str, level: int, qp: bool) -> float:
+        pts = self.points.get(key)
         if not pts:
             return 0.0
         (l0, e0), (l1, e1) = pts[0], pts[-1]
@@ -319,7 +335,7 @@ class TimeModel:
             for w in ins.writes():
                 pending[w] = dirty
         price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost,
-                     self.encode if run.encode else None, self.p_primes, stats)
+                     self.encode_block if run.encode else None, self.p_primes, stats)
         return cost
 
     def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,

@@ -39,7 +39,7 @@ from typing import Any
 
 from common.errors import PlanFileError
 from planner.ir.analysis import level_drops, register_depths
-from planner.ir.fusion import FusedBlock, _analyse, q_babies
+from planner.ir.fusion import _analyse, q_babies
 from planner.ir.instructions import Instr, UnknownOpError, decode_program
 
 FIELD = "fused"
@@ -78,8 +78,7 @@ def fused_annotation(
     roots, skip, _ = _analyse(program, slots, key_levels, scheduled, split_giants)
     in_q: set[int] = set()
     if level is not None and p_primes:
-        fb = [FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled,
-                         f.qmode, f.instrs[-1]) for f in roots]
+        fb = [f.block() for f in roots]
         in_q = {fb[k].root for k in q_babies(fb, level, p_primes)}
     blocks = sorted((sorted(f.instrs), f.qmode) for f in roots)
     in_blocks = {i for f in roots for i in f.instrs}

@@ -148,6 +148,12 @@ class _Form:
         """The lazily rotated (register, offset) pairs the form reads."""
         return {(t.base, t.beta) for ts in self.groups.values() for t in ts if t.beta != 0}
 
+    def block(self) -> FusedBlock:
+        """The fused block this root form is."""
+        return FusedBlock(self.base, self.terms(), sum(1 for g in self.groups if g != 0), frozenset(self.babies()),
+                          self.rescaled, self.qmode, self.instrs[-1],
+                          sum(len(ts) // 2 for ts in self.groups.values()))
+
 
 def fused_counts(program: Sequence[Mapping[str, Any] | ir.Instr], slots: int) -> FusedCounts:
     """The executor's fused blocks of ``program`` (rules in the module docstring)."""
@@ -386,6 +392,9 @@ class FusedBlock:
     rescaled: bool
     qmode: bool = False  # evaluated in Q (module docstring)
     root: int = -1  # the instruction where the executor runs the block (its last)
+    # products whose plaintexts a streaming run encodes two at a time (consecutive products
+    # of a giant step, backends/lattigo/encode_pair.go): len // 2 per giant step
+    pairs: int = 0
 
 
 def q_babies(blocks: Sequence[FusedBlock], level: Callable[[str], int], p_primes: int) -> set[int]:
@@ -439,12 +448,7 @@ def fused_blocks(program: Sequence[Mapping[str, Any]], slots: int) -> tuple[list
     """The executor's fused blocks of ``program`` and the indices of the instructions they
     absorb (the same analysis as ``fused_counts``)."""
     roots, skip, _ = _analyse(program, slots)
-    blocks = [
-        FusedBlock(f.base, f.terms(), sum(1 for g in f.groups if g != 0), frozenset(f.babies()), f.rescaled, f.qmode,
-                   f.instrs[-1])
-        for f in roots
-    ]
-    return blocks, skip
+    return [f.block() for f in roots], skip
 
 
 def giant_spans(program: Sequence[Mapping[str, Any]], slots: int) -> list[tuple[int, int, int]]:

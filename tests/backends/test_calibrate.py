@@ -78,6 +78,8 @@ def test_calibrate_writes_a_valid_table(n12_table, n12) -> None:  # noqa: ANN001
     assert m["encode_ms"] > 0
     # encode times the executor's encoding (encode.go), encode_lattigo Lattigo's Encode
     assert all(v["encode"] > 0 and v["encode_lattigo"] > 0 for v in m["per_level_ms"].values())
+    # and two real vectors encoded together (encode_pair.go), the pair's time
+    assert all(v["encode_pair"] > 0 for v in m["per_level_ms"].values())
     assert m["galois_key_bytes"] > 0
     # the block primitives cycle through keys whose bytes reach 256 MiB (calibrate.go)
     assert m["block_keys"] == min(64, max(m["hoist_batch"], -(-(256 << 20) // m["galois_key_bytes"])))
@@ -135,6 +137,31 @@ def test_cli_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         assert code == 2, bad
         assert len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "x.json").exists()
+    # --encodings-only re-times the encodings of that table and keeps everything else
+    before = json.loads(out.read_text())
+    code, stdout, stderr = run_cli(["calibrate", "--params", "n12", "--repeat", "1", "--out", str(out),
+                                    "--encodings-only"], capsys)
+    assert code == 0, stderr
+    after = json.loads(out.read_text())
+    assert after["weights"] == before["weights"] and after["measurements"]["machine"] == before["measurements"]["machine"]
+    shown = json.loads(stdout)
+    for lv, ops in after["measurements"]["per_level_ms"].items():
+        assert set(shown[lv]) == {"encode", "encode_pair", "encode_lattigo"}
+        assert all(ops[op] == shown[lv][op] > 0 for op in shown[lv])
+        assert ops["rotate"] == before["measurements"]["per_level_ms"][lv]["rotate"]
+        assert after["measurements"]["samples_ms"]["per_level"][lv]["encode_pair"]
+    assert after["measurements"]["encodings"]["repeat"] == 1
+    # not on a table of other parameters, another CPU, or beside the other partial modes
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**before, "measurements": {**before["measurements"], "machine": {
+        **before["measurements"]["machine"], "cpu_model": "Some Other CPU", "cpu_model_number": -1}}}))
+    for argv, what in ((["--params", "n13", "--out", str(out)], "other parameters"),
+                       (["--params", "n12", "--out", str(other)], "another CPU"),
+                       (["--params", "n12", "--out", str(out), "--executor-only"], "drop"),
+                       (["--params", "n12", "--out", str(tmp_path / "none.json")], "no cost table")):
+        code, _, stderr = run_cli(["calibrate", *argv, "--encodings-only"], capsys)
+        assert code == 2 and what in stderr and len(stderr.strip().splitlines()) == 1, (argv, stderr)
+    assert json.loads(out.read_text()) == after
 
 
 @pytest.mark.parametrize(("n", "k", "ratio"), [(20, 45, None), (45, 20, 0), (33, 33, -1)])

@@ -6,6 +6,8 @@ in the time model (planner/cost/blocks.py) against the same block in QP."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.cost.blocks import price_blocks
@@ -59,8 +61,10 @@ def test_a_q_babies_block_is_priced_with_q_products_and_q_encoding() -> None:
     def at(k: str, lv: int) -> float:
         return weights[k]
 
-    def encode(lv: int, qp: bool) -> float:
-        return 0.5 if qp else 0.25
+    def encode(lv: int, qp: bool, products: int, pairs: int) -> float:
+        # one plaintext 0.5 in QP, 0.25 in Q; a pair of them 0.6 / 0.3
+        one, pair = (0.5, 0.6) if qp else (0.25, 0.3)
+        return one * (products - 2 * pairs) + pair * pairs
 
     blk = _blk("x", 20, 2, (1, 2), 0)
     level = {"x": 9}.__getitem__
@@ -75,6 +79,11 @@ def test_a_q_babies_block_is_priced_with_q_products_and_q_encoding() -> None:
     assert cached[0] == 10 + 14 + 40 + 5 + 6
     # Q babies: products 20 x 1, babies brought down 2 x 4, encodings 20 x 0.25
     assert streamed[0] == 10 + 14 + 20 + 8 + 5 + 6 + 5
+    # the same block with 9 pairs of consecutive products (giant steps of odd length leave
+    # two alone): encodings 9 x 0.3 + 2 x 0.25 in Q
+    paired = [0.0]
+    price_blocks(at, True, [replace(blk, pairs=9)], level, paired, encode, p_primes=5)
+    assert paired[0] == pytest.approx(10 + 14 + 20 + 8 + 5 + 6 + 9 * 0.3 + 2 * 0.25)
 
 
 @pytest.mark.parametrize(("products", "giants", "babies", "q", "p", "pays"), [

@@ -69,11 +69,12 @@ def test_encoding_in_the_clock_prices_each_plaintext_of_a_product_and_a_block() 
     prog = qp_block_program()
     blocks, _ = fused_blocks(prog, params.slots)
     (blk,) = blocks
-    assert not blk.qmode and blk.products == 2
+    # its two products are one giant step's: the executor encodes them as a pair
+    assert not blk.qmode and blk.products == 2 and blk.pairs == 1
     cached = tm.program_costs(prog, L, params.slots)
     oneshot = tm.program_costs(prog, L, params.slots, Run(encode=True))
-    assert sum(oneshot) - sum(cached) == pytest.approx(2 * tm.encode(L, qp=True))
-    assert oneshot[blk.root] - cached[blk.root] == pytest.approx(2 * tm.encode(L, qp=True))
+    assert sum(oneshot) - sum(cached) == pytest.approx(tm.encode_pair(L, qp=True))
+    assert oneshot[blk.root] - cached[blk.root] == pytest.approx(tm.encode_pair(L, qp=True))
     # a product the executor runs as written encodes its plaintext in Q at its level
     single = [prog[0], {"op": "pmul", "dst": "a", "src": "x", "pt": "pa"},
               {"op": "output", "src": "a", "tensor": "a", "table": "a"}]
@@ -160,3 +161,22 @@ def test_keymeasure_models_benchplan_as_it_runs(monkeypatch: pytest.MonkeyPatch)
     assert not bench_run(load_params("n14"), None).loader_core  # GOMAXPROCS workers on both cores
     monkeypatch.setenv("GOMAXPROCS", "1")
     assert not bench_run(load_params("n14"), 1).loader_core
+
+
+def test_two_real_plaintexts_are_encoded_for_about_the_price_of_one() -> None:
+    """``encode_pair`` (backends/lattigo/encode_pair.go) is a line through its calibrated
+    points like ``encode``; a table without it prices a pair as two encodings; a block pays
+    its pairs and its odd products one by one."""
+    params = load_params("n16boot")
+    tm = time_model(params)
+    per = tm.table.measurements["per_level_ms"]  # type: ignore[index]
+    assert "encode_pair" in per["9"] and "encode_pair" in per["0"]
+    top, bottom = float(per["9"]["encode_pair"]), float(per["0"]["encode_pair"])
+    assert tm.encode_pair(9, qp=False) == pytest.approx(top)
+    assert tm.encode_pair(4, qp=True) == pytest.approx(bottom + 9 * (top - bottom) / 9)
+    # measured: a pair costs well under two encodings (one inverse FFT, one NTT per prime)
+    assert tm.encode_pair(9, qp=False) < 1.5 * tm.encode(9, qp=False)
+    assert tm.encode_block(5, False, 7, 3) == pytest.approx(3 * tm.encode_pair(5, False) + tm.encode(5, False))
+    old = time_model(params)
+    old.points.pop("encode_pair")
+    assert old.encode_pair(5, True) == pytest.approx(2 * old.encode(5, True))
