@@ -269,3 +269,27 @@ def test_q_babies_blocks_as_the_time_model_decides(name: str, make: Any, kernels
     assert rep.stats["fused_qbaby_blocks"] == st["q_baby_blocks"], (rep.stats["fused_blocks"], st)
     if paid:
         assert st["q_baby_blocks"] >= 1
+
+
+@needs_lattigo
+@pytest.mark.parametrize(("name", "make", "kernels"), [
+    ("mvm 64x64 bsgs", lambda: mvm_graph(64, 64), ("bsgs", "elementwise")),
+    ("conv2 default", lambda: conv_workload("conv2").graph, None),
+])
+def test_streamed_diagonals_are_encoded_in_pairs(name: str, make: Any, kernels: tuple[str, ...] | None) -> None:
+    """A run that streams its plaintexts encodes a giant step's consecutive real diagonals
+    two at a time (backends/lattigo/encode_pair.go): as many pairs as the time model counts
+    (``FusedBlock.pairs``), with the outputs matching numpy (the pair's encodings against
+    Lattigo's own: TestEmbedPairMatchesLattigo)."""
+    from backends.runner import run_plan
+    from planner.ir.fusion import fused_blocks
+
+    graph = make()
+    res = _plan(graph, kernels)
+    blocks, _ = fused_blocks(res.plan["program"], load_params("n12").slots)
+    pairs = sum(b.pairs for b in blocks)
+    assert pairs >= 1
+    rep = run_plan(res.plan, res.tables, "lattigo", seed=3)
+    assert rep.ok, rep.failure()
+    assert rep.stats["paired_plaintexts"] == 2 * pairs
+    assert rep.max_rel_error < 1e-4
