@@ -192,20 +192,39 @@ func measure(repeat int, fn func() error) (timing, error) {
 			return timing{}, err
 		}
 	}
+	return timedSamples(repeat, func() (func() error, error) { return fn, nil })
+}
+
+// timedSamples times repeat samples; before each, prepare does any untimed work and returns
+// the operation to time (the caller holds its OS thread).
+func timedSamples(repeat int, prepare func() (func() error, error)) (timing, error) {
 	var tm timing
 	for i := 0; i < repeat; i++ {
-		t, c := time.Now(), threadCPUSeconds()
-		if err := fn(); err != nil {
+		fn, err := prepare()
+		if err != nil {
 			return timing{}, err
 		}
-		if measureClock == "wall" {
-			tm.Samples = append(tm.Samples, time.Since(t).Seconds())
-		} else {
-			tm.Samples = append(tm.Samples, threadCPUSeconds()-c)
+		s, err := timeOnce(fn)
+		if err != nil {
+			return timing{}, err
 		}
+		tm.Samples = append(tm.Samples, s)
 	}
 	tm.Median = median(tm.Samples)
 	return tm, nil
+}
+
+// timeOnce runs fn once and returns its seconds on measureClock (the caller holds its OS
+// thread).
+func timeOnce(fn func() error) (float64, error) {
+	t, c := time.Now(), threadCPUSeconds()
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	if measureClock == "wall" {
+		return time.Since(t).Seconds(), nil
+	}
+	return threadCPUSeconds() - c, nil
 }
 
 func calibrate(paramsJSON string, optionsJSON string) (string, error) {
@@ -579,25 +598,14 @@ func measureEncodings(params ckks.Parameters, ecd *ckks.Encoder, l, repeat int, 
 func measureFresh(repeat int, setup func() func() error) (timing, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var tm timing
-	for i := 0; i < repeat; i++ {
+	return timedSamples(repeat, func() (func() error, error) {
 		fn := setup()
 		if err := fn(); err != nil {
-			return timing{}, err
+			return nil, err
 		}
 		runtime.GC()
-		t, c := time.Now(), threadCPUSeconds()
-		if err := fn(); err != nil {
-			return timing{}, err
-		}
-		if measureClock == "wall" {
-			tm.Samples = append(tm.Samples, time.Since(t).Seconds())
-		} else {
-			tm.Samples = append(tm.Samples, threadCPUSeconds()-c)
-		}
-	}
-	tm.Median = median(tm.Samples)
-	return tm, nil
+		return fn, nil
+	})
 }
 
 func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randVec func() []float64) error {

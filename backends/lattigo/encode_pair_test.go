@@ -16,11 +16,7 @@ import (
 // in Q and P at every level, and the plaintexts decode to the vectors; where it does not
 // apply (sparse slots, Montgomery form, scaled values past 2^62) it says so.
 func TestEmbedPairMatchesLattigo(t *testing.T) {
-	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, LogQ: []int{55, 40, 40, 40}, LogP: []int{50, 50}, LogDefaultScale: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
+	params := embedTestParams(t)
 	ecd := newEncoder(params)
 	em := newEmbedder(params, ecd)
 	rng := rand.New(rand.NewSource(7))

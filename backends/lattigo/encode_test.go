@@ -13,11 +13,7 @@ import (
 // complex128 values (zeros, both signs, magnitudes whose scaled value passes 2^64), full
 // and sparse slot counts, Q plaintexts at every level and QP polynomials.
 func TestEmbedderMatchesLattigo(t *testing.T) {
-	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, LogQ: []int{55, 40, 40, 40}, LogP: []int{50, 50}, LogDefaultScale: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
+	params := embedTestParams(t)
 	ecd := newEncoder(params)
 	em := newEmbedder(params, ecd)
 	rng := rand.New(rand.NewSource(1))
@@ -140,4 +136,14 @@ func BenchmarkEncode(b *testing.B) {
 			_ = em.encode(vals, pt)
 		}
 	})
+}
+
+// embedTestParams: log N 12 with Q and P primes, the embedder tests' ring.
+func embedTestParams(t *testing.T) ckks.Parameters {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, LogQ: []int{55, 40, 40, 40}, LogP: []int{50, 50}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return params
 }
