@@ -610,15 +610,8 @@ func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, 
 	if err != nil {
 		return ringqp.Poly{}, err
 	}
-	poly := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}}
-	if levelP >= 0 {
-		poly.P = ring.Poly{Coeffs: fw.ptBuf.P.Coeffs[:levelP+1]}
-	}
-	md := &rlwe.MetaData{}
-	md.Scale = scale
-	md.LogDimensions = e.params.LogMaxDimensions()
-	md.IsBatched, md.IsNTT = true, true // not Montgomery: newPlainQPProducts (ptQP)
-	if err := fw.emb.embed(vals, md, poly); err != nil {
+	poly := streamPoly(fw.ptBuf, levelQ, levelP)
+	if err := fw.emb.embed(vals, e.streamMeta(scale), poly); err != nil {
 		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 	}
 	return poly, nil
@@ -632,7 +625,7 @@ func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, 
 func (e *executor) termPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	if fw.pairTerm != nil && fw.pairTerm == &terms[j] {
 		fw.pairTerm = nil
-		return ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf2.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf2, levelP)}, nil
+		return streamPoly(fw.ptBuf2, levelQ, levelP), nil
 	}
 	fw.pairTerm = nil
 	if j%2 == 0 && j+1 < len(terms) && !fw.noPair {
@@ -647,13 +640,8 @@ func (e *executor) termPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, leve
 		r1, ok1 := v1.([]float64)
 		r2, ok2 := v2.([]float64)
 		if ok1 && ok2 {
-			p1 := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf, levelP)}
-			p2 := ringqp.Poly{Q: ring.Poly{Coeffs: fw.ptBuf2.Q.Coeffs[:levelQ+1]}, P: e.bufP(fw.ptBuf2, levelP)}
-			md := &rlwe.MetaData{}
-			md.Scale = scale
-			md.LogDimensions = e.params.LogMaxDimensions()
-			md.IsBatched, md.IsNTT = true, true // not Montgomery (as encodeInto)
-			if fw.emb.embedPair(r1, r2, md, p1, p2) {
+			p1 := streamPoly(fw.ptBuf, levelQ, levelP)
+			if fw.emb.embedPair(r1, r2, e.streamMeta(scale), p1, streamPoly(fw.ptBuf2, levelQ, levelP)) {
 				fw.pairTerm = &terms[j+1]
 				atomic.AddInt64(&e.st.PairedPlaintexts, 2) // workers run in parallel
 				return p1, nil
@@ -663,12 +651,23 @@ func (e *executor) termPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, leve
 	return e.encodeInto(fw, terms[j].pt, levelQ, levelP, scale)
 }
 
-// bufP is buf's P part at levelP (-1: none).
-func (e *executor) bufP(buf ringqp.Poly, levelP int) ring.Poly {
-	if levelP < 0 {
-		return ring.Poly{}
+// streamPoly is a worker's plaintext buffer at (levelQ, levelP) (levelP -1: Q only).
+func streamPoly(buf ringqp.Poly, levelQ, levelP int) ringqp.Poly {
+	poly := ringqp.Poly{Q: ring.Poly{Coeffs: buf.Q.Coeffs[:levelQ+1]}}
+	if levelP >= 0 {
+		poly.P = ring.Poly{Coeffs: buf.P.Coeffs[:levelP+1]}
 	}
-	return ring.Poly{Coeffs: buf.P.Coeffs[:levelP+1]}
+	return poly
+}
+
+// streamMeta is a streamed plaintext's metadata: full slots, NTT form, not Montgomery
+// (newPlainQPProducts, ptQP).
+func (e *executor) streamMeta(scale rlwe.Scale) *rlwe.MetaData {
+	md := &rlwe.MetaData{}
+	md.Scale = scale
+	md.LogDimensions = e.params.LogMaxDimensions()
+	md.IsBatched, md.IsNTT = true, true
+	return md
 }
 
 // babiesFor returns the cache of lazy baby rotations of base, computing the missing ones
