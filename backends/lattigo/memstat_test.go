@@ -26,8 +26,11 @@ func TestHeapPeakDuring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if peak < 48*mib || peak > 64*mib {
-		t.Errorf("peak %d MiB above the start, want 48-64 (the kept buffer, at most one dropped one)", peak/mib)
+	// The collector runs concurrently with the allocator: on a loaded machine (CI runs the
+	// Go tests beside pytest) a cycle can finish a few buffers late, and 72 MiB (three
+	// dropped buffers) was seen there. Holding every dropped buffer would read 112 MiB.
+	if peak < 44*mib || peak > 88*mib {
+		t.Errorf("peak %d MiB above the start, want 44-88 (the kept buffer less what the start held as garbage, at most five of the eight dropped ones)", peak/mib)
 	}
 	if alloc < 112*mib {
 		t.Errorf("allocated %d MiB, want >= 112", alloc/mib)
