@@ -289,7 +289,8 @@ def _rich_table_text(table: Any, width: int = 160) -> str:
     return buf.getvalue()
 
 
-# scaled_by / input_scaled_by: a Chebyshev change of variable folded into the producer (planner/assign/fold.py)
+# scaled_by / input_scaled_by: a factor folded into the producer (a Chebyshev change of variable, or sqrt(c2) of a
+# quadratic: planner/assign/fold.py)
 SHOWN_PARAMS = ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "diagonals", "op", "kk", "J", "scaled_by",
                 "input_scaled_by")
 

@@ -188,10 +188,12 @@ type stats struct {
 	FusedBabies       int                `json:"fused_babies"`
 	// blocks whose products read more than one register (rotations of rotations of their
 	// origin: a key schedule's two-hop rotations)
-	FusedMultiBase  int     `json:"fused_multi_base"`
-	FusedGiants     int     `json:"fused_giants"`
-	Workers         int     `json:"workers"`
-	MaxScaleFix     float64 `json:"max_scale_fix"`
+	FusedMultiBase int     `json:"fused_multi_base"`
+	FusedGiants    int     `json:"fused_giants"`
+	Workers        int     `json:"workers"`
+	MaxScaleFix    float64 `json:"max_scale_fix"`
+	// operands brought to the other operand's scale exactly (an add/sub across levels)
+	ScaleSets       int     `json:"scale_sets"`
 	KeygenSeconds   float64 `json:"keygen_seconds"`
 	KeyWriteSeconds float64 `json:"key_write_seconds"`
 	SetupSeconds    float64 `json:"setup_seconds"`

@@ -27,10 +27,14 @@ import (
 //     operand is rescaled automatically, so plans that never say "rescale" still work and
 //     scales never overflow. The register is replaced by its rescaled value (same value).
 //   - add/sub: operands whose scales differ are first auto-rescaled where possible (so a
-//     fresh ciphertext plus an unrescaled product works); a remaining relative scale
-//     difference below 2^-16 (drift of cmul results, whose scale is s_a*s_b/q) is
-//     absorbed by relabelling one scale and reported as max_scale_fix; anything larger is
-//     an error. Operands at different levels are combined at the lower level.
+//     fresh ciphertext plus an unrescaled product works). A remaining scale difference
+//     (the drift of cmul results, whose scale is s_a*s_b/q, up to 2^-16 at n16boot)
+//     between operands at different levels is removed exactly: the operand at the higher
+//     level takes the other's scale with a constant product and a rescale (Lattigo's
+//     SetScale; the sum is at the lower level anyway), counted as scale_sets. Between
+//     operands at one level a relative difference below 2^-16 is absorbed by relabelling
+//     one scale and reported as max_scale_fix; anything larger is an error. Operands at
+//     different levels are combined at the lower level.
 //   - padd/psub: the plaintext is encoded at the ciphertext's level and exact scale.
 //   - rescale: a real Rescale when the operand carries an unrescaled product; otherwise the
 //     value is passed through unchanged (counted as skipped_rescales), because dividing a
@@ -485,6 +489,21 @@ func (e *executor) chebyshevVariable(ct *rlwe.Ciphertext, poly bignum.Polynomial
 	return out, nil
 }
 
+// setScale returns a copy of ct whose scale is exactly scale (same value; one level less):
+// an operand at a higher level meets the other's scale exactly (policy above). The register
+// keeps ct (its other readers expect its scale).
+func (e *executor) setScale(ct *rlwe.Ciphertext, scale rlwe.Scale) (*rlwe.Ciphertext, error) {
+	t := time.Now()
+	out := e.newCt(ct.Level())
+	out.Copy(ct)
+	if err := e.eval.SetScale(out, scale); err != nil {
+		return nil, fmt.Errorf("matching the scale 2^%.3f at level %d: %w", scale.Log2(), ct.Level(), err)
+	}
+	e.st.ScaleSets++
+	e.st.addOp("scale_set", time.Since(t).Seconds())
+	return out, nil
+}
+
 // binaryOperands prepares add/sub operands so that their scales agree (policy above).
 func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Ciphertext, error) {
 	a, b := e.regs[an], e.regs[bn]
@@ -494,6 +513,17 @@ func (e *executor) binaryOperands(an, bn string) (*rlwe.Ciphertext, *rlwe.Cipher
 			return nil, nil, err
 		}
 		if b, err = e.operand(bn, true); err != nil {
+			return nil, nil, err
+		}
+	}
+	if a.Scale.Cmp(b.Scale) != 0 && a.Level() != b.Level() {
+		var err error
+		if a.Level() > b.Level() {
+			a, err = e.setScale(a, b.Scale)
+		} else {
+			b, err = e.setScale(b, a.Scale)
+		}
+		if err != nil {
 			return nil, nil, err
 		}
 	}

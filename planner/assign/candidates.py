@@ -567,9 +567,43 @@ def poly_const_term(node: Node) -> float:
     return float(np.polynomial.chebyshev.chebval(t, np.asarray(coeffs, dtype=np.float64)))
 
 
+# A quadratic a x^2 + b x + c (a > 0) whose producer multiplies its result by s = sqrt(a)
+# costs one level: with y = s x it is y (y + b / s) + c, a padd, a cmul and a rescale (a
+# degree-2 ``poly`` takes ceil(log2 3) = 2).  y is s times smaller than x, so the CKKS error
+# the producer leaves in y weighs 1/s more in x: s is kept within [QUADRATIC_MIN_SCALE,
+# QUADRATIC_MAX_SCALE] (at most 4 bits lost; values at most 16 times larger).
+QUADRATIC_MIN_SCALE = 2.0**-4
+QUADRATIC_MAX_SCALE = 2.0**4
+
+
+def quadratic_coeffs(node: Node) -> tuple[float, float, float] | None:
+    """(c0, c1, c2) of a poly node evaluated as the monomial quadratic c0 + c1 x + c2 x^2
+    (c2 != 0): a monomial poly of degree 2, or a Chebyshev one that chebyshev_as_monomial
+    evaluates so; else None."""
+    if node.op != "poly":
+        return None
+    coeffs = chebyshev_as_monomial(node) if node.basis == "chebyshev" else tuple(node.coeffs or (0.0,))
+    if coeffs is None or max((i for i, c in enumerate(coeffs) if c != 0.0), default=0) != 2:
+        return None
+    return float(coeffs[0]), float(coeffs[1]), float(coeffs[2])
+
+
+def quadratic_scale(node: Node) -> float | None:
+    """s = sqrt(c2) for a quadratic poly whose producer may absorb s (rule above): c2 > 0,
+    not already 1, s within the bounds."""
+    q = quadratic_coeffs(node)
+    if q is None or q[2] <= 0.0 or q[2] == 1.0:
+        return None
+    s = float(np.sqrt(q[2]))
+    return s if QUADRATIC_MIN_SCALE <= s <= QUADRATIC_MAX_SCALE else None
+
+
 def fold_scale(node: Node) -> float | None:
-    """The factor s of a Chebyshev poly's change of variable that its producer may absorb
-    (planner.assign.fold): a series over [a, b] != [-1, 1] of degree >= 1 evaluated as such."""
+    """The factor s on a poly's input that its producer may absorb (planner.assign.fold): a
+    Chebyshev series over [a, b] != [-1, 1] of degree >= 1 evaluated as such (its change of
+    variable), or sqrt(c2) of a quadratic (``quadratic_scale``: one level instead of two)."""
+    if (q := quadratic_scale(node)) is not None:
+        return q
     if node.op != "poly" or node.basis != "chebyshev" or node.domain is None:
         return None
     if tuple(node.domain) == (-1.0, 1.0) or poly_depth(node.coeffs or (0.0,)) == 0:
@@ -584,8 +618,13 @@ def lower_poly(b: ProgramBuilder, node: Node, r: str, folded: bool = False) -> s
     of variable (a pmul by s and a padd of c, over all slots; none for [-1, 1]) followed by
     a Chebyshev poly over [-1, 1] (the instruction whose depth is ceil(log2(d + 1))).
     ``folded``: the operand already holds s times the value (planner.assign.fold), only c is
-    added."""
+    added; or, for a quadratic, the operand holds sqrt(c2) times the value (``quadratic_scale``)
+    and the poly is the monic y (y + c1 / s) + c0."""
     coeffs = tuple(node.coeffs or (0.0,))
+    if folded and (s := quadratic_scale(node)) is not None:
+        q = quadratic_coeffs(node)
+        assert q is not None
+        return lower_monomial(b, r, (q[0], q[1] / s, 1.0), b.slots)
     if node.basis != "chebyshev":
         return lower_monomial(b, r, coeffs, b.slots)
     mono = chebyshev_as_monomial(node)
@@ -674,13 +713,19 @@ def _elementwise(graph: Graph, node: Node, lay: Any, enc: list[str], folded: boo
 
 
 def lower_monomial(b: ProgramBuilder, r: str, coeffs: tuple[float, ...], slots: int) -> str:
-    """An element-wise polynomial at its fewest levels: ``x^2 + c0`` (Orion's and CryptoNets'
-    square activation) is ``cmul(x, x)`` (one level, where a ``poly`` of degree 2 takes
-    ceil(log2 3) = 2), plus a constant ``padd`` when c0 != 0; every other polynomial is one
-    ``poly`` instruction (ceil(log2(d + 1)) levels)."""
+    """An element-wise polynomial at its fewest levels: ``x^2 + c1 x + c0`` is
+    ``cmul(x, x + c1)`` (one level, where a ``poly`` of degree 2 takes ceil(log2 3) = 2; for
+    Orion's and CryptoNets' square activation, c1 = 0, ``cmul(x, x)``), plus a constant
+    ``padd`` when c0 != 0; every other polynomial is one ``poly`` instruction
+    (ceil(log2(d + 1)) levels)."""
     deg = max((i for i, c in enumerate(coeffs) if c != 0.0), default=0)
-    if deg == 2 and coeffs[1] == 0.0 and coeffs[2] == 1.0:
-        sq = b.rescale(b.cmul(r, r))
+    if deg == 2 and coeffs[2] == 1.0:
+        c1 = float(coeffs[1])
+        t = r
+        if c1 != 0.0:
+            pt1 = b.const_plaintext(("const", slots, c1), f"pt/const/{c1!r}", lambda: np.full(slots, c1))
+            t = b.padd(r, pt1)
+        sq = b.rescale(b.cmul(r, t))
         c0 = float(coeffs[0])
         if c0 == 0.0:
             return sq

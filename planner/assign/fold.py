@@ -16,8 +16,10 @@ builds the candidate variants that carry it:
 - a *folded* variant of the poly's candidate (``operand_scales = {x: s}``; plan node
   ``params.input_scaled_by``) that only adds ``c``.
 
-A chain folds only when every candidate of every node in it has a scaled variant: its
-nodes then offer only their scaled candidates and the poly only its folded ones, so the
+A chain folds only when every candidate of every node in it has a scaled variant (but a
+candidate that bootstraps inside, a CinS layer, which keeps its unscaled self and pairs with
+the poly's unfolded candidates): its nodes then offer only their scaled candidates and the
+poly only its folded ones (and its unfolded ones where a CinS candidate stays), so the
 choice model has as many options as without folding and the depth it sees is the plan's
 (offering both made CP-SAT miss ResNet-20's optimum within its time limit); otherwise only
 the unscaled ones stay.  Edges still pair a producer option only with reading options that
@@ -279,12 +281,17 @@ def add_scaled_variants(
             continue
         chain = _full_chain(graph, node.inputs[0], cands)
         for nid in chain or _chain_nodes(graph, node.inputs[0], cands):
-            cands[nid] = [c for c in cands[nid] if (c.out_scale != 1.0) == (chain is not None)]
+            # (a candidate that bootstraps inside, a CinS layer, cannot absorb the factor: it
+            # stays beside the scaled ones, read by the poly's unfolded candidates)
+            cands[nid] = [c for c in cands[nid] if (c.out_scale != 1.0) == (chain is not None)
+                          or chain is not None and c.resets]
         t = node.inputs[0]
+        resetting = chain is not None and any(c.resets for nid in chain for c in cands[nid])
         # the poly's folded candidates (and their scaled variants when it is itself in a
-        # chain), or its unfolded ones
+        # chain), or its unfolded ones; both where a producer may bootstrap inside
         cands[node.id] = [c for c in cands[node.id]
-                          if ((c.scaled_from or c).operand_scales.get(t, 1.0) != 1.0) == (chain is not None)]
+                          if ((c.scaled_from or c).operand_scales.get(t, 1.0) != 1.0) == (chain is not None)
+                          or resetting]
     _drop_unpaired(graph, cands)
 
 
@@ -303,7 +310,8 @@ def _chain_nodes(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]
 
 def _full_chain(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]) -> list[str] | None:
     """The nodes of the fold through ``tensor`` when every candidate of each has a scaled
-    variant and all variants of a node need the same operands scaled; else None."""
+    variant (but those that bootstrap inside, which keep their own) and all variants of a
+    node need the same operands scaled; else None."""
     out: list[str] = []
     todo = [tensor]
     while todo:
@@ -311,7 +319,7 @@ def _full_chain(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]])
         if prod is None:
             return None
         cs = cands[prod.id]
-        orig = [c for c in cs if c.out_scale == 1.0]
+        orig = [c for c in cs if c.out_scale == 1.0 and not c.resets]
         var = [c for c in cs if c.out_scale != 1.0]
         if not var or len(var) != len(orig) or not all(any(v.scaled_from is o for v in var) for o in orig):
             return None

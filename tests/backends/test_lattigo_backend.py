@@ -282,6 +282,39 @@ def test_cmul_and_poly(rng: np.random.Generator) -> None:
     assert res.stats["op_counts"]["poly"] == 4 and res.stats["op_counts"]["cmul"] == 3
 
 
+def test_square_activation_meets_its_shortcut_at_an_exact_scale(rng: np.random.Generator) -> None:
+    """A folded quadratic activation (planner/assign/candidates.py quadratic_scale): y = s x by
+    a plaintext product, y (y + b) + c in one level, added to the shortcut x two levels up.
+    The square's scale is 2^80 / q (up to 2^-16 from 2^40); the executor brings the
+    shortcut to that scale exactly (scale_sets) instead of relabelling (max_scale_fix)."""
+    tables = base_tables(rng)
+    tables.update({"pt/s.idx": np.full(2048, -1, dtype=np.int64), "pt/s.coef": np.full(2048, 0.125**0.5),
+                   "pt/b.idx": np.full(2048, -1, dtype=np.int64), "pt/b.coef": np.full(2048, 0.5 / 0.125**0.5),
+                   "pt/c.idx": np.full(2048, -1, dtype=np.int64), "pt/c.coef": np.full(2048, 0.1)})
+    plaintexts = {n: {"source": "const", "table": f"pt/{n}"} for n in ("s", "b", "c")}
+    inputs = {"x": rng.uniform(-2, 2, 2000)}
+    program = [
+        {"op": "input", "dst": "x", "tensor": "x", "table": "in/x"},
+        {"op": "pmul", "dst": "y0", "src": "x", "pt": "s"},
+        {"op": "rescale", "dst": "y", "src": "y0"},
+        {"op": "padd", "dst": "t", "src": "y", "pt": "b"},
+        {"op": "cmul", "dst": "q0", "a": "y", "b": "t"},
+        {"op": "rescale", "dst": "q1", "src": "q0"},
+        {"op": "padd", "dst": "q", "src": "q1", "pt": "c"},
+        {"op": "add", "dst": "r", "a": "q", "b": "x"},
+    ]
+    program += outputs_all(["q", "r"])
+    res = check(make_plan(program, plaintexts), inputs, {}, tables)
+    x = np.full(2048, np.nan)
+    idx = tables["in/x.idx"]
+    x = np.where(idx >= 0, inputs["x"][np.maximum(idx, 0)], 0.0)
+    want = 0.125 * x * x + 0.5 * x + 0.1
+    assert rel_err(res.outputs["q"], want) < 1e-7
+    assert rel_err(res.outputs["r"], want + x) < 1e-7
+    assert res.stats["scale_sets"] == 1 and res.stats["max_scale_fix"] == 0.0
+    assert [v.level for v in res.vectors] == [1, 1]
+
+
 def test_chebyshev_poly(rng: np.random.Generator) -> None:
     """Chebyshev series through Lattigo's evaluator in the Chebyshev basis: over [-1, 1]
     ceil(log2(d + 1)) levels; over another domain one more (the change of variable)."""

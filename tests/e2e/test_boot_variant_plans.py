@@ -58,7 +58,8 @@ def random_graph(seed: int) -> tuple[Graph, dict[str, str]]:
             nodes.append({"id": nid, "op": op, "inputs": [prev, f"w{i}"]})
             depth += op == "mul"
         elif op == "poly":
-            nodes.append({"id": nid, "op": "poly", "inputs": [prev], "coeffs": [0.1, 0.5, 0.4]})
+            # (concave: two levels, no fold)
+            nodes.append({"id": nid, "op": "poly", "inputs": [prev], "coeffs": [0.1, 0.5, -0.4]})
             depth += 2
         else:
             tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-1.0 / n, 1.0 / n]}

@@ -216,7 +216,8 @@ def conv_stack(depth: int, c: int = 2, hw: int = 4) -> Graph:
     for i in range(depth):
         tensors[f"k{i}"] = {"shape": [c, c, 3, 3], "role": "weight", "range": [-0.05, 0.05]}
         nodes.append({"id": f"c{i}", "op": "conv2d", "inputs": [prev, f"k{i}"], "padding": [1, 1]})
-        nodes.append({"id": f"a{i}", "op": "poly", "inputs": [f"c{i}"], "coeffs": [0.0, 0.5, 0.25]})
+        # (concave: two levels, no fold)
+        nodes.append({"id": f"a{i}", "op": "poly", "inputs": [f"c{i}"], "coeffs": [0.0, 0.5, -0.25]})
         prev = f"a{i}"
     return parse_graph({"schema": "slotplan.graph/1", "name": f"convs{depth}", "tensors": tensors,
                         "nodes": nodes, "outputs": [prev]})

@@ -115,6 +115,7 @@ def test_ciphertext_operands_elementwise_equals_numpy(op: str, b_shape: list[int
 POLYS: list[dict[str, Any]] = [
     {"coeffs": [0.3, -0.5, 0.25, 0.125]},  # monomial
     {"coeffs": [0.7, 0.0, 1.0]},  # x^2 + c: one cmul
+    {"coeffs": [0.25, -0.75, 1.0]},  # x (x + c1) + c0: a padd, one cmul
     {"coeffs": [0.1, 0.5, 0.3, -0.2], "basis": "chebyshev", "domain": [-1.0, 1.0]},
     {"coeffs": [0.1, 0.5, 0.3, -0.2, 0.05], "basis": "chebyshev", "domain": [-3.0, 5.0]},  # change of variable
     {"coeffs": [0.2, 0.4, -0.1], "basis": "chebyshev", "domain": [-2.0, 2.0]},  # harmless: monomial basis
@@ -145,6 +146,9 @@ def test_poly_candidates_equal_numpy_and_leave_the_constant_term(spec: dict[str,
     if spec["coeffs"] == [0.7, 0.0, 1.0]:
         b, _ = c.dry_program(S)
         assert [i["op"] for i in b.instrs] == ["cmul", "rescale", "padd"]
+    if spec["coeffs"] == [0.25, -0.75, 1.0]:
+        b, _ = c.dry_program(S)
+        assert [i["op"] for i in b.instrs] == ["padd", "cmul", "rescale", "padd"]
 
 
 @pytest.mark.parametrize(("a", "b"), [(-3.0, 5.0), (0.0, 1.0), (-1.0, 1.0), (2.0, 10.0)])

@@ -98,7 +98,8 @@ def test_bootstrapping_plan_with_a_batch() -> None:
     nodes = []
     cur = "x"
     for i in range(6):  # 12 levels of squares: more than the 9 left after a bootstrap
-        nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, 0.4]})
+        # (concave: each poly keeps its two levels, no fold)
+        nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, -0.4]})
         cur = f"p{i}"
     graph = {"schema": "slotplan.graph/1", "name": "deep-batch",
              "tensors": {"x": {"shape": [24], "role": "input", "range": [-1, 1]}},
@@ -110,7 +111,7 @@ def test_bootstrapping_plan_with_a_batch() -> None:
     rep = run_plan(res.plan, res.tables, "sim", values={"x": x})
     want = x
     for _ in range(6):
-        want = 0.5 * want + 0.4 * want * want
+        want = 0.5 * want - 0.4 * want * want
     assert rep.ok and rep.bootstraps["count"] == s["bootstraps"]
     np.testing.assert_allclose(rep.outputs[cur], want, atol=1e-9)
 
@@ -127,7 +128,8 @@ def test_bootstrap_variants_with_a_batch(size: int, batch: int) -> None:
     nodes = []
     cur = "x"
     for i in range(6):
-        nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, 0.4]})
+        # (concave: each poly keeps its two levels, no fold)
+        nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, -0.4]})
         cur = f"p{i}"
     graph = {"schema": "slotplan.graph/1", "name": "deep-batch-variants",
              "tensors": {"x": {"shape": [size], "role": "input", "range": [-1, 1]}},
@@ -145,7 +147,7 @@ def test_bootstrap_variants_with_a_batch(size: int, batch: int) -> None:
     rep = run_plan(res.plan, res.tables, "sim", values={"x": x})
     want = x
     for _ in range(6):
-        want = 0.5 * want + 0.4 * want * want
+        want = 0.5 * want - 0.4 * want * want
     assert rep.ok
     np.testing.assert_allclose(rep.outputs[cur], want, atol=1e-9)
 
@@ -160,7 +162,8 @@ def test_full_ring_halves_variant_with_a_batch() -> None:
     from backends.runner import run_plan
 
     size, batch = 3000, 2
-    nodes = [{"id": f"p{i}", "op": "poly", "inputs": ["x" if i == 0 else f"p{i - 1}"], "coeffs": [0.0, 0.5, 0.4]}
+    # (concave: each poly keeps its two levels, no fold)
+    nodes = [{"id": f"p{i}", "op": "poly", "inputs": ["x" if i == 0 else f"p{i - 1}"], "coeffs": [0.0, 0.5, -0.4]}
              for i in range(6)]
     graph = {"schema": "slotplan.graph/1", "name": "pair-fills-the-ring",
              "tensors": {"x": {"shape": [size], "role": "input", "range": [-1, 1]}},
@@ -177,7 +180,7 @@ def test_full_ring_halves_variant_with_a_batch() -> None:
     rep = run_plan(res.plan, res.tables, "sim", values={"x": x})
     want = x
     for _ in range(6):
-        want = 0.5 * want + 0.4 * want * want
+        want = 0.5 * want - 0.4 * want * want
     assert rep.ok
     np.testing.assert_allclose(rep.outputs["p5"], want, atol=1e-9)
 

@@ -36,7 +36,8 @@ def cnn(pad_last: int = 1) -> dict[str, Any]:
     for i in ("a", "b", "d"):
         tensors[f"{i}_w"] = {"shape": [c, c, 3, 3], "role": "weight"}
         nodes.append(_conv(i, cur, c))
-        nodes.append({"id": f"{i}_p", "op": "poly", "inputs": [i], "coeffs": [0.0, 0.5, 0.25]})
+        # (concave: two levels, no fold)
+        nodes.append({"id": f"{i}_p", "op": "poly", "inputs": [i], "coeffs": [0.0, 0.5, -0.25]})
         cur = f"{i}_p"
     nodes.append({"id": "res", "op": "add", "inputs": [cur, "a_p"]})
     k = 3 if pad_last else 1
