@@ -76,6 +76,16 @@ def fake_backends() -> Iterator[tuple[str, str]]:
 # still covers its behaviour (docs/testing.md says what each checks and why that suffices;
 # tests/test_tiers.py checks that every entry and every cover names a real test).
 SLOW_TESTS: dict[str, str] = {
+    # FHELIPE's 65535 rotations of MVM2 (about 17 s); the same baseline kernel reproduces the
+    # paper's count on MVM1
+    "tests/planner/kernels/test_metakernel.py::test_fhelipe_baseline_reproduces_paper_counts[mvm2-65535]":
+        "tests/planner/kernels/test_metakernel.py::test_fhelipe_baseline_reproduces_paper_counts[mvm1-6658]",
+    # two of the twelve random graphs under random caps (13 s each on this machine); the
+    # other ten stay in the default tier
+    "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[1]":
+        "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[0]",
+    "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[4]":
+        "tests/planner/keys/test_keyplan.py::test_random_graphs_under_random_caps[0]",
     # the CI recipe's script on two commits of a clone: git worktrees and six fresh Python
     # processes (23 s); what it runs is covered by batch_results_diff (batch lines diffed)
     # and cli_diff_formats_and_exit_codes (--fail-on-regression: 1 on a regression, 0 on none)
