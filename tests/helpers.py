@@ -117,6 +117,24 @@ def plan_and_check(graph: Graph, params: Params, **opts: Any) -> PlanResult:
     return res
 
 
+def graph_of(name: str, tensors: dict[str, Any], nodes: list[dict[str, Any]], outputs: list[str]) -> Graph:
+    """A graph from its parts (schema slotplan.graph/1)."""
+    return parse_graph({"schema": "slotplan.graph/1", "name": name, "tensors": tensors, "nodes": nodes,
+                        "outputs": outputs})
+
+
+def plan_small(g: Graph, levels: int = 8, **opts: Any) -> PlanResult:
+    """``g`` planned at log N 10 with ``levels`` levels (insecure, raw outputs unless told),
+    checked against numpy with its layout claims."""
+    opts.setdefault("clean_outputs", False)
+    return plan_and_check(g, small_params(10, levels), **opts)
+
+
+def plan_node(res: PlanResult, nid: str) -> dict[str, Any]:
+    """The plan's entry for node ``nid``."""
+    return next(n for n in res.plan["nodes"] if n["id"] == nid)
+
+
 def bench_encrypted(res: PlanResult, graph: Graph, options: dict[str, Any], seed: int = 3
                     ) -> tuple[dict[str, Any], dict[str, float]]:
     """Run a plan with Lattigo's ``BenchPlan`` on seeded random values: (stats, relative

@@ -14,9 +14,9 @@ import pytest
 from planner import ir
 from planner.assign.candidates import chebyshev_map
 from planner.assign.fold import plan_cone
-from planner.frontend.graph import Graph, parse_graph
-from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from tests.helpers import check_plan, small_params
+from planner.frontend.graph import Graph
+from planner.pipeline import PlanResult
+from tests.helpers import graph_of, plan_node, plan_small
 
 COEFFS = [0.1, 0.5, 0.3, -0.2, 0.05]  # degree 4: ceil(log2 5) = 3 levels
 DOMAIN = [-3.0, 5.0]
@@ -24,20 +24,10 @@ CHEB: dict[str, Any] = {"op": "poly", "coeffs": COEFFS, "basis": "chebyshev", "d
 
 
 def _graph(tensors: dict[str, Any], nodes: list[dict[str, Any]], outputs: list[str]) -> Graph:
-    return parse_graph({"schema": "slotplan.graph/1", "name": "fold", "tensors": tensors, "nodes": nodes,
-                        "outputs": outputs})
+    return graph_of("fold", tensors, nodes, outputs)
 
 
-def _plan(g: Graph, levels: int = 8, **opts: Any) -> PlanResult:
-    opts.setdefault("allow_insecure", True)
-    opts.setdefault("clean_outputs", False)
-    res = plan_graph(g, small_params(10, levels), PlanOptions(**opts))
-    check_plan(res, g)
-    return res
-
-
-def _node(res: PlanResult, nid: str) -> dict[str, Any]:
-    return next(n for n in res.plan["nodes"] if n["id"] == nid)
+_plan, _node = plan_small, plan_node
 
 
 def _pmuls_by_scale(res: PlanResult) -> int:

@@ -20,29 +20,19 @@ from planner.assign.candidates import (
     quadratic_coeffs,
     quadratic_scale,
 )
-from planner.frontend.graph import Graph, parse_graph
-from planner.pipeline import PlanOptions, PlanResult, plan_graph
-from tests.helpers import check_plan, small_params
+from planner.frontend.graph import Graph
+from planner.pipeline import PlanResult
+from tests.helpers import graph_of, plan_node, plan_small
 
 ACT = [0.0, 0.5, 0.125]  # ResNet-20's activation in data/workloads: 0.5 x + 0.125 x^2
 S = math.sqrt(0.125)
 
 
 def _graph(tensors: dict[str, Any], nodes: list[dict[str, Any]], outputs: list[str]) -> Graph:
-    return parse_graph({"schema": "slotplan.graph/1", "name": "quad", "tensors": tensors, "nodes": nodes,
-                        "outputs": outputs})
+    return graph_of("quad", tensors, nodes, outputs)
 
 
-def _plan(g: Graph, levels: int = 8, **opts: Any) -> PlanResult:
-    opts.setdefault("allow_insecure", True)
-    opts.setdefault("clean_outputs", False)
-    res = plan_graph(g, small_params(10, levels), PlanOptions(**opts))
-    check_plan(res, g)
-    return res
-
-
-def _node(res: PlanResult, nid: str) -> dict[str, Any]:
-    return next(n for n in res.plan["nodes"] if n["id"] == nid)
+_plan, _node = plan_small, plan_node
 
 
 def _ops(res: PlanResult) -> list[str]:
