@@ -491,11 +491,12 @@ func (e *executor) chebyshevVariable(ct *rlwe.Ciphertext, poly bignum.Polynomial
 
 // setScale returns a copy of ct whose scale is exactly scale (same value; one level less):
 // an operand at a higher level meets the other's scale exactly (policy above). The register
-// keeps ct (its other readers expect its scale).
+// keeps ct (its other readers expect its scale). The copy is the add's operand only: not
+// from newCt's pool (owned ciphertexts stay referenced until the evaluation ends), so the
+// collector frees it after the add.
 func (e *executor) setScale(ct *rlwe.Ciphertext, scale rlwe.Scale) (*rlwe.Ciphertext, error) {
 	t := time.Now()
-	out := e.newCt(ct.Level())
-	out.Copy(ct)
+	out := ct.CopyNew()
 	if err := e.eval.SetScale(out, scale); err != nil {
 		return nil, fmt.Errorf("matching the scale 2^%.3f at level %d: %w", scale.Log2(), ct.Level(), err)
 	}
