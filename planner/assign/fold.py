@@ -1,5 +1,8 @@
-"""Folding the change of variable of a Chebyshev poly into its producers (SPEC section 2:
-a degree-d Chebyshev poly over [a, b] costs ceil(log2(d + 1)) levels).
+"""Folding a factor on a poly's input into its producers: the change of variable of a
+Chebyshev poly (SPEC section 2: a degree-d Chebyshev poly over [a, b] costs
+ceil(log2(d + 1)) levels), or sqrt(a) of a convex quadratic a x^2 + b x + c, which then costs
+one level (planner.assign.candidates.quadratic_scale).  The Chebyshev case below; the
+quadratic's takes the same path with s = sqrt(a).
 
 A Chebyshev ``poly`` over [a, b] != [-1, 1] evaluates its series at ``s * x + c`` with
 ``s = 2 / (b - a)``, ``c = -(a + b) / (b - a)``.  Lowered on its own, the product by ``s``

@@ -118,6 +118,25 @@ def test_chebyshev_quadratic_evaluated_in_the_monomial_basis_folds() -> None:
     assert res.plan["summary"]["depth"] == 2
 
 
+def test_fold_across_several_ciphertexts() -> None:
+    """700 inputs, 600 outputs at 512 slots (sizes no power of two, values spanning several
+    ciphertexts): every ciphertext's products take sqrt(a), each output ciphertext gets its
+    own monic square, and the plan (checked against numpy with its layout claims) keeps
+    two levels."""
+    g = _graph(
+        {"W": {"shape": [600, 700], "role": "weight"}, "x": {"shape": [700], "role": "input"},
+         "bias": {"shape": [600], "role": "weight"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "z", "op": "add", "inputs": ["y", "bias"]},
+         {"id": "p", "op": "poly", "inputs": ["z"], "coeffs": [0.1, -0.3, 0.25]}],
+        ["p"])
+    res = _plan(g)
+    assert res.plan["summary"]["depth"] == 2
+    assert _node(res, "p")["params"]["input_scaled_by"] == 0.5
+    assert sum(1 for raw in res.plan["program"] if raw["op"] == "input") > 1
+    n_out = sum(1 for raw in res.plan["program"] if raw["op"] == "output")
+    assert n_out > 1 and _ops(res).count("cmul") == n_out and "poly" not in _ops(res)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_quadratics_equal_numpy(seed: int) -> None:
     """Random convex quadratics after a matvec + bias, folded or not (the factor's bounds),
