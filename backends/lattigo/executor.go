@@ -66,6 +66,7 @@ type executor struct {
 	polyEval *polynomial.Evaluator
 	ecd      *ckks.Encoder
 	emb      *embedder // ecd's Encode and Embed without per-coefficient allocations (encode.go)
+	tracer   *opTracer // SLOTPLAN_OP_TRACE (optrace.go); nil: off
 	keys     *keyStore
 	plan     *plan
 	ptValues map[string][]float64
@@ -196,6 +197,7 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		e.keptBytes = e.cache.boot.bytes
 	}
 	e.eval, e.polyEval, e.ecd, e.emb = e.sc.eval, e.sc.polyEval, e.sc.ecd, e.sc.emb
+	e.tracer = currentTracer()
 	if e.nWorkers <= 0 {
 		e.nWorkers = runtime.GOMAXPROCS(0)
 	}
@@ -962,6 +964,13 @@ func (e *executor) step(in instr) error {
 func (e *executor) afterStep(i int, in instr, op string, seconds float64) {
 	if op != "" {
 		e.st.addOp(op, seconds)
+		if tr := e.tracer; tr != nil {
+			level := -1
+			if ct := e.regs[in.Dst]; ct != nil {
+				level = ct.Level()
+			}
+			tr.record(i, op, level, seconds)
+		}
 	}
 	if op == "rot_hoisted" {
 		e.st.Rotations += len(in.Ks)
