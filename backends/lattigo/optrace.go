@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime/metrics"
 	"sync"
+	"syscall"
 )
 
 // Per-instruction trace (SLOTPLAN_OP_TRACE=<path>): one line per executed instruction,
@@ -12,13 +13,16 @@ import (
 // time model prices instruction by instruction (docs/lattigo.md, "Where a bootstrapping
 // evaluation's time goes"). A line is tab-separated:
 //
-//	index  op  level  seconds  gc_cycles
+//	index  op  level  seconds  gc_cycles  minor_faults  system_seconds
 //
 // index: the instruction's position in the program; op: the op its time was counted under
 // (a fused block's root: bsgs_block); level: its destination's level after the step (-1
-// without one); seconds: as the run's op_seconds count it; gc_cycles: the collector's
-// completed cycles so far (a step during which it grows shared the core with the collector).
-// Off (the default), nothing is read or written.
+// without one); seconds: as the run's op_seconds count it. The last three are the process's
+// running totals when the step ended (a step's share is the difference from the line
+// before): the collector's completed cycles (a step during which it grows shared the core
+// with the collector), the minor page faults and the system CPU seconds (getrusage: every
+// thread of the process, the key readers' included). Off (the default), nothing is read or
+// written.
 
 const opTraceEnv = "SLOTPLAN_OP_TRACE"
 
@@ -66,5 +70,8 @@ func (t *opTracer) record(i int, op string, level int, seconds float64) {
 	if t.sample[0].Value.Kind() == metrics.KindUint64 {
 		cycles = t.sample[0].Value.Uint64()
 	}
-	fmt.Fprintf(t.f, "%d\t%s\t%d\t%.6f\t%d\n", i, op, level, seconds, cycles)
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru) // zeros where it fails
+	sys := float64(ru.Stime.Sec) + float64(ru.Stime.Usec)*1e-6
+	fmt.Fprintf(t.f, "%d\t%s\t%d\t%.6f\t%d\t%d\t%.6f\n", i, op, level, seconds, cycles, ru.Minflt, sys)
 }

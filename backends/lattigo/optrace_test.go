@@ -9,8 +9,9 @@ import (
 )
 
 // The trace has one line per timed instruction, in program order, with the op its time was
-// counted under, the destination's level and the seconds; its op seconds add up to the
-// run's op_seconds.
+// counted under, the destination's level, the seconds and the process's running totals
+// (collector cycles, minor faults, system seconds); its op seconds add up to the run's
+// op_seconds.
 func TestOpTrace(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "trace.tsv")
 	t.Setenv(opTraceEnv, path)
@@ -33,10 +34,24 @@ func TestOpTrace(t *testing.T) {
 		t.Fatalf("%d trace lines, want %d:\n%s", len(lines), len(wantOps), data)
 	}
 	sums := map[string]float64{}
+	last := map[int]int64{}
+	lastSys := 0.0
 	for i, line := range lines {
 		f := strings.Split(line, "\t")
-		if len(f) != 5 {
-			t.Fatalf("line %q: %d fields, want 5", line, len(f))
+		if len(f) != 7 {
+			t.Fatalf("line %q: %d fields, want 7", line, len(f))
+		}
+		for _, k := range []int{4, 5} { // running totals: never decreasing
+			v, err := strconv.ParseInt(f[k], 10, 64)
+			if err != nil || v < last[k] {
+				t.Fatalf("line %q: field %d is not a running total (%d before)", line, k+1, last[k])
+			}
+			last[k] = v
+		}
+		if sys, err := strconv.ParseFloat(f[6], 64); err != nil || sys < lastSys {
+			t.Fatalf("line %q: system seconds are not a running total (%f before)", line, lastSys)
+		} else {
+			lastSys = sys
 		}
 		if idx, _ := strconv.Atoi(f[0]); idx != i || f[1] != wantOps[i] {
 			t.Fatalf("line %d is %q, want instruction %d (%s)", i, line, i, wantOps[i])
