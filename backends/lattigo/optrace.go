@@ -3,9 +3,7 @@ package slotlattigo
 import (
 	"fmt"
 	"os"
-	"runtime/metrics"
 	"sync"
-	"syscall"
 )
 
 // Per-instruction trace (SLOTPLAN_OP_TRACE=<path>): one line per executed instruction,
@@ -20,16 +18,15 @@ import (
 // without one); seconds: as the run's op_seconds count it. The last three are the process's
 // running totals when the step ended (a step's share is the difference from the line
 // before): the collector's completed cycles (a step during which it grows shared the core
-// with the collector), the minor page faults and the system CPU seconds (getrusage: every
-// thread of the process, the key readers' included). Off (the default), nothing is read or
-// written.
+// with the collector), the minor page faults and the system CPU seconds (sampleEvalCPU,
+// bootphase.go: every thread of the process, the key readers' included). Off (the default),
+// nothing is read or written.
 
 const opTraceEnv = "SLOTPLAN_OP_TRACE"
 
 type opTracer struct {
-	mu     sync.Mutex // evaluations of one process may run side by side
-	f      *os.File
-	sample []metrics.Sample
+	mu sync.Mutex // evaluations of one process may run side by side
+	f  *os.File
 }
 
 var (
@@ -54,7 +51,7 @@ func currentTracer() *opTracer {
 	if err != nil {
 		return nil
 	}
-	t := &opTracer{f: f, sample: []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}}
+	t := &opTracer{f: f}
 	tracers[path] = t
 	return t
 }
@@ -63,15 +60,8 @@ func (t *opTracer) record(i int, op string, level int, seconds float64) {
 	if t == nil {
 		return
 	}
-	t.mu.Lock()
+	t.mu.Lock() // sampled under the lock, so the file's running totals never go back
 	defer t.mu.Unlock()
-	metrics.Read(t.sample)
-	var cycles uint64
-	if t.sample[0].Value.Kind() == metrics.KindUint64 {
-		cycles = t.sample[0].Value.Uint64()
-	}
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru) // zeros where it fails
-	sys := float64(ru.Stime.Sec) + float64(ru.Stime.Usec)*1e-6
-	fmt.Fprintf(t.f, "%d\t%s\t%d\t%.6f\t%d\t%d\t%.6f\n", i, op, level, seconds, cycles, ru.Minflt, sys)
+	c := sampleEvalCPU()
+	fmt.Fprintf(t.f, "%d\t%s\t%d\t%.6f\t%d\t%d\t%.6f\n", i, op, level, seconds, c.GCCycles, c.MinorFaults, c.SystemSeconds)
 }
