@@ -5,6 +5,7 @@ registries, not against cpsat and sim alone."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -233,3 +234,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     bad += [f"{c} (cover)" for c in set(SLOW_TESTS.values()) if not any(_matches(n, c) for n in fast)]
     if bad:
         raise pytest.UsageError("tests/conftest.py SLOW_TESTS names no test of its tier: " + ", ".join(sorted(bad)))
+
+
+REQUIRE_LATTIGO_ENV = "SLOTPLAN_REQUIRE_LATTIGO"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With SLOTPLAN_REQUIRE_LATTIGO=1 (``make test``, which has just built the extension), a
+    process that cannot import the Lattigo extension stops the run with the import's error:
+    the backend's ~150 tests would otherwise skip and the run pass (the controller and every
+    xdist worker check, each in its own process)."""
+    if os.environ.get(REQUIRE_LATTIGO_ENV, "").strip() in ("", "0"):
+        return
+    from backends import lattigo_backend
+
+    try:
+        lattigo_backend._ext()
+    except lattigo_backend.LattigoError as e:
+        raise pytest.UsageError(f"{REQUIRE_LATTIGO_ENV} is set but this test process cannot import the "
+                                f"Lattigo extension: {e}") from None

@@ -105,19 +105,32 @@ if ! "$py" -c 'import pybindgen' 2>/dev/null; then
 fi
 
 say "gopy build (Lattigo $(sed -n 's/.*tuneinsight\/lattigo\/v6 \(v[0-9.]*\).*/\1/p' "$here/go.mod"))"
-rm -rf "$gen" "$stamp"
-mkdir -p "$gen"
+# The package is built beside the one in use ($gen.new) and renamed into place once it
+# imports: a Python process that starts meanwhile (a test worker, a CLI) finds the old package
+# or the new one, never an empty or half-written directory. (site.py puts the .pth's directory
+# on sys.path only if it exists when the interpreter starts: a build that removed $gen first
+# left such a process without the extension for its whole life.)
+rm -f "$stamp"
+rm -rf "$gen.new" "$gen.old"
+mkdir -p "$gen.new"
 log=$here/build/gopy.log
 # gopy must run inside the Go module it wraps, with its output inside that module too.
-if ! (cd "$here" && PATH="$bin:$venv/bin:$PATH" "$bin/gopy" build -output="$gen/slotlattigo" -vm="$py" . >"$log" 2>&1); then
+if ! (cd "$here" && PATH="$bin:$venv/bin:$PATH" "$bin/gopy" build -output="$gen.new/slotlattigo" -vm="$py" . >"$log" 2>&1); then
   tail -n 40 "$log" >&2
+  rm -rf "$gen.new"
   die "gopy build failed (full log: $log)"
 fi
 # Build intermediates are not needed at run time.
-rm -f "$gen/slotlattigo/"*.c "$gen/slotlattigo/"*.h "$gen/slotlattigo/"*.go \
-      "$gen/slotlattigo/build.py" "$gen/slotlattigo/Makefile" "$gen/slotlattigo/slotlattigo_go.so"
-
-version=$(smoke) || die "the extension was built but does not import from $py (see $log)"
+rm -f "$gen.new/slotlattigo/"*.c "$gen.new/slotlattigo/"*.h "$gen.new/slotlattigo/"*.go \
+      "$gen.new/slotlattigo/build.py" "$gen.new/slotlattigo/Makefile" "$gen.new/slotlattigo/slotlattigo_go.so"
+gen_final=$gen
+gen=$gen.new
+version=$(smoke) || { rm -rf "$gen"; die "the extension was built but does not import from $py (see $log)"; }
+gen=$gen_final
+if [ -d "$gen" ]; then mv "$gen" "$gen.old"; fi
+mv "$gen.new" "$gen"
+rm -rf "$gen.old"
+version=$(smoke) || die "the extension does not import from $gen after the move (see $log)"
 echo "$want" > "$stamp"
 say "built $version in $(( $(date +%s) - start )) s -> $gen/slotlattigo"
 copy_package

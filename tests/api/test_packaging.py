@@ -21,7 +21,8 @@ ROOT = REPO_ROOT
 SMALL_GRAPH = {"schema": "slotplan.graph/1", "name": "g",
                "tensors": {"W": {"shape": [4, 8], "role": "weight"}, "x": {"shape": [8], "role": "input"}},
                "nodes": [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}], "outputs": ["y"]}
-_SKIP = {".git", ".venv", ".venv-orion", "build", "_gen", "_genpkg", "__pycache__", ".mypy_cache",
+_SKIP = {".git", ".venv", ".venv-orion", "build", "_gen", "_genpkg", "_gen.new", "_gen.old", "_genpkg.new",
+         "_genpkg.old", "__pycache__", ".mypy_cache",
          ".pytest_cache", ".ruff_cache", ".hypothesis", "out"}
 
 
