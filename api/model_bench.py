@@ -117,17 +117,19 @@ def find_network(nets: Sequence[Network], graph_name: str, network: str | None) 
 
 
 # ------------------------------------------------------------------------------ modelled
-def run_conditions(params: Any) -> Any:
+def run_conditions(params: Any, plaintext_store: bool = False) -> Any:
     """How ``slotplan run`` evaluates a plan (planner.cost.conditions.Run): a bootstrapping
     plan's fresh values dropped to the levels their consumers need, every plaintext (and the
     block's DFT matrices) encoded in the clock, key reads in line (no loader core), each
-    bootstrap at its kind's executor time."""
+    bootstrap at its kind's executor time. ``plaintext_store``: an evaluation after the
+    first with ``--plaintext-store`` (the fused blocks' plaintexts read back, not encoded)."""
     from planner.cost.conditions import Run
 
-    return Run(level_drops=params.boot is not None, encode=True, loader_core=False, bootstrap_measured=True)
+    return Run(level_drops=params.boot is not None, encode=True, loader_core=False, bootstrap_measured=True,
+               plaintext_store=plaintext_store)
 
 
-def modelled(plan: Mapping[str, Any]) -> dict[str, Any]:
+def modelled(plan: Mapping[str, Any], plaintext_store: bool = False) -> dict[str, Any]:
     """The plan priced under :func:`run_conditions` (nothing preloaded before the clock):
     seconds in total, by bootstrap kind (count, seconds each), fused blocks, key loads and
     the rest, and the time model's source."""
@@ -139,7 +141,7 @@ def modelled(plan: Mapping[str, Any]) -> dict[str, Any]:
 
     params = Params.from_json(plan["params"])
     tm = time_model(params)
-    run = run_conditions(params)
+    run = run_conditions(params, plaintext_store)
     prog = plan["program"]
     mt = modelled_time(prog, params, plan_key_bytes(plan) or {}, tm, preload_prologue=False, run=run)
     costs = tm.program_costs(prog, params.max_level, params.slots, run)
@@ -432,6 +434,7 @@ class BenchOptions:
     network: str | None = None
     calibrate: Path | None = None
     degree: int | None = None
+    plaintext_store: Path | None = None
 
 
 def check_options(models: Sequence[Path], o: BenchOptions) -> None:
@@ -454,6 +457,8 @@ def check_options(models: Sequence[Path], o: BenchOptions) -> None:
                                 "(installs orion-fhe from PyPI into .venv-orion) or pass --orion-python")
     if o.orion_rss_limit < 1:
         raise SlotplanError(f"--orion-rss-limit must be positive, got {o.orion_rss_limit}")
+    if o.plaintext_store is not None and not o.plaintext_store.is_dir():
+        raise SlotplanError(f"--plaintext-store {str(o.plaintext_store)!r}: no such directory")
 
 
 def _load(model: Path, o: BenchOptions) -> tuple[Any, dict[str, np.ndarray] | None]:
@@ -548,7 +553,9 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         "memory_cap_bytes": s.get("memory_cap_bytes"), "boot_variants": o.boot_variants,
         "plan_seconds": round(plan_s, 3), "bootstraps_planned": s.get("bootstraps", 0),
         "rotations": s["rotations"], "rotation_keys": s["rotation_keys"], "key_loads_planned": s["key_loads"],
-        "modelled_peak_bytes": s["peak_bytes"]["total"], "modelled": modelled(plan),
+        "modelled_peak_bytes": s["peak_bytes"]["total"],
+        # with --plaintext-store the reported run is one after the first (its steady state)
+        "modelled": modelled(plan, o.plaintext_store is not None and o.repeat > 1 and not o.dry_run),
         "affinity_cpus": len(os.sched_getaffinity(0)), "gomaxprocs": os.environ.get("GOMAXPROCS", ""),
     }
     if o.dry_run:
@@ -558,17 +565,25 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         # the repeats are evaluations one after the other in this process: the first encodes
         # the bootstrapping DFT matrices and keeps them for the next (a server's steady state;
         # backends/lattigo/bootstate.go), the last lets go of them
+        # with --plaintext-store the first evaluation encodes the streamed plaintexts and
+        # spills them (the model's preparation, reported apart: plaintext_store.preparation)
+        # and the next ones read them back: the median is theirs (a server's steady state)
         runs, reads = [], []
+        store = str(o.plaintext_store) if o.plaintext_store is not None else None
         for i in range(o.repeat):
             before = storage_read_bytes()
             runs.append(run_plan(plan, res.tables, "lattigo", o.seed, "fan-in", values=vals,
-                                 keep_boot_state=i < o.repeat - 1))
+                                 keep_boot_state=i < o.repeat - 1, plaintext_store=store))
             after = storage_read_bytes()
             reads.append(None if before is None or after is None else after - before)
         evals = [float(r.stats.get("eval_seconds", r.seconds)) for r in runs]
         without = [e - float(r.stats.get("boot_matrix_seconds", 0.0)) for e, r in zip(evals, runs, strict=True)]
-        med = sorted(range(len(runs)), key=lambda i: without[i])[len(runs) // 2]
+        steady = list(range(1, len(runs))) if store is not None and len(runs) > 1 else list(range(len(runs)))
+        med = sorted(steady, key=lambda i: without[i])[len(steady) // 2]
         m = measured(runs[med])
+        if store is not None:
+            m["plaintext_store"] = {"runs": [r.stats.get("plaintext_store") for r in runs], "median_run": med,
+                                    "preparation_eval_seconds_without_matrices": round(without[0], 3)}
         # what the page cache did not serve (keys read back from disk when the machine's
         # memory cannot cache the key files beside the process: the model prices reads at
         # page-cache speed; docs/model-bench.md)
@@ -756,6 +771,7 @@ def model_bench_command(
     network: Annotated[str | None, typer.Option("--network", help="the published network the model is (default: by graph name)")] = None,
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="ONNX only: calibration samples .npz (slotplan import)")] = None,
     degree: Annotated[int | None, typer.Option("--degree", help="ONNX only: degree of the activation polynomials")] = None,
+    plaintext_store: Annotated[Path | None, typer.Option("--plaintext-store", help="a directory for the streamed plaintexts: the first run encodes and spills them, the next read them back (use with --repeat 2 or more)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as one JSON document")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write the JSON document to this file")] = None,
 ) -> None:
@@ -783,7 +799,7 @@ def model_bench_command(
             boot_variants=boot_variants == "on", seed=seed, inputs=inputs, weights=weights, repeat=repeat,
             orion=orion, orion_python=orion_python, orion_rss_limit=parse_size(orion_rss_limit),
             orion_timeout_s=orion_timeout, dry_run=dry_run, time_limit_s=time_limit, network=network,
-            calibrate=calibrate, degree=degree)
+            calibrate=calibrate, degree=degree, plaintext_store=plaintext_store)
         rows = bench(models, o)
     except PlanTimeout as e:  # the solver found no plan within its limit (as plan: exit 3)
         raise fail(e, 3) from None

@@ -70,6 +70,10 @@ FORMAT_VERSION: Final = 1
 SECRET_KEY_NAME = "secret.key"
 EVAL_DIR_NAME = "eval"
 MANIFEST_NAME = "manifest.json"
+# A directory for the serving process's plaintext store (backends/lattigo/ptstore.go): the
+# weights' encodings the plaintext cache cannot keep are spilled there once and read back by
+# later requests (docs/lattigo.md, "The plaintext store").
+PLAINTEXT_STORE_ENV = "SLOTPLAN_PLAINTEXT_STORE"
 
 
 class InferenceError(SlotplanError):
@@ -616,6 +620,11 @@ def evaluate(
                             "plan_digest": pd, "params_digest": params_digest(plan)}
     if pt_file is not None:
         opts["plaintext_file"] = pt_file
+    store = os.environ.get(PLAINTEXT_STORE_ENV, "").strip()
+    if store:  # the serving process's plaintext store (backends/lattigo/ptstore.go)
+        if not Path(store).is_dir():
+            raise InferenceError(f"{PLAINTEXT_STORE_ENV}={store!r}: no such directory")
+        opts["plaintext_store"] = store
     t_prep = time.perf_counter() - t0
     mod, go = _go()
     outs = _program_ops(plan, "output")

@@ -385,6 +385,7 @@ def run_plan(
     key_level: int | None = None,
     memory_limit_extra_bytes: int | None = None,
     keep_boot_state: bool = False,
+    plaintext_store: str | None = None,
 ) -> LattigoResult:
     """Execute ``plan`` encrypted with Lattigo and return the decrypted output tensors.
 
@@ -398,7 +399,10 @@ def run_plan(
     modelled growth, backends/lattigo_memory.py). ``keep_boot_state`` leaves the
     bootstrapping evaluators with their encoded DFT matrices in the process for the next call
     with the same bootstrapping parameters (backends/lattigo/bootstate.go); a call uses such a
-    state whether or not it keeps it.
+    state whether or not it keeps it. ``plaintext_store`` names a directory for the
+    process's plaintext store (backends/lattigo/ptstore.go): a fused block's streamed
+    plaintexts are spilled there when first encoded (an unlinked file) and read back by this
+    and later calls instead of encoded again (``stats.plaintext_store``).
     """
     t0 = time.perf_counter()
     check_executable(plan)
@@ -416,6 +420,8 @@ def run_plan(
     options["key_dir"] = str(key_dir)
     if keep_boot_state:
         options["keep_boot_state"] = True
+    if plaintext_store is not None:
+        options["plaintext_store"] = str(plaintext_store)
     try:
         return _run_plan(plan, inputs, weights, tables, options, t0, slots, output_shapes, key_level,
                          memory_limit_extra_bytes)

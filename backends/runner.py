@@ -171,7 +171,7 @@ def _run_noisy(
 @EXECUTION_BACKENDS.register("lattigo")
 def _run_lattigo(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], graph: Graph,
-    params: Params, keep_boot_state: bool = False,
+    params: Params, keep_boot_state: bool = False, plaintext_store: str | None = None,
 ) -> Execution:
     from backends.lattigo_backend import PLAINTEXT_INLINE_BYTES, check_executable
     from backends.lattigo_backend import run_plan as lattigo_run
@@ -188,6 +188,7 @@ def _run_lattigo(
         dict(plan), {k: values[k] for k in graph.inputs}, {k: values[k] for k in graph.weights}, tables,
         output_shapes={t: tuple(plan["outputs"][t]) for t in graph.outputs},
         memory_limit_extra_bytes=int(pm["growth"] * GC_LIMIT_HEADROOM), keep_boot_state=keep_boot_state,
+        plaintext_store=plaintext_store,
     )
     stats = dict(lr.stats)
     if stats.get("rss_start_bytes"):  # the baseline measured by the run itself
@@ -371,6 +372,7 @@ def run_plan(
     init: str = "fan-in",
     values: Mapping[str, np.ndarray] | None = None,
     keep_boot_state: bool = False,
+    plaintext_store: str | None = None,
 ) -> RunReport:
     """Run ``plan`` on ``backend`` with ``values`` (every input and weight, by tensor name)
     or, when None, seeded random ones; compare the outputs with the graph's reference.
@@ -391,7 +393,8 @@ def run_plan(
         tables = regenerate_tables(plan)
     batch = plan.get("summary", {}).get("batch")
     if batch is not None:
-        return _run_batched(plan, tables, backend, seed, init, values, graph, params, int(batch), keep_boot_state)
+        return _run_batched(plan, tables, backend, seed, init, values, graph, params, int(batch), keep_boot_state,
+                            plaintext_store)
     if values is None:
         values = random_values(graph, seed, init)  # declared ranges respected
     # every plan, not only bootstrapping ones (SPEC section 9): an input outside its
@@ -402,7 +405,7 @@ def run_plan(
     exits = poly_domain_exits(graph, values, ref)
     execute = EXECUTION_BACKENDS.get(backend)
     t0 = time.perf_counter()
-    ex = execute(plan, tables, values, graph, params, **_keep_kw(backend, keep_boot_state))
+    ex = execute(plan, tables, values, graph, params, **_lattigo_kw(backend, keep_boot_state, plaintext_store))
     outputs, counts, rotations, loads, peak_keys, tol, stats = (
         ex.outputs, ex.counts, ex.rotations, ex.key_loads, ex.peak_key_bytes, ex.tolerance, ex.stats
     )
@@ -418,6 +421,7 @@ def run_plan(
 def _run_batched(
     plan: Mapping[str, Any], tables: Mapping[str, np.ndarray], backend: str, seed: int, init: str,
     values: Mapping[str, np.ndarray] | None, graph: Graph, params: Params, batch: int, keep_boot_state: bool = False,
+    plaintext_store: str | None = None,
 ) -> RunReport:
     """A plan of ``batch`` samples (SPEC section 8) on N samples: inputs with a leading
     dimension N (an input of the tensor's own shape is one sample; random values: N = B,
@@ -458,7 +462,8 @@ def _run_batched(
             chunk[t] = np.concatenate([x, pad]) if pad.shape[0] else x
         t1 = time.perf_counter()
         # every set but the last keeps the bootstrapping state for the next (bootstate.go)
-        ex = execute(plan, tables, chunk, graph, params, **_keep_kw(backend, keep_boot_state or start + batch < n))
+        ex = execute(plan, tables, chunk, graph, params,
+                     **_lattigo_kw(backend, keep_boot_state or start + batch < n, plaintext_store))
         set_seconds.append(round(time.perf_counter() - t1, 6))
         for k, v in ex.counts.items():
             counts[k] = counts.get(k, 0) + int(v)
@@ -483,9 +488,15 @@ def _run_batched(
                    exits)
 
 
-def _keep_kw(backend: str, keep: bool) -> dict[str, Any]:
-    """The keep_boot_state argument for the Lattigo back end (the others take none)."""
-    return {"keep_boot_state": True} if backend == "lattigo" and keep else {}
+def _lattigo_kw(backend: str, keep: bool, plaintext_store: str | None) -> dict[str, Any]:
+    """The keep_boot_state and plaintext_store arguments for the Lattigo back end (the others
+    take none)."""
+    if backend != "lattigo":
+        return {}
+    kw: dict[str, Any] = {"keep_boot_state": True} if keep else {}
+    if plaintext_store is not None:
+        kw["plaintext_store"] = plaintext_store
+    return kw
 
 
 def evaluations(sets: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -139,6 +139,12 @@ type runOptions struct {
 	// batched plan's ciphertext sets, model-bench's repeats); without it the call lets go of
 	// them at its end (it still uses a state an earlier call left).
 	KeepBootState bool `json:"keep_boot_state"`
+	// PlaintextStore: a directory for the process's plaintext store (ptstore.go): a fused
+	// block's streamed plaintexts are written to a file there the first time they are encoded
+	// and read back by this and later Run calls of the process (same parameters) instead of
+	// encoded again. PlaintextStoreMaxBytes bounds the file (0: storeDefaultMaxBytes).
+	PlaintextStore         string `json:"plaintext_store"`
+	PlaintextStoreMaxBytes int64  `json:"plaintext_store_max_bytes"`
 	// DebugPanic panics inside Run; tests use it to check that panics become errors.
 	commonOptions
 }
@@ -218,6 +224,8 @@ type stats struct {
 	BootMatrixBuilds      int     `json:"boot_matrix_builds"`
 	BootStateReused       bool    `json:"boot_state_reused"`
 	BootStateKept         bool    `json:"boot_state_kept"`
+	// the plaintext store's work in this call (run option plaintext_store; nil without it)
+	PlaintextStore *ptStoreStats `json:"plaintext_store,omitempty"`
 	EvalSecondsNoMatrices float64 `json:"eval_seconds_without_matrices"`
 	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
 	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
@@ -428,7 +436,13 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	}
 	cache := newPtCache(-1) // (one evaluation: plaintexts encoded when read and not kept)
 	cache.boot = kept
-	ex := newExecutor(setup, keys, p, ptValues, io, st, executorOptions{Cache: cache})
+	var store *ptStore
+	if opt.PlaintextStore != "" {
+		if store, err = openPtStore(opt.PlaintextStore, params, opt.PlaintextStoreMaxBytes, ""); err != nil {
+			return "", err
+		}
+	}
+	ex := newExecutor(setup, keys, p, ptValues, io, st, executorOptions{Cache: cache, Store: store})
 	ex.ptFile = ptFile
 	st.SetupSeconds = time.Since(t).Seconds()
 
@@ -448,6 +462,10 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		st.BootstrapPhases = nil
 	}
 	st.EvalSecondsNoMatrices = st.EvalSeconds - st.BootMatrixSeconds
+	if store != nil {
+		ss := store.finish()
+		st.PlaintextStore = &ss
+	}
 	if opt.KeepBootState && err == nil {
 		putKeptBoot(cache.boot)
 	} else {

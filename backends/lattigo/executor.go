@@ -67,6 +67,7 @@ type executor struct {
 	ecd      *ckks.Encoder
 	emb      *embedder // ecd's Encode and Embed without per-coefficient allocations (encode.go)
 	tracer   *opTracer // SLOTPLAN_OP_TRACE (optrace.go); nil: off
+	store    *ptStore  // streamed plaintexts spilled and read back (ptstore.go); nil: none
 	keys     *keyStore
 	plan     *plan
 	ptValues map[string][]float64
@@ -118,6 +119,7 @@ type executorOptions struct {
 	NoFuse  bool
 	Workers int
 	Cache   *ptCache
+	Store   *ptStore // run option plaintext_store (ptstore.go); nil: none
 }
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
@@ -183,6 +185,7 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 		owned:     map[*rlwe.Ciphertext]bool{},
 		st:        st,
 		cache:     opt.Cache,
+		store:     opt.Store,
 		babies:    map[string]*babyCache{},
 		nWorkers:  opt.Workers,
 	}

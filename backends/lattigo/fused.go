@@ -585,13 +585,26 @@ func (e *executor) ptQP(name string, level, levelP int, scale rlwe.Scale) (ringq
 	if levelP >= 0 {
 		poly.P = e.params.RingP().AtLevel(levelP).NewPoly()
 	}
-	md := &rlwe.MetaData{}
-	md.Scale = scale
-	md.LogDimensions = e.params.LogMaxDimensions()
-	md.IsBatched = true
-	md.IsNTT = true
-	if err := e.emb.embed(vals, md, poly); err != nil {
-		return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
+	// the plaintext store (ptstore.go) where the process has one: read back, or encoded
+	// and added (the same encoding as a streamed block's: entries serve both paths)
+	var sk ptStoreKey
+	stored, hit := false, false
+	if e.store != nil {
+		if sk, stored = e.store.key(vals, level, levelP, scale); stored {
+			if hit, err = e.store.get(sk, poly); err != nil {
+				return ringqp.Poly{}, err
+			}
+		}
+	}
+	if !hit {
+		if err := e.emb.embed(vals, e.streamMeta(scale), poly); err != nil {
+			return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
+		}
+		if stored {
+			if err := e.store.put(sk, poly); err != nil {
+				return ringqp.Poly{}, err
+			}
+		}
 	}
 	d := nowSeconds() - t
 	c.seconds += d
@@ -623,6 +636,56 @@ func (e *executor) encodeInto(fw *fusedWorker, name string, levelQ, levelP int, 
 // second buffer for the call with j+1; terms the pair path does not take (complex or CinS
 // plaintexts, sparse slot counts, huge values) are encoded one by one.
 func (e *executor) termPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
+	if e.store != nil {
+		return e.storedTermPlaintext(fw, terms, j, levelQ, levelP, scale)
+	}
+	return e.encodeTerm(fw, terms, j, levelQ, levelP, scale)
+}
+
+// storedTermPlaintext is termPlaintext with the plaintext store (ptstore.go): the entry of
+// terms[j]'s values read into the worker's buffer, or, when the store has none, the term
+// encoded as without it (paired with j+1 where it can be) and added.
+func (e *executor) storedTermPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
+	if fw.pairTerm != nil && fw.pairTerm == &terms[j] { // encoded with j-1, and added then
+		fw.pairTerm = nil
+		return streamPoly(fw.ptBuf2, levelQ, levelP), nil
+	}
+	fw.pairTerm = nil
+	v, err := e.ptVectorInto(terms[j].pt, &fw.vecs)
+	if err != nil {
+		return ringqp.Poly{}, err
+	}
+	k, ok := e.store.key(v, levelQ, levelP, scale)
+	dst := streamPoly(fw.ptBuf, levelQ, levelP)
+	if ok {
+		hit, err := e.store.get(k, dst)
+		if err != nil || hit {
+			return dst, err
+		}
+	}
+	p, err := e.encodeTerm(fw, terms, j, levelQ, levelP, scale)
+	if err != nil || !ok {
+		return p, err
+	}
+	if err := e.store.put(k, p); err != nil {
+		return ringqp.Poly{}, err
+	}
+	if j+1 < len(terms) && fw.pairTerm == &terms[j+1] { // encoded with j: added now
+		v2, err := e.ptVectorInto(terms[j+1].pt, &fw.vecs2)
+		if err != nil {
+			return ringqp.Poly{}, err
+		}
+		if k2, ok2 := e.store.key(v2, levelQ, levelP, scale); ok2 {
+			if err := e.store.put(k2, streamPoly(fw.ptBuf2, levelQ, levelP)); err != nil {
+				return ringqp.Poly{}, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// encodeTerm is termPlaintext without the store.
+func (e *executor) encodeTerm(fw *fusedWorker, terms []fTerm, j, levelQ, levelP int, scale rlwe.Scale) (ringqp.Poly, error) {
 	if fw.pairTerm != nil && fw.pairTerm == &terms[j] {
 		fw.pairTerm = nil
 		return streamPoly(fw.ptBuf2, levelQ, levelP), nil

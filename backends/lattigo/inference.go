@@ -462,8 +462,14 @@ type evaluateOptions struct {
 	CacheKey string `json:"cache_key"`
 	// CacheBytes bounds the kept encodings (default 1 GiB; beyond it plaintexts are
 	// encoded when used, as Run does).
-	CacheBytes            *int64 `json:"cache_bytes"`
-	GCPercent             *int   `json:"gc_percent"`
+	CacheBytes *int64 `json:"cache_bytes"`
+	// PlaintextStore: a directory for the process's plaintext store (ptstore.go): the
+	// plaintexts the cache does not keep are spilled there when first encoded and read back
+	// by later calls instead of encoded again (bounded by PlaintextStoreMaxBytes, 0: the
+	// store's default).
+	PlaintextStore         string `json:"plaintext_store"`
+	PlaintextStoreMaxBytes int64  `json:"plaintext_store_max_bytes"`
+	GCPercent              *int   `json:"gc_percent"`
 	MemoryLimitExtraBytes int64  `json:"memory_limit_extra_bytes"`
 	identity
 	commonOptions
@@ -500,6 +506,8 @@ type evaluateResult struct {
 	CacheHit       bool          `json:"cache_hit"`
 	CachedBytes    int64         `json:"cached_plaintext_bytes"`
 	Seconds        float64       `json:"seconds"`
+	// the plaintext store's work in this call (option plaintext_store; nil without it)
+	PlaintextStore *ptStoreStats `json:"plaintext_store,omitempty"`
 }
 
 // servingKeys keeps the key store of the last evaluation key directory a serving process
@@ -621,7 +629,13 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 	}
 	res := evaluateResult{}
 	ts := time.Now()
-	ev, hit, err := newEvaluator(evalDir, setup, p, ptValues, ptFile, opt.CacheKey, limit, opt.identity)
+	var store *ptStore
+	if opt.PlaintextStore != "" {
+		if store, err = openPtStore(opt.PlaintextStore, setup.params, opt.PlaintextStoreMaxBytes, opt.CacheKey); err != nil {
+			return "", err
+		}
+	}
+	ev, hit, err := newEvaluator(evalDir, setup, p, ptValues, ptFile, opt.CacheKey, limit, opt.identity, store)
 	if err != nil {
 		return "", err
 	}
@@ -647,6 +661,10 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 	}
 	res.KeyLoadSeconds, res.KeyLoadBytes = ev.keys.loadSeconds-load0, ev.keys.readBytes.Load()-read0
 	res.CachedBytes = ev.cache.bytes
+	if store != nil {
+		ss := store.finish()
+		res.PlaintextStore = &ss
+	}
 	res.Seconds = time.Since(t0).Seconds()
 	data, err := json.Marshal(res)
 	return string(data), err
@@ -655,7 +673,7 @@ func Evaluate(planJSON, evalDir, ctPath string, samples int, plaintexts []byte, 
 // newEvaluator opens the evaluation key directory (checking its manifest against want's
 // non-empty fields) and builds the executor.
 func newEvaluator(evalDir string, setup *evalSetup, p *plan, ptValues map[string][]float64, ptFile *plaintextFile,
-	cacheKey string, cacheLimit int64, want identity) (*evaluator, bool, error) {
+	cacheKey string, cacheLimit int64, want identity, store *ptStore) (*evaluator, bool, error) {
 	// keys stay resident across calls only where no schedule loads and drops them
 	keys, err := servingKeyStore(evalDir, setup.params, cacheKey != "" && !p.hasKeySchedule())
 	if err != nil {
@@ -677,7 +695,7 @@ func newEvaluator(evalDir string, setup *evalSetup, p *plan, ptValues map[string
 	}
 	ev := &evaluator{setup: setup, plan: p, keys: keys, cache: cache}
 	st := newSampleStats(setup, p)
-	ev.ex = newExecutor(setup, keys, p, ptValues, &ctIO{}, st, executorOptions{Cache: cache})
+	ev.ex = newExecutor(setup, keys, p, ptValues, &ctIO{}, st, executorOptions{Cache: cache, Store: store})
 	ev.ex.ptFile = ptFile
 	return ev, hit, nil
 }

@@ -222,7 +222,7 @@ func TestEvaluatorReachesNoSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, _, err := newEvaluator(filepath.Join(dir, evalDirName), setup, p, map[string][]float64{"p0": randVecs(2, 1, slots)[0]}, nil, "", 0, identity{})
+	ev, _, err := newEvaluator(filepath.Join(dir, evalDirName), setup, p, map[string][]float64{"p0": randVecs(2, 1, slots)[0]}, nil, "", 0, identity{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

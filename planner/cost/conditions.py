@@ -24,12 +24,16 @@ class Run:
     ``bootstrap_measured``: each bootstrap at its kind's time as the executor runs it
     (``measurements.boot_variants``, ``calibrate --boot-variants``: the instruction with its
     copies, masks and unpacking, in an executor process), not the planning price (Lattigo's
-    bootstrap alone times the kind's ratio)."""
+    bootstrap alone times the kind's ratio).  ``plaintext_store``: the fused blocks'
+    plaintexts read back from the process's plaintext store (backends/lattigo/ptstore.go: a
+    server's evaluations after the first) instead of encoded, each at its bytes' read and its
+    values' hash (``TimeModel.store_block``); the other plaintexts as ``encode`` says."""
 
     level_drops: bool = False
     encode: bool = False
     loader_core: bool = True
     bootstrap_measured: bool = False
+    plaintext_store: bool = False
 
 
 def key_load_ms(load: Mapping[str, Any], read_keys: object) -> float:

@@ -17,7 +17,7 @@ clock, no core of its own for the key reader).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,12 @@ KEY_LOAD_MS_PER_BYTE = KEY_LOAD_MS_PER_80MIB / (80 * 2**20)
 # bootstrap costs about 319 rotations (183 at log N 14).  The weight of a table without a
 # measured ``bootstrap`` weight.
 BOOTSTRAP_ROTATIONS = 319.0
+# The plaintext store (backends/lattigo/ptstore.go): a plaintext read back is its bytes
+# copied from the page cache (readahead issued ahead of the reader) and its values hashed
+# with SHA-256 for its key. Measured on this 2-core Zen 3 (PLACEHOLDER, set from the n16boot
+# run below).
+STORE_READ_BYTES_PER_MS = 8.3e6
+STORE_HASH_BYTES_PER_MS = 1.7e6
 
 _UNIT_SECONDS = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}
 
@@ -184,6 +190,15 @@ class TimeModel:
     def encode_block(self, level: int, qp: bool, products: int, pairs: int) -> float:
         """A streamed block's plaintexts: ``pairs`` pairs and the rest one by one."""
         return self.encode_pair(level, qp) * pairs + self.encode(level, qp) * (products - 2 * pairs)
+
+    def store_read(self, level: int, qp: bool, slots: int) -> float:
+        """One plaintext read back from the plaintext store (table units): its limbs (``level
+        + 1`` primes, the P primes too in QP, of 2 * ``slots`` words) copied at
+        :data:`STORE_READ_BYTES_PER_MS` and its values (``slots`` doubles) hashed at
+        :data:`STORE_HASH_BYTES_PER_MS` (the entry's key)."""
+        limbs = level + 1 + (self.p_primes if qp else 0)
+        ms = limbs * 2 * slots * 8 / STORE_READ_BYTES_PER_MS + slots * 8 / STORE_HASH_BYTES_PER_MS
+        return ms / self.ms_per_unit
 
     def _per_prime(self, key: str, level: int, qp: bool) -> float:
         pts = self.points.get(key)
@@ -334,8 +349,11 @@ class TimeModel:
                 not isinstance(ins, ir.Rescale | ir.Poly) and any(pending.get(r) for r in reads))
             for w in ins.writes():
                 pending[w] = dirty
-        price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost,
-                     self.encode_block if run.encode else None, self.p_primes, stats)
+        enc: Callable[[int, bool, int, int], float] | None = self.encode_block if run.encode else None
+        if run.plaintext_store:
+            def enc(lv: int, qp: bool, products: int, pairs: int) -> float:
+                return products * self.store_read(lv, qp, slots)
+        price_blocks(self.at, self.weights.block_base is not None, blocks, level, cost, enc, self.p_primes, stats)
         return cost
 
     def breakdown_ms(self, program: Sequence[Mapping[str, Any]], max_level: int, slots: int,

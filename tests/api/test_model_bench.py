@@ -88,6 +88,27 @@ def test_small_model_modelled_and_measured_on_lattigo(cli: Cli, tmp_path: Path) 
 
 
 @needs_lattigo
+@needs_lattigo
+def test_plaintext_store_runs_after_the_first_read_every_plaintext_back(cli: Cli, tmp_path: Path) -> None:
+    """--plaintext-store: the first run encodes the streamed plaintexts and spills them, the
+    second reads each one back (no encoding), stays correct and is the reported run; the
+    model prices that run with the store's reads; the store leaves no file behind."""
+    store = tmp_path / "store"
+    store.mkdir()
+    code, stdout, err = cli("model-bench", _tiny_mlp(tmp_path), "--params", "n13", "--seed", "3", "--repeat", "2",
+                            "--plaintext-store", store, "--json")
+    assert code == 0, err
+    (row,) = json.loads(stdout)["rows"]
+    m = row["measured"]
+    first, second = m["plaintext_store"]["runs"]
+    assert first["added"] == first["entries"] > 0 and first["hits"] == 0 and first["write_bytes"] == first["file_bytes"]
+    assert second["hits"] == first["entries"] and second["added"] == 0 and second["misses"] == 0
+    assert second["read_bytes"] == first["file_bytes"]
+    assert m["plaintext_store"]["median_run"] == 1 and m["ok"] and 0 < m["max_rel_error"] < 1e-4
+    assert row["modelled"]["conditions"]["plaintext_store"] is True
+    assert list(store.iterdir()) == []
+
+
 def test_insecure_ring_is_flagged_and_the_table_prints(cli: Cli, tmp_path: Path) -> None:
     """n12 is below 128 bits: the table says so, with a warning line naming the bound."""
     code, stdout, err = cli("model-bench", _tiny_mlp(tmp_path), "--params", "n12")
@@ -188,6 +209,7 @@ def test_a_bad_published_file_is_named(tmp_path: Path) -> None:
     (["{g}", "--time-limit", "-1"], "time_limit"),
     (["{g}", "--inputs", "{tmp}/none.npz", "--weights", "{tmp}/none.npz"], "none.npz"),
     (["{g}", "--orion", "--orion-python", "{tmp}/none/python"], "make orion"),
+    (["{g}", "--plaintext-store", "{tmp}/nowhere"], "--plaintext-store"),
 ])
 def test_bad_input_is_one_line_exit_2(cli: Cli, tmp_path: Path, args: list[str], needle: str) -> None:
     g = _tiny_mlp(tmp_path)

@@ -83,6 +83,30 @@ def test_round_trip_samples_keys_once(tmp_path: Path, planned: tuple[dict[str, A
     assert est["go"]["cache_hit"] is True
 
 
+def test_plaintext_store_directory_is_checked_and_reported(tmp_path: Path, planned: tuple[dict[str, Any], Any],
+                                                           weights: dict[str, np.ndarray],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLOTPLAN_PLAINTEXT_STORE: a missing directory is one line naming the variable; an
+    existing one is passed to the Go side, which reports its store (empty here: the 1 GiB
+    plaintext cache keeps this model's encodings; the Go test TestPlaintextStoreServing
+    runs a cache that keeps none)."""
+    from backends import inference as inf
+
+    plan, tables = planned
+    inf.keygen(plan, tmp_path / "K")
+    ct = inf.encrypt(plan, tmp_path / "K", {"x": np.linspace(-1, 1, 32)}, tables=tables)
+    monkeypatch.setenv(inf.PLAINTEXT_STORE_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(inf.InferenceError, match="SLOTPLAN_PLAINTEXT_STORE=.*no such directory"):
+        inf.evaluate(plan, tmp_path / "K" / "eval", weights, ct, tables=tables)
+    (tmp_path / "store").mkdir()
+    monkeypatch.setenv(inf.PLAINTEXT_STORE_ENV, str(tmp_path / "store"))
+    est: dict[str, Any] = {}
+    out = inf.evaluate(plan, tmp_path / "K" / "eval", weights, ct, tables=tables, stats=est)
+    assert est["go"]["plaintext_store"]["dir"] == str(tmp_path / "store")
+    _close(inf.decrypt(plan, tmp_path / "K", out, tables=tables)["y"], _ref(np.linspace(-1, 1, 32), weights))
+    assert list((tmp_path / "store").iterdir()) == []
+
+
 def test_a_serving_process_keeps_its_keys(tmp_path: Path, planned: tuple[dict[str, Any], Any],
                                           weights: dict[str, np.ndarray]) -> None:
     """Evaluations in one process on one key directory read the keys once (the Go side

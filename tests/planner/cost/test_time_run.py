@@ -82,6 +82,32 @@ def test_encoding_in_the_clock_prices_each_plaintext_of_a_product_and_a_block() 
     assert d == pytest.approx(tm.encode(L, qp=False)) and d > 0
 
 
+def test_plaintext_store_prices_each_block_plaintext_as_a_read_and_a_hash() -> None:
+    """With the plaintext store a block's plaintexts are read back (their QP bytes at the
+    read rate, their values hashed for the key) instead of encoded; a product outside a
+    block still encodes its plaintext in the clock."""
+    from planner.cost.timing import STORE_HASH_BYTES_PER_MS, STORE_READ_BYTES_PER_MS
+
+    params = load_params("n13")
+    tm = time_model(params)
+    L = params.max_level
+    prog = qp_block_program()
+    (blk,), _ = fused_blocks(prog, params.slots)
+    cached = tm.program_costs(prog, L, params.slots)
+    stored = tm.program_costs(prog, L, params.slots, Run(encode=True, plaintext_store=True))
+    limbs = L + 1 + tm.p_primes
+    one_ms = limbs * 2 * params.slots * 8 / STORE_READ_BYTES_PER_MS + params.slots * 8 / STORE_HASH_BYTES_PER_MS
+    assert tm.store_read(L, True, params.slots) * tm.ms_per_unit == pytest.approx(one_ms)
+    assert stored[blk.root] - cached[blk.root] == pytest.approx(blk.products * tm.store_read(L, True, params.slots))
+    # cheaper than encoding the pair at this ring (an NTT per prime against a copy)
+    oneshot = tm.program_costs(prog, L, params.slots, Run(encode=True))
+    assert cached[blk.root] < stored[blk.root] < oneshot[blk.root]
+    single = [prog[0], {"op": "pmul", "dst": "a", "src": "x", "pt": "pa"},
+              {"op": "output", "src": "a", "tensor": "a", "table": "a"}]
+    assert tm.program_costs(single, L, params.slots, Run(encode=True, plaintext_store=True)) == \
+        tm.program_costs(single, L, params.slots, Run(encode=True))
+
+
 def test_block_load_encodes_the_dft_matrices_in_a_one_shot_run() -> None:
     params = load_params("n14boot")
     tm = time_model(params)
