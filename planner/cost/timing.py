@@ -63,10 +63,11 @@ KEY_LOAD_MS_PER_BYTE = KEY_LOAD_MS_PER_80MIB / (80 * 2**20)
 BOOTSTRAP_ROTATIONS = 319.0
 # The plaintext store (backends/lattigo/ptstore.go): a plaintext read back is its bytes
 # copied from the page cache (readahead issued ahead of the reader) and its values hashed
-# with SHA-256 for its key. Measured on this 2-core Zen 3 (PLACEHOLDER, set from the n16boot
-# run below).
-STORE_READ_BYTES_PER_MS = 8.3e6
-STORE_HASH_BYTES_PER_MS = 1.7e6
+# with SHA-256 for its key. Measured by ResNet-20 at n16boot on one core (session 32,
+# 2026-11-28, the Zen 4 these VMs sometimes are; model-bench --plaintext-store, the second
+# run): 19.53 GB read in 3.24 s, 6350 vectors of 256 KiB hashed in 1.09 s.
+STORE_READ_BYTES_PER_MS = 6.0e6
+STORE_HASH_BYTES_PER_MS = 1.5e6
 
 _UNIT_SECONDS = {"millisecond": 1e-3, "second": 1.0, "microsecond": 1e-6}
 
