@@ -335,6 +335,12 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 		return "", err
 	}
 	kept := takeKeptBoot() // (an earlier call's bootstrapping state: counted in rss_start)
+	if kept != nil {
+		// what the earlier call freed goes back to the OS first: rss_start is then the
+		// process's live memory (the kept matrices among it), not the last call's garbage,
+		// which the process model's growth would count a second time
+		releaseMemory()
+	}
 	rssStart, rssReset := resetPeakRSS()
 	p, setup, slots, err := loadPlan(planJSON)
 	if err != nil {
