@@ -597,12 +597,16 @@ def _packed_plaintexts(plan: Mapping[str, Any], weights: Mapping[str, np.ndarray
 def evaluate(
     plan: Mapping[str, Any], eval_dir: str | Path, weights: Mapping[str, np.ndarray], ct: bytes, *,
     tables: Mapping[str, np.ndarray] | None = None, stats: dict[str, Any] | None = None,
+    plaintext_store: str | Path | None = None,
 ) -> bytes:
     """Evaluate the plan on a ciphertext file's samples (evaluator): reads only ``eval_dir``
     (never a secret key), returns the output ciphertext file bytes. The weights' plaintext
     encodings are kept in this process per (plan digest, weights digest): the samples of
-    one call and later calls with the same plan and weights encode them once. ``stats``,
-    when given, receives per-sample ``sample_seconds`` and the Go side's statistics."""
+    one call and later calls with the same plan and weights encode them once; those the
+    cache cannot keep go to the process's plaintext store where one is named
+    (``plaintext_store``, else the environment's ``SLOTPLAN_PLAINTEXT_STORE``; a directory).
+    ``stats``, when given, receives per-sample ``sample_seconds`` and the Go side's
+    statistics."""
     t0 = time.perf_counter()
     h, offset = ciphertext_header(ct, "input ciphertext file")
     _check_ct(h, plan, "inputs", "input ciphertext file")
@@ -620,10 +624,11 @@ def evaluate(
                             "plan_digest": pd, "params_digest": params_digest(plan)}
     if pt_file is not None:
         opts["plaintext_file"] = pt_file
-    store = os.environ.get(PLAINTEXT_STORE_ENV, "").strip()
+    store = str(plaintext_store) if plaintext_store is not None else os.environ.get(PLAINTEXT_STORE_ENV, "").strip()
     if store:  # the serving process's plaintext store (backends/lattigo/ptstore.go)
         if not Path(store).is_dir():
-            raise InferenceError(f"{PLAINTEXT_STORE_ENV}={store!r}: no such directory")
+            what = "plaintext_store" if plaintext_store is not None else PLAINTEXT_STORE_ENV
+            raise InferenceError(f"{what}={store!r}: no such directory")
         opts["plaintext_store"] = store
     t_prep = time.perf_counter() - t0
     mod, go = _go()

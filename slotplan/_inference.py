@@ -266,11 +266,15 @@ class Server:
 
     ``weights``: arrays by tensor name, a weights ``.npz`` path, or None for the weights an
     ONNX import put in ``plan.weights``.  The weights' plaintext encodings are made once per
-    (plan, weights) and reused by every later :meth:`evaluate`."""
+    (plan, weights) and reused by every later :meth:`evaluate`; ``plaintext_store`` (a
+    directory) spills those the process's 1 GiB plaintext cache cannot keep to a file there and
+    reads them back (docs/lattigo.md, "The plaintext store")."""
 
     def __init__(self, plan: Plan | str | Path, eval_keys: EvalKeys | str | Path,
-                 weights: Mapping[str, npt.ArrayLike] | str | Path | None = None) -> None:
+                 weights: Mapping[str, npt.ArrayLike] | str | Path | None = None, *,
+                 plaintext_store: str | Path | None = None) -> None:
         self.plan = _plan_of(plan)
+        self.plaintext_store = plaintext_store
         self.eval_keys = eval_keys if isinstance(eval_keys, EvalKeys) else EvalKeys(eval_keys)
         if weights is None:
             if self.plan.weights is None:
@@ -288,7 +292,7 @@ class Server:
         data = ct.to_bytes() if isinstance(ct, Ciphertext) else Ciphertext.from_bytes(ct).to_bytes()
         stats: dict[str, Any] = {}
         out = _lattigo(inf.evaluate, self.plan.document, self.eval_keys.path, self.weights, data,
-                       tables=self.plan.tables, stats=stats)
+                       tables=self.plan.tables, stats=stats, plaintext_store=self.plaintext_store)
         self.last_stats = stats
         return Ciphertext(out)
 

@@ -105,6 +105,9 @@ def test_plaintext_store_directory_is_checked_and_reported(tmp_path: Path, plann
     assert est["go"]["plaintext_store"]["dir"] == str(tmp_path / "store")
     _close(inf.decrypt(plan, tmp_path / "K", out, tables=tables)["y"], _ref(np.linspace(-1, 1, 32), weights))
     assert list((tmp_path / "store").iterdir()) == []
+    # the argument names the directory too (and wins over the environment)
+    with pytest.raises(inf.InferenceError, match="plaintext_store=.*no such directory"):
+        inf.evaluate(plan, tmp_path / "K" / "eval", weights, ct, tables=tables, plaintext_store=tmp_path / "none")
 
 
 def test_a_serving_process_keeps_its_keys(tmp_path: Path, planned: tuple[dict[str, Any], Any],
