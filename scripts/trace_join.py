@@ -60,12 +60,15 @@ def read_trace(path: Path) -> list[tuple[int, str, float]]:
     return rows
 
 
-def join(plan: Mapping[str, Any], trace: Sequence[tuple[int, str, float]]) -> dict[str, dict[str, float]]:
-    """Measured and modelled seconds (and the measured steps) by class (module docstring)."""
+def join(plan: Mapping[str, Any], trace: Sequence[tuple[int, str, float]],
+         plaintext_store: bool = False) -> dict[str, dict[str, float]]:
+    """Measured and modelled seconds (and the measured steps) by class (module docstring);
+    ``plaintext_store``: the trace is of evaluations that read their block plaintexts back
+    from the plaintext store (model-bench --plaintext-store, the runs after the first)."""
     params = Params.from_json(plan["params"])
     prog = plan["program"]
     tm = time_model(params)
-    run = run_conditions(params)
+    run = run_conditions(params, plaintext_store)
     costs = tm.program_costs(prog, params.max_level, params.slots, run)
     blocks, skip = fused_blocks(prog, params.slots)
     fused = set(skip) | {b.root for b in blocks}
@@ -113,10 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("plan", type=Path)
     ap.add_argument("trace", type=Path)
     ap.add_argument("--json", action="store_true", help="print the classes as JSON")
+    ap.add_argument("--plaintext-store", action="store_true",
+                    help="price the block plaintexts as plaintext-store reads (a trace of the runs after the first)")
     a = ap.parse_args(argv)
     try:
         plan = json.loads(a.plan.read_text())
-        rows = join(plan, read_trace(a.trace))
+        rows = join(plan, read_trace(a.trace), a.plaintext_store)
     except (OSError, json.JSONDecodeError, TraceError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

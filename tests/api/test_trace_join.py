@@ -75,6 +75,20 @@ def test_two_evaluations_in_one_trace_double_the_model(traced: tuple[dict, Path]
         assert two[k]["modelled"] == pytest.approx(2 * one[k]["modelled"])
 
 
+@pytest.mark.skipif(not _lattigo_available(), reason="Lattigo extension not built (make lattigo)")
+def test_plaintext_store_prices_only_the_blocks_differently(traced: tuple[dict, Path]) -> None:
+    """--plaintext-store: the fused class is priced with the store's reads; every other
+    class as without it."""
+    plan, trace = traced
+    rows = read_trace(trace)
+    enc, store = join(plan, rows), join(plan, rows, plaintext_store=True)
+    assert store["fused"]["modelled"] != pytest.approx(enc["fused"]["modelled"])
+    assert main([str(Path(trace).with_name("p.json")), str(trace), "--plaintext-store", "--json"]) == 0
+    for k in enc:
+        if k != "fused":
+            assert store[k]["modelled"] == pytest.approx(enc[k]["modelled"]) and store[k]["measured"] == enc[k]["measured"]
+
+
 def test_a_trace_of_another_plan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = plan_small(matvec_graph(8, 8), levels=2)
     plan_file, bad = tmp_path / "p.json", tmp_path / "bad.tsv"
