@@ -227,7 +227,10 @@ func (s *ptStore) get(k ptStoreKey, dst ringqp.Poly) (bool, error) {
 		for done := 0; done < len(b); {
 			n, err := s.f.ReadAt(b[done:], off+int64(done))
 			if n <= 0 && err != nil {
-				return false, fmt.Errorf("plaintext store: reading %d bytes at %d: %w", len(b), off, err)
+				// the store is a cache: a failed read is a miss (the plaintext is encoded),
+				// and the store stops being used rather than failing the evaluation
+				s.fail(fmt.Sprintf("reading %d bytes at %d: %v", len(b), off, err))
+				return false, nil
 			}
 			done += n
 		}
@@ -298,8 +301,9 @@ func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) error {
 	o := off
 	for _, l := range limbs {
 		b := limbBytes(l)
-		if _, err := s.f.WriteAt(b, o); err != nil {
-			return fmt.Errorf("plaintext store: writing %d bytes at %d: %w", len(b), o, err)
+		if _, err := s.f.WriteAt(b, o); err != nil { // (a full disk): no entry, no more added
+			s.fail(fmt.Sprintf("writing %d bytes at %d: %v", len(b), o, err))
+			return nil
 		}
 		o += int64(len(b))
 	}
@@ -338,6 +342,16 @@ func (s *ptStore) writeBack() {
 	_ = unix.Fadvise(fd, s.synced, end-s.synced, unix.FADV_DONTNEED)
 	s.synced = end
 	s.stats.WriteSeconds += time.Since(t).Seconds()
+}
+
+// fail stops the store: nothing more is added or read (every entry is dropped, so each
+// plaintext is encoded as without a store), and why is reported.
+func (s *ptStore) fail(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.full = "failed: " + why
+	s.stats.Full = s.full
+	s.entries = map[ptStoreKey]ptStoreEntry{}
 }
 
 // finish (end of a Run) returns the Run's statistics.

@@ -77,6 +77,21 @@ func TestPlaintextStore(t *testing.T) {
 		t.Fatalf("one weight changed: %+v, want %d hits and 1 added", st, len(pts)-1)
 	}
 
+	// a store whose file fails (closed here; a disk error) stops, and the run encodes
+	_, setup, _, err := loadPlan(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := openPtStore(dir, setup.params, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.f.Close()
+	st, _ = run(pv, opts)
+	if st.Hits != 0 || !strings.Contains(st.Full, "failed: reading") {
+		t.Fatalf("failed store: %+v, want no hit and the failure named", st)
+	}
+
 	// another directory: another store, bounded under one plaintext: nothing added
 	small := t.TempDir()
 	st, _ = run(pv, fmt.Sprintf(`{"plaintext_store": %q, "plaintext_store_max_bytes": 4096}`, small))
