@@ -221,12 +221,12 @@ type stats struct {
 	// ones an earlier evaluation of the process left, BootStateReused); BootStateKept: it
 	// left them for the next one (bootstate.go); EvalSecondsNoMatrices: eval_seconds less
 	// boot_matrix_seconds (the per-evaluation cost once the matrices exist)
-	BootMatrixBuilds      int     `json:"boot_matrix_builds"`
-	BootStateReused       bool    `json:"boot_state_reused"`
-	BootStateKept         bool    `json:"boot_state_kept"`
+	BootMatrixBuilds int  `json:"boot_matrix_builds"`
+	BootStateReused  bool `json:"boot_state_reused"`
+	BootStateKept    bool `json:"boot_state_kept"`
 	// the plaintext store's work in this call (run option plaintext_store; nil without it)
-	PlaintextStore *ptStoreStats `json:"plaintext_store,omitempty"`
-	EvalSecondsNoMatrices float64 `json:"eval_seconds_without_matrices"`
+	PlaintextStore        *ptStoreStats `json:"plaintext_store,omitempty"`
+	EvalSecondsNoMatrices float64       `json:"eval_seconds_without_matrices"`
 	// CinS (cins_exec.go): rotations inside to_cins and fused/unfused StoC matrices (not in
 	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
 	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)

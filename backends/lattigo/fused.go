@@ -597,10 +597,12 @@ func (e *executor) ptQP(name string, level, levelP int, scale rlwe.Scale) (ringq
 		}
 	}
 	if !hit {
+		te := nowSeconds()
 		if err := e.emb.embed(vals, e.streamMeta(scale), poly); err != nil {
 			return ringqp.Poly{}, fmt.Errorf("cannot encode plaintext %q: %w", name, err)
 		}
 		if stored {
+			e.store.noteEncode(nowSeconds()-te, int64(len(polyLimbs(poly)))*e.store.limbBytes)
 			if err := e.store.put(sk, poly); err != nil {
 				return ringqp.Poly{}, err
 			}
@@ -663,10 +665,16 @@ func (e *executor) storedTermPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ
 			return dst, err
 		}
 	}
+	te := nowSeconds()
 	p, err := e.encodeTerm(fw, terms, j, levelQ, levelP, scale)
 	if err != nil || !ok {
 		return p, err
 	}
+	n := int64(len(polyLimbs(p))) * e.store.limbBytes
+	if j+1 < len(terms) && fw.pairTerm == &terms[j+1] {
+		n *= 2 // the pair's two plaintexts in one encoding
+	}
+	e.store.noteEncode(nowSeconds()-te, n)
 	if err := e.store.put(k, p); err != nil {
 		return ringqp.Poly{}, err
 	}

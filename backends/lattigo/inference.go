@@ -470,7 +470,7 @@ type evaluateOptions struct {
 	PlaintextStore         string `json:"plaintext_store"`
 	PlaintextStoreMaxBytes int64  `json:"plaintext_store_max_bytes"`
 	GCPercent              *int   `json:"gc_percent"`
-	MemoryLimitExtraBytes int64  `json:"memory_limit_extra_bytes"`
+	MemoryLimitExtraBytes  int64  `json:"memory_limit_extra_bytes"`
 	identity
 	commonOptions
 }

@@ -77,7 +77,6 @@ func TestPlaintextStore(t *testing.T) {
 		t.Fatalf("one weight changed: %+v, want %d hits and 1 added", st, len(pts)-1)
 	}
 
-	// a store whose file fails (closed here; a disk error) stops, and the run encodes
 	_, setup, _, err := loadPlan(plan)
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +85,24 @@ func TestPlaintextStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// reads slower than encoding (an encoding rate no disk reaches, judged after each
+	// read): the first read is judged, the rest of the call encodes, the rates are named;
+	// the next call reads again
+	defer func(b int64) { storeJudgeBytes = b }(storeJudgeBytes)
+	storeJudgeBytes = 1
+	s.noteEncode(1e-9, 1<<40)
+	st, _ = run(pv, opts)
+	// (a skipped lookup encodes, with the next term where it pairs: 6 lookups of 11)
+	if st.Hits != 1 || st.Skipped != 6 || st.Added != 0 || !strings.Contains(st.Slow, "MB/s") {
+		t.Fatalf("slow reads: %+v, want one read, the rest encoded and the rates named", st)
+	}
+	storeJudgeBytes = 256 << 20
+	st, _ = run(pv, opts)
+	if st.Hits != int64(len(pts)) || st.Slow != "" {
+		t.Fatalf("the call after: %+v, want every plaintext read", st)
+	}
+
+	// a store whose file fails (closed here; a disk error) stops, and the run encodes
 	s.f.Close()
 	st, _ = run(pv, opts)
 	if st.Hits != 0 || !strings.Contains(st.Full, "failed: reading") {
