@@ -92,9 +92,11 @@ func TestPlaintextStore(t *testing.T) {
 	storeJudgeBytes = 1
 	s.noteEncode(1e-9, 1<<40)
 	st, _ = run(pv, opts)
-	// (a skipped lookup encodes, with the next term where it pairs: 6 lookups of 11)
-	if st.Hits != 1 || st.Skipped != 6 || st.Added != 0 || !strings.Contains(st.Slow, "MB/s") {
-		t.Fatalf("slow reads: %+v, want one read, the rest encoded and the rates named", st)
+	// (a skipped lookup encodes, with the next term where it pairs; workers running side by
+	// side, at most one per giant step (three), may each read one before the first
+	// judgement lands)
+	if st.Hits < 1 || st.Hits > 3 || st.Skipped < 1 || st.Added != 0 || !strings.Contains(st.Slow, "MB/s") {
+		t.Fatalf("slow reads: %+v, want one to three reads, the rest encoded and the rates named", st)
 	}
 	storeJudgeBytes = 256 << 20
 	st, _ = run(pv, opts)
