@@ -603,9 +603,7 @@ func (e *executor) ptQP(name string, level, levelP int, scale rlwe.Scale) (ringq
 		}
 		if stored {
 			e.store.noteEncode(nowSeconds()-te, int64(len(polyLimbs(poly)))*e.store.limbBytes)
-			if err := e.store.put(sk, poly); err != nil {
-				return ringqp.Poly{}, err
-			}
+			e.store.put(sk, poly)
 		}
 	}
 	d := nowSeconds() - t
@@ -675,18 +673,14 @@ func (e *executor) storedTermPlaintext(fw *fusedWorker, terms []fTerm, j, levelQ
 		n *= 2 // the pair's two plaintexts in one encoding
 	}
 	e.store.noteEncode(nowSeconds()-te, n)
-	if err := e.store.put(k, p); err != nil {
-		return ringqp.Poly{}, err
-	}
+	e.store.put(k, p)
 	if j+1 < len(terms) && fw.pairTerm == &terms[j+1] { // encoded with j: added now
 		v2, err := e.ptVectorInto(terms[j+1].pt, &fw.vecs2)
 		if err != nil {
 			return ringqp.Poly{}, err
 		}
 		if k2, ok2 := e.store.key(v2, levelQ, levelP, scale); ok2 {
-			if err := e.store.put(k2, streamPoly(fw.ptBuf2, levelQ, levelP)); err != nil {
-				return ringqp.Poly{}, err
-			}
+			e.store.put(k2, streamPoly(fw.ptBuf2, levelQ, levelP))
 		}
 	}
 	return p, nil

@@ -309,21 +309,21 @@ func (s *ptStore) readAhead(off int64) {
 	}
 }
 
-// put appends src's limbs as the entry of k (nothing when the store is full or already
-// holds it).
-func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) error {
+// put appends src's limbs as the entry of k (nothing when the store is full, has failed or
+// already holds it: a failed write stops the store, never the evaluation).
+func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) {
 	limbs := polyLimbs(src)
 	n := int64(len(limbs)) * s.limbBytes
 	s.mu.Lock()
 	if _, ok := s.entries[k]; ok || s.full != "" {
 		s.mu.Unlock()
-		return nil
+		return
 	}
 	if s.size+n > s.maxBytes {
 		s.full = fmt.Sprintf("plaintext_store_max_bytes (%d) reached", s.maxBytes)
 		s.stats.Full = s.full
 		s.mu.Unlock()
-		return nil
+		return
 	}
 	// the free space, checked once per window
 	if s.size/storeWindowBytes != (s.size+n)/storeWindowBytes || s.size == 0 {
@@ -333,7 +333,7 @@ func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) error {
 				s.full = fmt.Sprintf("free space in %s under %d bytes", s.dir, int64(storeMinFreeBytes))
 				s.stats.Full = s.full
 				s.mu.Unlock()
-				return nil
+				return
 			}
 		}
 	}
@@ -346,7 +346,7 @@ func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) error {
 		b := limbBytes(l)
 		if _, err := s.f.WriteAt(b, o); err != nil { // (a full disk): no entry, no more added
 			s.fail(fmt.Sprintf("writing %d bytes at %d: %v", len(b), o, err))
-			return nil
+			return
 		}
 		o += int64(len(b))
 	}
@@ -367,7 +367,6 @@ func (s *ptStore) put(k ptStoreKey, src ringqp.Poly) error {
 		s.written += m
 	}
 	s.writeBack()
-	return nil
 }
 
 // writeBack (under mu) starts the kernel's writeback of the written prefix and, a window
