@@ -32,6 +32,7 @@ __all__ = [
     "chebyshev_eval",
     "fit",
     "gelu",
+    "minimax",
     "poly_depth",
 ]
 
@@ -117,6 +118,94 @@ def _interpolate(g: Callable[[Array], Array], degree: int, domain: tuple[float, 
     y = np.asarray(g(x), dtype=np.float64)
     coeffs = C.chebfit(t, y, degree)
     return tuple(float(c) for c in coeffs)
+
+
+# The minimax fit (Remez exchange) of a continuous function with kinks: the grid its error is
+# searched on (Chebyshev-Lobatto points of the domain, plus points clustered geometrically on
+# either side of each kink, where the error of a fit peaks), the iterations allowed and the
+# stopping rule (the reference's error levels within this fraction of the largest error).
+REMEZ_GRID = 8001
+REMEZ_KINK_POINTS = 400
+REMEZ_ITERS = 60
+REMEZ_TOL = 1e-6
+
+
+def _remez_grid(kinks_t: Sequence[float]) -> Array:
+    t = np.cos(np.pi * np.arange(REMEZ_GRID) / (REMEZ_GRID - 1))[::-1]
+    parts = [t, np.array([-1.0, 1.0])]
+    for k in kinks_t:
+        if -1.0 < k < 1.0:
+            d = np.geomspace(1e-9, 2.0, REMEZ_KINK_POINTS)
+            parts += [np.array([k]), k - d, k + d]
+    g = np.concatenate(parts)
+    return np.unique(g[(g >= -1.0) & (g <= 1.0)])
+
+
+def _alternating(e: Array, want: int) -> list[int] | None:
+    """Indices of ``want`` alternating extrema of ``e`` (the largest of each run of one sign,
+    the weakest adjacent pairs and ends dropped), or None when there are fewer."""
+    s = np.sign(e)
+    s[s == 0] = 1
+    cuts = np.flatnonzero(np.diff(s)) + 1
+    ext = [int(seg[np.argmax(np.abs(e[seg]))]) for seg in np.split(np.arange(len(e)), cuts)]
+    if len(ext) < want:
+        return None
+    while len(ext) > want:
+        if len(ext) - want == 1:
+            ext = ext[1:] if abs(e[ext[0]]) < abs(e[ext[-1]]) else ext[:-1]
+        else:
+            pair = [min(abs(e[ext[i]]), abs(e[ext[i + 1]])) for i in range(len(ext) - 1)]
+            i = int(np.argmin(pair))
+            if i == 0 and abs(e[ext[0]]) < abs(e[ext[1]]):
+                ext = ext[1:]
+            elif i == len(ext) - 2 and abs(e[ext[-1]]) < abs(e[ext[-2]]):
+                ext = ext[:-1]
+            else:
+                ext = ext[:i] + ext[i + 2:]
+    return ext
+
+
+def minimax(g: Callable[[Array], Array], degree: int, domain: tuple[float, float],
+            kinks: Sequence[float] = ()) -> tuple[float, ...]:
+    """The Chebyshev coefficients (on ``domain``) of the degree-``degree`` polynomial of least
+    largest error to ``g`` on ``domain``, by the Remez exchange algorithm on a grid that is dense
+    near ``kinks`` (points of ``domain`` where ``g`` is not smooth). ``g`` must be continuous.
+    Starts from the interpolant at the Chebyshev points and returns whichever of the iterates
+    (the interpolant included) has the least largest error on the grid."""
+    a, b = domain
+    start = _interpolate(g, degree, domain)
+    if degree < 1:
+        return start
+    t = _remez_grid([(2.0 * k - a - b) / (b - a) for k in kinks])
+    x = 0.5 * (b - a) * t + 0.5 * (a + b)
+    f = np.asarray(g(x), dtype=np.float64)
+    v = C.chebvander(t, degree)
+    best = np.asarray(start)
+    best_err = float(np.max(np.abs(v @ best - f)))
+    want = degree + 2
+    # the first reference: the extrema of T_(degree+1) (the interpolant's error may alternate
+    # fewer times near a kink), then the grid points nearest them
+    ext_t = np.cos(np.pi * np.arange(want) / (want - 1))[::-1]
+    ref: list[int] | None = sorted(set(int(i) for i in np.searchsorted(t, ext_t).clip(0, len(t) - 1)))
+    if len(ref) < want:
+        ref = _alternating(v @ best - f, want)
+    sign = (-1.0) ** np.arange(want)
+    for _ in range(REMEZ_ITERS):
+        if ref is None:
+            break
+        try:
+            sol = np.linalg.solve(np.concatenate([v[ref], sign[:, None]], axis=1), f[ref])
+        except np.linalg.LinAlgError:
+            break
+        c = sol[:-1]
+        e = v @ c - f
+        err = float(np.max(np.abs(e)))
+        if err < best_err:
+            best, best_err = c, err
+        if err - abs(float(sol[-1])) <= REMEZ_TOL * err:
+            break
+        ref = _alternating(e, want)
+    return tuple(float(c) for c in best)
 
 
 def fit(

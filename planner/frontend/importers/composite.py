@@ -372,8 +372,8 @@ def _unmeasured(domain: tuple[float, float], slope: float, degrees: Sequence[int
 
     out = []
     for d in degrees:
-        f = approx.fit(relu, domain, degree=d, samples=None)
-        out.append(ReluApprox(domain, slope, f.depth, math.nan, f.coeffs, d))
+        coeffs = approx.minimax(relu, d, domain, kinks=(0.0,))
+        out.append(ReluApprox(domain, slope, approx.poly_depth(d), math.nan, coeffs, d))
     for lad in ladders():
         out.append(ReluApprox(domain, slope, lad.depth + 1, math.nan, ladder=lad, degree=math.prod(lad.degrees)))
     return sorted(out, key=lambda c: (c.depth, c.ladder is not None, c.degree))

@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 from backends.sim import simulate
 from common.errors import ModelError
-from planner.frontend.importers import composite
+from planner.frontend.importers import approx, composite
 from planner.frontend.importers.onnx_import import ImportOptions, import_model
 from planner.frontend.params import preset
 from planner.frontend.reference import reference
@@ -62,6 +62,39 @@ def test_remez_is_minimax() -> None:
         assert worst(c + rng.normal(scale=1e-3 * err, size=c.shape)) >= err * (1 - 1e-9)
 
 
+@pytest.mark.parametrize(("domain", "degree", "slope"), [
+    ((-2.4, 2.4), 15, 0.0), ((-0.65, 2.18), 7, 0.0), ((-0.1, 5.0), 3, 0.0), ((-8.0, 8.0), 31, 0.0),
+    ((-3.0, 1.0), 15, 0.1), ((-1.0, 1.0), 16, -1.0), ((-0.2, 0.1), 7, 0.0)])
+def test_minimax_fit_of_relu_is_minimax(domain: tuple[float, float], degree: int, slope: float) -> None:
+    """approx.minimax on ReLU-like kinks: degree + 2 alternating extrema of equal size
+    (Chebyshev's equioscillation theorem: the fit is the best of its degree), no random
+    perturbation lowers the largest error, and it beats the Chebyshev interpolant."""
+    from numpy.polynomial import chebyshev as C
+
+    from planner.frontend.importers import approx
+
+    def f(v: np.ndarray) -> np.ndarray:
+        return np.where(v >= 0, v, slope * v)
+
+    a, b = domain
+    t = np.concatenate([np.linspace(-1.0, 1.0, 400_001), [-(a + b) / (b - a)]])
+    x = 0.5 * (b - a) * t + 0.5 * (a + b)
+
+    def worst(c: np.ndarray) -> float:
+        return float(np.max(np.abs(C.chebval(t, c) - f(x))))
+
+    c = np.asarray(approx.minimax(f, degree, domain, kinks=(0.0,)))
+    err = worst(c)
+    assert err < worst(np.asarray(approx._interpolate(f, degree, domain)))
+    e = C.chebval(t[:-1], c) - f(x[:-1])
+    ext = approx._alternating(e, degree + 2)
+    assert ext is not None
+    assert min(abs(e[i]) for i in ext) >= err * (1 - 2e-3)  # equal ripple
+    rng = np.random.default_rng(degree)
+    for _ in range(100):
+        assert worst(c + rng.normal(scale=1e-2 * err, size=c.shape)) >= err * (1 - 1e-6)
+
+
 @pytest.mark.parametrize("slope", [0.0, 0.1, -1.0])
 def test_composite_relu_error_bound(slope: float) -> None:
     """|x (a + b s(x/B)) - relu(x)| <= (1 - slope) max(eps B, B d / 2) on random points."""
@@ -86,10 +119,18 @@ def test_importer_choice(tmp_path: Path) -> None:
     path, calib = _relu_model(tmp_path)
     # auto, default target (B / 64): the direct fit is enough and far shallower
     auto = import_model(path, ImportOptions(), calib)
-    assert all(r.function == "relu" and r.degree in (15, 31, 63, 127) for r in auto.approximations)
+    assert all(r.function == "relu" and r.degree in (7, 15, 31) for r in auto.approximations)
     for r in auto.approximations:
         b = max(abs(r.domain[0]), abs(r.domain[1]))
         assert r.max_error <= composite.DEFAULT_RELU_TARGET * b
+        # the direct candidates are minimax fits: the one below the chosen degree misses the
+        # target, and the Chebyshev interpolant of the chosen degree is no better
+        cands = {c.degree: c for c in composite.candidates(r.domain, None) if c.ladder is None}
+        lower = approx.DEGREES[approx.DEGREES.index(r.degree) - 1]
+        assert cands[lower].max_error > composite.DEFAULT_RELU_TARGET * b
+        interp = approx.fit(lambda v: np.maximum(v, 0.0), r.domain, degree=r.degree, samples=None)
+        pts = np.linspace(*r.domain, 20001)
+        assert cands[r.degree].max_error < float(np.max(np.abs(interp(pts) - np.maximum(pts, 0.0))))
     # a tight target: only the composite reaches it
     tight = import_model(path, ImportOptions(max_error=1e-3), calib)
     for r in tight.approximations:
