@@ -186,9 +186,8 @@ def minimax(g: Callable[[Array], Array], degree: int, domain: tuple[float, float
     # the first reference: the extrema of T_(degree+1) (the interpolant's error may alternate
     # fewer times near a kink), then the grid points nearest them
     ext_t = np.cos(np.pi * np.arange(want) / (want - 1))[::-1]
-    ref: list[int] | None = sorted(set(int(i) for i in np.searchsorted(t, ext_t).clip(0, len(t) - 1)))
-    if len(ref) < want:
-        ref = _alternating(v @ best - f, want)
+    first = sorted(set(int(i) for i in np.searchsorted(t, ext_t).clip(0, len(t) - 1)))
+    ref = first if len(first) == want else _alternating(v @ best - f, want)
     sign = (-1.0) ** np.arange(want)
     for _ in range(REMEZ_ITERS):
         if ref is None:
