@@ -132,15 +132,16 @@ def run_conditions(params: Any, plaintext_store: bool = False) -> Any:
 def modelled(plan: Mapping[str, Any], plaintext_store: bool = False) -> dict[str, Any]:
     """The plan priced under :func:`run_conditions` (nothing preloaded before the clock):
     seconds in total, by bootstrap kind (count, seconds each), fused blocks, key loads and
-    the rest, and the time model's source."""
+    the rest, and the time model's source: the calibrated table the plan was made with
+    (``--costs``), else its preset's (planner.cost.timing.plan_model)."""
     from planner import ir
-    from planner.cost.timing import modelled_time, time_model
+    from planner.cost.timing import TimeModel, modelled_time, plan_model, time_model
     from planner.frontend.params import Params
     from planner.ir import boot_block
     from planner.ir.analysis import plan_key_bytes
 
     params = Params.from_json(plan["params"])
-    tm = time_model(params)
+    tm: TimeModel = plan_model(plan, params) or time_model(params)
     run = run_conditions(params, plaintext_store)
     prog = plan["program"]
     mt = modelled_time(prog, params, plan_key_bytes(plan) or {}, tm, preload_prologue=False, run=run)
@@ -435,6 +436,7 @@ class BenchOptions:
     calibrate: Path | None = None
     degree: int | None = None
     plaintext_store: Path | None = None
+    costs: str | None = None  # a calibrated table (slotplan calibrate): planned and priced with it
 
 
 def check_options(models: Sequence[Path], o: BenchOptions) -> None:
@@ -459,6 +461,23 @@ def check_options(models: Sequence[Path], o: BenchOptions) -> None:
         raise SlotplanError(f"--orion-rss-limit must be positive, got {o.orion_rss_limit}")
     if o.plaintext_store is not None and not o.plaintext_store.is_dir():
         raise SlotplanError(f"--plaintext-store {str(o.plaintext_store)!r}: no such directory")
+    if o.costs is not None:
+        check_costs(o.costs, o.params)
+
+
+def check_costs(costs: str, params: str) -> None:
+    """``--costs``: a calibrated time table (``slotplan calibrate``) measured at the preset
+    the models are planned at."""
+    from planner.cost.tables import load_costs
+    from planner.frontend.params import load_params
+
+    t = load_costs(costs)
+    if not t.is_time:
+        raise SlotplanError(f"--costs {costs!r}: not a calibrated table of milliseconds (slotplan calibrate writes one)")
+    want = load_params(params).name
+    got = (t.params or {}).get("name")
+    if got != want:
+        raise SlotplanError(f"--costs {costs!r}: measured at params {got!r}, not at --params {want!r}")
 
 
 def _load(model: Path, o: BenchOptions) -> tuple[Any, dict[str, np.ndarray] | None]:
@@ -483,8 +502,8 @@ def _plan(graph: Any, o: BenchOptions) -> tuple[Any, Any, float]:
     from planner.pipeline import PlanOptions, PlanOptionsLiteral, plan_graph
 
     p = load_params(o.params)
-    opts = PlanOptions.from_literal(PlanOptionsLiteral(memory_cap_bytes=o.memory_cap, boot_variants=o.boot_variants,
-                                                       time_limit_s=o.time_limit_s))
+    lit = PlanOptionsLiteral(memory_cap_bytes=o.memory_cap, boot_variants=o.boot_variants, time_limit_s=o.time_limit_s)
+    opts = PlanOptions.from_literal(lit if o.costs is None else lit.model_copy(update={"costs": o.costs}))
     t0 = time.perf_counter()
     if o.batch == "auto":
         res = plan_auto_batch(graph, p, opts)
@@ -772,6 +791,7 @@ def model_bench_command(
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="ONNX only: calibration samples .npz (slotplan import)")] = None,
     degree: Annotated[int | None, typer.Option("--degree", help="ONNX only: degree of the activation polynomials")] = None,
     plaintext_store: Annotated[Path | None, typer.Option("--plaintext-store", help="a directory for the streamed plaintexts: the first run encodes and spills them, the next read them back (use with --repeat 2 or more)")] = None,
+    costs: Annotated[str | None, typer.Option("--costs", help="a table slotplan calibrate measured on this machine (data/costs/<name> or a path): plan and price with it [default: the preset's committed table]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as one JSON document")] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="also write the JSON document to this file")] = None,
 ) -> None:
@@ -799,7 +819,7 @@ def model_bench_command(
             boot_variants=boot_variants == "on", seed=seed, inputs=inputs, weights=weights, repeat=repeat,
             orion=orion, orion_python=orion_python, orion_rss_limit=parse_size(orion_rss_limit),
             orion_timeout_s=orion_timeout, dry_run=dry_run, time_limit_s=time_limit, network=network,
-            calibrate=calibrate, degree=degree, plaintext_store=plaintext_store)
+            calibrate=calibrate, degree=degree, plaintext_store=plaintext_store, costs=costs)
         rows = bench(models, o)
     except PlanTimeout as e:  # the solver found no plan within its limit (as plan: exit 3)
         raise fail(e, 3) from None

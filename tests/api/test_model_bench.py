@@ -171,6 +171,32 @@ def test_dry_run_prices_a_bootstrapping_plan_at_n16boot(cli: Cli, tmp_path: Path
     assert line and "model -1" in line and "another CPU" in line and "slotplan calibrate" in line
 
 
+def test_costs_plans_and_prices_with_a_calibrated_table(cli: Cli, tmp_path: Path) -> None:
+    """--costs: the plan is made and priced with the user's table (here the committed n16boot
+    table with every bootstrap price doubled), named in the row."""
+    from common.paths import DATA_DIR
+
+    table = json.loads((DATA_DIR / "costs" / "n16boot-lattigo.json").read_text())
+    table["name"] = "n16boot-doubled"
+    table["weights"]["bootstrap"] *= 2
+    table["boot_variants"] = {k: 2 * v for k, v in table["boot_variants"].items()}
+    for v in table["measurements"]["boot_variants"].values():  # each kind as the executor runs it
+        if "median_ms" in v:
+            v["median_ms"] *= 2
+    path = tmp_path / "doubled.json"
+    path.write_text(json.dumps(table))
+    g = _deep_chain(tmp_path)
+    rows = []
+    for extra in ([], ["--costs", str(path)]):
+        code, stdout, err = cli("model-bench", g, "--dry-run", "--json", *extra)
+        assert code == 0, err
+        rows.append(json.loads(stdout)["rows"][0])
+    base, doubled = rows
+    assert "n16boot-doubled" in doubled["modelled"]["time_model"] and "n16boot-doubled" not in base["modelled"]["time_model"]
+    assert doubled["bootstraps_planned"] == base["bootstraps_planned"] >= 1
+    assert doubled["modelled"]["bootstrap_seconds"] == pytest.approx(2 * base["modelled"]["bootstrap_seconds"], rel=1e-3)
+
+
 def test_published_figures_cite_their_sources() -> None:
     from api.model_bench import find_network, load_published
 
@@ -210,6 +236,9 @@ def test_a_bad_published_file_is_named(tmp_path: Path) -> None:
     (["{g}", "--inputs", "{tmp}/none.npz", "--weights", "{tmp}/none.npz"], "none.npz"),
     (["{g}", "--orion", "--orion-python", "{tmp}/none/python"], "make orion"),
     (["{g}", "--plaintext-store", "{tmp}/nowhere"], "--plaintext-store"),
+    (["{g}", "--params", "n13", "--costs", "default"], "not a calibrated table"),
+    (["{g}", "--params", "n13", "--costs", "n14-lattigo"], "measured at params 'n14', not at --params 'n13'"),
+    (["{g}", "--costs", "{tmp}/none.json"], "none.json"),
 ])
 def test_bad_input_is_one_line_exit_2(cli: Cli, tmp_path: Path, args: list[str], needle: str) -> None:
     g = _tiny_mlp(tmp_path)
