@@ -400,7 +400,10 @@ class NoisyMachine(sim._Machine):
 
     def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
         self.rescale_in_place(ins.src)
-        x = self.get(ins.src, i)
+        # in_scale: the bootstrap refreshes src / in_scale (the source's noise with it)
+        inv = 1.0 if ins.in_scale is None else 1.0 / float(ins.in_scale)
+        x = self.get(ins.src, i) * inv
+        sc = 1.0 if ins.scale is None else float(ins.scale)
         if ins.log_slots is not None:
             self.tail_tol = self.noise_tol(ins.src)
             try:
@@ -408,24 +411,25 @@ class NoisyMachine(sim._Machine):
             finally:
                 self.tail_tol = None
             n = int(ins.period or 0)
-            sc = 1.0 if ins.scale is None else float(ins.scale)
             xr = np.real(x)
             z = xr[:n] + 1j * xr[n:2 * n] if ins.halves else xr[:n]
             # halves: the executor masks the source first (one level), so the bootstrap's
             # input is one level below the source
             level0 = self.level(ins.src) <= (1 if ins.halves else 0)
-            self.variant_noise(ins.dst, z, n, 2 * n if ins.halves else n, sc, level0, sc**2 * self.v(ins.src))
+            self.variant_noise(ins.dst, z, n, 2 * n if ins.halves else n, sc, level0,
+                               (sc * inv) ** 2 * self.v(ins.src))
             return
         super().exec_bootstrap(ins, i)
         level0 = self.level(ins.src) == 0
-        base = self.v(ins.src)
+        # a full-slot bootstrap's scale is an exact integer product of its result
+        base = (sc * inv) ** 2 * self.v(ins.src)
         rel = self.model.sigma.boot0_scale_rel
         if level0 and rel and ins.src in self.drift:
             # one factor for the whole ciphertext (a scale error), drawn once
             eps = float(self.rng.normal(0.0, rel))
             self.regs[ins.dst] = self.regs[ins.dst] * (1.0 + eps)
-            base = base + np.abs(x) ** 2 * rel**2
-        self.noise(ins.dst, self.model.boot(x, level0), "bootstrap", base)
+            base = base + np.abs(sc * x) ** 2 * rel**2
+        self.noise(ins.dst, sc * self.model.boot(x, level0), "bootstrap", base)
 
     def exec_bootstrap_cins(self, ins: ir.BootstrapCins, i: int) -> None:
         self.rescale_in_place(ins.src)

@@ -342,10 +342,12 @@ class _Machine:
     def exec_bootstrap(self, ins: ir.Bootstrap, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)
         x = self.get(ins.src, i)
+        if ins.in_scale is not None:  # the source's scale relabelled: it refreshes src / in_scale
+            x = x / float(ins.in_scale)
         what = f"bootstrap {ins.dst} <- {ins.src}"
         if ins.period is None:
             self.check_boot_input(x, i, what, "slot")
-            self.put(ins.dst, x.copy(), i)
+            self.put(ins.dst, x * (1.0 if ins.scale is None else float(ins.scale)), i)
         else:
             span = ins.period * (2 if ins.halves else 1)
             self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))

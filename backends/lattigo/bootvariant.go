@@ -37,6 +37,14 @@ import (
 //     after the bootstrap: out = P1*z + P2*conj(z) with P1 = scale*(M_lo - i*M_hi)/2 and
 //     P2 = scale*(M_lo + i*M_hi)/2 (one conjugation, two products, one rescale).
 //
+//   - in_scale s (bootstrap, full-slot or sparse; not bootstrap2): the source's scale is
+//     relabelled to s times what it is (the integer polynomial is left as it is), so the
+//     bootstrap refreshes src / s: the value brought within boot.max_abs without a product
+//     or a level. Lattigo's ScaleDown then scales the input up by an integer to its
+//     q0 / 2^LogMessageRatio, as it does any input (maxBootInScale keeps that factor >= 1).
+//   - a full-slot bootstrap's scale (an integer): the result is multiplied by it exactly
+//     (a Gaussian-integer constant, as mul_i: no scale, no level), undoing in_scale.
+//
 // Each mask plaintext is encoded at the ciphertext's level with scale q_level (the prime
 // the following rescale removes), so the result keeps the default scale at one level
 // below the top residual level (depth 1), as the plan's simulator says.
@@ -50,6 +58,35 @@ type bootVariantParams struct {
 
 // maxBootScale bounds |scale| of a variant (planner.ir.instructions.MAX_BOOT_SCALE).
 const maxBootScale = 1 << 20
+
+// maxBootInScale bounds in_scale (planner.ir.instructions.MAX_BOOT_IN_SCALE): the
+// relabelled scale, default scale times in_scale, must stay at most the scale Lattigo's
+// ScaleDown brings a bootstrap's input to, q0 / 2^LogMessageRatio (2^60 / 2^8 = 2^52 for
+// N16QP1546H192H32, 2^12 times its default scale 2^40), so that ScaleDown only ever scales
+// up (by an integer) and the message reaches EvalMod exactly as after a product by 1 /
+// in_scale.
+const maxBootInScale = 1 << 12
+
+// validateInScale checks in_scale and a full-slot bootstrap's scale (an integer: the
+// executor multiplies by it exactly, no level).
+func validateInScale(in instr, fail func(string, ...any) error) error {
+	if in.InScale != nil {
+		if in.Op == "bootstrap2" {
+			return fail("field \"in_scale\" belongs to bootstrap")
+		}
+		s := *in.InScale
+		if math.IsNaN(s) || s < 1 || s > maxBootInScale {
+			return fail("field \"in_scale\": a number with 1 <= in_scale <= 2^12, got %v", s)
+		}
+	}
+	if in.Op == "bootstrap" && in.LogSlots == nil && in.Scale != nil {
+		s := *in.Scale
+		if math.IsNaN(s) || s < 1 || s > maxBootScale || s != math.Trunc(s) {
+			return fail("field \"scale\": a full-slot bootstrap's scale is an integer with 1 <= scale <= 2^20, got %v", s)
+		}
+	}
+	return nil
+}
 
 // validateBootVariant checks the variant fields of a bootstrap or bootstrap2 before any
 // cryptography runs (the params' offer is checked by setupBootVariants).
@@ -76,9 +113,12 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 			return fail("field \"halves\" belongs to bootstrap")
 		}
 	}
+	if err := validateInScale(in, fail); err != nil {
+		return err
+	}
 	if in.LogSlots == nil {
-		if in.Halves != nil || in.Scale != nil {
-			return fail("fields \"halves\" and \"scale\" belong to a sparse bootstrap (give log_slots)")
+		if in.Halves != nil {
+			return fail("field \"halves\" belongs to a sparse bootstrap (give log_slots)")
 		}
 		return nil
 	}
@@ -358,10 +398,10 @@ func (e *executor) maskProducts(cts []*rlwe.Ciphertext, pts []*rlwe.Plaintext) (
 
 // sparseBootstrap bootstraps ct (left unchanged) at 2^k slots: the input's scale is
 // relabelled by 1/gap so that the trace's block average reads as the block sum.
-func (e *executor) sparseBootstrap(ev *bootstrapping.Evaluator, ct *rlwe.Ciphertext, k int) (*rlwe.Ciphertext, error) {
+func (e *executor) sparseBootstrap(ev *bootstrapping.Evaluator, ct *rlwe.Ciphertext, k int, inScale float64) (*rlwe.Ciphertext, error) {
 	cp := ct.CopyNew()
 	gap := e.params.MaxSlots() >> k
-	cp.Scale = cp.Scale.Div(rlwe.NewScale(float64(gap)))
+	cp.Scale = cp.Scale.Div(rlwe.NewScale(float64(gap))).Mul(rlwe.NewScale(inScale)) // (in_scale: relabelled)
 	// the bootstrapper reads the slot count from the ciphertext too (CoeffsToSlots repacks
 	// the imaginary half by a rotation of 2^LogSlots): label it sparse; the trace makes it so
 	cp.LogDimensions.Cols = k
@@ -383,6 +423,13 @@ func scaleOf(in instr) float64 {
 		return 1
 	}
 	return *in.Scale
+}
+
+func inScaleOf(in instr) float64 {
+	if in.InScale == nil {
+		return 1
+	}
+	return *in.InScale
 }
 
 // bootstrapVariant runs bootstrap {log_slots[, halves][, scale]} (see the top of the file).
@@ -417,7 +464,7 @@ func (e *executor) bootstrapVariant(in instr) error {
 		}
 		defer e.recycle(ct)
 	}
-	z, err := e.sparseBootstrap(ev, ct, k)
+	z, err := e.sparseBootstrap(ev, ct, k, inScaleOf(in))
 	if err != nil {
 		return fmt.Errorf("sparse bootstrap at 2^%d slots of %q (level %d, scale 2^%.3f): %w", k, in.Src, inLevel, ct.Scale.Log2(), err)
 	}
@@ -484,7 +531,7 @@ func (e *executor) bootstrapPair(in instr) error {
 	if err = e.eval.Add(z, x, z); err != nil {
 		return err
 	}
-	zb, err := e.sparseBootstrap(ev, z, k)
+	zb, err := e.sparseBootstrap(ev, z, k, 1)
 	e.recycle(z)
 	if err != nil {
 		return fmt.Errorf("sparse bootstrap at 2^%d slots of %q + i*%q (level %d): %w", k, in.Srcs[0], in.Srcs[1], inLevel, err)

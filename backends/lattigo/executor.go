@@ -895,13 +895,25 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
+		src := ct
+		if in.InScale != nil { // relabelled: the bootstrap refreshes src / in_scale (bootvariant.go)
+			src = ct.CopyNew()
+			src.Scale = src.Scale.Mul(rlwe.NewScale(*in.InScale))
+		}
 		e.keys.inBootstrap = true
 		e.keys.beginBootstrap()
-		out, sec, err := bootstrapCt(e.btpEval, ct)
+		out, sec, err := bootstrapCt(e.btpEval, src)
 		e.keys.inBootstrap = false
 		e.keys.endBootstrap()
 		if err != nil {
-			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), ct.Scale.Log2(), err)
+			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), src.Scale.Log2(), err)
+		}
+		if in.Scale != nil && *in.Scale != 1 { // an integer: exact, no level
+			up := e.newCt(out.Level())
+			if err = e.eval.Mul(out, complex(*in.Scale, 0), up); err != nil {
+				return fmt.Errorf("bootstrap of %q: the result times %v: %w", in.Src, *in.Scale, err)
+			}
+			out = up
 		}
 		e.st.BootstrapSeconds = append(e.st.BootstrapSeconds, sec)
 		e.st.BootstrapInLevels = append(e.st.BootstrapInLevels, ct.Level())

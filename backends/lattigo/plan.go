@@ -81,6 +81,9 @@ type instr struct {
 	LogSlots *int     `json:"log_slots"`
 	Halves   *bool    `json:"halves"`
 	Scale    *float64 `json:"scale"`
+	// in_scale (bootstrap, full or sparse): the source's scale is relabelled so that the
+	// bootstrap refreshes src / in_scale (no product, no level; bootvariant.go)
+	InScale *float64 `json:"in_scale"`
 }
 
 // givenBackLevels is the most SlotsToCoeffs levels a bootstrap_cins of the plan gives back:

@@ -141,9 +141,15 @@ def options(
         scale = s_half if v.packed else s
         if scale > MAX_BOOT_SCALE:  # the unpacking product's factor has a bound
             continue
-        # halves: the executor multiplies the source by a complex mask (1 on the low half,
-        # i on the high one) before the sparse bootstrap, one level (docs/formats.md)
-        pre = int(scale > 1 and not absorbs or not clean) + (1 if v.kind == "h" else 0)
+        # the 1/scale before it: the bootstrap's in_scale (no level) but for pairs
+        # (bootstrap2: one product, unless the option's own products take it); a dirty
+        # layout's mask: one level. halves: the executor multiplies the source by a complex
+        # mask (1 on the low half, i on the high one) before the sparse bootstrap, one level
+        # (docs/formats.md)
+        if v.kind == "p":
+            pre = int(scale > 1 and not absorbs or not clean)
+        else:
+            pre = int(not clean) + (1 if v.kind == "h" else 0)
         opt = BootOption(label, units, pre, 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]

@@ -212,9 +212,9 @@ def _boot_options(
 ) -> tuple[bool, tuple[int, ...], int]:
     """Whether a node's result may be bootstrapped, and the levels around a bootstrap: per
     candidate one level before it when its layout is dirty (a mask zeroes the free slots,
-    whose partial sums no range bounds) or the value must be scaled down by ``1/s`` and the
-    candidate's own plaintext products cannot take that factor (``result_absorbs``); one
-    after it when scaled (times ``s``)."""
+    whose partial sums no range bounds); none otherwise, and none after it: the scaling by
+    ``1/s`` is the bootstrap's ``in_scale`` (a relabelled scale) and the ``s`` after it its
+    ``scale`` (an exact integer product; planner.lower.lowering._lower_bootstrap)."""
     if params.boot is None or ranges is None or not graph.encrypted(node.id) or not graph.consumers(node.id):
         return False, (), 0
     bound = ranges.bound(node.id)
@@ -223,7 +223,7 @@ def _boot_options(
         return False, (), 0
     s = boot_scale(bound, params.boot.max_abs)
     scales[node.id] = s
-    return True, tuple(int(not c.out_layout.clean or s > 1 and not result_absorbs(c, params.slots)) for c in cs), int(s > 1)
+    return True, tuple(int(not c.out_layout.clean) for c in cs), 0
 
 
 def _fold_chebyshev(

@@ -562,6 +562,18 @@ def _check_boot_variant(d: Mapping[str, Any], bad: Bad, slots: int | None, *, sp
 # |scale| folded into a variant's unpacking plaintext
 MAX_BOOT_LOG_SLOTS = 16
 MAX_BOOT_SCALE = 2.0**20
+# the largest in_scale (the source's scale relabelled, backends/lattigo/bootvariant.go): the
+# default scale times it stays within what Lattigo's ScaleDown brings an input to,
+# q0 / 2^LogMessageRatio (2^52 for N16QP1546H192H32, 2^12 times its scale 2^40)
+MAX_BOOT_IN_SCALE = 2.0**12
+
+
+def _check_in_scale(d: Mapping[str, Any], bad: Bad) -> None:
+    """``in_scale`` of a bootstrap: 1 <= in_scale <= MAX_BOOT_IN_SCALE."""
+    if "in_scale" in d:
+        v = d["in_scale"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 1 <= v <= MAX_BOOT_IN_SCALE:
+            raise bad("in_scale", f"in_scale is a number with 1 <= in_scale <= 2^12, got {json.dumps(v)[:40]}")
 
 
 @instruction
@@ -575,7 +587,12 @@ class Bootstrap(Instr):
     part of one complex slot vector). The executor unpacks (masks) the result with one
     plaintext product, so ``dst = scale * src`` (``scale`` default 1) at depth 1.  With
     ``halves`` every |value| must be within boot.max_abs / 2.  Without ``log_slots``: the
-    full-slot bootstrap, ``dst = src`` at depth 0 (``halves`` and ``scale`` not allowed)."""
+    full-slot bootstrap, ``dst = scale * src`` at depth 0 (``scale`` an integer, multiplied
+    exactly: no level; ``halves`` not allowed).
+
+    ``in_scale`` (either kind): the source's scale is relabelled (no product, no level), so
+    the bootstrap refreshes ``src / in_scale``: ``dst = scale * src / in_scale``, and the
+    range rules above apply to ``src / in_scale``."""
 
     op: ClassVar[str] = "bootstrap"
     counter: ClassVar[str | None] = "bootstraps"
@@ -586,13 +603,20 @@ class Bootstrap(Instr):
     log_slots: int | None = None
     halves: bool | None = None
     scale: float | None = None
+    in_scale: float | None = None
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
+        _check_in_scale(d, bad)
         if "log_slots" not in d:
-            for f in ("halves", "scale"):
-                if f in d:
-                    raise bad(f, f"{f} belongs to a sparse bootstrap (give log_slots)")
+            if "halves" in d:
+                raise bad("halves", "halves belongs to a sparse bootstrap (give log_slots)")
+            if "scale" in d:
+                sc = d["scale"]
+                if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc) \
+                        or sc != int(sc) or not 1 <= sc <= MAX_BOOT_SCALE:
+                    raise bad("scale", "a full-slot bootstrap's scale is an integer with 1 <= scale <= 2^20, "
+                                       f"got {json.dumps(sc)[:40]}")
             return
         if "halves" in d and not isinstance(d["halves"], bool):
             raise bad("halves", "halves is true or false")

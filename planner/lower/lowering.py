@@ -174,16 +174,18 @@ def _lower_bootstrap(
     b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str, var: Variant | None = None,
     prescaled: bool = False,
 ) -> tuple[list[str], ChannelLayout]:
-    """Bootstrap every ciphertext of a node's result: before it one pmul by ``1/s`` on the
-    layout's slots and 0 on its free slots (when scaled, or when the layout is dirty: the
-    free slots' partial sums have no bound), after it one pmul by ``s`` (when scaled).  A
-    variant (``var``, planner.assign.boot_variants) folds that ``s`` into its unpacking
-    product (the instruction's ``scale``) and pairs two ciphertexts per ``bootstrap2``.
-    ``prescaled``: the registers already hold the value times ``1/s`` (the node's own
-    plaintext products took it) and the layout is clean, so nothing comes before."""
-    slots = b.slots
+    """Bootstrap every ciphertext of a node's result, the value brought within the
+    bootstrap's range by ``1/s``: by the bootstrap's ``in_scale`` (the source's scale
+    relabelled: no product, no level) where the layout is clean; by one pmul by ``1/s`` on
+    the layout's slots and 0 on its free slots before it where the layout is dirty (the free
+    slots' partial sums have no bound) or for a ``bootstrap2`` (pairs).  After it the value
+    is ``s`` times the result: the full bootstrap's ``scale`` (an exact integer product, no
+    level) or a variant's unpacking product (its ``scale``).  ``prescaled``: the registers
+    already hold the value times ``1/s`` (the node's own plaintext products took it) and the
+    layout is clean, so nothing comes before."""
     masked = not lay.clean
     assert not (prescaled and masked)
+    relabel = s > 1 and not prescaled and not masked
 
     def pre(q: int, r: str) -> str:
         if s > 1 and not prescaled or masked:
@@ -197,16 +199,13 @@ def _lower_bootstrap(
             r = b.rescale(b.pmul(r, pt))
         return r
 
+    scale = float(s) if s > 1 else None
+    in_scale = float(s) if relabel else None
     out: list[str] = []
     if var is None:
         for q, r in enumerate(regs):
-            r = b.bootstrap(pre(q, r))
-            if s > 1:
-                up = b.const_plaintext(("boot-up", s), f"pt/boot/scale/{s}", lambda: np.full(slots, float(s)))
-                r = b.rescale(b.pmul(r, up))
-            out.append(r)
+            out.append(b.bootstrap(r if relabel else pre(q, r), scale=scale, in_scale=in_scale))
         return out, lay.with_clean(True) if masked else lay
-    scale = float(s) if s > 1 else None
     q = 0
     while q < len(regs):
         if var.kind == "p" and q + 1 < len(regs):
@@ -214,7 +213,8 @@ def _lower_bootstrap(
             out.extend(b.bootstrap2((a, c), var.log_slots, scale))
             q += 2
             continue
-        out.append(b.bootstrap(pre(q, regs[q]), var.log_slots, True if var.kind == "h" else None, scale))
+        src = regs[q] if relabel else pre(q, regs[q])
+        out.append(b.bootstrap(src, var.log_slots, True if var.kind == "h" else None, scale, in_scale))
         q += 1
     return out, lay.with_clean(True) if masked else lay
 

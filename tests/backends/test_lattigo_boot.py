@@ -196,9 +196,10 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
     ]
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, S)
+    z = rng.uniform(-1, 1, S)
     w = rng.uniform(0.7, 1.0, S)
     ident = np.arange(S, dtype=np.int64)
-    tables = {"in/x.idx": ident, "pt/w.idx": ident, "out/y.idx": ident}
+    tables = {"in/x.idx": ident, "in/z.idx": ident, "pt/w.idx": ident, "out/y.idx": ident, "out/e.idx": ident}
     b = x * w**9
     want = np.roll(b, -not_in_block) + b + np.roll(b, -in_block)
     mod, go = _ext()
@@ -207,12 +208,14 @@ def test_bench_plan_bootstraps_keep_all_and_scheduled() -> None:
         plan = _plan(program)
         if mode == "scheduled":
             plan["keys"] = {str(in_block): {"level": 0}, str(not_in_block): {"level": P.max_level}}
-        pin, ppt = pack_vectors(plan, {"x": x}, {"w": w}, tables)
+        pin, ppt = pack_vectors(plan, {"x": x, "z": z}, {"w": w}, tables)
         raw = json.loads(_call(mod.BenchPlan, json.dumps(plan, default=_json_default), go.Slice_byte.from_bytes(pin),
                                go.Slice_byte.from_bytes(ppt), json.dumps({"repeat": 1, "no_prepare": True})))
         st = raw["stats"]
         got = np.frombuffer(base64.b64decode(raw["outputs"][0]["data"]), dtype="<f8")
-        assert st["key_mode"] == mode and st["bootstraps"] == 1, st
+        got_e = np.frombuffer(base64.b64decode(raw["outputs"][1]["data"]), dtype="<f8")
+        assert float(np.max(np.abs(got_e[:S] - z * w**2))) <= 1e-5, mode
+        assert st["key_mode"] == mode and st["bootstraps"] == 2, st
         assert st["boot_matrix_seconds"] > 0 and st["eval_seconds"] > 0
         err = float(np.max(np.abs(got[:S] - want)))
         assert err <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, err)

@@ -26,7 +26,7 @@ pytestmark = [
 def _graph() -> dict:
     nodes = []
     cur = "x"
-    for i in range(6):  # 12 levels of squares: one bootstrap at n14boot
+    for i in range(12):  # 12 squares, one level each: a bootstrap at n14boot (9 levels)
         nodes.append({"id": f"p{i}", "op": "poly", "inputs": [cur], "coeffs": [0.0, 0.5, 0.4]})
         cur = f"p{i}"
     return {"schema": "slotplan.graph/1", "name": "deep-batch",
@@ -43,10 +43,10 @@ def test_second_evaluation_reuses_the_matrices() -> None:
     x = np.random.default_rng(3).uniform(-1, 1, (4, 24))
     rep = run_plan(res.plan, res.tables, "lattigo", values={"x": x})
     want = x
-    for _ in range(6):
+    for _ in range(12):
         want = 0.5 * want + 0.4 * want * want
     assert rep.ok, rep.failure()
-    np.testing.assert_allclose(rep.outputs["p5"], want, atol=1e-4)
+    np.testing.assert_allclose(rep.outputs["p11"], want, atol=1e-4)
     ev = rep.stats["evaluations"]
     assert len(ev) == 2 and rep.stats["ciphertext_sets"] == 2
     first, second = ev

@@ -113,41 +113,50 @@ def test_scaling_keeps_bootstrap_inputs_in_range() -> None:
         simulate(bad, res.tables, vals)
 
 
-def test_bootstrap_scaling_folds_into_the_producers_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scaled bootstrap of a value whose node ends in plaintext products costs no level
-    of its own: the node's products take the 1/s (``boot_prescaled``; the bootstrap reads the
-    rescaled product directly), so the chain needs fewer bootstraps than with the separate
-    1/s product, and both plans equal numpy with every bootstrap input within max_abs."""
+def test_bootstrap_scaling_costs_no_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scaled bootstrap costs no level of its own: the node's plaintext products take the
+    1/s (``boot_prescaled``) or the bootstrap relabels its source's scale (``in_scale``), and
+    the full bootstrap multiplies its result by the integer ``s`` exactly (``scale``); no
+    product by 1/s or by s surrounds it. Without the prescaled candidates the plan needs no
+    more bootstraps, and both plans equal numpy with every bootstrap input within max_abs."""
     from planner.assign import problem
     from planner.lower import lowering
 
     g = mul_chain(12, weight_range=3.0)
     res = plan(g, tiny_boot(3))
     check_plan(res, g)
-    prog = res.plan["program"]
-    made = {i["dst"]: i for i in prog if "dst" in i}
-    pre = {n["id"] for n in res.plan["nodes"] if n.get("boot_prescaled")}
-    scales = res.plan["summary"]["bootstrapping"]["scales"]
-    assert pre and pre <= set(scales)
-    for n in res.plan["nodes"]:
-        a, b = n["span"]
-        boots = [i for i in prog[a:b] if i["op"] == "bootstrap"]
-        for bt in boots:
-            src = made[bt["src"]]
-            assert src["op"] == "rescale" and made[src["src"]]["op"] == "pmul"
-            # the product before the bootstrap is the node's weight (scaled), or the 1/s mask
-            assert made[src["src"]]["pt"].startswith("pt/boot/") == (n["id"] not in pre)
+
+    def check(r: Any) -> set[str]:
+        prog = r.plan["program"]
+        made = {i["dst"]: i for i in prog if "dst" in i}
+        pre = {n["id"] for n in r.plan["nodes"] if n.get("boot_prescaled")}
+        scales = r.plan["summary"]["bootstrapping"]["scales"]
+        assert set(scales)
+        for n in r.plan["nodes"]:
+            a, b = n["span"]
+            assert not any(i["op"] == "pmul" and i["pt"].startswith("pt/boot/") for i in prog[a:b])
+            for bt in (i for i in prog[a:b] if i["op"] == "bootstrap"):
+                s = scales.get(n["id"], 1)
+                assert bt.get("scale", 1) == s
+                assert bt.get("in_scale", 1) == (1 if n["id"] in pre else s)
+                src = made[bt["src"]]
+                if n["id"] in pre:  # the node's weight product, scaled
+                    assert src["op"] == "rescale" and made[src["src"]]["op"] == "pmul"
+        return pre
+
+    check(res)
     for mod in (problem, lowering):
         monkeypatch.setattr(mod, "result_absorbs", lambda c, slots: False)
     res0 = plan(g, tiny_boot(3))
     check_plan(res0, g)
-    assert not any(n.get("boot_prescaled") for n in res0.plan["nodes"])
-    assert res.plan["summary"]["bootstraps"] < res0.plan["summary"]["bootstraps"]
+    assert not check(res0)
+    assert res0.plan["summary"]["bootstraps"] == res.plan["summary"]["bootstraps"]
 
 
-def test_a_residual_sum_keeps_its_scaling_product() -> None:
-    """An ``add`` of two encrypted values cannot take the 1/s alone (it would have to reach
-    both operands, one of them read elsewhere): its bootstrap keeps the 1/s product."""
+def test_a_residual_sum_takes_its_scaling_as_in_scale() -> None:
+    """An ``add`` of two encrypted values cannot take the 1/s in its own products (it would
+    have to reach both operands, one of them read elsewhere): its bootstrap relabels the
+    source's scale (``in_scale``), no product and no level before it."""
     g = parse_graph({"schema": "slotplan.graph/1", "name": "residual", "tensors": {
         "x": {"shape": [64], "role": "input", "range": [-1, 1]},
         **{f"w{i}": {"shape": [64], "role": "weight", "range": [-3, 3]} for i in range(4)}},
@@ -163,16 +172,18 @@ def test_a_residual_sum_keeps_its_scaling_product() -> None:
     params = tiny_boot(2)
     prob = build_problem(g, params, PlanOptions(allow_insecure=True))
     assert prob.boot_scales["r"] > 1 and prob.boot_scales["m1"] > 1
-    assert set(prob.model.group("r").boot_pres) == {1}  # the 1/s product before the bootstrap
-    assert set(prob.model.group("m1").boot_pres) == {0}  # taken by the weight's product
+    assert set(prob.model.group("r").boot_pres) == {0}
+    assert set(prob.model.group("m1").boot_pres) == {0}
+    assert prob.model.group("r").boot_post == 0
     res = plan(g, params)
     check_plan(res, g)
-    # lowered as modelled: a bootstrapped sum reads its 1/s product
     prog = res.plan["program"]
     for n in res.plan["nodes"]:
         a, b = n["span"]
+        assert not any(i["op"] == "pmul" and i["pt"].startswith("pt/boot/") for i in prog[a:b])
         if n["id"] == "r" and n["bootstraps"]:
-            assert any(i["op"] == "pmul" and i["pt"].startswith("pt/boot/") for i in prog[a:b])
+            (bt,) = [i for i in prog[a:b] if i["op"] == "bootstrap"]
+            assert bt["in_scale"] == prob.boot_scales["r"] == bt["scale"]
 
 
 def test_unknown_range_is_refused_naming_the_tensor() -> None:
@@ -359,15 +370,16 @@ def test_random_networks_with_bootstraps_brute_force_and_solvers(seed: int) -> N
         if want != "skip":
             assert s["solver"]["objective"] == want
         if s["bootstraps"] and solver == SOLVERS[0]:
-            assert _check_streamed_schedule(res, g), "no streamed schedule at the smallest feasible cap"
+            _check_streamed_schedule(res, g)
     assert len(set(results.values())) == 1, results
 
 
 def _check_streamed_schedule(res: Any, g: Graph) -> bool:
-    """At the smallest feasible cap the schedule streams the block's
-    Galois keys (on params whose key bytes are the model's: ``tiny_boot_keys``), gives the
-    plan's rotations of its offsets keys of their own, stays under the cap and simulates
-    to numpy's result with strict residency. False when no streamed schedule fits there."""
+    """At the smallest feasible cap (on params whose key bytes are the model's:
+    ``tiny_boot_keys``) the schedule holds the block ``boot`` once, streamed or whole, stays
+    under the cap and simulates to numpy's result with strict residency. Whether it streams
+    the block's Galois keys: where the peak lies outside the bootstraps, the whole block fits
+    the smallest cap too and is preferred (planner.keys.residency._boot_spans)."""
     from planner.keys.residency import BOOT_STREAM_DEPTH
 
     boot = Params.from_json(res.plan["params"]).boot
@@ -378,15 +390,15 @@ def _check_streamed_schedule(res: Any, g: Graph) -> bool:
     cap = ei.value.min_cap
     new, sched = schedule_plan(plan_, cap, "exact")
     block = [i for i in new["program"] if i["op"] == "load_key" and "block" in i]
-    if block != [{"op": "load_key", "block": "boot", "stream": BOOT_STREAM_DEPTH}]:
-        return False
+    streamed = block == [{"op": "load_key", "block": "boot", "stream": BOOT_STREAM_DEPTH}]
+    assert streamed or block == [{"op": "load_key", "block": "boot"}], block
     assert new["summary"]["peak_bytes"]["total"] <= cap
     vals = random_values(g, 1)
     out = simulate(new, res.tables, vals)
     ref = reference(g, vals)
     for t in g.outputs:
         assert np.allclose(out.outputs[t], ref[t], rtol=1e-9, atol=1e-9)
-    return True
+    return streamed
 
 
 def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
