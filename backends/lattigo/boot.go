@@ -219,10 +219,13 @@ func matrixBytes(ev *bootstrapping.Evaluator) int64 {
 
 // bootstrap refreshes ct (left unchanged) with the bootstrapping evaluator and returns the
 // result at the top residual level and the default scale.
-func bootstrapCt(ev *bootstrapping.Evaluator, ct *rlwe.Ciphertext) (*rlwe.Ciphertext, float64, error) {
+func bootstrapCt(ev *bootstrapping.Evaluator, ct *rlwe.Ciphertext, inScale float64) (*rlwe.Ciphertext, float64, error) {
 	t := time.Now()
-	// Bootstrap works in place on the ciphertext's polynomials (ScaleDown): give it a copy.
-	out, err := ev.Bootstrap(ct.CopyNew())
+	// Bootstrap works in place on the ciphertext's polynomials (ScaleDown): give it a copy,
+	// its scale relabelled by inScale (in_scale, bootvariant.go: it refreshes ct / inScale)
+	cp := ct.CopyNew()
+	cp.Scale = cp.Scale.Mul(rlwe.NewScale(inScale))
+	out, err := ev.Bootstrap(cp)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -661,7 +661,7 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 	}
 	var last *rlwe.Ciphertext
 	tm, err := measure(n, func() error {
-		out, _, err := bootstrapCt(ev, ct)
+		out, _, err := bootstrapCt(ev, ct, 1)
 		if err != nil {
 			return err
 		}
@@ -684,7 +684,7 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 	bc.PeakRSSBytes = peakRSS()
 	last = nil
 	if bc.TransientBytes, bc.AllocBytes, err = heapPeakDuring(func() error {
-		_, _, err := bootstrapCt(ev, ct)
+		_, _, err := bootstrapCt(ev, ct, 1)
 		return err
 	}); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)

@@ -895,18 +895,13 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		src := ct
-		if in.InScale != nil { // relabelled: the bootstrap refreshes src / in_scale (bootvariant.go)
-			src = ct.CopyNew()
-			src.Scale = src.Scale.Mul(rlwe.NewScale(*in.InScale))
-		}
 		e.keys.inBootstrap = true
 		e.keys.beginBootstrap()
-		out, sec, err := bootstrapCt(e.btpEval, src)
+		out, sec, err := bootstrapCt(e.btpEval, ct, inScaleOf(in)) // (in_scale: relabelled, bootvariant.go)
 		e.keys.inBootstrap = false
 		e.keys.endBootstrap()
 		if err != nil {
-			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f): %w", in.Src, ct.Level(), src.Scale.Log2(), err)
+			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f, in_scale %v): %w", in.Src, ct.Level(), ct.Scale.Log2(), inScaleOf(in), err)
 		}
 		if in.Scale != nil && *in.Scale != 1 { // an integer: exact, no level
 			up := e.newCt(out.Level())
