@@ -129,11 +129,12 @@ def run_conditions(params: Any, plaintext_store: bool = False) -> Any:
                plaintext_store=plaintext_store)
 
 
-def modelled(plan: Mapping[str, Any], plaintext_store: bool = False) -> dict[str, Any]:
+def modelled(plan: Mapping[str, Any], plaintext_store: bool = False, table: str | None = None) -> dict[str, Any]:
     """The plan priced under :func:`run_conditions` (nothing preloaded before the clock):
     seconds in total, by bootstrap kind (count, seconds each), fused blocks, key loads and
     the rest, and the time model's source: the calibrated table the plan was made with
-    (``--costs``), else its preset's (planner.cost.timing.plan_model)."""
+    (``--costs``), else its preset's (planner.cost.timing.plan_model); ``table``: that
+    calibrated table instead (the plan itself unchanged)."""
     from planner import ir
     from planner.cost.timing import TimeModel, modelled_time, plan_model, time_model
     from planner.frontend.params import Params
@@ -141,7 +142,7 @@ def modelled(plan: Mapping[str, Any], plaintext_store: bool = False) -> dict[str
     from planner.ir.analysis import plan_key_bytes
 
     params = Params.from_json(plan["params"])
-    tm: TimeModel = plan_model(plan, params) or time_model(params)
+    tm: TimeModel = plan_model(plan, params, table) or time_model(params)
     run = run_conditions(params, plaintext_store)
     prog = plan["program"]
     mt = modelled_time(prog, params, plan_key_bytes(plan) or {}, tm, preload_prologue=False, run=run)
@@ -187,6 +188,26 @@ def table_cpu(tm: Any) -> dict[str, Any]:
     keys = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_flags", "product_kernel", "date")
     return {"table_cpu": {k: machine[k] for k in keys if k in machine},
             "table_cpu_matches": same_cpu(machine, cpu_identity())}
+
+
+def table_of_this_cpu(preset: str) -> str | None:
+    """The first (by name) calibrated table of ``data/costs`` measured at ``preset`` on this
+    machine's CPU (:func:`backends.calibrate.same_cpu`), None when there is none: the table a
+    plan priced under another CPU's table is priced again with (``modelled_this_cpu``)."""
+    from backends.calibrate import cpu_identity, same_cpu
+    from planner.cost.tables import COST_TABLES, CostTableError, load_costs
+
+    here = cpu_identity()
+    for name in sorted(COST_TABLES.names()):
+        try:
+            t = load_costs(name)
+        except CostTableError:
+            continue
+        machine = (t.measurements or {}).get("machine")
+        if t.is_time and (t.params or {}).get("name") == preset and isinstance(machine, Mapping) \
+                and same_cpu(machine, here):
+            return name
+    return None
 
 
 def table_cpu_warning(md: Mapping[str, Any]) -> str | None:
@@ -577,6 +598,12 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         "modelled": modelled(plan, o.plaintext_store is not None and o.repeat > 1 and not o.dry_run),
         "affinity_cpus": len(os.sched_getaffinity(0)), "gomaxprocs": os.environ.get("GOMAXPROCS", ""),
     }
+    # priced under another CPU's table: priced again with a table of this CPU where data/costs
+    # has one (the same plan; its choices stay those of the table it was planned with)
+    other = table_of_this_cpu(params.name) if row["modelled"].get("table_cpu_matches") is False else None
+    if other is not None:
+        row["modelled_this_cpu"] = modelled(plan, o.plaintext_store is not None and o.repeat > 1 and not o.dry_run,
+                                            other) | {"table": other}
     if o.dry_run:
         row["process_model"] = process_model(plan)
     else:
@@ -629,6 +656,11 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         md = row["modelled"]
         row["model_over_measured_without_matrices"] = round(
             (md["total_seconds"] - md["matrix_seconds"]) / max(1e-9, m["eval_seconds_without_matrices"]), 3)
+        mh = row.get("modelled_this_cpu")
+        if mh is not None:
+            mh["model_over_measured"] = round(mh["total_seconds"] / max(1e-9, m["eval_seconds"]), 3)
+            mh["model_over_measured_without_matrices"] = round(
+                (mh["total_seconds"] - mh["matrix_seconds"]) / max(1e-9, m["eval_seconds_without_matrices"]), 3)
         row["max_rss_bytes_job"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     row["modelled"]["per_sample_seconds"] = round(row["modelled"]["total_seconds"] / max(1, int(row["batch"])), 4)
     row["network"] = net.network if net is not None else None
@@ -746,6 +778,13 @@ def print_rows(rows: Sequence[Mapping[str, Any]]) -> None:
         cpu_line = table_cpu_warning(r["modelled"])
         if cpu_line:
             out.print(f"[yellow]warning[/yellow]: {escape(r['graph'])}: {escape(cpu_line)}")
+        mh = r.get("modelled_this_cpu")
+        if mh is not None:
+            ratio = "" if "model_over_measured" not in mh else (
+                f"; model/measured {_s(mh['model_over_measured'])}, "
+                f"{_s(mh['model_over_measured_without_matrices'])} without the DFT matrices")
+            out.print(f"{escape(r['graph'])}: priced again with {escape(mh['table'])}, calibrated on this CPU: "
+                      f"{_s(mh['total_seconds'])} s modelled{ratio}")
         if not r["published"] and "orion" not in r:
             continue
         p = Table(title=escape(f"{r['graph']}: per image, published (NOT measured here) and measured in this job"))

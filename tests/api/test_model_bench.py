@@ -197,6 +197,37 @@ def test_costs_plans_and_prices_with_a_calibrated_table(cli: Cli, tmp_path: Path
     assert doubled["modelled"]["bootstrap_seconds"] == pytest.approx(2 * base["modelled"]["bootstrap_seconds"], rel=1e-3)
 
 
+def test_a_plan_priced_under_another_cpus_table_is_priced_again_with_this_cpus(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU of the committed Zen 4 table (n16boot-zen4), the preset's own table (another
+    CPU's) prices the plan and the row adds ``modelled_this_cpu``: the same plan priced with
+    n16boot-zen4; on the CPU of the preset's table nothing is added."""
+    import backends.calibrate
+    from common.paths import DATA_DIR
+
+    def machine(name: str) -> dict[str, object]:
+        m = json.loads((DATA_DIR / "costs" / f"{name}.json").read_text())["measurements"]["machine"]
+        keys = ("cpu_model", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_flags")
+        return {k: m[k] for k in keys if k in m}
+
+    g = _deep_chain(tmp_path)
+    rows = {}
+    for name in ("n16boot-zen4", "n16boot-lattigo"):
+        monkeypatch.setattr(backends.calibrate, "cpu_identity", lambda name=name: machine(name))
+        code, stdout, err = cli("model-bench", g, "--dry-run", "--json")
+        assert code == 0, err
+        rows[name] = json.loads(stdout)["rows"][0]
+    zen4, zen3 = rows["n16boot-zen4"], rows["n16boot-lattigo"]
+    assert zen3["modelled"]["table_cpu_matches"] is True and "modelled_this_cpu" not in zen3
+    assert zen4["modelled"]["table_cpu_matches"] is False
+    mh = zen4["modelled_this_cpu"]
+    assert mh["table"] == "n16boot-zen4" and mh["table_cpu_matches"] is True and "n16boot-zen4" in mh["time_model"]
+    # the same plan (its bootstraps), other prices: a Zen 4 bootstrap is faster than a Zen 3 one
+    assert sum(k["count"] for k in mh["bootstraps"].values()) == zen4["bootstraps_planned"]
+    assert 0 < mh["bootstrap_seconds"] < zen4["modelled"]["bootstrap_seconds"]
+    assert zen4["modelled"] == zen3["modelled"] | {k: zen4["modelled"][k] for k in ("table_cpu_matches",)}
+
+
 def test_published_figures_cite_their_sources() -> None:
     from api.model_bench import find_network, load_published
 
