@@ -321,7 +321,12 @@ class NoisyMachine(sim._Machine):
         x = self.get(ins.src, i)
         super().exec_poly(ins, i)
         d = np.abs(poly_derivative(ins, x)) ** 2
-        self.noise(ins.dst, self.model.sigma.poly * poly_weight(ins), "poly", d * self.v(ins.src))
+        sigma = self.model.sigma.poly * poly_weight(ins)
+        if ins.mask is not None:  # the mask scales the polynomial (its rounding with it) and zeroes slots
+            m2 = self.poly_mask(ins, i) ** 2
+            d = d * m2
+            sigma *= math.sqrt(float(np.max(m2))) if m2.size else 0.0
+        self.noise(ins.dst, sigma, "poly", d * self.v(ins.src))
 
     def exec_mul_i(self, ins: ir.MulI, i: int) -> None:
         super().exec_mul_i(ins, i)

@@ -324,7 +324,26 @@ class _Machine:
                 self.domain_exits.append({"instruction": i, "dst": ins.dst, "coeffs": list(ins.coeffs),
                                           "_outside": xr[out].copy(), **exit_})
         y = ins.evaluate(x)
+        if ins.mask is not None:
+            y = y * self.poly_mask(ins, i)
         self.put(ins.dst, np.asarray(y, dtype=np.complex128 if np.iscomplexobj(y) else np.float64).reshape(self.S), i)
+
+    def poly_mask(self, ins: ir.Poly, i: int) -> np.ndarray:
+        """A poly's mask (a real slot plaintext of at most ir.MAX_POLY_MASK_VALUES distinct
+        nonzero values, as the executor evaluates it)."""
+        assert ins.mask is not None
+        if ins.mask not in self.pts:
+            raise SimulationError(f"instruction {i}: unknown plaintext {ins.mask!r}")
+        if self.pts[ins.mask].get("l"):
+            raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} is a slot plaintext, not a CinS one")
+        m = self.pt_vector(ins.mask)
+        if np.iscomplexobj(m) and np.any(np.imag(m) != 0):
+            raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} must be real")
+        m = np.real(m)
+        if len(np.unique(m[m != 0])) > ir.MAX_POLY_MASK_VALUES:
+            raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} holds more than "
+                                  f"{ir.MAX_POLY_MASK_VALUES} distinct nonzero values")
+        return m
 
     def exec_mul_i(self, ins: ir.MulI, i: int) -> None:
         self.slot_only(ins.src, i, ins.op)

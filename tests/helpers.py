@@ -91,7 +91,10 @@ def conv_graph(c: int, h: int, w: int, co: int, k1: int, k2: int, stride: tuple[
 
 def check_plan(res: PlanResult, graph: Graph, seed: int = 0, rtol: float = 1e-9) -> dict[str, Any]:
     from backends.layout_check import check_claims, claimed_registers
+    from planner import ir
 
+    # the plan is one its own validator (and so the executor's) accepts, field by field
+    ir.validate_plan(json.loads(json.dumps(res.plan)), "planned plan")
     vals = random_values(graph, seed)
     ref = reference(graph, vals)
     out = simulate(res.plan, res.tables, vals, keep=claimed_registers(res))

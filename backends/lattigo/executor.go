@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
+	"sort"
 	"strconv"
 	"time"
 
@@ -477,6 +478,63 @@ func (e *executor) checkMulLevel(name string, ct *rlwe.Ciphertext, levels int) e
 	return nil
 }
 
+// maxPolyMaskValues is planner.ir.MAX_POLY_MASK_VALUES: the most distinct nonzero values of a
+// poly's mask (one polynomial, and a plaintext per coefficient, each).
+const maxPolyMaskValues = 16
+
+// maskedPoly evaluates mask * poly(ct) at poly's depth: Lattigo's PolynomialVector with
+// poly times v on the slots where the mask is v (one polynomial per distinct nonzero v, in
+// increasing order) and zero on the slots where it is 0; the products by the coefficients
+// are products by plaintext vectors, so the mask costs no level of its own.
+func (e *executor) maskedPoly(ct *rlwe.Ciphertext, in instr, d int, target rlwe.Scale) (*rlwe.Ciphertext, error) {
+	raw, err := e.ptVector(in.Mask)
+	if err != nil {
+		return nil, err
+	}
+	vals, ok := raw.([]float64)
+	if !ok {
+		return nil, fmt.Errorf("poly: the mask %q must be a real plaintext", in.Mask)
+	}
+	bySlot := map[float64][]int{}
+	for s, v := range vals {
+		if v != 0 {
+			bySlot[v] = append(bySlot[v], s)
+		}
+	}
+	if len(bySlot) > maxPolyMaskValues {
+		return nil, fmt.Errorf("poly: the mask %q holds %d distinct nonzero values (at most %d)", in.Mask, len(bySlot), maxPolyMaskValues)
+	}
+	keys := make([]float64, 0, len(bySlot))
+	for v := range bySlot {
+		keys = append(keys, v)
+	}
+	sort.Float64s(keys)
+	newPoly := func(v float64) bignum.Polynomial {
+		c := make([]float64, d+1)
+		for k := range c {
+			c[k] = in.Coeffs[k] * v
+		}
+		if in.Basis == "chebyshev" {
+			return bignum.NewPolynomial(bignum.Chebyshev, c, [2]float64{in.Domain[0], in.Domain[1]})
+		}
+		return bignum.NewPolynomial(bignum.Monomial, c, nil)
+	}
+	polys := make([]bignum.Polynomial, 0, max(1, len(keys)))
+	mapping := make(map[int][]int, len(keys))
+	for j, v := range keys {
+		polys = append(polys, newPoly(v))
+		mapping[j] = bySlot[v]
+	}
+	if len(keys) == 0 { // a mask of zeros: the poly times 0 on no slot (all slots 0)
+		polys = append(polys, newPoly(0))
+	}
+	pv, err := polynomial.NewPolynomialVector(polys, mapping)
+	if err != nil {
+		return nil, fmt.Errorf("poly: the mask %q: %w", in.Mask, err)
+	}
+	return e.polyEval.Evaluate(ct, pv, target)
+}
+
 // chebyshevVariable maps x to (2x - a - b)/(b - a), the variable of a Chebyshev series over
 // [a, b] (Lattigo's evaluator expects it done): a constant multiplication and a rescale.
 func (e *executor) chebyshevVariable(ct *rlwe.Ciphertext, poly bignum.Polynomial) (*rlwe.Ciphertext, error) {
@@ -858,7 +916,11 @@ func (e *executor) step(in instr) error {
 			} else {
 				poly = bignum.NewPolynomial(bignum.Monomial, in.Coeffs[:d+1], nil)
 			}
-			out, err = e.polyEval.Evaluate(ct, poly, target)
+			if in.Mask != "" {
+				out, err = e.maskedPoly(ct, in, d, target)
+			} else {
+				out, err = e.polyEval.Evaluate(ct, poly, target)
+			}
 		}
 		if err != nil {
 			return err

@@ -60,10 +60,12 @@ type instr struct {
 	Coeffs []float64 `json:"coeffs"`
 	Basis  string    `json:"basis"`
 	Domain []float64 `json:"domain"`
-	Tensor string    `json:"tensor"`
-	Table  string    `json:"table"`
-	Block  string    `json:"block"`
-	Stream *int      `json:"stream"` // load_key of the block: stream its Galois keys, this many read ahead
+	// poly: a real slot plaintext; dst = mask * p(src) at the poly's depth (maskedPoly)
+	Mask   string `json:"mask"`
+	Tensor string `json:"tensor"`
+	Table  string `json:"table"`
+	Block  string `json:"block"`
+	Stream *int   `json:"stream"` // load_key of the block: stream its Galois keys, this many read ahead
 	// CinS (docs/neujeans.md): to_cins {dst, re, im (null: zero), l, levels} and
 	// bootstrap_cins {dsts: [re, im], src, l, fused}; input with l is refused
 	Re     string  `json:"re"`
@@ -324,6 +326,15 @@ func (p *plan) validate(slots int) error {
 			}
 			if err == nil {
 				err = checkPolyBasis(in, fail)
+			}
+			if err == nil && in.Mask != "" {
+				if pt, ok := p.Plaintexts[in.Mask]; !ok {
+					err = fail("mask: plaintext %q is not declared in \"plaintexts\"", in.Mask)
+				} else if pt.L > 0 {
+					err = fail("mask: plaintext %q is a CinS plaintext, a poly's mask is a slot one", in.Mask)
+				} else if polyDegree(in.Coeffs) == 0 {
+					err = fail("mask: a masked poly has degree >= 1 (a constant's mask is a plaintext product)")
+				}
 			}
 		case "rescale", "bootstrap", "mul_i", "conj":
 			if err = need("dst", in.Dst); err == nil {

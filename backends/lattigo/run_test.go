@@ -129,3 +129,76 @@ func TestRunErrors(t *testing.T) {
 		t.Errorf("panic not recovered: %v", err)
 	}
 }
+
+// TestMaskedPoly: a poly with a mask (Lattigo's PolynomialVector) gives mask * p(x) on every
+// slot, zero where the mask is 0, at the output level of the same poly without a mask (the
+// mask costs no level); Chebyshev and power basis; a mask with too many values is refused.
+func TestMaskedPoly(t *testing.T) {
+	const slots = 2048
+	vs := randVecs(7, 2, slots)
+	x := vs[0]
+	mask := make([]float64, slots)
+	for s := range mask {
+		mask[s] = []float64{0, 0.25, 3}[int((vs[1][s]+1)*1.5)%3]
+	}
+	cheb := []float64{0.1, 0.5, -0.3, 0.2, 0.05, -0.1, 0.02, 0.03}
+	mono := []float64{0.2, -0.7, 0.1, 0.4}
+	for _, tc := range []struct {
+		name, basis string
+		coeffs      []float64
+		want        func(float64) float64
+	}{
+		{"chebyshev", `, "basis": "chebyshev", "domain": [-1, 1]`, cheb, func(v float64) float64 {
+			tp, tc, sum := 1.0, v, cheb[0]+cheb[1]*v
+			for k := 2; k < len(cheb); k++ {
+				tp, tc = tc, 2*v*tc-tp
+				sum += cheb[k] * tc
+			}
+			return sum
+		}},
+		{"monomial", ``, mono, func(v float64) float64 { return 0.2 - 0.7*v + 0.1*v*v + 0.4*v*v*v }},
+	} {
+		cs, _ := json.Marshal(tc.coeffs)
+		run := func(maskField string) runResult {
+			plan := planHeadXP3 + `
+	    {"op": "poly", "dst": "y0", "src": "x", "coeffs": ` + string(cs) + tc.basis + maskField + `},
+	    {"op": "output", "src": "y0", "tensor": "y", "table": "out/y"}]}`
+			return mustRun(t, plan, packVecs(x), packVecs(mask, mask, mask))
+		}
+		masked, plain := run(`, "mask": "p1"`), run(``)
+		got := decodeOut(t, masked.Outputs[0].Data)
+		maxErr := 0.0
+		for s := 0; s < slots; s++ {
+			maxErr = math.Max(maxErr, math.Abs(got[s]-mask[s]*tc.want(x[s])))
+		}
+		if maxErr > 1e-6 {
+			t.Errorf("%s: max abs error %g", tc.name, maxErr)
+		}
+		if masked.Outputs[0].Level != plain.Outputs[0].Level {
+			t.Errorf("%s: the masked poly ends at level %d, the poly at %d", tc.name, masked.Outputs[0].Level, plain.Outputs[0].Level)
+		}
+		t.Logf("%s: max abs error %.3g, level %d", tc.name, maxErr, masked.Outputs[0].Level)
+	}
+	many := make([]float64, slots)
+	for s := range many {
+		many[s] = float64(s%20 + 1)
+	}
+	plan := planHeadXP3 + `
+	    {"op": "poly", "dst": "y0", "src": "x", "coeffs": [0.5, 1.0, 0.25], "mask": "p1"},
+	    {"op": "output", "src": "y0", "tensor": "y", "table": "out/y"}]}`
+	if _, err := Run(plan, packVecs(x), packVecs(many, many, many), ""); err == nil || !strings.Contains(err.Error(), "distinct nonzero values") {
+		t.Errorf("a mask of 20 values: want a refusal, got %v", err)
+	}
+	plan = planHeadXP3 + `
+	    {"op": "poly", "dst": "y0", "src": "x", "coeffs": [0.5], "mask": "p1"},
+	    {"op": "output", "src": "y0", "tensor": "y", "table": "out/y"}]}`
+	if _, err := Run(plan, packVecs(x), packVecs(mask, mask, mask), ""); err == nil || !strings.Contains(err.Error(), "degree >= 1") {
+		t.Errorf("a masked constant: want a refusal, got %v", err)
+	}
+	plan = planHeadXP3 + `
+	    {"op": "poly", "dst": "y0", "src": "x", "coeffs": [0.5, 1.0], "mask": "p9"},
+	    {"op": "output", "src": "y0", "tensor": "y", "table": "out/y"}]}`
+	if _, err := Run(plan, packVecs(x), packVecs(mask, mask, mask), ""); err == nil || !strings.Contains(err.Error(), "not declared") {
+		t.Errorf("an undeclared mask: want a refusal, got %v", err)
+	}
+}

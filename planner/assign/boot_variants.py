@@ -31,7 +31,7 @@ import numpy as np
 
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable
 from planner.frontend.params import Params
-from planner.ir.instructions import MAX_BOOT_SCALE
+from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
 from solver.model import FULL, BootOption
 
 _LABEL = re.compile(r"^([shp])(\d+)$")
@@ -114,8 +114,10 @@ def options(
 ) -> tuple[BootOption, ...]:
     """The variants of one option besides the full bootstrap ``full`` (its cost, levels
     before and after): per kind the cheapest priced one that the layout fits, unless the
-    full bootstrap or another variant is no dearer and needs no more levels.  ``absorbs``:
-    the option's own plaintext products take the ``1/scale`` before it (no level)."""
+    full bootstrap or another variant is no dearer and needs no more levels.  ``clean``: the
+    layout is zero outside its used slots, or its mask costs no level (the node's polys take
+    it); ``absorbs``: the option's own plaintext products (or polys) take the ``1/scale``
+    before it (no level)."""
     if not prices:
         return ()
     span = used_span(lay)
@@ -149,7 +151,8 @@ def options(
         if v.kind == "p":
             pre = int(scale > 1 and not absorbs or not clean)
         else:
-            pre = int(not clean) + (1 if v.kind == "h" else 0)
+            # (in_scale takes the 1/scale up to its bound, 2^12; a product above it)
+            pre = (0 if absorbs else 1 if not clean else int(scale > MAX_BOOT_IN_SCALE)) + (1 if v.kind == "h" else 0)
         opt = BootOption(label, units, pre, 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]

@@ -252,6 +252,27 @@ def result_absorbs(c: Candidate, slots: int) -> bool:
     return hit
 
 
+MASKS = BoundedCache[bool](1024)
+
+
+def result_masks(c: Candidate, slots: int) -> bool:
+    """Whether every result register of ``c``'s own program is written by a poly (degree >= 1)
+    that nothing else in it reads: a mask on the result (a dirty layout's before a
+    bootstrap, with the bootstrap's ``1/s``) is then that poly's ``mask`` and costs no level
+    (planner.ir.builder.ProgramBuilder.maskable_poly, planner.lower.lowering)."""
+    if c.resets:
+        return False
+    shared = c.shared_key(slots)
+    key = None if shared is None else (*shared, "masks")
+    hit = None if key is None else MASKS.get(key)
+    if hit is None:
+        b, _, outs = c.dry_lowering(slots)
+        hit = bool(outs) and len(set(outs)) == len(outs) and all(b.maskable_poly(r) is not None for r in outs)
+        if key is not None:
+            MASKS.put(key, hit)
+    return hit
+
+
 def prescaled_candidate(c: Candidate, s: float, slots: int) -> Candidate:
     """``c`` lowered with its result multiplied by ``s`` in its own plaintext products (a
     candidate for which ``result_absorbs`` holds); used only to lower a bootstrapped node

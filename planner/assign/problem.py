@@ -29,13 +29,14 @@ from planner.assign.candidates import (
     with_clean_output,
 )
 from planner.assign.densify import densified_variants
-from planner.assign.fold import add_scaled_variants, foldable_into, result_absorbs
+from planner.assign.fold import add_scaled_variants, foldable_into, result_absorbs, result_masks
 from planner.assign.options import PlanOptions, resolve_objective
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.cost.timing import TimeModel
 from planner.frontend.graph import Graph, Node
 from planner.frontend.params import Params
 from planner.frontend.ranges import RangeReport, boot_scale, graph_ranges, operand_bound
+from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
 from planner.kernels.base import Candidate
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
@@ -198,9 +199,10 @@ def _variant_options(
     sh = half_scales[node_id] = boot_scale(bound * max(1.0, *(abs(c.out_scale) for c in cs)), params.boot.max_abs / 2)
     full_w = tm.bootstrap_units()
     out = tuple(
-        boot_variants.options(c.out_layout, c.out_layout.n_ct, c.out_layout.clean, s, sh, prices,
-                              BootOption(FULL, full_w * c.out_layout.n_ct, pre, post),
-                              absorbs=c.out_layout.clean and result_absorbs(c, params.slots))
+        boot_variants.options(c.out_layout, c.out_layout.n_ct, c.out_layout.clean or result_masks(c, params.slots),
+                              s, sh, prices, BootOption(FULL, full_w * c.out_layout.n_ct, pre, post),
+                              absorbs=c.out_layout.clean and result_absorbs(c, params.slots)
+                              or result_masks(c, params.slots))
         for c, pre in zip(cs, pres, strict=True)
     )
     return out if any(out) else ()
@@ -212,9 +214,12 @@ def _boot_options(
 ) -> tuple[bool, tuple[int, ...], int]:
     """Whether a node's result may be bootstrapped, and the levels around a bootstrap: per
     candidate one level before it when its layout is dirty (a mask zeroes the free slots,
-    whose partial sums no range bounds); none otherwise, and none after it: the scaling by
-    ``1/s`` is the bootstrap's ``in_scale`` (a relabelled scale) and the ``s`` after it its
-    ``scale`` (an exact integer product; planner.lower.lowering._lower_bootstrap)."""
+    whose partial sums no range bounds) but for a result its own polys write (the mask is
+    theirs), and for a clean one whose ``s`` exceeds in_scale's bound (2^12) and whose own
+    products cannot take the 1/s; one after it where ``s`` exceeds the full bootstrap's
+    integer scale's bound (2^20); none otherwise: the scaling by ``1/s`` is the bootstrap's
+    ``in_scale`` (a relabelled scale) and the ``s`` after it its ``scale`` (an exact integer
+    product; planner.lower.lowering._lower_bootstrap)."""
     if params.boot is None or ranges is None or not graph.encrypted(node.id) or not graph.consumers(node.id):
         return False, (), 0
     bound = ranges.bound(node.id)
@@ -223,7 +228,17 @@ def _boot_options(
         return False, (), 0
     s = boot_scale(bound, params.boot.max_abs)
     scales[node.id] = s
-    return True, tuple(int(not c.out_layout.clean) for c in cs), 0
+
+    def pre(c: Candidate) -> int:
+        if result_masks(c, params.slots):  # the mask (and 1/s) is the node's polys' own
+            return 0
+        if not c.out_layout.clean:  # the mask product, with the 1/s
+            return 1
+        # in_scale takes the 1/s up to its bound; above it the node's products, else a product
+        return int(s > MAX_BOOT_IN_SCALE and not result_absorbs(c, params.slots))
+
+    # after it: the full bootstrap's integer scale up to its bound, a product above it
+    return True, tuple(pre(c) for c in cs), int(s > MAX_BOOT_SCALE)
 
 
 def _fold_chebyshev(

@@ -285,9 +285,14 @@ class TimeModel:
             # does (LeNet-5 at n14boot: priced flat, its polys measured 0.45-0.77 of the
             # model relative to the rotations of the same run)
             prod = self.points.get("cmul_relin")
-            if prod and prod[-1][1] > 0:
-                return self.weights.poly * self.at("cmul_relin", lv) / prod[-1][1]
-            return self.weights.poly
+            base = self.weights.poly * self.at("cmul_relin", lv) / prod[-1][1] if prod and prod[-1][1] > 0 \
+                else self.weights.poly
+            if ins.mask is not None:
+                # a masked poly (Lattigo's PolynomialVector): each coefficient's product is by
+                # a plaintext vector encoded for it, not by a constant (priced at the input's
+                # level, where the baby steps' products are, or above)
+                base += (ins.degree() + 1) * (self.encode(lv, False) + self.at("pmul", lv))
+            return base
         if ir.is_bootstrap(ins):  # a variant at its price (the full one's where the table has none)
             return self.boot_variants.get(boot_block.variant_label(ins) or "", self.bootstrap * ins.count())
         if ins.counter == "add":

@@ -8,7 +8,7 @@ the plan is simulated, so planning an MVM2-sized kernel stays fast.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -221,6 +221,27 @@ class ProgramBuilder:
         self.objs[i] = ins
         if i < len(self._json):
             self._json[i] = ins.to_json()
+
+    def maskable_poly(self, reg: str, since: int = 0) -> int | None:
+        """The index of the poly (degree >= 1, no mask yet) among ``objs[since:]`` that writes
+        ``reg``, when nothing after it reads ``reg``: a mask on ``reg`` can then be the poly's
+        own (:meth:`mask_poly`); None otherwise."""
+        for i in range(len(self.objs) - 1, since - 1, -1):
+            ins = self.objs[i]
+            if reg in ins.writes():
+                ok = isinstance(ins, ir.Poly) and ins.mask is None and ins.degree() >= 1
+                return i if ok else None
+            if reg in ins.reads():
+                return None
+        return None
+
+    def mask_poly(self, i: int, pt: str) -> str:
+        """Give the poly ``objs[i]`` (:meth:`maskable_poly`) the mask ``pt``: its register then
+        holds ``pt`` times the polynomial, at the same depth. Returns the register."""
+        ins = self.objs[i]
+        assert isinstance(ins, ir.Poly) and ins.mask is None
+        self.set_instr(i, replace(ins, mask=pt))
+        return ins.dst
 
     def input(self, tensor: str, table: str, gen: TableGen, l: int | None = None) -> str:  # noqa: E741
         self.table(table, gen)

@@ -455,10 +455,20 @@ class PSub(_CtPt):
     counter: ClassVar[str | None] = "add"
 
 
+# The most distinct nonzero values a poly's mask may hold: the executor evaluates one
+# polynomial per value (Lattigo's PolynomialVector, a plaintext per coefficient of each); the
+# planner's masks hold one (a layout's used slots, times a bootstrap's 1/s)
+MAX_POLY_MASK_VALUES = 16
+
+
 @instruction
 @dataclass(frozen=True, slots=True)
 class Poly(Instr):
-    """Element-wise polynomial (power basis, or Chebyshev over ``domain``)."""
+    """Element-wise polynomial (power basis, or Chebyshev over ``domain``); with ``mask`` (a
+    real plaintext), ``dst[s] = mask[s] * p(src[s])`` at the same depth: the products by the
+    coefficients become products by ``mask`` times them (Lattigo's ``PolynomialVector``: a
+    polynomial per distinct nonzero value of the mask, 0 on its zero slots), so the product
+    by a mask after the polynomial costs no level of its own."""
 
     op: ClassVar[str] = "poly"
     counter: ClassVar[str | None] = "poly"
@@ -469,6 +479,10 @@ class Poly(Instr):
     coeffs: tuple[float, ...]
     basis: str | None = None
     domain: tuple[float, ...] | None = None
+    mask: str | None = None
+
+    def plaintexts(self) -> tuple[str, ...]:
+        return () if self.mask is None else (self.mask,)
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
@@ -493,6 +507,13 @@ class Poly(Instr):
                 raise bad("domain", f"a Chebyshev poly needs domain [a, b] with finite a < b, got {json.dumps(dom)}")
         elif dom is not None:
             raise bad("domain", "only a Chebyshev poly (basis 'chebyshev') has a domain")
+        mask = d.get("mask")
+        if mask is not None:
+            if not isinstance(mask, str):
+                raise bad("mask", f"mask names a plaintext, got {json.dumps(mask)[:40]}")
+            deg = max((j for j, c in enumerate(cs) if c != 0), default=0)
+            if deg == 0:
+                raise bad("mask", "a masked poly has degree >= 1 (a constant's mask is a plaintext product)")
 
     def degree(self) -> int:
         return max((i for i, c in enumerate(self.coeffs) if c != 0.0), default=0)

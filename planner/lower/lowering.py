@@ -23,6 +23,7 @@ from planner.assign.problem import BOOT_BOUND_WARN_BITS, BOOT_PRECISION_BITS, Pl
 from planner.ir import PLAN_SCHEMA
 from planner.ir.analysis import span_counts, summarize
 from planner.ir.builder import LazyTables, ProgramBuilder
+from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
 from planner.lower.boot_report import node_variants, variant_report
@@ -95,7 +96,7 @@ def lower_solution(
             # saved: planner.assign.problem._boot_options)
             prescaled = s > 1 and out_layout.clean and result_absorbs(cand, S)
             outs = (prescaled_candidate(cand, 1.0 / s, S) if prescaled else cand).lower(b, op_regs)
-            outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var, prescaled)
+            outs, out_layout = _lower_bootstrap(b, outs, out_layout, s, node.id, var, prescaled, start)
         regs[node.id] = outs
         layout_of[node.id] = out_layout
         claims.append(LayoutClaim(f"node {node.id}", node.id, out_layout, tuple(outs), cand.out_scale))
@@ -172,7 +173,7 @@ def lower_solution(
 
 def _lower_bootstrap(
     b: ProgramBuilder, regs: list[str], lay: ChannelLayout, s: int, node_id: str, var: Variant | None = None,
-    prescaled: bool = False,
+    prescaled: bool = False, start: int = 0,
 ) -> tuple[list[str], ChannelLayout]:
     """Bootstrap every ciphertext of a node's result, the value brought within the
     bootstrap's range by ``1/s``: by the bootstrap's ``in_scale`` (the source's scale
@@ -182,10 +183,13 @@ def _lower_bootstrap(
     is ``s`` times the result: the full bootstrap's ``scale`` (an exact integer product, no
     level) or a variant's unpacking product (its ``scale``).  ``prescaled``: the registers
     already hold the value times ``1/s`` (the node's own plaintext products took it) and the
-    layout is clean, so nothing comes before."""
+    layout is clean, so nothing comes before. Where a register was written by a poly of the
+    node's own span (from instruction ``start``) that nothing else reads, that product is the
+    poly's ``mask`` instead (no level; ``planner.assign.fold.result_masks``)."""
     masked = not lay.clean
     assert not (prescaled and masked)
-    relabel = s > 1 and not prescaled and not masked
+    # (in_scale has a bound: a larger s takes a product, or the mask of a poly, before it)
+    relabel = 1 < s <= MAX_BOOT_IN_SCALE and not prescaled and not masked
 
     def pre(q: int, r: str) -> str:
         if s > 1 and not prescaled or masked:
@@ -196,15 +200,26 @@ def _lower_bootstrap(
                 f"pt/boot/{node_id}/half/{q}" if half else f"pt/boot/{node_id}/{q}",
                 lambda q=q: np.where(lay.index_map(q) >= 0, 1.0 / s, 0.0),  # type: ignore[misc]
             )
-            r = b.rescale(b.pmul(r, pt))
+            # the node's result a poly's: the mask is the poly's own (no level;
+            # planner.assign.problem._boot_options priced it so), else a product
+            i = b.maskable_poly(r, start)
+            r = b.mask_poly(i, pt) if i is not None else b.rescale(b.pmul(r, pt))
         return r
 
     scale = float(s) if s > 1 else None
     in_scale = float(s) if relabel else None
     out: list[str] = []
     if var is None:
+        # the full bootstrap's integer scale has a bound too: above it, a product by s after
+        # (one level; planner.assign.problem._boot_options counts it)
+        after = scale is not None and scale > MAX_BOOT_SCALE
         for q, r in enumerate(regs):
-            out.append(b.bootstrap(r if relabel else pre(q, r), scale=scale, in_scale=in_scale))
+            r = b.bootstrap(r if relabel else pre(q, r), scale=None if after else scale, in_scale=in_scale)
+            if after:
+                pt = b.const_plaintext(("boot-out", node_id, q), f"pt/boot/{node_id}/out/{q}",
+                                       lambda q=q: np.where(lay.index_map(q) >= 0, float(s), 0.0))  # type: ignore[misc]
+                r = b.rescale(b.pmul(r, pt))
+            out.append(r)
         return out, lay.with_clean(True) if masked else lay
     q = 0
     while q < len(regs):

@@ -293,3 +293,35 @@ def test_streamed_boot_block_under_a_cap_on_lattigo() -> None:
     model = s["peak_bytes"]["keys"]
     assert st["boot_stream_reads"] > 0
     assert measured <= cap and abs(measured - model) <= 0.05 * model, (measured, model, cap)
+
+
+def test_masked_polys_before_bootstraps_on_lattigo() -> None:
+    """Dense layers, each followed by a poly with p(0) != 0 (its result is dirty), planned at
+    the bootstrapping chain at log N 12: the masks before the bootstraps are the polys' own
+    (Lattigo's PolynomialVector, no level), and the encrypted run equals numpy."""
+    from backends.runner import run_plan as run_planned
+    from planner.frontend.graph import parse_graph
+    from planner.frontend.reference import random_values
+    from planner.pipeline import PlanOptions, plan_graph
+
+    n = 32
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1.0, 1.0]}}
+    nodes: list[dict[str, Any]] = []
+    prev = "x"
+    for i in range(8):
+        tensors[f"W{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.02, 0.02]}
+        nodes += [{"id": f"fc{i}", "op": "matvec", "inputs": [f"W{i}", prev]},
+                  {"id": f"act{i}", "op": "poly", "inputs": [f"fc{i}"], "coeffs": [0.1, 0.5, 0.0, 0.125]}]
+        prev = f"act{i}"
+    g = parse_graph({"schema": "slotplan.graph/1", "name": "dense_poly8", "tensors": tensors, "nodes": nodes,
+                     "outputs": [prev]})
+    res = plan_graph(g, P12, PlanOptions(allow_insecure=True))
+    prog = res.plan["program"]
+    made = {i["dst"]: i for i in prog if "dst" in i}
+    masked = [b for b in prog if b["op"] == "bootstrap" and "mask" in made[b["src"]]]
+    assert masked, "no bootstrap reads a masked poly"
+    vals = random_values(g, 0)
+    vals = {t: (np.clip(v, -0.02, 0.02) if t.startswith("W") else v) for t, v in vals.items()}
+    assert run_planned(res.plan, res.tables, "sim", values=vals).ok
+    rep = run_planned(res.plan, res.tables, "lattigo", values=vals)
+    assert rep.ok and rep.max_rel_error <= 1e-4, rep.max_rel_error

@@ -114,11 +114,13 @@ def test_scaling_keeps_bootstrap_inputs_in_range() -> None:
 
 
 def test_bootstrap_scaling_costs_no_level(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scaled bootstrap costs no level of its own: the node's plaintext products take the
-    1/s (``boot_prescaled``) or the bootstrap relabels its source's scale (``in_scale``), and
-    the full bootstrap multiplies its result by the integer ``s`` exactly (``scale``); no
-    product by 1/s or by s surrounds it. Without the prescaled candidates the plan needs no
-    more bootstraps, and both plans equal numpy with every bootstrap input within max_abs."""
+    """A scaled bootstrap costs no level of its own within the bounds of its fields: the
+    node's plaintext products take the 1/s (``boot_prescaled``) or the bootstrap relabels its
+    source's scale (``in_scale``, up to 2^12), and the full bootstrap multiplies its result by
+    the integer ``s`` exactly (``scale``, up to 2^20); beyond them a product takes it (the
+    chain's bounds reach 3^12). Without the prescaled candidates the plan needs no fewer
+    bootstraps; both plans equal numpy with every bootstrap input within max_abs, and the
+    validator accepts them (check_plan)."""
     from planner.assign import problem
     from planner.lower import lowering
 
@@ -126,19 +128,27 @@ def test_bootstrap_scaling_costs_no_level(monkeypatch: pytest.MonkeyPatch) -> No
     res = plan(g, tiny_boot(3))
     check_plan(res, g)
 
+    from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
+
     def check(r: Any) -> set[str]:
         prog = r.plan["program"]
         made = {i["dst"]: i for i in prog if "dst" in i}
         pre = {n["id"] for n in r.plan["nodes"] if n.get("boot_prescaled")}
         scales = r.plan["summary"]["bootstrapping"]["scales"]
-        assert set(scales)
+        assert set(scales) and max(scales.values()) > MAX_BOOT_IN_SCALE  # the bounds below are exercised
+        boot_pt = {p for p, v in r.plan["plaintexts"].items() if v["table"].startswith("pt/boot/")}
         for n in r.plan["nodes"]:
             a, b = n["span"]
-            assert not any(i["op"] == "pmul" and i["pt"].startswith("pt/boot/") for i in prog[a:b])
-            for bt in (i for i in prog[a:b] if i["op"] == "bootstrap"):
-                s = scales.get(n["id"], 1)
-                assert bt.get("scale", 1) == s
-                assert bt.get("in_scale", 1) == (1 if n["id"] in pre else s)
+            s = scales.get(n["id"], 1)
+            products = [i for i in prog[a:b] if i["op"] == "pmul" and i["pt"] in boot_pt]
+            boots = [i for i in prog[a:b] if i["op"] == "bootstrap"]
+            # a product of its own only beyond the bounds: 1/s before where in_scale cannot
+            # take it (and the node's products do not), s after where the integer scale cannot
+            assert len(products) == len(boots) * (int(s > MAX_BOOT_IN_SCALE and n["id"] not in pre)
+                                                  + int(s > MAX_BOOT_SCALE))
+            for bt in boots:
+                assert bt.get("scale", 1) == (s if s <= MAX_BOOT_SCALE else 1)
+                assert bt.get("in_scale", 1) == (1 if n["id"] in pre or s > MAX_BOOT_IN_SCALE else s)
                 src = made[bt["src"]]
                 if n["id"] in pre:  # the node's weight product, scaled
                     assert src["op"] == "rescale" and made[src["src"]]["op"] == "pmul"
@@ -150,7 +160,8 @@ def test_bootstrap_scaling_costs_no_level(monkeypatch: pytest.MonkeyPatch) -> No
     res0 = plan(g, tiny_boot(3))
     check_plan(res0, g)
     assert not check(res0)
-    assert res0.plan["summary"]["bootstraps"] == res.plan["summary"]["bootstraps"]
+    # (beyond in_scale's bound the unprescaled plan pays products: never fewer bootstraps)
+    assert res0.plan["summary"]["bootstraps"] >= res.plan["summary"]["bootstraps"]
 
 
 def test_a_residual_sum_takes_its_scaling_as_in_scale() -> None:
@@ -460,3 +471,54 @@ def test_streamed_block_memory_follows_the_executor() -> None:
     assert list(keys) == [0, held[0], held[1], held[d], held[d + 1], held[d + 1], held[d + 1], held[d],
                           held[d + 1], held[d + 1]]
     assert max(keys) == params.boot_block_bytes(d)
+
+
+def _dense_poly_chain(blocks: int, n: int = 16) -> Graph:
+    """``blocks`` times a matvec (a dirty result: partial sums in its free slots) and a
+    degree-3 poly of it (p(0) != 0: dirty whatever its input), from x in [-1, 1]."""
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    nodes = []
+    prev = "x"
+    for i in range(blocks):
+        tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.05, 0.05]}
+        nodes.append({"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]})
+        nodes.append({"id": f"a{i}", "op": "poly", "inputs": [f"h{i}"], "coeffs": [0.1, 0.5, 0.0, 0.125]})
+        prev = f"a{i}"
+    return parse_graph({"schema": "slotplan.graph/1", "name": "dense_poly", "tensors": tensors,
+                        "nodes": nodes, "outputs": [prev]})
+
+
+def test_a_dirty_poly_result_takes_its_mask_in_the_poly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poly whose result is dirty (the free slots of a matvec's layout hold partial sums,
+    and p(0) != 0 would not clear them anyway) is masked before a bootstrap; the mask (with
+    the bootstrap's 1/s) is the poly's own ``mask`` (Lattigo's PolynomialVector, no level),
+    not a product after it. The plan equals numpy; without the masked polys the plan has
+    products in their place and no fewer bootstraps."""
+    from planner.assign import problem
+    from planner.ir.builder import ProgramBuilder
+
+    g = _dense_poly_chain(4)
+    params = tiny_boot(3)
+    res = plan(g, params)
+    check_plan(res, g)
+    prog = res.plan["program"]
+    made = {i["dst"]: i for i in prog if "dst" in i}
+    masked = [i for i in prog if i["op"] == "poly" and "mask" in i]
+    assert masked and all(i["mask"] in res.plan["plaintexts"] for i in masked)
+    poly_boots = 0
+    for n in res.plan["nodes"]:  # a poly node's bootstrap reads its masked poly directly
+        a, b = n["span"]
+        for bt in (i for i in prog[a:b] if i["op"] == "bootstrap"):
+            if n["op"] == "poly":
+                poly_boots += 1
+                assert made[bt["src"]]["op"] == "poly" and "mask" in made[bt["src"]]
+    assert poly_boots >= 1
+    # the mask is the used slots times 1/s: the simulator and numpy agree above (check_plan),
+    # and a mask that zeroed a used slot would not
+    monkeypatch.setattr(problem, "result_masks", lambda c, slots: False)
+    monkeypatch.setattr(ProgramBuilder, "maskable_poly", lambda self, reg, since=0: None)
+    res0 = plan(g, params)
+    check_plan(res0, g)
+    assert not any(i["op"] == "poly" and "mask" in i for i in res0.plan["program"])
+    s, s0 = res.plan["summary"], res0.plan["summary"]
+    assert s0["bootstraps"] >= s["bootstraps"] and s0["pmul"] > s["pmul"]

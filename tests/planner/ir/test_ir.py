@@ -31,6 +31,7 @@ EXAMPLES: list[dict[str, object]] = [
     {"op": "cmul", "dst": "c9", "a": "c8", "b": "c8"},
     {"op": "poly", "dst": "c10", "src": "c9", "coeffs": [0.0, 1.0, 0.0, 0.5]},
     {"op": "poly", "dst": "c13", "src": "c9", "coeffs": [0.0, 1.0], "basis": "chebyshev", "domain": [-1.0, 1.0]},
+    {"op": "poly", "dst": "c22", "src": "c9", "coeffs": [0.5, 1.0, 0.25], "mask": "p0"},
     {"op": "rescale", "dst": "c11", "src": "c10"},
     {"op": "bootstrap", "dst": "c12", "src": "c11"},
     {"op": "to_cins", "dst": "c14", "re": "c12", "im": "c11", "l": 8, "levels": 2},
@@ -88,6 +89,8 @@ def test_semantics() -> None:
     assert by_op["output"].writes() == () and by_op["output"].reads() == ("c12",)
     assert by_op["load_key"].reads() == by_op["load_key"].writes() == ()
     assert by_op["pmul"].plaintexts() == ("p0",)
+    masked = ir.decode(next(d for d in EXAMPLES if "mask" in d))
+    assert isinstance(masked, ir.Poly) and masked.plaintexts() == ("p0",) and by_op["rescale"].plaintexts() == ()
     d = register_depths(prog)
     # pmul +1, cmul +1, a degree-3 poly +2, bootstrap resets
     assert (d["c5"], d["c6"], d["c8"], d["c9"], d["c10"], d["c11"], d["c12"]) == (0, 1, 1, 2, 4, 4, 0)
@@ -95,7 +98,7 @@ def test_semantics() -> None:
     # stages {1, 2} (offsets -3..3: baby 1, giants 2, -2, -4) and {4} (babies 4, -4 mod 16, giant -16)
     # conj is a key switch (a rotation), mul_i counts as an add
     assert span_counts(EXAMPLES) == {"rotations": 3 + 7 + 1, "pmul": 1, "cmul": 1, "add": 4 + 1, "rescale": 1,
-                                     "poly": 2, "key_loads": 2}
+                                     "poly": 3, "key_loads": 2}
     assert (d["c14"], d["c15"], d["c16"]) == (4 + 2, 0, 0)
     assert (d["c17"], d["c18"]) == (d["c11"], d["c11"])
     assert ir.rot_keys_of(prog) == {32, 1, 2}
@@ -115,6 +118,8 @@ def test_semantics() -> None:
         ({"op": "rot_hoisted", "dsts": ["c1"], "src": "c0", "ks": [1, 2]}, "program[3].ks", "equal length"),
         ({"op": "rot_hoisted", "dsts": ["c1", "c2"], "src": "c0", "ks": [1, 0]}, "program[3].ks[1]", "outside"),
         ({"op": "poly", "dst": "c1", "src": "c0", "coeffs": [1, float("inf")]}, "program[3].coeffs[1]", "finite"),
+        ({"op": "poly", "dst": "c1", "src": "c0", "coeffs": [1, 2], "mask": 3}, "program[3].mask", "names a plaintext"),
+        ({"op": "poly", "dst": "c1", "src": "c0", "coeffs": [1, 0], "mask": "p0"}, "program[3].mask", "degree >= 1"),
         ({"op": "load_key", "block": "dft"}, "program[3].block", "only key block"),
         ({"op": "drop_key"}, "program[3].k", "integers"),
         (["op", "add"], "program[3]", "JSON object"),
@@ -149,6 +154,34 @@ def test_planned_program_round_trips_and_validates() -> None:
     assert doc["schema"] == ir.PLAN_SCHEMA
     assert [i.to_json() for i in checked.program] == doc["program"]
     assert ir.validate_plan(doc) is doc
+
+
+def test_masked_poly_in_the_simulator() -> None:
+    """A poly's mask multiplies the polynomial slot by slot, at the poly's depth; a mask of
+    more distinct nonzero values than the executor evaluates is refused, naming it."""
+    import numpy as np
+
+    from backends.sim import SimulationError, simulate
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, 8)
+    m = np.array([0.0, 0.5, 0.5, 0.0, 2.0, 0.5, 0.0, 2.0])
+    plan = {
+        "params": {"slots": 8, "log_q": [40, 40, 40]},
+        "plaintexts": {"p0": {"source": "const", "table": "m"}},
+        "program": [{"op": "input", "dst": "c0", "tensor": "x", "table": "t"},
+                    {"op": "poly", "dst": "c1", "src": "c0", "coeffs": [0.5, 1.0, 0.25], "mask": "p0"},
+                    {"op": "output", "src": "c1", "tensor": "y", "table": "t"}],
+    }
+    tables = {"t.idx": np.arange(8), "m.idx": np.full(8, -1), "m.coef": m}
+    out = simulate(plan, tables, {"x": x})
+    np.testing.assert_allclose(out.outputs["y"], m * (0.5 + x + 0.25 * x * x), rtol=0, atol=1e-15)
+    assert register_depths(ir.decode_program(plan["program"]))["c1"] == 2  # as the poly alone
+    n = ir.MAX_POLY_MASK_VALUES + 1
+    wide = dict(plan, params={"slots": n, "log_q": [40, 40, 40]})
+    many = {"t.idx": np.arange(n), "m.idx": np.full(n, -1), "m.coef": np.arange(1.0, n + 1.0)}
+    with pytest.raises(SimulationError, match=f"the mask 'p0' holds more than {n - 1} distinct nonzero values"):
+        simulate(wide, many, {"x": rng.uniform(-1, 1, n)})
 
 
 def test_simulator_executes_every_op() -> None:
