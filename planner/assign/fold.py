@@ -230,7 +230,23 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
 
 
 # Whether structurally identical candidates' results absorb a factor alone (``result_absorbs``).
-ABSORBS = BoundedCache[bool](1024)
+# What a candidate's own program can take on its result, by structural key (one scratch
+# lowering per key and question)
+RESULT_FACTS = BoundedCache[bool](2048)
+
+
+def _result_fact(c: Candidate, slots: int, what: str,
+                 fact: Callable[[ProgramBuilder, dict[str, list[str]], list[str]], bool]) -> bool:
+    """``fact`` of ``c``'s scratch lowering (builder, operand registers, result registers),
+    cached under ``c``'s shared key and ``what``."""
+    shared = c.shared_key(slots)
+    key = None if shared is None else (*shared, what)
+    hit = None if key is None else RESULT_FACTS.get(key)
+    if hit is None:
+        hit = fact(*c.dry_lowering(slots))
+        if key is not None:
+            RESULT_FACTS.put(key, hit)
+    return hit
 
 
 def result_absorbs(c: Candidate, slots: int) -> bool:
@@ -240,19 +256,12 @@ def result_absorbs(c: Candidate, slots: int) -> bool:
     a product and a level of its own (planner.assign.problem, planner.lower.lowering)."""
     if c.out_scale != 1.0 or c.resets:
         return False
-    shared = c.shared_key(slots)
-    key = None if shared is None else (*shared, "absorbs")
-    hit = None if key is None else ABSORBS.get(key)
-    if hit is None:
-        b, regs, outs = c.dry_lowering(slots)
+
+    def absorbs(b: ProgramBuilder, regs: dict[str, list[str]], outs: list[str]) -> bool:
         cone = plan_cone(b.objs, outs, {r: t for t, rs in regs.items() for r in rs})
-        hit = cone is not None and not cone.operands
-        if key is not None:
-            ABSORBS.put(key, hit)
-    return hit
+        return cone is not None and not cone.operands
 
-
-MASKS = BoundedCache[bool](1024)
+    return _result_fact(c, slots, "absorbs", absorbs)
 
 
 def result_masks(c: Candidate, slots: int) -> bool:
@@ -262,15 +271,11 @@ def result_masks(c: Candidate, slots: int) -> bool:
     (planner.ir.builder.ProgramBuilder.maskable_poly, planner.lower.lowering)."""
     if c.resets:
         return False
-    shared = c.shared_key(slots)
-    key = None if shared is None else (*shared, "masks")
-    hit = None if key is None else MASKS.get(key)
-    if hit is None:
-        b, _, outs = c.dry_lowering(slots)
-        hit = bool(outs) and len(set(outs)) == len(outs) and all(b.maskable_poly(r) is not None for r in outs)
-        if key is not None:
-            MASKS.put(key, hit)
-    return hit
+
+    def masks(b: ProgramBuilder, _regs: dict[str, list[str]], outs: list[str]) -> bool:
+        return bool(outs) and len(set(outs)) == len(outs) and all(b.maskable_poly(r) is not None for r in outs)
+
+    return _result_fact(c, slots, "masks", masks)
 
 
 def prescaled_candidate(c: Candidate, s: float, slots: int) -> Candidate:

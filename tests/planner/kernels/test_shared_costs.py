@@ -50,14 +50,14 @@ def cnn(pad_last: int = 1) -> dict[str, Any]:
 @pytest.fixture
 def no_sharing() -> Iterator[None]:
     """Sharing off (limits 0) and emptied, for the test's duration."""
-    old = base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit
-    for cache in (base.SHARED_COSTS, fold.SCALED_COSTS, fold.ABSORBS):
+    old = base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.RESULT_FACTS.limit
+    for cache in (base.SHARED_COSTS, fold.SCALED_COSTS, fold.RESULT_FACTS):
         cache.clear()
         cache.limit = 0
     try:
         yield
     finally:
-        base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = old
+        base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.RESULT_FACTS.limit = old
 
 
 def _fresh(c: base.Candidate) -> base.Candidate:
@@ -119,7 +119,7 @@ def test_plans_byte_identical_without_sharing(case: tuple[str, dict[str, Any], A
     _, spec, params, options = case
     g = parse_graph(spec)
     off = dumps_plan(plan_graph(g, params, options).plan)
-    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = 2048, 1024, 1024
+    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.RESULT_FACTS.limit = 2048, 1024, 2048
     on_first = dumps_plan(plan_graph(g, params, options).plan)  # fills the caches
     on_again = dumps_plan(plan_graph(g, params, options).plan)  # reads them
     assert off == on_first == on_again
@@ -127,7 +127,7 @@ def test_plans_byte_identical_without_sharing(case: tuple[str, dict[str, Any], A
 
 def test_each_structure_is_lowered_once(no_sharing: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """With sharing on, conv d (b's structure under other names) lowers nothing of its own."""
-    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.ABSORBS.limit = 2048, 1024, 1024
+    base.SHARED_COSTS.limit, fold.SCALED_COSTS.limit, fold.RESULT_FACTS.limit = 2048, 1024, 2048
     lowered: dict[str, int] = {}
     real = base.Candidate.dry_lowering
 
