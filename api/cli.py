@@ -18,7 +18,7 @@ import typer.main
 from rich.markup import escape
 from rich.table import Table
 
-from api.common import ExitError, err, fail, out
+from api.common import ExitError, err, fail, out, solver_gap_note
 from backends.runner import EXECUTION_BACKENDS
 from common.errors import SlotplanError
 from planner.assign.candidates import KERNEL_FAMILIES
@@ -44,6 +44,21 @@ def _root(
 ) -> None:
     """Layout planner for CKKS tensor programs."""
 _fail = fail
+
+
+def _print_totals(summary: dict[str, Any], seconds: float) -> None:
+    """The plan's totals in one line, and a note when the solver stopped far from its bound."""
+    pk = summary["peak_bytes"]
+    out.print(
+        f"rotations {summary['rotations']}  keys {summary['rotation_keys']}  pmul {summary['pmul']}  "
+        f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
+        f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {seconds:.2f}s"
+    )
+    gap = solver_gap_note(summary["solver"])
+    if gap:
+        out.print(f"note: {escape(gap)}")
+
+
 @app.command()
 def plan(
     graph: Annotated[Path, typer.Argument(help="graph file (slotplan.graph/1)")],
@@ -156,12 +171,7 @@ def plan(
         ps = ", ".join(f"{k}={v}" for k, v in n["params"].items() if k in ("Pb", "Ps", "bs_opt", "search_space", "P_I", "P_O", "n1", "op"))
         t.add_row(escape(n["id"]), n["kernel"], ps, str(n["rotations"]), str(n.get("pmul", n["cost"]["pmul"])), escape(n["out_layout"]))
     out.print(t)
-    pk = summary["peak_bytes"]
-    out.print(
-        f"rotations {summary['rotations']}  keys {summary['rotation_keys']}  pmul {summary['pmul']}  "
-        f"depth {summary['depth']}  peak {pk['total'] / 2**20:.1f} MiB (keys {pk['keys'] / 2**20:.1f})  "
-        f"solver {summary['solver']['name']}:{summary['solver']['status']}  plan {res.seconds:.2f}s"
-    )
+    _print_totals(summary, res.seconds)
     if "bootstraps" in summary:
         bt = summary.get("bootstrapping", {})
         ff = bt.get("first_fit", {})

@@ -592,6 +592,7 @@ def bench_model(model: Path, o: BenchOptions, nets: Sequence[Network]) -> dict[s
         "slots": params.slots, "security": _security(params), "batch": s.get("batch", 1),
         "memory_cap_bytes": s.get("memory_cap_bytes"), "boot_variants": o.boot_variants,
         "plan_seconds": round(plan_s, 3), "bootstraps_planned": s.get("bootstraps", 0),
+        "solver": {k: s["solver"].get(k) for k in ("name", "status", "objective", "bound")},
         "rotations": s["rotations"], "rotation_keys": s["rotation_keys"], "key_loads_planned": s["key_loads"],
         "modelled_peak_bytes": s["peak_bytes"]["total"],
         # with --plaintext-store the reported run is one after the first (its steady state)
@@ -736,7 +737,7 @@ def print_rows(rows: Sequence[Mapping[str, Any]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from api.common import out
+    from api.common import out, solver_gap_note
 
     t = Table(title="model-bench: planned and encrypted on Lattigo in this job (seconds; GB = 1e9 bytes)")
     for c in ("model", "ring", "security", "batch", "cap GB", "plan s", "modelled s", "measured s", "model/meas",
@@ -775,6 +776,9 @@ def print_rows(rows: Sequence[Mapping[str, Any]]) -> None:
     for r in rows:
         if not r["security"]["secure"]:
             out.print(f"[red]warning[/red]: {escape(r['graph'])}: {escape(r['security']['line'])}")
+        gap = solver_gap_note(r.get("solver") or {})
+        if gap:
+            out.print(f"note: {escape(r['graph'])}: {escape(gap)}")
         cpu_line = table_cpu_warning(r["modelled"])
         if cpu_line:
             out.print(f"[yellow]warning[/yellow]: {escape(r['graph'])}: {escape(cpu_line)}")

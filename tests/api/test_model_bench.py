@@ -150,6 +150,7 @@ def test_dry_run_prices_a_bootstrapping_plan_at_n16boot(cli: Cli, tmp_path: Path
     assert code == 0, err
     (row,) = json.loads(stdout)["rows"]
     assert row["params"] == "n16boot" and row["security"]["secure"] and "measured" not in row
+    assert row["solver"]["status"] in ("optimal", "feasible") and row["solver"]["name"] == "cpsat"
     md = row["modelled"]
     assert row["bootstraps_planned"] >= 1
     assert sum(k["count"] for k in md["bootstraps"].values()) == row["bootstraps_planned"]
@@ -226,6 +227,19 @@ def test_a_plan_priced_under_another_cpus_table_is_priced_again_with_this_cpus(
     assert sum(k["count"] for k in mh["bootstraps"].values()) == zen4["bootstraps_planned"]
     assert 0 < mh["bootstrap_seconds"] < zen4["modelled"]["bootstrap_seconds"]
     assert zen4["modelled"] == zen3["modelled"] | {k: zen4["modelled"][k] for k in ("table_cpu_matches",)}
+
+
+def test_a_solver_stopped_far_from_its_bound_is_noted() -> None:
+    """A feasible plan more than 10% above the solver's lower bound gets one note line naming
+    --time-limit; an optimal one, or one close to its bound, none."""
+    from api.common import solver_gap_note
+
+    line = solver_gap_note({"status": "feasible", "objective": 568, "bound": 400})
+    assert line and "42% above its lower bound" in line and "--time-limit" in line
+    assert solver_gap_note({"status": "feasible", "objective": 105, "bound": 100}) is None
+    assert solver_gap_note({"status": "optimal", "objective": 538, "bound": 538}) is None
+    assert solver_gap_note({"status": "feasible", "objective": 5, "bound": 0}) is None
+    assert solver_gap_note({}) is None
 
 
 def test_published_figures_cite_their_sources() -> None:
