@@ -522,3 +522,29 @@ def test_a_dirty_poly_result_takes_its_mask_in_the_poly(monkeypatch: pytest.Monk
     assert not any(i["op"] == "poly" and "mask" in i for i in res0.plan["program"])
     s, s0 = res.plan["summary"], res0.plan["summary"]
     assert s0["bootstraps"] >= s["bootstraps"] and s0["pmul"] > s["pmul"]
+
+
+@pytest.mark.parametrize("n", [700, 1000])
+def test_masked_polys_on_a_tensor_of_two_ciphertexts(n: int) -> None:
+    """n (not a power of two) elements over two ciphertexts of 512 slots, each with free
+    slots: a poly with p(0) != 0 leaves them dirty, and at 2 levels every bootstrap after a
+    poly takes the mask in the poly, one per ciphertext (each its own table of used slots).
+    The plan equals numpy, and its layout claims hold (check_plan)."""
+    t: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    nodes: list[dict[str, Any]] = []
+    prev = "x"
+    for i in range(4):
+        t[f"w{i}"] = {"shape": [n], "role": "weight", "range": [-0.5, 0.5]}
+        nodes += [{"id": f"a{i}", "op": "poly", "inputs": [prev], "coeffs": [0.1, 0.5, 0.0, 0.125]},
+                  {"id": f"m{i}", "op": "mul", "inputs": [f"a{i}", f"w{i}"]}]
+        prev = f"m{i}"
+    g = parse_graph({"schema": "slotplan.graph/1", "name": "two_ct_polys", "tensors": t, "nodes": nodes,
+                     "outputs": [prev]})
+    res = plan(g, tiny_boot(2))
+    check_plan(res, g)
+    prog = res.plan["program"]
+    made = {i["dst"]: i for i in prog if "dst" in i}
+    masked = [b for b in prog if b["op"] == "bootstrap" and made[b["src"]]["op"] == "poly" and "mask" in made[b["src"]]]
+    assert len(masked) >= 2 and len(masked) % 2 == 0
+    assert len({made[b["src"]]["mask"] for b in masked}) == len(masked)  # one mask per ciphertext
+    assert all(n["out_layout"].startswith("ct[c/512:2]") for n in res.plan["nodes"] if n["id"].startswith("a"))
