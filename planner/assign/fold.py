@@ -70,7 +70,8 @@ def foldable_into(graph: Graph, tensor: str) -> Node | None:
 
 
 def plan_cone(
-    instrs: Sequence[Mapping[str, Any] | ir.Instr], outs: Sequence[str], in_regs: Mapping[str, str]
+    instrs: Sequence[Mapping[str, Any] | ir.Instr], outs: Sequence[str], in_regs: Mapping[str, str],
+    through: bool = False,
 ) -> ConePlan | None:
     """Which instructions of ``instrs`` (one candidate's span) absorb a factor on every
     register of ``outs``; ``in_regs`` maps the candidate's operand registers to their
@@ -79,9 +80,11 @@ def plan_cone(
     absorbs (its plaintext is scaled), a poly absorbs (its coefficients), add/sub/rot/
     rescale pass the factor to their operands, padd/psub pass it and scale their plaintext,
     a ciphertext product passes it to one operand.  Then a forward pass checks that every
-    register holds either its value or exactly the factor times it, as each reader expects."""
+    register holds either its value or exactly the factor times it, as each reader expects.
+    ``through``: no product or poly takes the factor, every path passes it to an operand (a
+    plaintext product passes it like a rotation; a poly stops the fold)."""
     decoded = [ir.decode(raw) for raw in instrs]
-    back = _backward(decoded, outs)
+    back = _backward(decoded, outs, through)
     if back is None:
         return None
     want, pt_marks, coeff_marks = back
@@ -101,9 +104,11 @@ def plan_cone(
     return ConePlan(frozenset(pt_marks), frozenset(coeff_marks), operands)
 
 
-def _backward(decoded: Sequence[ir.Instr], outs: Sequence[str]) -> tuple[set[str], set[int], set[int]] | None:
+def _backward(decoded: Sequence[ir.Instr], outs: Sequence[str],
+              through: bool = False) -> tuple[set[str], set[int], set[int]] | None:
     """The registers that must hold the factor, and the instructions whose plaintext or
-    coefficients take it (first plaintext product or poly on each backward path)."""
+    coefficients take it (first plaintext product or poly on each backward path; none
+    ``through``)."""
     want: set[str] = set(outs)
     pt_marks: set[int] = set()
     coeff_marks: set[int] = set()
@@ -111,12 +116,14 @@ def _backward(decoded: Sequence[ir.Instr], outs: Sequence[str]) -> tuple[set[str
         ins = decoded[i]
         if not any(r in want for r in ins.writes()):
             continue
-        if isinstance(ins, ir.PMul):
+        if isinstance(ins, ir.PMul) and through:
+            want.add(ins.src)
+        elif isinstance(ins, ir.PMul):
             pt_marks.add(i)
         elif isinstance(ins, ir.PAdd | ir.PSub):
             pt_marks.add(i)
             want.add(ins.src)
-        elif isinstance(ins, ir.Poly):
+        elif isinstance(ins, ir.Poly) and not through:
             coeff_marks.add(i)
         elif isinstance(ins, _LINEAR):
             want.update((ins.a, ins.b))
@@ -184,20 +191,21 @@ def apply_cone(b: ProgramBuilder, start: int, n_pt_before: int, cone: ConePlan, 
 SCALED_COSTS = BoundedCache[tuple[CostVector | None, tuple[int, ...]]](1024)
 
 
-def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
+def scaled_candidate(c: Candidate, s: float, slots: int, through: bool = False) -> Candidate | None:
     """The variant of ``c`` whose result is ``s`` times the node's value (no level more),
-    or None when its program cannot absorb the factor (see ``plan_cone``)."""
+    or None when its program cannot absorb the factor (see ``plan_cone``; ``through``: the
+    factor passed to the operands, none absorbed)."""
     if c.out_scale != 1.0 or c.resets:  # (a candidate that bootstraps inside cannot absorb)
         return None
     names = list(c.in_layouts)
     # (structurally identical candidates: planner.kernels.base, the cone's operands by position)
     shared = c.shared_key(slots)
-    key = None if shared is None else (*shared, s)
+    key = None if shared is None else (*shared, s, through)
     hit = None if key is None else SCALED_COSTS.get(key)
     if hit is None:
         b, regs, outs = c.dry_lowering(slots)
         in_regs = {r: t for t, rs in regs.items() for r in rs}
-        cone = plan_cone(b.objs, outs, in_regs)
+        cone = plan_cone(b.objs, outs, in_regs, through)
         if cone is not None:
             # the variant's cost: c's instructions, only plaintexts swapped for scaled copies
             # (a copy may stay beside an original that unscaled reads still need: counted here)
@@ -217,7 +225,7 @@ def scaled_candidate(c: Candidate, s: float, slots: int) -> Candidate | None:
     def lower(bb: ProgramBuilder, regs: dict[str, list[str]]) -> list[str]:
         start, n_pt = len(bb.objs), len(bb.plaintexts)
         res = inner(bb, regs)
-        cone_here = plan_cone(bb.objs[start:], res, {r: t for t, rs in regs.items() for r in rs})
+        cone_here = plan_cone(bb.objs[start:], res, {r: t for t, rs in regs.items() for r in rs}, through)
         assert cone_here is not None and set(cone_here.operands) == operands, "scaled lowering changed shape"
         apply_cone(bb, start, n_pt, cone_here, s)
         return res
@@ -303,7 +311,7 @@ def add_scaled_variants(
         if want is None or (keep_scale is not None and not keep_scale(node.id, want)):
             continue
         extra = [v for c in cands[node.id] if (v := scaled_candidate(c, want, slots)) is not None]
-        cands[node.id] = cands[node.id] + extra
+        cands[node.id] = cands[node.id] + [_product_scaled(graph, v) for v in _uniform(extra, want, slots)]
     _drop_unpaired(graph, cands)
     for node in graph.nodes:
         if not any(c.out_scale == 1.0 and c.operand_scales for c in cands[node.id]):
@@ -322,6 +330,55 @@ def add_scaled_variants(
                           if ((c.scaled_from or c).operand_scales.get(t, 1.0) != 1.0) == (chain is not None)
                           or resetting]
     _drop_unpaired(graph, cands)
+
+
+def _product_scaled(graph: Graph, v: Candidate) -> Candidate:
+    """``v`` with the factor of each operand that its producer cannot take (read by another
+    node too, a graph input or output) applied by a product on that operand's edge, where
+    another operand's producer can take it: a residual sum whose skip operand is read by
+    the block's first layer as well. The product costs a level on the skip's edge alone,
+    which usually arrives levels below the other operand (solver.model: the edge's depth),
+    and the factor then folds up the other operand's chain for free. Session 35: the ReLUs
+    after the ONNX ResNet-20's residual sums paid the change of variable's level."""
+    req = _required(v)
+    fixed = frozenset(t for t in req if foldable_into(graph, t) is None and graph.encrypted(t))
+    if not fixed or fixed == req:
+        return v
+    return replace(v, scale_products=fixed,
+                   params={**v.params, "scaled_operands_by_product": sorted(fixed)})
+
+
+def _uniform(variants: list[Candidate], s: float, slots: int) -> list[Candidate]:
+    """``variants`` (one node's scaled candidates) where some absorb the factor in a product
+    of their own (a densified candidate's mask) and the others pass it to one set of
+    operands: the former passed through too where they can, so that the chain folds
+    (``_full_chain`` needs one set; session 35: the ONNX ResNet-20's third stage)."""
+    reqs = {_required(v) for v in variants}
+    if len(reqs) != 2 or frozenset() not in reqs:
+        return variants
+    (want,) = reqs - {frozenset()}
+    out = []
+    for v in variants:
+        if not _required(v) and v.scaled_from is not None:
+            w = scaled_candidate(v.scaled_from, s, slots, through=True)
+            if w is not None and _required(w) == want:
+                v = w
+        out.append(v)
+    return out
+
+
+def scale_product_cost(n_ct: int) -> CostVector:
+    """What ``scale_operand`` costs on ``n_ct`` ciphertexts: a product by one constant
+    plaintext and a rescale each, one level."""
+    return CostVector(pmul=n_ct, rescale=n_ct, depth=1, plaintexts=1)
+
+
+def scale_operand(b: ProgramBuilder, regs: Sequence[str], s: float) -> list[str]:
+    """``s`` times each register (``Candidate.scale_products``: the factor of an operand its
+    producer does not take), one level."""
+    S = b.slots
+    pt = b.const_plaintext(("operand-scale", s, S), f"pt/const/operand-scale{s!r}", lambda: np.full(S, s))
+    return [b.rescale(b.pmul(r, pt)) for r in regs]
 
 
 def _chain_nodes(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]]) -> list[str]:
@@ -361,9 +418,10 @@ def _full_chain(graph: Graph, tensor: str, cands: Mapping[str, list[Candidate]])
 
 
 def _required(v: Candidate) -> frozenset[str]:
-    """The operands a scaled variant needs scaled beyond what its origin needed."""
+    """The operands a scaled variant needs scaled beyond what its origin needed (but those
+    its edge's product scales: ``Candidate.scale_products``)."""
     base = v.scaled_from.operand_scales if v.scaled_from is not None else {}
-    return frozenset(t for t, f in v.operand_scales.items() if f != base.get(t, 1.0))
+    return frozenset(t for t, f in v.operand_scales.items() if f != base.get(t, 1.0) and t not in v.scale_products)
 
 
 def _drop_unpaired(graph: Graph, cands: dict[str, list[Candidate]]) -> None:
@@ -374,7 +432,7 @@ def _drop_unpaired(graph: Graph, cands: dict[str, list[Candidate]]) -> None:
         for node in graph.nodes:
             keep = []
             for c in cands[node.id]:
-                ok = all(_provides(graph, t, c.operand_scales.get(t, 1.0), cands)
+                ok = all(_provides(graph, t, c.arrival_scale(t), cands)
                          for t in dict.fromkeys(node.inputs) if graph.producer(t) is not None and graph.encrypted(t))
                 if ok and c.out_scale != 1.0:
                     ok = _wanted(graph, node.id, cands) == c.out_scale

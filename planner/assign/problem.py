@@ -29,7 +29,13 @@ from planner.assign.candidates import (
     with_clean_output,
 )
 from planner.assign.densify import densified_variants
-from planner.assign.fold import add_scaled_variants, foldable_into, result_absorbs, result_masks
+from planner.assign.fold import (
+    add_scaled_variants,
+    foldable_into,
+    result_absorbs,
+    result_masks,
+    scale_product_cost,
+)
 from planner.assign.options import PlanOptions, resolve_objective
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable, load_costs
 from planner.cost.timing import TimeModel
@@ -37,7 +43,7 @@ from planner.frontend.graph import Graph, Node
 from planner.frontend.params import Params
 from planner.frontend.ranges import RangeReport, boot_scale, graph_ranges, operand_bound
 from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
-from planner.kernels.base import Candidate
+from planner.kernels.base import Candidate, sequential
 from planner.kernels.convert import plan_conversion
 from planner.layout.channels import ChannelLayout
 from planner.layout.rotom import parse_layout
@@ -226,7 +232,8 @@ def _boot_options(
     if bound is None:
         unknown[node.id] = ranges.unknown_source.get(node.id, node.id)
         return False, (), 0
-    s = boot_scale(bound, params.boot.max_abs)
+    # (a candidate holding a factor times the value, planner.assign.fold: the scaled bound)
+    s = boot_scale(bound * max(1.0, *(abs(c.out_scale) for c in cs)), params.boot.max_abs)
     scales[node.id] = s
 
     def pre(c: Candidate) -> int:
@@ -245,14 +252,18 @@ def _fold_chebyshev(
     graph: Graph, cands: dict[str, list[Candidate]], params: Params, ranges: RangeReport | None, tm: TimeModel
 ) -> None:
     """Scaled variants of the producers of folded Chebyshev polys (planner.assign.fold).  At a
-    bootstrapping preset a factor that would need a larger bootstrap scaling than the
-    unscaled value is refused (the node's bootstrap scale serves both variants)."""
+    bootstrapping preset a node's bootstrap scale is that of its largest factor times its
+    bound (``_boot_options``), so a factor above 1 is kept unless the scaled bound leaves
+    what a bootstrap may refresh (``BOOT_BOUND_WARN_BITS``): the relative precision of the
+    refreshed value is the same (value and scale grow alike).  Until session 35 such a
+    factor was refused, which left every Chebyshev ReLU over a domain narrower than 2 one
+    level dearer (the ONNX ResNet-20's second and third stages)."""
 
     def keep_scale(node_id: str, s: float) -> bool:
         if params.boot is None or ranges is None:
             return True
         bound = ranges.bound(node_id)
-        return bound is None or boot_scale(bound * s, params.boot.max_abs) <= boot_scale(bound, params.boot.max_abs)
+        return bound is None or s <= 1.0 or bound * s <= 2.0 ** BOOT_BOUND_WARN_BITS
 
     before = {k: len(v) for k, v in cands.items()}
     add_scaled_variants(graph, cands, params.slots, keep_scale)
@@ -403,7 +414,9 @@ def _conversion_costs(
 ) -> tuple[tuple[tuple[int | None, ...], ...], tuple[tuple[int, ...], ...]]:
     """Cost (None: impossible or not worth pricing) and depth of converting operand ``t``
     from each source layout to what each candidate reads.  A source option whose result is
-    scaled (planner.assign.fold) pairs only with a candidate that expects that factor."""
+    scaled (planner.assign.fold) pairs only with a candidate that expects that factor; a
+    candidate that scales the operand on its edge (``Candidate.scale_products``) pays that
+    product's cost and level here."""
     mat: list[tuple[int | None, ...]] = []
     dmat: list[tuple[int, ...]] = []
     for i, sl in enumerate(src_layouts):
@@ -413,7 +426,7 @@ def _conversion_costs(
         for c in cands:
             dl = c.in_layouts.get(t)
             drow.append(0)
-            if dl is None or own and sl.with_clean(True) != dl.with_clean(True) or c.operand_scales.get(t, 1.0) != scale:
+            if dl is None or own and sl.with_clean(True) != dl.with_clean(True) or c.arrival_scale(t) != scale:
                 row.append(None)
                 continue
             try:
@@ -421,6 +434,8 @@ def _conversion_costs(
             except ValueError:
                 row.append(None)
                 continue
+            if t in c.scale_products:  # the factor: a product by a constant per ciphertext after it
+                cv = sequential(cv, scale_product_cost(dl.n_ct))
             row.append(tm.units(cv))
             drow[-1] = cv.depth
         mat.append(tuple(row))
@@ -498,7 +513,7 @@ def _prune(cands: list[Candidate], tm: TimeModel, slots: int) -> list[Candidate]
     fused = tm.fused
     for c in cands:
         key = (c.kernel, tuple(sorted(c.in_layouts.items(), key=lambda kv: kv[0])), c.out_layout,
-               c.out_scale, tuple(sorted(c.operand_scales.items())))
+               c.out_scale, tuple(sorted(c.operand_scales.items())), c.scale_products)
         cur = best.get(key)
         if cur is None or (tm.units(c.cost(slots, fused)), c.label) < (tm.units(cur.cost(slots, fused)), cur.label):
             best[key] = c

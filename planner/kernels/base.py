@@ -154,6 +154,10 @@ class Candidate:
     # here must arrive scaled by their factor (the solver pairs options accordingly)
     out_scale: float = 1.0
     operand_scales: dict[str, float] = field(default_factory=dict)
+    # operands of ``operand_scales`` whose factor a product after their conversion applies
+    # (one level on that operand's edge; its producer stays unscaled): a residual sum's skip
+    # operand, read elsewhere, while its other operand's chain takes the factor for free
+    scale_products: frozenset[str] = frozenset()
     scaled_from: Candidate | None = field(default=None, repr=False, compare=False)
     _cost: CostVector | None = field(default=None, repr=False)
     _fused: FusedCounts | None = field(default=None, repr=False)
@@ -165,11 +169,16 @@ class Candidate:
 
     def _identity(self) -> tuple[Any, ...]:
         return (self.lower, self.params, self.in_layouts, self.out_layout, self.operand_scales, self.out_scale,
-                self.analytic, self.resets, self.scaled_from, self.source)
+                self.analytic, self.resets, self.scaled_from, self.source, self.scale_products)
 
     def set_share(self, key: tuple[Any, ...]) -> None:
         self.share = key
         self._share_of = self._identity()
+
+    def arrival_scale(self, t: str) -> float:
+        """The factor operand ``t``'s producer must leave it with for this candidate (1 for
+        an operand whose factor a product on its edge applies: ``scale_products``)."""
+        return 1.0 if t in self.scale_products else self.operand_scales.get(t, 1.0)
 
     def derived_share(self, *how: Any) -> tuple[Any, ...] | None:
         """The key of a candidate made from this one by a deterministic step ``how`` (its

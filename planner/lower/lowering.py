@@ -18,7 +18,7 @@ from planner.assign.boot_variants import Variant, chosen
 from planner.assign.candidates import (
     PlanError,
 )
-from planner.assign.fold import prescaled_candidate, result_absorbs
+from planner.assign.fold import prescaled_candidate, result_absorbs, scale_operand
 from planner.assign.problem import BOOT_BOUND_WARN_BITS, BOOT_PRECISION_BITS, PlanProblem
 from planner.ir import PLAN_SCHEMA
 from planner.ir.analysis import span_counts, summarize
@@ -81,6 +81,11 @@ def lower_solution(
                 continue
             conv = plan_conversion(layout_of[t], cand.in_layouts[t])
             op_regs[t] = conv.lower(b, regs[t], f"conv/{node.id}/{t}")
+            if t in cand.scale_products:  # its factor a product on the edge (planner.assign.fold)
+                op_regs[t] = scale_operand(b, op_regs[t], cand.operand_scales[t])
+                claims.append(LayoutClaim(f"scaled operand {t} -> {node.id}", t, cand.in_layouts[t],
+                                          tuple(op_regs[t]), cand.operand_scales[t]))
+                conversions.append({"operand": t, "kind": "scale", "factor": cand.operand_scales[t]})
             if conv.kind != "none":
                 conversions.append({"operand": t, "kind": conv.kind, "rotations": conv.cost().rotations})
                 claims.append(LayoutClaim(f"conversion {t} -> {node.id}", t, cand.in_layouts[t], tuple(op_regs[t]),

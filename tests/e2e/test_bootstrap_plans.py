@@ -548,3 +548,119 @@ def test_masked_polys_on_a_tensor_of_two_ciphertexts(n: int) -> None:
     assert len(masked) >= 2 and len(masked) % 2 == 0
     assert len({made[b["src"]]["mask"] for b in masked}) == len(masked)  # one mask per ciphertext
     assert all(n["out_layout"].startswith("ct[c/512:2]") for n in res.plan["nodes"] if n["id"].startswith("a"))
+
+
+# a degree-8 Chebyshev fit of ReLU over [-0.3, 0.95] (4 levels; degree 8 is evaluated as
+# a Chebyshev series, not expanded into monomials: planner.assign.candidates)
+RELU8 = [0.3891, 0.5099, 0.0823, -0.0428, 0.0106, 0.0067, -0.0095, 0.0041, 0.0012]
+
+
+def _cheb_chain(blocks: int, n: int = 16, domain: tuple[float, float] = (-0.3, 0.95)) -> Graph:
+    """``blocks`` times a matvec, a bias and a Chebyshev poly over ``domain`` (narrower than
+    2: its change of variable multiplies by 2 / (b - a) > 1), from x in [-1, 1]; each poly
+    promises its range (as the ONNX importer's calibrated fits do). The bias sum's interval
+    bound (16 x 0.055 + 0.05 = 0.93, beyond the calibrated-like domain's -0.3) times that
+    factor (1.6) leaves the bootstrap's range (max_abs 1): folded, its bootstrap scale is 2
+    where the unscaled value's is 1."""
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    nodes: list[dict[str, Any]] = []
+    prev = "x"
+    for i in range(blocks):
+        tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.055, 0.055]}
+        tensors[f"b{i}"] = {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}
+        nodes += [{"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]},
+                  {"id": f"z{i}", "op": "add", "inputs": [f"h{i}", f"b{i}"]},
+                  {"id": f"a{i}", "op": "poly", "inputs": [f"z{i}"], "basis": "chebyshev",
+                   "domain": list(domain), "coeffs": RELU8, "range": [-0.05, 1.0]}]
+        prev = f"a{i}"
+    return parse_graph({"schema": "slotplan.graph/1", "name": "cheb_chain", "tensors": tensors,
+                        "nodes": nodes, "outputs": [prev]})
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_narrow_chebyshev_domain_folds_at_a_bootstrapping_preset(solver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Chebyshev poly over a domain narrower than 2 multiplies its input by more than 1:
+    its producers take the factor (no level; planner.assign.fold) and a bootstrapped
+    producer scales its bootstrap for the scaled value's bound (session 35: such factors
+    were refused, one level more per poly: the ONNX ResNet-20's second and third stages).
+    Each block's poly costs its 4 levels; without the folds the change of variable takes
+    a fifth and a block (matvec, change of variable, poly) needs 6 levels: no plan fits 5.
+    The plan equals numpy with every bootstrap input within max_abs (check_plan)."""
+    from planner.assign import problem
+    from planner.frontend.ranges import boot_scale
+
+    g = _cheb_chain(4)
+    params = tiny_boot(5)
+    prob = problem.build_problem(g, params, PlanOptions(allow_insecure=True, solver=solver))
+    res = plan(g, params, solver=solver)
+    check_plan(res, g)
+    nodes = {n["id"]: n for n in res.plan["nodes"]}
+    alpha = 2 / (0.95 + 0.3)
+    for i in range(4):
+        assert nodes[f"a{i}"]["params"]["input_scaled_by"] == pytest.approx(alpha)
+        assert nodes[f"z{i}"]["params"]["scaled_by"] == pytest.approx(alpha)
+        assert nodes[f"a{i}"]["cost"]["depth"] - (1 if nodes[f"a{i}"]["params"].get("output_mask") else 0) == 4
+    s = res.plan["summary"]
+    scales = s["bootstrapping"]["scales"]
+    raised = 0
+    for v in s["bootstrapping"]["values"]:  # a scaled value's bootstrap scale is its own
+        bound, f = prob.ranges.bound(v), nodes[v]["params"].get("scaled_by", 1.0)
+        assert bound is not None and scales.get(v, 1) == prob.boot_scales[v] == boot_scale(bound * max(1.0, f), 1.0)
+        raised += boot_scale(bound * f, 1.0) > boot_scale(bound, 1.0)
+    assert raised >= 1 and s["depth"] <= 5
+    monkeypatch.setattr(problem, "add_scaled_variants", lambda *a, **k: None)
+    with pytest.raises(PlanError, match="fits the 5 levels"):  # matvec, change of variable, poly: 6
+        plan(g, params, solver=solver)
+
+
+def _residual_cheb(blocks: int = 2, n: int = 16) -> Graph:
+    """Residual blocks ``s = (matvec(a) + bias) + a`` (``a`` read by the matvec and the sum:
+    its producer cannot take a factor) each followed by a Chebyshev poly over a domain
+    narrower than 2, as in ResNet-20's basic blocks."""
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]},
+                               "w": {"shape": [n, n], "role": "weight", "range": [-0.055, 0.055]},
+                               "b": {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}}
+    nodes: list[dict[str, Any]] = [
+        {"id": "h", "op": "matvec", "inputs": ["w", "x"]}, {"id": "z", "op": "add", "inputs": ["h", "b"]},
+        {"id": "a", "op": "poly", "inputs": ["z"], "basis": "chebyshev", "domain": [-0.3, 0.95],
+         "coeffs": RELU8, "range": [-0.05, 1.0]}]
+    prev = "a"
+    for i in range(blocks):
+        tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.02, 0.02]}
+        tensors[f"b{i}"] = {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}
+        nodes += [{"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]},
+                  {"id": f"z{i}", "op": "add", "inputs": [f"h{i}", f"b{i}"]},
+                  {"id": f"s{i}", "op": "add", "inputs": [f"z{i}", prev]},
+                  {"id": f"a{i}", "op": "poly", "inputs": [f"s{i}"], "basis": "chebyshev",
+                   "domain": [-0.4, 1.3], "coeffs": RELU8, "range": [-0.05, 1.4]}]
+        prev = f"a{i}"
+    return parse_graph({"schema": "slotplan.graph/1", "name": "residual_cheb", "tensors": tensors,
+                        "nodes": nodes, "outputs": [prev]})
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_residual_sum_scales_its_skip_by_a_product_and_the_poly_folds(solver: str) -> None:
+    """A Chebyshev poly after a residual sum ``z + a`` (``a`` also read by the block's
+    matvec): the sum's scaled variant takes the factor up ``z``'s chain (the bias, the
+    matvec's weights: no level) and multiplies ``a`` by it on its edge (one product, one
+    level on the skip, which arrives levels below ``z``), so the poly costs its own 4 levels
+    and no change of variable (session 35: the ONNX ResNet-20's ReLUs after residual sums).
+    The plan equals numpy, layout and scale claims included (check_plan)."""
+    g = _residual_cheb(2)
+    for params in (tiny_boot(6), PRESETS["n16"]):
+        res = plan(g, params, solver=solver)
+        check_plan(res, g)
+        nodes = {n["id"]: n for n in res.plan["nodes"]}
+        prog = res.plan["program"]
+        scaled_pt = {p for p, v in res.plan["plaintexts"].items() if v["table"].startswith("pt/const/operand-scale")}
+        alpha = 2 / (1.3 + 0.4)
+        for i, skip in enumerate(("a", "a0")):
+            s = nodes[f"s{i}"]
+            assert s["params"]["scaled_by"] == pytest.approx(alpha)
+            assert s["params"]["scaled_operands_by_product"] == [skip]
+            assert {"operand": skip, "kind": "scale", "factor": s["params"]["scaled_by"]} in s["conversions"]
+            a, b = s["span"]
+            assert sum(1 for ins in prog[a:b] if ins["op"] == "pmul" and ins["pt"] in scaled_pt) == 1
+            assert nodes[f"z{i}"]["params"]["scaled_by"] == pytest.approx(alpha)
+            assert nodes[f"a{i}"]["params"]["input_scaled_by"] == pytest.approx(alpha)
+            assert nodes[f"a{i}"]["cost"]["depth"] - (1 if nodes[f"a{i}"]["params"].get("output_mask") else 0) == 4

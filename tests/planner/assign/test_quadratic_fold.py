@@ -88,9 +88,11 @@ def test_what_does_not_fold(coeffs: list[float]) -> None:
     assert "scaled_by" not in _node(res, "y")["params"]
 
 
-def test_residual_add_with_a_shared_operand_does_not_fold() -> None:
+def test_residual_add_with_a_shared_operand_scales_it_by_a_product() -> None:
     """act(conv(h) + h) with h also read by the conv: the add's second operand cannot take
-    the factor, so that activation keeps its two levels; the first one folds."""
+    the factor in its producer, so a product on the add's edge from h applies it (one level
+    on that edge alone, where h arrives a level below conv(h)); the conv takes it in its
+    weights and both activations fold (until session 35 the second kept its two levels)."""
     g = _graph(
         {"x": {"shape": [2, 6, 6], "role": "input"}, "w0": {"shape": [2, 2, 3, 3], "role": "weight"},
          "w1": {"shape": [2, 2, 3, 3], "role": "weight"}},
@@ -102,8 +104,10 @@ def test_residual_add_with_a_shared_operand_does_not_fold() -> None:
         ["p"])
     res = _plan(g)
     assert _node(res, "h")["params"]["input_scaled_by"] == S
-    assert "input_scaled_by" not in _node(res, "p")["params"]
-    assert res.plan["summary"]["depth"] == 1 + 1 + 1 + 2
+    assert _node(res, "p")["params"]["input_scaled_by"] == S
+    assert _node(res, "s")["params"]["scaled_operands_by_product"] == ["h"]
+    assert _node(res, "c1")["params"]["scaled_by"] == S
+    assert res.plan["summary"]["depth"] == 1 + 1 + 1 + 1
 
 
 def test_chebyshev_quadratic_evaluated_in_the_monomial_basis_folds() -> None:
