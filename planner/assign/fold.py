@@ -332,6 +332,14 @@ def add_scaled_variants(
     _drop_unpaired(graph, cands)
 
 
+# The smallest factor a product on a skip's edge applies: a smaller one shrinks the sum (and
+# what a bootstrap later refreshes, within a range fixed by its bound) by more than a bit
+# against CKKS noise of fixed size. Session 35: ResNet-20 (data/workloads) at n16boot, whose
+# quadratic activations fold with sqrt(a) = 0.354, measured 2.5e-4 with such products
+# against 1.3e-5 before; the ONNX ResNet-20's factors (0.59-1.72) measured 9.7e-8.
+MIN_PRODUCT_SCALE = 0.5
+
+
 def _product_scaled(graph: Graph, v: Candidate) -> Candidate:
     """``v`` with the factor of each operand that its producer cannot take (read by another
     node too, a graph input or output) applied by a product on that operand's edge, where
@@ -342,7 +350,7 @@ def _product_scaled(graph: Graph, v: Candidate) -> Candidate:
     after the ONNX ResNet-20's residual sums paid the change of variable's level."""
     req = _required(v)
     fixed = frozenset(t for t in req if foldable_into(graph, t) is None and graph.encrypted(t))
-    if not fixed or fixed == req:
+    if not fixed or fixed == req or v.out_scale < MIN_PRODUCT_SCALE:
         return v
     return replace(v, scale_products=fixed,
                    params={**v.params, "scaled_operands_by_product": sorted(fixed)})

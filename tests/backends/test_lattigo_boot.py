@@ -325,3 +325,25 @@ def test_masked_polys_before_bootstraps_on_lattigo() -> None:
     assert run_planned(res.plan, res.tables, "sim", values=vals).ok
     rep = run_planned(res.plan, res.tables, "lattigo", values=vals)
     assert rep.ok and rep.max_rel_error <= 1e-4, rep.max_rel_error
+
+
+def test_folded_chebyshev_after_residual_sums_on_lattigo() -> None:
+    """Residual blocks with Chebyshev ReLU fits over narrow domains (tests/e2e's
+    ``_residual_cheb``) at the bootstrapping chain at log N 12: every poly's change of
+    variable folds (the sums' skips scaled by a product on their edge, the bootstrapped
+    values' scales raised for the factor), and the encrypted run equals numpy."""
+    from backends.runner import run_plan as run_planned
+    from planner.frontend.reference import random_values
+    from planner.pipeline import PlanOptions, plan_graph
+    from tests.e2e.test_bootstrap_plans import _residual_cheb
+
+    g = _residual_cheb(4)
+    res = plan_graph(g, P12, PlanOptions(allow_insecure=True))
+    nodes = {n["id"]: n for n in res.plan["nodes"]}
+    assert all("input_scaled_by" in nodes[f"a{i}"]["params"] for i in range(4))
+    assert all(nodes[f"s{i}"]["params"].get("scaled_operands_by_product") for i in range(4))
+    assert res.plan["summary"]["bootstraps"] >= 1
+    vals = random_values(g, 0)
+    assert run_planned(res.plan, res.tables, "sim", values=vals).ok
+    rep = run_planned(res.plan, res.tables, "lattigo", values=vals)
+    assert rep.ok and rep.max_rel_error <= 1e-4, rep.max_rel_error

@@ -555,6 +555,23 @@ def test_masked_polys_on_a_tensor_of_two_ciphertexts(n: int) -> None:
 RELU8 = [0.3891, 0.5099, 0.0823, -0.0428, 0.0106, 0.0067, -0.0095, 0.0041, 0.0012]
 
 
+def _relu_block(tensors: dict[str, Any], nodes: list[dict[str, Any]], i: str, prev: str, n: int, w: float,
+                domain: tuple[float, float], top: float, residual: bool = False) -> str:
+    """Append ``a{i} = RELU8((W{i} prev + b{i}) [+ prev])`` (weights within +-w, the bias
+    within +-0.05, the poly's promised range [-0.05, top]); returns ``a{i}``."""
+    tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-w, w]}
+    tensors[f"b{i}"] = {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}
+    nodes += [{"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]},
+              {"id": f"z{i}", "op": "add", "inputs": [f"h{i}", f"b{i}"]}]
+    src = f"z{i}"
+    if residual:
+        nodes.append({"id": f"s{i}", "op": "add", "inputs": [f"z{i}", prev]})
+        src = f"s{i}"
+    nodes.append({"id": f"a{i}", "op": "poly", "inputs": [src], "basis": "chebyshev", "domain": list(domain),
+                  "coeffs": RELU8, "range": [-0.05, top]})
+    return f"a{i}"
+
+
 def _cheb_chain(blocks: int, n: int = 16, domain: tuple[float, float] = (-0.3, 0.95)) -> Graph:
     """``blocks`` times a matvec, a bias and a Chebyshev poly over ``domain`` (narrower than
     2: its change of variable multiplies by 2 / (b - a) > 1), from x in [-1, 1]; each poly
@@ -566,13 +583,7 @@ def _cheb_chain(blocks: int, n: int = 16, domain: tuple[float, float] = (-0.3, 0
     nodes: list[dict[str, Any]] = []
     prev = "x"
     for i in range(blocks):
-        tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.055, 0.055]}
-        tensors[f"b{i}"] = {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}
-        nodes += [{"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]},
-                  {"id": f"z{i}", "op": "add", "inputs": [f"h{i}", f"b{i}"]},
-                  {"id": f"a{i}", "op": "poly", "inputs": [f"z{i}"], "basis": "chebyshev",
-                   "domain": list(domain), "coeffs": RELU8, "range": [-0.05, 1.0]}]
-        prev = f"a{i}"
+        prev = _relu_block(tensors, nodes, str(i), prev, n, 0.055, domain, 1.0)
     return parse_graph({"schema": "slotplan.graph/1", "name": "cheb_chain", "tensors": tensors,
                         "nodes": nodes, "outputs": [prev]})
 
@@ -617,23 +628,11 @@ def _residual_cheb(blocks: int = 2, n: int = 16) -> Graph:
     """Residual blocks ``s = (matvec(a) + bias) + a`` (``a`` read by the matvec and the sum:
     its producer cannot take a factor) each followed by a Chebyshev poly over a domain
     narrower than 2, as in ResNet-20's basic blocks."""
-    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]},
-                               "w": {"shape": [n, n], "role": "weight", "range": [-0.055, 0.055]},
-                               "b": {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}}
-    nodes: list[dict[str, Any]] = [
-        {"id": "h", "op": "matvec", "inputs": ["w", "x"]}, {"id": "z", "op": "add", "inputs": ["h", "b"]},
-        {"id": "a", "op": "poly", "inputs": ["z"], "basis": "chebyshev", "domain": [-0.3, 0.95],
-         "coeffs": RELU8, "range": [-0.05, 1.0]}]
-    prev = "a"
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    nodes: list[dict[str, Any]] = []
+    prev = _relu_block(tensors, nodes, "", "x", n, 0.055, (-0.3, 0.95), 1.0)
     for i in range(blocks):
-        tensors[f"w{i}"] = {"shape": [n, n], "role": "weight", "range": [-0.02, 0.02]}
-        tensors[f"b{i}"] = {"shape": [n], "role": "weight", "range": [-0.05, 0.05]}
-        nodes += [{"id": f"h{i}", "op": "matvec", "inputs": [f"w{i}", prev]},
-                  {"id": f"z{i}", "op": "add", "inputs": [f"h{i}", f"b{i}"]},
-                  {"id": f"s{i}", "op": "add", "inputs": [f"z{i}", prev]},
-                  {"id": f"a{i}", "op": "poly", "inputs": [f"s{i}"], "basis": "chebyshev",
-                   "domain": [-0.4, 1.3], "coeffs": RELU8, "range": [-0.05, 1.4]}]
-        prev = f"a{i}"
+        prev = _relu_block(tensors, nodes, str(i), prev, n, 0.02, (-0.4, 1.3), 1.4, residual=True)
     return parse_graph({"schema": "slotplan.graph/1", "name": "residual_cheb", "tensors": tensors,
                         "nodes": nodes, "outputs": [prev]})
 

@@ -203,6 +203,26 @@ def test_cone_refuses_a_bootstrap_and_mixed_sums() -> None:
     assert cone is not None and cone.operands == frozenset({"x"})
 
 
+def test_cone_through_passes_the_factor_to_the_operands() -> None:
+    """``through``: no plaintext product or poly takes the factor, every path passes it to
+    an operand (a densified candidate's mask then reads its operand scaled, as its
+    siblings do, so the chain folds: planner.assign.fold._uniform)."""
+    masked = [ir.PMul("c1", "c0", "p0").to_json(), ir.Rescale("c2", "c1").to_json(),
+              ir.Rot("c3", "c2", 4).to_json(), ir.Add("c4", "c2", "c3").to_json()]
+    absorbed = plan_cone(masked, ["c4"], {"c0": "x"})
+    assert absorbed is not None and absorbed.scale_pt == frozenset({0}) and not absorbed.operands
+    passed = plan_cone(masked, ["c4"], {"c0": "x"}, through=True)
+    assert passed is not None and not passed.scale_pt and passed.operands == frozenset({"x"})
+    # a bias on the way keeps its plaintext scaled either way
+    bias = [*masked, ir.PAdd("c5", "c4", "p1").to_json()]
+    cone = plan_cone(bias, ["c5"], {"c0": "x"}, through=True)
+    assert cone is not None and cone.scale_pt == frozenset({4}) and cone.operands == frozenset({"x"})
+    # a poly cannot pass a factor on its input through to its output
+    poly = [ir.Poly("c1", "c0", (0.1, 0.2, 0.3)).to_json()]
+    assert plan_cone(poly, ["c1"], {"c0": "x"}) is not None
+    assert plan_cone(poly, ["c1"], {"c0": "x"}, through=True) is None
+
+
 def _random_chain(seed: int) -> tuple[Graph, bool]:
     """A random chain a fold applies to: a matvec or a conv, then some of a bias add, a
     weight product, a subtraction, a reshape, then a Chebyshev poly of degree 8-12 over a
