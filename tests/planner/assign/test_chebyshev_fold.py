@@ -6,6 +6,7 @@ claims checked (a folded producer's registers hold s times the node's value)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -295,3 +296,52 @@ def test_random_chains(seed: int) -> None:
     # the factor in its plaintext, so nodes above it stay unscaled)
     producer = g.node("p").inputs[0]
     assert _node(res, producer)["params"]["scaled_by"] == p["params"]["input_scaled_by"]
+
+
+def _random_residual(seed: int) -> Graph:
+    """y = W x, h = V y, r = h + y (y read twice: by V and by the sum), p = a Chebyshev
+    poly of r over a random domain; sizes up to 700 (several 512-slot ciphertexts, rarely a
+    power of two)."""
+    rng = np.random.default_rng(2000 + seed)
+    n, k = int(rng.integers(5, 700)), int(rng.integers(5, 300))
+    lo = float(rng.uniform(-4, 0.5))
+    hi = lo + float(rng.uniform(0.5, 5))  # factor 2 / (hi - lo) from 0.4 to 4
+    deg = int(rng.integers(8, 13))
+    coeffs = [float(c) for c in rng.normal(size=deg + 1) / (1 + np.arange(deg + 1))]
+    return _graph(
+        {"x": {"shape": [k], "role": "input"}, "W": {"shape": [n, k], "role": "weight"},
+         "V": {"shape": [n, n], "role": "weight"}},
+        [{"id": "y", "op": "matvec", "inputs": ["W", "x"]}, {"id": "h", "op": "matvec", "inputs": ["V", "y"]},
+         {"id": "r", "op": "add", "inputs": ["h", "y"]},
+         {"id": "p", "op": "poly", "inputs": ["r"], "coeffs": coeffs, "basis": "chebyshev", "domain": [lo, hi]}],
+        ["p"])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_residual_sums_scale_their_skip(seed: int) -> None:
+    """Simulated against numpy with every layout and scale claim checked (the skip scaled by
+    a product on its edge holds the factor times y); the poly folds exactly when its
+    factor is at least MIN_PRODUCT_SCALE, and then costs the SPEC's depth, the sum's skip
+    taking one product per ciphertext."""
+    from planner.assign.fold import MIN_PRODUCT_SCALE
+
+    g = _random_residual(seed)
+    res = _plan(g, levels=16, clean_outputs=seed % 2 == 0)
+    node = g.node("p")
+    assert node.domain is not None
+    s = chebyshev_map((node.domain[0], node.domain[1]))[0]
+    p, r = _node(res, "p"), _node(res, "r")
+    if s < MIN_PRODUCT_SCALE:
+        assert "input_scaled_by" not in p["params"] and "scaled_operands_by_product" not in r["params"]
+        return
+    deg = len(node.coeffs or ()) - 1
+    assert p["params"]["input_scaled_by"] == s
+    assert p["cost"]["depth"] - (1 if p["params"].get("output_mask") else 0) == math.ceil(math.log2(deg + 1))
+    assert r["params"]["scaled_operands_by_product"] == ["y"]
+    assert _node(res, "h")["params"]["scaled_by"] == s and "scaled_by" not in _node(res, "y")["params"]
+    prog, pts = res.plan["program"], res.plan["plaintexts"]
+    a, b = r["span"]
+    products = sum(1 for ins in prog[a:b] if ins["op"] == "pmul" and pts[ins["pt"]]["table"].startswith(
+        "pt/const/operand-scale"))
+    m = re.match(r"ct\[[^:]*:(\d+)\]", r["in_layouts"][1])
+    assert products == (int(m.group(1)) if m else 1)
