@@ -17,7 +17,9 @@ Kinds (the keys of a cost table's ``boot_variants``):
   [0, 2^(k+1)), |values| <= max_abs/2, level 1 in (the executor's mask before the bootstrap
   needs one level: docs/formats.md);
 * ``p<k>``: ``bootstrap2 {log_slots: k}`` of two vectors zero outside [0, 2^k), |values| <=
-  max_abs/2, level 0 in.
+  max_abs/2, level 0 in;
+* ``r<k>``: ``bootstrap {log_slots: k, replicas: true}`` of a vector zero outside [0, 2^k),
+  level 0 in; its output holds the copies of [0, 2^k) in every slot (expected so).
 
 Precision: the max abs error of each output against ``scale * input`` over all slots, and
 ``bits = log2(max_abs / error)`` (the bits kept relative to the largest value a bootstrap
@@ -40,25 +42,25 @@ from planner.frontend.params import Params
 
 __all__ = ["KIND_RE", "parse_kinds", "variant_plan", "measure_variants"]
 
-KIND_RE = re.compile(r"^(full|[shp](\d+))$")
+KIND_RE = re.compile(r"^(full|[shpr](\d+))$")
 
 
 def parse_kinds(params: Params, spec: str) -> list[str]:
-    """``all`` (every variant the preset offers, as s/h/p, and the full bootstrap) or a
+    """``all`` (every variant the preset offers, as s/h/p/r, and the full bootstrap) or a
     comma list of kinds; each must be one the params offer."""
     boot = params.boot
     if boot is None:
         raise SlotplanError(f"--boot-variants: params {params.name} carry no 'boot' object")
     offered = sorted(v.log_slots for v in boot.variants)
     if spec.strip() == "all":
-        return ["full"] + [f"{c}{k}" for k in offered for c in "shp"]
+        return ["full"] + [f"{c}{k}" for k in offered for c in "shpr"]
     kinds = [s.strip() for s in spec.split(",") if s.strip()]
     if not kinds:
         raise SlotplanError("--boot-variants: give 'all' or a comma list such as s12,h11,p11")
     for kd in kinds:
         m = KIND_RE.match(kd)
         if m is None:
-            raise SlotplanError(f"--boot-variants: {kd!r} is not a kind (full, s<k>, h<k>, p<k>)")
+            raise SlotplanError(f"--boot-variants: {kd!r} is not a kind (full, s<k>, h<k>, p<k>, r<k>)")
         if m.group(2) is not None and int(m.group(2)) not in offered:
             raise SlotplanError(f"--boot-variants: {kd!r}: params {params.name} offer log_slots {offered}")
     if "full" not in kinds:
@@ -106,11 +108,12 @@ def variant_plan(params: Params, kinds: Sequence[str], repeat: int, seed: int = 
             else:
                 c, k = kd[0], int(kd[1:])
                 n = 1 << k
-                if c == "s":
+                if c in "sr":
                     x = vec(n, A)
                     d = f"c{next(reg)}"
-                    prog.append({"op": "bootstrap", "dst": d, "src": down(x, 0), "log_slots": k})
-                    outs = [(d, x, A)]
+                    prog.append({"op": "bootstrap", "dst": d, "src": down(x, 0), "log_slots": k,
+                                 **({"replicas": True} if c == "r" else {})})
+                    outs = [(d, np.tile(x[:n], S // n) if c == "r" else x, A)]
                 elif c == "h":
                     x = vec(2 * n, A / 2)
                     d = f"c{next(reg)}"

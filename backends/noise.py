@@ -374,14 +374,17 @@ class NoisyMachine(sim._Machine):
         return 8.0 * math.sqrt(max(var, 0.0)) + 1e-12
 
     def variant_noise(self, dst: str, z: np.ndarray, n: int, span: int, scale: float, level0: bool,
-                      base: np.ndarray) -> None:
+                      base: np.ndarray, replicas: bool = False) -> None:
         """A sparse bootstrap's output: the bootstrap's error for the packed message ``z``
         (the 2^k complex slots it refreshes, replicated with period n as Lattigo sees them)
         times the unpacking scale, on slots [0, span); the unpacking mask leaves zeros
-        elsewhere."""
+        elsewhere (``replicas``: no mask, the copies and their error everywhere)."""
         zz = np.tile(np.asarray(z, dtype=np.complex128)[:n], self.S // n)
         sigma = abs(scale) * self.model.boot(zz, level0)
         base = np.array(base, dtype=np.float64, copy=True)
+        if replicas:
+            self.noise(dst, sigma, "bootstrap", np.tile(base[:n], self.S // n))
+            return
         base[span:] = 0.0
         self.noise(dst, sigma, "bootstrap", base)
         self.regs[dst] = np.array(self.regs[dst], copy=True)
@@ -422,7 +425,7 @@ class NoisyMachine(sim._Machine):
             # input is one level below the source
             level0 = self.level(ins.src) <= (1 if ins.halves else 0)
             self.variant_noise(ins.dst, z, n, 2 * n if ins.halves else n, sc, level0,
-                               (sc * inv) ** 2 * self.v(ins.src))
+                               (sc * inv) ** 2 * self.v(ins.src), bool(ins.replicas))
             return
         super().exec_bootstrap(ins, i)
         level0 = self.level(ins.src) == 0

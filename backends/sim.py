@@ -378,6 +378,8 @@ class _Machine:
                     raise SimulationError(
                         f"instruction {i} ({what}): field 'halves': the source is at level 0, but a halves "
                         "bootstrap multiplies it by a complex mask first (one level)")
+            if ins.replicas:  # not unpacked: the sparse bootstrap's copies of [0, 2^k) everywhere
+                x = np.tile(x[:ins.period], x.size // ins.period)
             self.put(ins.dst, x * (1.0 if ins.scale is None else float(ins.scale)), i)
         self.bootstraps += 1
 

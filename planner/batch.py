@@ -116,8 +116,8 @@ def block_params(params: Params, stride: int) -> Params:
 
 
 def _real_variant(label: str, shift: int) -> str:
-    """A block ring's variant label (``s<k>``, ``h<k>``, ``p<k>``) in the real ring's terms."""
-    m = re.fullmatch(r"([shp])(\d+)", label)
+    """A block ring's variant label (``s<k>``, ``h<k>``, ``p<k>``, ``r<k>``) in the real ring's terms."""
+    m = re.fullmatch(r"([shpr])(\d+)", label)
     return f"{m.group(1)}{int(m.group(2)) + shift}" if m else label
 
 

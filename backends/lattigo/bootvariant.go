@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
@@ -27,6 +28,8 @@ import (
 //     (Multiplying the output by gap instead would multiply the bootstrap's error by gap:
 //     log2(gap) bits lost.)
 //   - plain: out = (scale * M_[0,n)) * bootstrap_k(x): one plaintext product, one rescale.
+//   - replicas: out = scale * bootstrap_k(x) (scale an integer: exact, no level): every slot
+//     j holds x[j mod n], the copies the trace left, for readers of a dirty layout.
 //   - bootstrap2: z = x + i*y (mul_i, add: no level), bootstrapped; a = M*scale/2 * (z +
 //     conj z), b = -i*M*scale/2 * (z - conj z): one conjugation, two products, two rescales.
 //   - halves (x zero outside [0, 2n)): the block sum of any combination of rotations,
@@ -112,6 +115,9 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 		if in.Halves != nil {
 			return fail("field \"halves\" belongs to bootstrap")
 		}
+		if in.Replicas != nil {
+			return fail("field \"replicas\" belongs to bootstrap")
+		}
 	}
 	if err := validateInScale(in, fail); err != nil {
 		return err
@@ -120,7 +126,14 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 		if in.Halves != nil {
 			return fail("field \"halves\" belongs to a sparse bootstrap (give log_slots)")
 		}
+		if in.Replicas != nil {
+			return fail("field \"replicas\" belongs to a sparse bootstrap (give log_slots)")
+		}
 		return nil
+	}
+	replicas := in.Replicas != nil && *in.Replicas
+	if replicas && in.Halves != nil && *in.Halves {
+		return fail("field \"replicas\": a halves bootstrap is always unpacked (replicas and halves exclude each other)")
 	}
 	k := *in.LogSlots
 	span := 1
@@ -131,7 +144,12 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 		return fail("field \"log_slots\": an integer k >= 1 with 2^k < the %d slots%s, got %d", slots,
 			map[bool]string{true: " and 2^(k+1) <= the slots (halves)", false: ""}[span == 2], k)
 	}
-	if in.Scale != nil {
+	if in.Scale != nil && replicas {
+		s := *in.Scale
+		if math.IsNaN(s) || s < 1 || s > maxBootScale || s != math.Trunc(s) {
+			return fail("field \"scale\": a replicas bootstrap's scale is an integer with 1 <= scale <= 2^20, got %v", s)
+		}
+	} else if in.Scale != nil {
 		s := *in.Scale
 		if math.IsNaN(s) || math.IsInf(s, 0) || s == 0 || math.Abs(s) > maxBootScale || math.Abs(s) < 1.0/maxBootScale {
 			return fail("field \"scale\": a finite nonzero number with 2^-20 <= |scale| <= 2^20, got %v", s)
@@ -334,6 +352,8 @@ func variantKind(in instr) string {
 		return fmt.Sprintf("p%d", *in.LogSlots)
 	case in.Halves != nil && *in.Halves:
 		return fmt.Sprintf("h%d", *in.LogSlots)
+	case in.Replicas != nil && *in.Replicas:
+		return fmt.Sprintf("r%d", *in.LogSlots)
 	}
 	return fmt.Sprintf("s%d", *in.LogSlots)
 }
@@ -448,7 +468,7 @@ func (e *executor) bootstrapVariant(in instr) error {
 	n, sc := 1<<k, scaleOf(in)
 	halves := in.Halves != nil && *in.Halves
 	kind := variantKind(in)
-	e.keys.beginBootstrapKind(kind)
+	e.keys.beginBootstrapKind(strings.Replace(kind, "r", "s", 1)) // (replicas: s<k>'s keys, in its order)
 	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
 	e.keys.inBootstrap = true
 	if halves {
@@ -469,7 +489,17 @@ func (e *executor) bootstrapVariant(in instr) error {
 		return fmt.Errorf("sparse bootstrap at 2^%d slots of %q (level %d, scale 2^%.3f): %w", k, in.Src, inLevel, ct.Scale.Log2(), err)
 	}
 	var out *rlwe.Ciphertext
-	if !halves {
+	if in.Replicas != nil && *in.Replicas {
+		// not unpacked: z holds the copies of slots [0, n) in every block; the scale, an
+		// integer, multiplied exactly (no level), as after a full-slot bootstrap
+		out = z
+		if sc != 1 {
+			out = e.newCt(z.Level())
+			if err = e.eval.Mul(z, complex(sc, 0), out); err != nil {
+				return fmt.Errorf("sparse bootstrap of %q: the result times %v: %w", in.Src, sc, err)
+			}
+		}
+	} else if !halves {
 		m, err := e.mask(fmt.Sprintf("s/%d/%v", k, sc), z.Level(), blockMask(n, complex(sc, 0), 0, false))
 		if err != nil {
 			return err

@@ -82,6 +82,7 @@ type instr struct {
 	Srcs     []string `json:"srcs"`
 	LogSlots *int     `json:"log_slots"`
 	Halves   *bool    `json:"halves"`
+	Replicas *bool    `json:"replicas"`
 	Scale    *float64 `json:"scale"`
 	// in_scale (bootstrap, full or sparse): the source's scale is relabelled so that the
 	// bootstrap refreshes src / in_scale (no product, no level; bootvariant.go)

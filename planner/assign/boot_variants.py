@@ -12,7 +12,13 @@ range scaling after the bootstrap is folded (the instruction's ``scale``):
   [0, 2^(k+1)), values within ``boot.max_abs / 2``;
 * ``p<k>``: two ciphertexts of the value (each zero outside [0, 2^k)) in one bootstrap
   (``bootstrap2``): ceil(n/2) instructions, the last one of an odd count a sparse
-  ``bootstrap`` at 2^k slots; values within ``boot.max_abs / 2``.
+  ``bootstrap`` at 2^k slots; values within ``boot.max_abs / 2``;
+* ``r<k>``: ``s<k>`` without the unpacking product (``bootstrap`` with ``replicas``, depth
+  0): the sparse bootstrap's copies of slots [0, 2^k) stay in the others, for a layout
+  whose readers already take it dirty (their kernels read no free slot), the node's scale
+  an exact integer product as the full bootstrap's.  Priced as ``s<k>`` where the table has
+  no ``r<k>`` (the product left out is one plaintext product at the top level, under 1% of
+  the bootstrap).
 
 A layout is zero outside its used slots when it is clean; a dirty one (free slots holding
 partial sums) is masked first, as before the full bootstrap (one level before).  Values
@@ -30,12 +36,13 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost.tables import OBJECTIVE_SCALE, CostTable
+from planner.cost.timing import TimeModel
 from planner.frontend.params import Params
 from planner.ir.instructions import MAX_BOOT_IN_SCALE, MAX_BOOT_SCALE
 from solver.model import FULL, BootOption
 
-_LABEL = re.compile(r"^([shp])(\d+)$")
-KINDS = {"s": "sparse", "h": "halves", "p": "pair"}
+_LABEL = re.compile(r"^([shpr])(\d+)$")
+KINDS = {"s": "sparse", "h": "halves", "p": "pair", "r": "replicas"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,12 @@ def priced(costs: CostTable, params: Params, enabled: bool = True,
             if v.kind == "h" and (2 << k) > params.slots:
                 continue
             out[f"{v.kind}{k}"] = float(w)
-    return out
+    tm = TimeModel(costs)
+    for k in [int(lab[1:]) for lab in out if lab[0] == "s"]:  # (replicas: see above)
+        r = tm.variant_units(f"r{k + shift}")
+        assert r is not None
+        out.setdefault(f"r{k}", float(r))
+    return dict(sorted(out.items()))
 
 
 @lru_cache(maxsize=4096)
@@ -110,14 +122,15 @@ def used_span(lay: object) -> int | None:
 
 def options(
     lay: object, n_ct: int, clean: bool, s: int, s_half: int, prices: Mapping[str, float],
-    full: BootOption, absorbs: bool = False,
+    full: BootOption, absorbs: bool = False, replicas: bool = False,
 ) -> tuple[BootOption, ...]:
     """The variants of one option besides the full bootstrap ``full`` (its cost, levels
     before and after): per kind the cheapest priced one that the layout fits, unless the
     full bootstrap or another variant is no dearer and needs no more levels.  ``clean``: the
     layout is zero outside its used slots, or its mask costs no level (the node's polys take
     it); ``absorbs``: the option's own plaintext products (or polys) take the ``1/scale``
-    before it (no level)."""
+    before it (no level); ``replicas``: the layout its readers take is dirty, so the
+    ``r<k>`` variants apply."""
     if not prices:
         return ()
     span = used_span(lay)
@@ -128,7 +141,9 @@ def options(
         v = Variant.parse(label)
         assert v is not None
         n = 1 << v.log_slots
-        if v.kind == "s" and span > n or v.kind == "h" and span > 2 * n or v.kind == "p" and (span > n or n_ct < 2):
+        if v.kind in "sr" and span > n or v.kind == "h" and span > 2 * n or v.kind == "p" and (span > n or n_ct < 2):
+            continue
+        if v.kind == "r" and not (replicas and s <= MAX_BOOT_SCALE):
             continue
         units = 0
         ok = True
@@ -153,7 +168,7 @@ def options(
         else:
             # (in_scale takes the 1/scale up to its bound, 2^12; a product above it)
             pre = (0 if absorbs else 1 if not clean else int(scale > MAX_BOOT_IN_SCALE)) + (1 if v.kind == "h" else 0)
-        opt = BootOption(label, units, pre, 1)
+        opt = BootOption(label, units, pre, 0 if v.kind == "r" else 1)
         cur = best.get(v.kind)
         if cur is None or (opt.cost, v.log_slots) < (cur.cost, Variant.parse(cur.label).log_slots):  # type: ignore[union-attr]
             best[v.kind] = opt

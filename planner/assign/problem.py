@@ -4,8 +4,9 @@ the conversions between them, built into one solver-neutral choice model
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from common import progress
@@ -142,7 +143,7 @@ def build_problem(graph: Graph, params: Params, options: PlanOptions, least_memo
         cs = cands[node.id]
         bootable, pres, post = _boot_options(graph, node, cs, params, ranges, boot_scales, boot_unknown)
         variants = _variant_options(node.id, cs, bootable, pres, post, prices, boot_scales, half_scales, ranges,
-                                    params, tm)
+                                    params, tm, partial(_reads_replicas, graph, node.id, cands=cands))
         # a candidate that bootstraps inside itself (a CinS layer): the levels it uses
         # before its bootstraps, and its result's depth
         rds = [c.reset_depths(S) for c in cs]
@@ -193,9 +194,11 @@ def _variant_options(
     node_id: str, cs: Sequence[Candidate], bootable: bool, pres: tuple[int, ...], post: int,
     prices: Mapping[str, float], scales: Mapping[str, int], half_scales: dict[str, int],
     ranges: RangeReport | None, params: Params, tm: TimeModel,
+    replicas: Callable[[Candidate], bool] = lambda c: False,
 ) -> tuple[tuple[BootOption, ...], ...]:
     """Each candidate's bootstrap variants besides the full bootstrap
-    (planner.assign.boot_variants); () when none is offered."""
+    (planner.assign.boot_variants); () when none is offered.  ``replicas``: whether the
+    node's readers take a candidate's result with copies in its free slots (``r<k>``)."""
     if not bootable or not prices or ranges is None or params.boot is None:
         return ()
     bound = ranges.bound(node_id)
@@ -208,10 +211,39 @@ def _variant_options(
         boot_variants.options(c.out_layout, c.out_layout.n_ct, c.out_layout.clean or result_masks(c, params.slots),
                               s, sh, prices, BootOption(FULL, full_w * c.out_layout.n_ct, pre, post),
                               absorbs=c.out_layout.clean and result_absorbs(c, params.slots)
-                              or result_masks(c, params.slots))
+                              or result_masks(c, params.slots),
+                              replicas=any(k[0] == "r" for k in prices) and replicas(c))
         for c, pre in zip(cs, pres, strict=True)
     )
     return out if any(out) else ()
+
+
+def _reads_replicas(graph: Graph, node_id: str, c: Candidate, *, cands: Mapping[str, Sequence[Candidate]]) -> bool:
+    """Whether the readers of node ``node_id`` take candidate ``c``'s result with copies in
+    its free slots (an ``r<k>`` bootstrap's, planner.assign.boot_variants) as they take the
+    candidate's own: its layout is dirty already, or every reader candidate's conversion
+    from it is the same (kind and cost) from that layout dirty (its kernel reads no free
+    slot: a diagonal product's zero columns, an element-wise op with a dirty result).  A
+    graph output keeps a clean layout clean."""
+    lay = c.out_layout
+    if not lay.clean:
+        return True
+    if node_id in graph.outputs:
+        return False
+    dirty = lay.with_clean(False)
+    for reader in graph.consumers(node_id):
+        for d in cands[reader.id]:
+            dl = d.in_layouts.get(node_id)
+            if dl is None:
+                continue
+            try:
+                a = plan_conversion(lay, dl)
+            except ValueError:
+                continue
+            b = plan_conversion(dirty, dl)
+            if a.kind != b.kind or a.cost() != b.cost():
+                return False
+    return True
 
 
 def _boot_options(

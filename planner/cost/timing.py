@@ -155,6 +155,19 @@ class TimeModel:
             return self.top.get(key, 0.0)
         return interpolate(pts, level)
 
+    def variant_units(self, label: str) -> float | None:
+        """One instruction of a bootstrap variant (table units; None: not priced): the
+        table's price, or for ``r<k>`` without one (the sparse bootstrap left unpacked,
+        planner.assign.boot_variants) ``s<k>``'s less its unpacking product, one plaintext
+        product and rescale at the highest level the table measured."""
+        if label in self.boot_variants:
+            return self.boot_variants[label]
+        sparse = self.boot_variants.get("s" + label[1:]) if label[:1] == "r" else None
+        if sparse is None:
+            return None
+        top = max((lv for lv, _ in self.points.get("pmul", [])), default=0)
+        return max(0.0, sparse - self.at("pmul", top) - self.at("rescale", top))
+
     def rot_ms(self, level: int) -> float:
         """One rotation (key switch) at ``level``, milliseconds."""
         return self.at("rotate", level) * self.ms_per_unit
@@ -294,7 +307,8 @@ class TimeModel:
                 base += (ins.degree() + 1) * (self.encode(lv, False) + self.at("pmul", lv))
             return base
         if ir.is_bootstrap(ins):  # a variant at its price (the full one's where the table has none)
-            return self.boot_variants.get(boot_block.variant_label(ins) or "", self.bootstrap * ins.count())
+            w = self.variant_units(boot_block.variant_label(ins) or "")
+            return self.bootstrap * ins.count() if w is None else w
         if ins.counter == "add":
             return self.at("add", lv) * ins.count()
         if ins.counter == "rotations":  # other rotating instructions (e.g. CinS butterflies)

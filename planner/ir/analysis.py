@@ -105,7 +105,8 @@ def level_drops(program: Program, max_level: int) -> dict[int, int]:
     drops: dict[int, int] = {}
     for i, ins in enumerate(prog):
         full = isinstance(ins, ir.Input) and ins.l is None
-        full = full or (isinstance(ins, ir.Bootstrap) and ins.log_slots is None)
+        # (a bootstrap at depth 0: full-slot, or a sparse one left with its replicas)
+        full = full or (isinstance(ins, ir.Bootstrap) and (ins.log_slots is None or bool(ins.replicas)))
         if full:
             (w,) = ins.writes()
             if w in need and need[w] < max_level - depth[w]:

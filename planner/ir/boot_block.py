@@ -94,11 +94,11 @@ def stream_bytes(params: Params, variants: Sequence[BootVariant], keys: int) -> 
 
 def variant_label(ins: ir.Instr) -> str | None:
     """The cost table's key of a bootstrap variant instruction (``s<k>``, ``h<k>``,
-    ``p<k>``; planner.cost.tables.CostTable.boot_variants), None for any other."""
+    ``p<k>``, ``r<k>``; planner.cost.tables.CostTable.boot_variants), None for any other."""
     if isinstance(ins, ir.Bootstrap2):
         return f"p{int(ins.log_slots)}"
     if isinstance(ins, ir.Bootstrap) and ins.log_slots is not None:
-        return f"{'h' if ins.halves else 's'}{int(ins.log_slots)}"
+        return f"{'h' if ins.halves else 'r' if ins.replicas else 's'}{int(ins.log_slots)}"
     return None
 
 

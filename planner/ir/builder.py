@@ -349,11 +349,12 @@ class ProgramBuilder:
         return dst
 
     def bootstrap(self, src: str, log_slots: int | None = None, halves: bool | None = None,
-                  scale: float | None = None, in_scale: float | None = None) -> str:
+                  scale: float | None = None, in_scale: float | None = None, replicas: bool | None = None) -> str:
         """``scale`` times the value over ``in_scale`` (default 1 each), depth reset to 0
-        (bootstrapping presets); with ``log_slots`` a sparse variant (issue 36) at depth 1."""
-        dst = self._reg(0 if log_slots is None else 1)
-        self._emit(ir.Bootstrap(dst, src, log_slots, halves, scale, in_scale))
+        (bootstrapping presets); with ``log_slots`` a sparse variant (issue 36) at depth 1,
+        or at depth 0 with ``replicas`` (the first 2^log_slots slots copied over the others)."""
+        dst = self._reg(0 if log_slots is None or replicas else 1)
+        self._emit(ir.Bootstrap(dst, src, log_slots, halves, scale, in_scale, replicas or None))
         return dst
 
     def bootstrap2(self, srcs: tuple[str, str], log_slots: int, scale: float | None = None) -> tuple[str, str]:

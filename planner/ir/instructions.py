@@ -563,7 +563,8 @@ class Rescale(Instr):
     src: str
 
 
-def _check_boot_variant(d: Mapping[str, Any], bad: Bad, slots: int | None, *, span: int) -> None:
+def _check_boot_variant(d: Mapping[str, Any], bad: Bad, slots: int | None, *, span: int,
+                        check_scale: bool = True) -> None:
     """``log_slots`` (the period 2^log_slots of a sparse bootstrap; ``span`` times it must
     fit the slots) and ``scale`` of a bootstrap variant (docs/formats.md)."""
     ls = d.get("log_slots")
@@ -572,7 +573,7 @@ def _check_boot_variant(d: Mapping[str, Any], bad: Bad, slots: int | None, *, sp
     if not _is_int(ls) or ls < 1 or (1 << ls) >= total or (1 << ls) * span > total:  # type: ignore[operator]
         raise bad("log_slots", f"log_slots is an integer k >= 1 with 2^k < the slots (2^{top})"
                   f"{' and 2^(k+1) <= the slots' if span > 1 else ''}, got {json.dumps(ls)[:40]}")
-    if "scale" in d:
+    if "scale" in d and check_scale:
         sc = d["scale"]
         if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc) or sc == 0 \
                 or abs(sc) > MAX_BOOT_SCALE or abs(sc) < 1 / MAX_BOOT_SCALE:
@@ -607,9 +608,12 @@ class Bootstrap(Instr):
     (``halves``: outside ``[0, 2^(k+1))``, whose two halves travel as the real and imaginary
     part of one complex slot vector). The executor unpacks (masks) the result with one
     plaintext product, so ``dst = scale * src`` (``scale`` default 1) at depth 1.  With
-    ``halves`` every |value| must be within boot.max_abs / 2.  Without ``log_slots``: the
-    full-slot bootstrap, ``dst = scale * src`` at depth 0 (``scale`` an integer, multiplied
-    exactly: no level; ``halves`` not allowed).
+    ``halves`` every |value| must be within boot.max_abs / 2.  With ``replicas`` (not with
+    ``halves``) the result is not unpacked: every slot ``j`` holds ``scale * src[j mod
+    2^k]`` (the sparse bootstrap's copies of the first 2^k slots fill the others) at depth 0,
+    ``scale`` an integer multiplied exactly as the full bootstrap's.  Without ``log_slots``:
+    the full-slot bootstrap, ``dst = scale * src`` at depth 0 (``scale`` an integer,
+    multiplied exactly: no level; ``halves``, ``replicas`` not allowed).
 
     ``in_scale`` (either kind): the source's scale is relabelled (no product, no level), so
     the bootstrap refreshes ``src / in_scale``: ``dst = scale * src / in_scale``, and the
@@ -625,26 +629,33 @@ class Bootstrap(Instr):
     halves: bool | None = None
     scale: float | None = None
     in_scale: float | None = None
+    replicas: bool | None = None
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
         _check_in_scale(d, bad)
-        if "log_slots" not in d:
-            if "halves" in d:
-                raise bad("halves", "halves belongs to a sparse bootstrap (give log_slots)")
+        for f in ("halves", "replicas"):
+            if f in d and "log_slots" not in d:
+                raise bad(f, f"{f} belongs to a sparse bootstrap (give log_slots)")
+            if f in d and not isinstance(d[f], bool):
+                raise bad(f, f"{f} is true or false")
+        if d.get("halves") and d.get("replicas"):
+            raise bad("replicas", "a halves bootstrap is always unpacked (replicas and halves exclude each other)")
+        if "log_slots" not in d or d.get("replicas"):
             if "scale" in d:
                 sc = d["scale"]
                 if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc) \
                         or sc != int(sc) or not 1 <= sc <= MAX_BOOT_SCALE:
-                    raise bad("scale", "a full-slot bootstrap's scale is an integer with 1 <= scale <= 2^20, "
+                    what = "a replicas bootstrap's" if d.get("replicas") else "a full-slot bootstrap's"
+                    raise bad("scale", f"{what} scale is an integer with 1 <= scale <= 2^20, "
                                        f"got {json.dumps(sc)[:40]}")
-            return
-        if "halves" in d and not isinstance(d["halves"], bool):
-            raise bad("halves", "halves is true or false")
-        _check_boot_variant(d, bad, slots, span=2 if d.get("halves") else 1)
+            if "log_slots" not in d:
+                return
+        _check_boot_variant(d, bad, slots, span=2 if d.get("halves") else 1,
+                            check_scale=not d.get("replicas"))
 
     def depth(self, d: Mapping[str, int]) -> int:
-        return 0 if self.log_slots is None else 1
+        return 0 if self.log_slots is None or self.replicas else 1
 
     @property
     def period(self) -> int | None:

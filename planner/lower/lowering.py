@@ -121,7 +121,7 @@ def lower_solution(
                     (cand.in_layouts[t].notation() if t in cand.in_layouts else "plaintext")
                     for t in node.inputs
                 ],
-                "out_layout": cand.out_layout.notation(),
+                "out_layout": out_layout.notation(),
                 "conversions": conversions,
                 **({"bootstraps": sum(1 for i in b.objs[start:end] if ir.is_bootstrap(i))}
                    if params.boot is not None else {}),
@@ -234,8 +234,11 @@ def _lower_bootstrap(
             q += 2
             continue
         src = regs[q] if relabel else pre(q, regs[q])
-        out.append(b.bootstrap(src, var.log_slots, True if var.kind == "h" else None, scale, in_scale))
+        out.append(b.bootstrap(src, var.log_slots, True if var.kind == "h" else None, scale, in_scale,
+                               replicas=var.kind == "r"))
         q += 1
+    if var.kind == "r":  # the copies fill the free slots: dirty (its readers ignore them)
+        return out, lay.with_clean(False)
     return out, lay.with_clean(True) if masked else lay
 
 

@@ -195,7 +195,9 @@ def test_costs_plans_and_prices_with_a_calibrated_table(cli: Cli, tmp_path: Path
     base, doubled = rows
     assert "n16boot-doubled" in doubled["modelled"]["time_model"] and "n16boot-doubled" not in base["modelled"]["time_model"]
     assert doubled["bootstraps_planned"] == base["bootstraps_planned"] >= 1
-    assert doubled["modelled"]["bootstrap_seconds"] == pytest.approx(2 * base["modelled"]["bootstrap_seconds"], rel=1e-3)
+    # (an r<k> without a price of its own is s<k>'s less one product and rescale, which the
+    # doubling leaves: within 0.5%)
+    assert doubled["modelled"]["bootstrap_seconds"] == pytest.approx(2 * base["modelled"]["bootstrap_seconds"], rel=5e-3)
 
 
 def test_a_plan_priced_under_another_cpus_table_is_priced_again_with_this_cpus(

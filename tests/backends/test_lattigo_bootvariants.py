@@ -1,5 +1,5 @@
 """Sparse bootstrap variants (issue 36) on Lattigo at ``n14boot``: one plan mixes the full-slot
-bootstrap with every kind of variant (plain, halves, pair) at every log_slots n14boot offers,
+bootstrap with every kind of variant (plain, halves, pair, replicas) at every log_slots n14boot offers,
 runs encrypted, and each output must equal the simulator's (numpy) to CKKS precision, with
 the scale applied and the level the contract gives (one below the top residual level for a
 variant, the top for the full bootstrap). Bad variant fields are refused before any key is
@@ -59,7 +59,7 @@ def _down(prog: list[ir.Instr], name: str, level: int) -> str:
 
 # (kind, log_slots, scale, input level): every log_slots n14boot offers, each kind
 CASES = [("full", None, None, 0), ("s", 9, None, 0), ("h", 10, None, 1), ("p", 11, 2.0, 0), ("h", 12, 0.5, 2),
-         ("s", 12, -1.5, 0)]
+         ("s", 12, -1.5, 0), ("r", 10, 3.0, 0), ("r", 11, None, 2)]
 
 
 def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray],
@@ -70,7 +70,7 @@ def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.n
     outs: list[tuple[str, str, int | None]] = []
     for j, (kind, k, scale, level) in enumerate(CASES):
         span = S if k is None else (1 << k) * (2 if kind == "h" else 1)
-        bound = A if kind in ("full", "s") else A / 2
+        bound = A / (scale or 1) if kind == "r" else A if kind in ("full", "s") else A / 2
         names = [f"x{j}", f"y{j}"] if kind == "p" else [f"x{j}"]
         srcs = []
         for nm in names:
@@ -86,7 +86,7 @@ def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.n
             dsts = [f"a{j}", f"b{j}"]
         else:
             prog.append(ir.Bootstrap(dst=f"b{j}", src=srcs[0], log_slots=k, halves=(kind == "h") or None,
-                                     scale=scale))
+                                     scale=scale, replicas=(kind == "r") or None))
             dsts = [f"b{j}"]
         for d in dsts:
             prog.append(ir.Output(src=d, tensor=f"o{d}", table="out"))
@@ -104,9 +104,18 @@ def test_simulator_variants_and_noise() -> None:
     plan, vals, tables, outs = mixed_plan(rng)
     sim = simulate(plan, tables, vals)
     noisy = simulate_noisy(plan, tables, vals, load_model(plan["params"]), np.random.default_rng(1))
-    for t, _, _ in outs:
+    for t, kind, k in outs:
         err = float(np.max(np.abs(noisy.result.outputs[t] - sim.outputs[t])))
         assert 0 < err < A * 2.0**-PREC_BITS, (t, err)
+        if kind == "r":  # every slot a copy of the first 2^k, times the scale (and its noise)
+            n = 1 << k
+            _, _, sc, level = next(c for c in CASES if c[:2] == (kind, k))
+            src = vals["x" + t[2:]] * vals["w"] ** (P.max_level - level)  # (_down's products)
+            sc = sc or 1
+            np.testing.assert_allclose(sim.outputs[t], sc * np.tile(src[:n], S // n), rtol=0, atol=1e-12)
+            assert np.all(np.abs(noisy.result.outputs[t][n:]) > 0)
+        elif kind == "s":  # unpacked: zeros outside [0, 2^k)
+            assert not np.any(sim.outputs[t][1 << k:]) and not np.any(noisy.result.outputs[t][1 << k:])
 
 
 def test_simulator_refuses_unoffered_log_slots() -> None:
@@ -130,6 +139,12 @@ def test_simulator_refuses_unoffered_log_slots() -> None:
      r'instruction 1 \(bootstrap\): field "scale": a finite nonzero number'),
     ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 13},
      r'instruction 1 \(bootstrap\): field "log_slots": an integer k >= 1 with 2\^k < the 8192 slots'),
+    ({"op": "bootstrap", "dst": "b", "src": "x0", "replicas": True},
+     r'instruction 1 \(bootstrap\): field "replicas" belongs to a sparse bootstrap'),
+    ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 9, "halves": True, "replicas": True},
+     r'instruction 1 \(bootstrap\): field "replicas": a halves bootstrap is always unpacked'),
+    ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 9, "replicas": True, "scale": 1.5},
+     r'instruction 1 \(bootstrap\): field "scale": a replicas bootstrap\'s scale is an integer'),
 ])
 def test_lattigo_refuses_bad_variant(tmp_path: Path, ins: dict[str, Any], message: str) -> None:
     """Malformed variant fields: the executor's one line naming instruction and field, no
@@ -172,13 +187,15 @@ def test_variants_on_lattigo(tmp_path: Path, _: int) -> None:
     res = run_plan(plan, inputs, {"w": vals["w"]}, tables, key_dir=str(tmp_path / "keys"))
     st = res.stats
     kinds = [("full" if k is None else f"{kd}{k}") for _, kd, k in outs]
+    assert {"r10", "r11"} <= set(kinds)
     assert st["bootstrap_kinds"] == list(dict.fromkeys(kinds))
     levels = {v.tensor: v.level for v in res.vectors}
     for t, kind, _k in outs:
         err = float(np.max(np.abs(res.outputs[t] - sim.outputs[t])))
         bits = math.log2(A / err)
         assert bits >= PREC_BITS, (t, kind, err, bits)
-        assert levels[t] == P.max_level - (0 if kind == "full" else 1), (t, levels[t])
+        # (replicas: no unpacking product, the top level as after the full bootstrap)
+        assert levels[t] == P.max_level - (0 if kind in ("full", "r") else 1), (t, levels[t])
     # the block is the union of the full-slot bootstrap's keys and the variants' (one key per
     # Galois element): more keys than the full-slot block alone
     assert st["boot_key_bytes"] > P.boot.key_bytes
@@ -192,12 +209,12 @@ def test_calibration_plan_simulates() -> None:
     from common.errors import SlotplanError
 
     kinds = parse_kinds(P, "all")
-    assert kinds == ["full"] + [f"{c}{k}" for k in (9, 10, 11, 12) for c in "shp"]
+    assert kinds == ["full"] + [f"{c}{k}" for k in (9, 10, 11, 12) for c in "shpr"]
     assert parse_kinds(P, "h10,p9") == ["full", "h10", "p9"]
     for bad in ("s8", "x9", ""):
         with pytest.raises(SlotplanError, match="--boot-variants"):
             parse_kinds(P, bad)
-    plan, inputs, expect = variant_plan(P, ["full", "s9", "h10", "p11"], 1, stream=2)
+    plan, inputs, expect = variant_plan(P, ["full", "s9", "h10", "p11", "r10"], 1, stream=2)
     assert plan["program"][0] == {"op": "load_key", "block": "boot", "stream": 2}
     ident = np.arange(S, dtype=np.int64)
     n_in = sum(1 for ins in plan["program"] if ins["op"] == "input")
@@ -216,6 +233,6 @@ def test_calibration_plan_simulates() -> None:
             ins["tensor"], o = f"y{o}", o + 1
     sim = simulate({**plan, "program": prog}, {"t.idx": ident, "one.idx": ident},
                    {**{f"x{i}": v for i, v in enumerate(inputs)}, "one": np.ones(S)})
-    assert [e[0] for e in expect] == ["full", "s9", "h10", "p11", "p11"]
+    assert [e[0] for e in expect] == ["full", "s9", "h10", "p11", "p11", "r10"]
     for i, (_, want, bound) in enumerate(expect):
         assert np.array_equal(sim.outputs[f"y{i}"], want) and np.max(np.abs(want)) <= bound

@@ -79,16 +79,25 @@ def plan(g: Graph, costs: str, pinned: dict[str, str], **opts: Any) -> Any:
 
 
 def boot_ops(res: Any) -> list[tuple[str, int | None, bool | None]]:
-    return [(i["op"], i.get("log_slots"), i.get("halves")) for i in res.plan["program"]
+    """(op, log_slots, kind flag: True for halves, "r" for replicas) per bootstrap."""
+    return [(i["op"], i.get("log_slots"), "r" if i.get("replicas") else i.get("halves")) for i in res.plan["program"]
             if i["op"] in ("bootstrap", "bootstrap2")]
+
+
+def with_replicas(prices: dict[str, float], factor: float) -> dict[str, float]:
+    """``prices`` with ``r<k>`` priced at ``factor`` times ``s<k>`` (a table of its own)."""
+    return prices | {"r" + k[1:]: round(v * factor, 3) for k, v in prices.items() if k[0] == "s"}
 
 
 def random_prices(seed: int) -> dict[str, float]:
     """Placeholder prices with each kind scaled by a random factor in [0.5, 1.6] (a kind
-    then wins on some graphs, and the full bootstrap on others)."""
+    then wins on some graphs, and the full bootstrap on others); replicas at 0.85 (seeds
+    1, 4, 7, ...) or 1.15 times the sparse price, so that where they apply (a dirty result read
+    by kernels that ignore free slots) they win on some graphs and lose on others."""
     rng = np.random.default_rng(500 + seed)
     f = {k: float(rng.uniform(0.5, 1.6)) for k in "shp"}
-    return {k: round(v * f[k[0]], 3) for k, v in placeholder_prices(FULL_MS, KS, PARAMS.slots).items()}
+    prices = {k: round(v * f[k[0]], 3) for k, v in placeholder_prices(FULL_MS, KS, PARAMS.slots).items()}
+    return with_replicas(prices, 0.85 if seed % 3 == 1 else 1.15)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -121,14 +130,15 @@ def test_variants_are_chosen_and_save_against_full(tmp_path: Path) -> None:
             assert b["saving_seconds"] == pytest.approx(b["full_seconds"] - b["seconds"], abs=1e-3)
             assert b["seconds"] > 0 and (b["variant"] == "full") == (b["saving_seconds"] == 0)
         assert bt["variant_saving_seconds"] == pytest.approx(sum(b["saving_seconds"] for b in bt["per_bootstrap"]), abs=1e-3)
-    assert {"s", "h", "p", "f"} <= kinds
+    assert {"s", "h", "p", "r", "f"} <= kinds
 
 
-@pytest.mark.parametrize("kind", ["s", "h", "p"])
+@pytest.mark.parametrize("kind", ["s", "h", "p", "r"])
 def test_each_kind_where_cheapest(kind: str, tmp_path: Path) -> None:
     """Two rows pinned one per ciphertext: with one kind priced at half, the plan uses it
     (pairs: one bootstrap2 per two ciphertexts); CP-SAT and z3 give the same plan cost."""
-    prices = {k: (v * 0.5 if k[0] == kind else v) for k, v in placeholder_prices(FULL_MS, KS, PARAMS.slots).items()}
+    prices = {k: (v * 0.5 if k[0] == kind else v)
+              for k, v in with_replicas(placeholder_prices(FULL_MS, KS, PARAMS.slots), 1.0).items()}
     c = variant_costs(tmp_path, "n14boot-lattigo", prices, name=f"half-{kind}")
     g, pinned = random_graph(0)  # shape [2, n], pinned
     objs = set()
@@ -139,7 +149,8 @@ def test_each_kind_where_cheapest(kind: str, tmp_path: Path) -> None:
         if kind == "p":
             assert ops and all(op == "bootstrap2" for op, _, _ in ops)
         else:
-            assert ops and all(op == "bootstrap" and ls is not None and bool(h) == (kind == "h") for op, ls, h in ops)
+            flag = {"s": None, "h": True, "r": "r"}[kind]
+            assert ops and all(op == "bootstrap" and ls is not None and h == flag for op, ls, h in ops), ops
         objs.add(res.plan["summary"]["solver"]["objective"])
     assert len(objs) == 1
 
@@ -323,8 +334,50 @@ def test_time_model_prices_each_variant_instruction(costs: str) -> None:
     assert tm.instr(ir.Bootstrap2(("a", "b"), ("c", "d"), 10, None), 0) == prices["p10"]
     assert tm.instr(ir.Bootstrap("a", "b"), 0) == pytest.approx(FULL_MS)
     assert tm.instr(ir.Bootstrap("a", "b", 7, None, None), 0) == pytest.approx(FULL_MS)  # not priced
+    # replicas without a price of their own: s<k>'s less one product and rescale at the top
+    top = max(lv for lv, _ in tm.points["pmul"])
+    unpack = tm.at("pmul", top) + tm.at("rescale", top)
+    assert 0 < unpack < 0.01 * prices["s6"]
+    assert tm.instr(ir.Bootstrap("a", "b", 6, None, 4.0, replicas=True), 0) == pytest.approx(prices["s6"] - unpack)
     g, pinned = random_graph(0)
     res = plan(g, costs, pinned)
     boots = [ir.decode(i) for i in res.plan["program"] if i["op"] in ("bootstrap", "bootstrap2")]
     total = sum(tm.instr(i, 0) for i in boots) * tm.seconds_per_unit
     assert total == pytest.approx(res.plan["summary"]["bootstrapping"]["seconds"], abs=1e-3)
+
+
+def test_replicas_of_a_clean_value_its_readers_ignore(tmp_path: Path) -> None:
+    """A chain of products by weights (each reads its operand through a weight that is 0 on
+    the free slots, so a dirty operand is as good as a clean one): with ``r<k>`` priced at
+    half of ``s<k>``, the value bootstrapped is clean before and keeps the bootstrap's copies
+    after it (its plan node's layout dirty), at no level, and every reader takes it without
+    a mask.  The plan equals numpy with CP-SAT and z3 alike (layout claims included, the
+    simulator's copies in the free slots)."""
+    n = 100
+    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    nodes, prev = [], "x"
+    for i in range(12):  # depth 12 > the 9 levels of n14boot: one bootstrap
+        tensors[f"w{i}"] = {"shape": [n], "role": "weight", "range": [0.8, 1.0]}
+        nodes.append({"id": f"m{i}", "op": "mul", "inputs": [prev, f"w{i}"]})
+        prev = f"m{i}"
+    g = parse_graph({"schema": "slotplan.graph/1", "name": "replicas", "tensors": tensors, "nodes": nodes,
+                     "outputs": [prev]})
+    prices = {k: (v * 0.5 if k[0] == "r" else v)
+              for k, v in with_replicas(placeholder_prices(FULL_MS, KS, PARAMS.slots), 1.0).items()}
+    c = variant_costs(tmp_path, "n14boot-lattigo", prices, name="cheap-replicas")
+    objs = set()
+    for solver in SOLVERS:
+        res = plan(g, c, {}, solver=solver)
+        check_plan(res, g)
+        per = res.plan["summary"]["bootstrapping"]["per_bootstrap"]
+        assert [b["variant"][0] for b in per] == ["r"], per
+        node = per[0]["node"]
+        assert node != prev and node.startswith("m")
+        nodes_by = {x["id"]: x for x in res.plan["nodes"]}
+        assert nodes_by[node]["out_layout"].endswith("~")  # the copies: dirty after the bootstrap
+        reader = nodes_by[f"m{int(node[1:]) + 1}"]
+        assert reader["conversions"] == [] and not reader["out_layout"].endswith("~")
+        assert [(i["log_slots"], i.get("replicas")) for i in res.plan["program"] if i["op"] == "bootstrap"] == \
+            [(10, True)]  # (100 values: the smallest offered slot count that holds them, 2^10)
+        objs.add(res.plan["summary"]["solver"]["objective"])
+    assert len(objs) == 1

@@ -39,6 +39,7 @@ EXAMPLES: list[dict[str, object]] = [
     {"op": "load_key", "k": 5},
     {"op": "drop_key", "k": 5},
     {"op": "load_key", "block": "boot"},
+    {"op": "bootstrap", "dst": "c23", "src": "c12", "log_slots": 3, "scale": 4, "replicas": True},
     {"op": "mul_i", "dst": "c17", "src": "c11"},
     {"op": "conj", "dst": "c18", "src": "c17"},
     {"op": "bootstrap", "dst": "c19", "src": "c12", "log_slots": 3, "halves": True, "scale": 0.5},
@@ -105,6 +106,7 @@ def test_semantics() -> None:
     assert ir.uses_conjugation(prog) and ir.galois_key_count(prog) == 4
     assert not ir.uses_conjugation(prog[:-4]) and ir.galois_key_count(prog[:-5]) == 3
     assert (d["c19"], d["c20"], d["c21"]) == (1, 1, 1)  # a sparse bootstrap unpacks with one product
+    assert d["c23"] == 0  # ... but not with its replicas
     assert ir.has_key_schedule(prog) and not ir.has_key_schedule(prog[:3])
 
 
@@ -121,6 +123,14 @@ def test_semantics() -> None:
         ({"op": "poly", "dst": "c1", "src": "c0", "coeffs": [1, 2], "mask": 3}, "program[3].mask", "names a plaintext"),
         ({"op": "poly", "dst": "c1", "src": "c0", "coeffs": [1, 0], "mask": "p0"}, "program[3].mask", "degree >= 1"),
         ({"op": "load_key", "block": "dft"}, "program[3].block", "only key block"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0", "replicas": True}, "program[3].replicas",
+         "belongs to a sparse bootstrap"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0", "log_slots": 3, "halves": True, "replicas": True},
+         "program[3].replicas", "exclude each other"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0", "log_slots": 3, "replicas": 1}, "program[3].replicas",
+         "true or false"),
+        ({"op": "bootstrap", "dst": "c1", "src": "c0", "log_slots": 3, "replicas": True, "scale": 0.5},
+         "program[3].scale", "a replicas bootstrap's scale is an integer"),
         ({"op": "drop_key"}, "program[3].k", "integers"),
         (["op", "add"], "program[3]", "JSON object"),
     ],
