@@ -16,9 +16,9 @@ range scaling after the bootstrap is folded (the instruction's ``scale``):
 * ``r<k>``: ``s<k>`` without the unpacking product (``bootstrap`` with ``replicas``, depth
   0): the sparse bootstrap's copies of slots [0, 2^k) stay in the others, for a layout
   whose readers already take it dirty (their kernels read no free slot), the node's scale
-  an exact integer product as the full bootstrap's.  Priced as ``s<k>`` where the table has
-  no ``r<k>`` (the product left out is one plaintext product at the top level, under 1% of
-  the bootstrap).
+  an exact integer product as the full bootstrap's.  Where the table has no ``r<k>``, priced
+  as ``s<k>`` less its unpacking product (planner.cost.timing.TimeModel.variant_units: one
+  plaintext product and rescale at the top level, under 1% of the bootstrap).
 
 A layout is zero outside its used slots when it is clean; a dirty one (free slots holding
 partial sums) is masked first, as before the full bootstrap (one level before).  Values
@@ -129,8 +129,8 @@ def options(
     full bootstrap or another variant is no dearer and needs no more levels.  ``clean``: the
     layout is zero outside its used slots, or its mask costs no level (the node's polys take
     it); ``absorbs``: the option's own plaintext products (or polys) take the ``1/scale``
-    before it (no level); ``replicas``: the layout its readers take is dirty, so the
-    ``r<k>`` variants apply."""
+    before it (no level); ``replicas``: its readers take the result with copies in its
+    free slots (planner.assign.problem._reads_replicas), so the ``r<k>`` variants apply."""
     if not prices:
         return ()
     span = used_span(lay)
