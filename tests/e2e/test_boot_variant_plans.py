@@ -346,18 +346,22 @@ def test_time_model_prices_each_variant_instruction(costs: str) -> None:
     assert total == pytest.approx(res.plan["summary"]["bootstrapping"]["seconds"], abs=1e-3)
 
 
-def test_replicas_of_a_clean_value_its_readers_ignore(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows", [1, 2], ids=["one-ct", "two-cts"])
+def test_replicas_of_a_clean_value_its_readers_ignore(rows: int, tmp_path: Path) -> None:
     """A chain of products by weights (each reads its operand through a weight that is 0 on
     the free slots, so a dirty operand is as good as a clean one): with ``r<k>`` priced at
     half of ``s<k>``, the value bootstrapped is clean before and keeps the bootstrap's copies
     after it (its plan node's layout dirty), at no level, and every reader takes it without
     a mask.  The plan equals numpy with CP-SAT and z3 alike (layout claims included, the
-    simulator's copies in the free slots)."""
-    n = 100
-    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+    simulator's copies in the free slots).  Two rows pinned one per ciphertext: one
+    replicas bootstrap per ciphertext."""
+    n = 100 if rows == 1 else 60
+    shape = [n] if rows == 1 else [rows, n]
+    pinned = {} if rows == 1 else {"x": f"[0:{rows}];[1:{n}]"}
+    tensors: dict[str, Any] = {"x": {"shape": shape, "role": "input", "range": [-1, 1]}}
     nodes, prev = [], "x"
     for i in range(12):  # depth 12 > the 9 levels of n14boot: one bootstrap
-        tensors[f"w{i}"] = {"shape": [n], "role": "weight", "range": [0.8, 1.0]}
+        tensors[f"w{i}"] = {"shape": shape, "role": "weight", "range": [0.8, 1.0]}
         nodes.append({"id": f"m{i}", "op": "mul", "inputs": [prev, f"w{i}"]})
         prev = f"m{i}"
     g = parse_graph({"schema": "slotplan.graph/1", "name": "replicas", "tensors": tensors, "nodes": nodes,
@@ -367,17 +371,19 @@ def test_replicas_of_a_clean_value_its_readers_ignore(tmp_path: Path) -> None:
     c = variant_costs(tmp_path, "n14boot-lattigo", prices, name="cheap-replicas")
     objs = set()
     for solver in SOLVERS:
-        res = plan(g, c, {}, solver=solver)
+        res = plan(g, c, pinned, solver=solver)
         check_plan(res, g)
         per = res.plan["summary"]["bootstrapping"]["per_bootstrap"]
-        assert [b["variant"][0] for b in per] == ["r"], per
+        assert [(b["variant"][0], b["ciphertexts"]) for b in per] == [("r", rows)], per
         node = per[0]["node"]
         assert node != prev and node.startswith("m")
         nodes_by = {x["id"]: x for x in res.plan["nodes"]}
         assert nodes_by[node]["out_layout"].endswith("~")  # the copies: dirty after the bootstrap
         reader = nodes_by[f"m{int(node[1:]) + 1}"]
         assert reader["conversions"] == [] and not reader["out_layout"].endswith("~")
+        # (100 or 60 values per ciphertext: the smallest offered slot count that holds them)
+        k = 10 if rows == 1 else 6
         assert [(i["log_slots"], i.get("replicas")) for i in res.plan["program"] if i["op"] == "bootstrap"] == \
-            [(10, True)]  # (100 values: the smallest offered slot count that holds them, 2^10)
+            [(k, True)] * rows
         objs.add(res.plan["summary"]["solver"]["objective"])
     assert len(objs) == 1
