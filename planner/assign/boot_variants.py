@@ -143,7 +143,7 @@ def options(
         n = 1 << v.log_slots
         if v.kind in "sr" and span > n or v.kind == "h" and span > 2 * n or v.kind == "p" and (span > n or n_ct < 2):
             continue
-        if v.kind == "r" and not (replicas and s <= MAX_BOOT_SCALE):
+        if v.kind == "r" and not replicas:
             continue
         units = 0
         ok = True
