@@ -82,10 +82,13 @@ func validateInScale(in instr, fail func(string, ...any) error) error {
 			return fail("field \"in_scale\": a number with 1 <= in_scale <= 2^12, got %v", s)
 		}
 	}
-	if in.Op == "bootstrap" && in.LogSlots == nil && in.Scale != nil {
+	// (a full-slot or replicas bootstrap multiplies its result by the scale exactly)
+	replicas := in.LogSlots != nil && in.Replicas != nil && *in.Replicas
+	if in.Op == "bootstrap" && (in.LogSlots == nil || replicas) && in.Scale != nil {
 		s := *in.Scale
 		if math.IsNaN(s) || s < 1 || s > maxBootScale || s != math.Trunc(s) {
-			return fail("field \"scale\": a full-slot bootstrap's scale is an integer with 1 <= scale <= 2^20, got %v", s)
+			what := map[bool]string{true: "a replicas", false: "a full-slot"}[replicas]
+			return fail("field \"scale\": %s bootstrap's scale is an integer with 1 <= scale <= 2^20, got %v", what, s)
 		}
 	}
 	return nil
@@ -144,12 +147,7 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 		return fail("field \"log_slots\": an integer k >= 1 with 2^k < the %d slots%s, got %d", slots,
 			map[bool]string{true: " and 2^(k+1) <= the slots (halves)", false: ""}[span == 2], k)
 	}
-	if in.Scale != nil && replicas {
-		s := *in.Scale
-		if math.IsNaN(s) || s < 1 || s > maxBootScale || s != math.Trunc(s) {
-			return fail("field \"scale\": a replicas bootstrap's scale is an integer with 1 <= scale <= 2^20, got %v", s)
-		}
-	} else if in.Scale != nil {
+	if in.Scale != nil && !replicas { // (a replicas bootstrap's: validateInScale)
 		s := *in.Scale
 		if math.IsNaN(s) || math.IsInf(s, 0) || s == 0 || math.Abs(s) > maxBootScale || math.Abs(s) < 1.0/maxBootScale {
 			return fail("field \"scale\": a finite nonzero number with 2^-20 <= |scale| <= 2^20, got %v", s)
@@ -494,8 +492,7 @@ func (e *executor) bootstrapVariant(in instr) error {
 		// integer, multiplied exactly (no level), as after a full-slot bootstrap
 		out = z
 		if sc != 1 {
-			out = e.newCt(z.Level())
-			if err = e.eval.Mul(z, complex(sc, 0), out); err != nil {
+			if err = e.eval.Mul(z, complex(sc, 0), z); err != nil {
 				return fmt.Errorf("sparse bootstrap of %q: the result times %v: %w", in.Src, sc, err)
 			}
 		}
