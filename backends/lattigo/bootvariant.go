@@ -57,6 +57,9 @@ type bootVariantParams struct {
 	LogSlots    int   `json:"log_slots"`
 	KeyOffsets  []int `json:"key_offsets"`
 	MatrixBytes int64 `json:"matrix_bytes"`
+	// LogBSGSRatio: the DFT matrices' baby-to-giant step ratio (log2; absent: Lattigo's
+	// defaultDFTBSGSRatio). The key offsets are those of the matrices at this ratio.
+	LogBSGSRatio *int `json:"log_bsgs_ratio"`
 }
 
 // maxBootScale bounds |scale| of a variant (planner.ir.instructions.MAX_BOOT_SCALE).
@@ -169,20 +172,30 @@ func (p *plan) bootVariantsUsed() map[int]int {
 	return out
 }
 
-// sparseDFTBSGSRatio is the log2 ratio of baby to giant steps of a sparse variant's DFT
-// matrices (CoeffsToSlots and SlotsToCoeffs): Lattigo's own 1. Measured at n16boot
-// (TestMeasureDFTRatio, keys resident, one core, thread CPU, 2026-11-27): at 2^14 slots
-// ratio 1 / 2 / 3 take CoeffsToSlots 13.96 / 10.74 / 10.33 s and SlotsToCoeffs 6.05 / 5.93
-// / 4.46 s with 48 / 47 / 59 Galois keys; at 2^13 slots 10.12 / 9.29 / 9.17 s and 6.02 /
-// 4.60 / 3.97 s with 40 / 41 / 52 keys. Ratio 2 was tried and reverted (docs/lattigo.md):
-// its keys are other offsets, with which the ONNX ResNet-20 plan's key schedule no longer
-// fit 12 GiB with variants (1049 s with 20 full bootstraps against 869 s), while the
-// ResNet-20 run that kept its variants did not get measurably faster.
-const sparseDFTBSGSRatio = 1
+// defaultDFTBSGSRatio is the log2 ratio of baby to giant steps of the DFT matrices
+// (CoeffsToSlots and SlotsToCoeffs) of Lattigo's bootstrapping parameters, which a sparse
+// variant keeps unless its params entry says otherwise (log_bsgs_ratio; the preset n16boot
+// chooses per variant: planner/frontend/params.py, docs/lattigo.md "The DFTs' baby-step
+// giant-step ratio"). More babies per giant step: fewer key switches of the accumulated
+// ciphertext, more hoisted rotations and Galois keys.
+const defaultDFTBSGSRatio = 1
+const maxDFTBSGSRatio = 6 // planner.frontend.params.MAX_LOG_BSGS_RATIO
+
+// variantRatio is the DFT ratio the params give the variant at 2^k slots (default
+// defaultDFTBSGSRatio).
+func variantRatio(setup *evalSetup, k int) int {
+	for _, v := range setup.boot.Variants {
+		if v.LogSlots == k && v.LogBSGSRatio != nil {
+			return *v.LogBSGSRatio
+		}
+	}
+	return defaultDFTBSGSRatio
+}
 
 // variantBootParameters builds the bootstrapping parameters at 2^k slots of a setup's
-// literal (the same residual chain); their bootstrapping chain must be the full-slot
-// one's, so that both run on one evaluator and share the keys of one Galois element.
+// literal (the same residual chain), their DFT matrices at the variant's ratio
+// (variantRatio); their bootstrapping chain must be the full-slot one's, so that both run
+// on one evaluator and share the keys of one Galois element.
 func variantBootParameters(setup *evalSetup, k int) (*bootstrapping.Parameters, error) {
 	lit, ok := bootLiterals[setup.boot.Literal]
 	if !ok {
@@ -195,8 +208,12 @@ func variantBootParameters(setup *evalSetup, k int) (*bootstrapping.Parameters, 
 	if err != nil {
 		return nil, fmt.Errorf("Lattigo rejects the bootstrapping parameters %s at 2^%d slots: %w", setup.boot.Literal, k, err)
 	}
-	btp.CoeffsToSlotsParameters.LogBSGSRatio = sparseDFTBSGSRatio
-	btp.SlotsToCoeffsParameters.LogBSGSRatio = sparseDFTBSGSRatio
+	r := variantRatio(setup, k)
+	if r < 0 || r > maxDFTBSGSRatio {
+		return nil, fmt.Errorf("params.boot.variants: log_bsgs_ratio %d of the variant at 2^%d slots is not in 0..%d", r, k, maxDFTBSGSRatio)
+	}
+	btp.CoeffsToSlotsParameters.LogBSGSRatio = r
+	btp.SlotsToCoeffsParameters.LogBSGSRatio = r
 	if !btp.BootstrappingParameters.Equal(&setup.btp.BootstrappingParameters) {
 		return nil, fmt.Errorf("the bootstrapping chain of %s at 2^%d slots differs from the full-slot one (its keys could not be shared)",
 			setup.boot.Literal, k)

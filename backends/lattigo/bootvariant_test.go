@@ -13,7 +13,11 @@ import (
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/dft"
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/mod1"
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
 // variantPlan is a bootstrapping plan at log N 14 with one instruction ins after the input.
@@ -64,6 +68,33 @@ func TestBootVariantValidation(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "params.boot.variants[0].key_offsets [1 2] differ") {
 		t.Errorf("wrong key_offsets: got %v", err)
 	}
+	// a ratio out of range
+	bad = strings.Replace(params, `"log_slots": 9, "key_offsets": null`, `"log_slots": 9, "log_bsgs_ratio": 7, "key_offsets": null`, 1)
+	_, _, _, err = loadPlan(variantPlan(bad, `{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9}`))
+	if err == nil || !strings.Contains(err.Error(), "params.boot.variants: log_bsgs_ratio 7 of the variant at 2^9 slots is not in 0..6") {
+		t.Errorf("ratio 7: got %v", err)
+	}
+	// another ratio gives the variant other keys: the params' offsets are checked against them
+	r3 := strings.Replace(params, `"log_slots": 9, "key_offsets": null`, `"log_slots": 9, "log_bsgs_ratio": 3, "key_offsets": null`, 1)
+	_, s1, _, err := loadPlan(variantPlan(params, `{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s3, _, err := loadPlan(variantPlan(r3, `{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o1, o3 := bootKeyInfo(*s1.variants[9]).offsets, bootKeyInfo(*s3.variants[9]).offsets
+	if fmt.Sprint(o1) == fmt.Sprint(o3) || s3.variants[9].CoeffsToSlotsParameters.LogBSGSRatio != 3 ||
+		s3.variants[9].SlotsToCoeffsParameters.LogBSGSRatio != 3 || s1.variants[9].CoeffsToSlotsParameters.LogBSGSRatio != 1 {
+		t.Errorf("ratio 3 did not reach the variant's DFTs: offsets %v (ratio 1: %v)", o3, o1)
+	}
+	listed := strings.Replace(r3, `"log_bsgs_ratio": 3, "key_offsets": null`,
+		fmt.Sprintf(`"log_bsgs_ratio": 3, "key_offsets": %s`, strings.Join(strings.Fields(fmt.Sprint(o1)), ", ")), 1)
+	if _, _, _, err = loadPlan(variantPlan(listed, `{"op": "bootstrap", "dst": "d0", "src": "c0", "log_slots": 9}`)); err == nil ||
+		!strings.Contains(err.Error(), "key_offsets") {
+		t.Errorf("ratio 3 with ratio 1's offsets listed: got %v", err)
+	}
 	// a good plan: the variant's parameters share the full-slot chain; the block is the union
 	p, setup, _, err := loadPlan(variantPlan(params, `{"op": "bootstrap2", "dsts": ["d0", "d1"], "srcs": ["c0", "c1"], "log_slots": 10}`))
 	if err != nil {
@@ -90,7 +121,7 @@ func TestBootVariantValidation(t *testing.T) {
 func TestMeasureBootVariants(t *testing.T) {
 	spec := os.Getenv("SLOTLATTIGO_MEASURE_VARIANTS")
 	if spec == "" {
-		t.Skip("set SLOTLATTIGO_MEASURE_VARIANTS=<logN>:<k>,<k>,... to measure")
+		t.Skip("set SLOTLATTIGO_MEASURE_VARIANTS=<logN>:<k>[@<ratio>],... to measure")
 	}
 	head, tail, _ := strings.Cut(spec, ":")
 	logN, err := strconv.Atoi(head)
@@ -102,9 +133,19 @@ func TestMeasureBootVariants(t *testing.T) {
 	lq, lp := bp.MaxLevel(), bp.MaxLevelP()
 	keyBytes := rlwe.NewGaloisKey(bp, rlwe.EvaluationKeyParameters{LevelQ: &lq, LevelP: &lp}).BinarySize()
 	for _, f := range strings.Split(tail, ",") {
-		k, err := strconv.Atoi(f)
+		// k, or k@r: the variant's DFT matrices at log_bsgs_ratio r
+		ks, rs, withRatio := strings.Cut(f, "@")
+		k, err := strconv.Atoi(ks)
 		if err != nil {
 			t.Fatal(err)
+		}
+		ratio := defaultDFTBSGSRatio
+		setup.boot.Variants = nil
+		if withRatio {
+			if ratio, err = strconv.Atoi(rs); err != nil {
+				t.Fatal(err)
+			}
+			setup.boot.Variants = []bootVariantParams{{LogSlots: k, LogBSGSRatio: &ratio}}
 		}
 		var btp = setup.btp
 		if k != logN-1 {
@@ -115,25 +156,75 @@ func TestMeasureBootVariants(t *testing.T) {
 		info := bootKeyInfo(*btp)
 		union := blockKeyInfo(*setup.btp, map[int]*bootstrapping.Parameters{k: btp})
 		tm := time.Now()
-		var mb int64 = -1
+		var mb, transient int64 = -1, -1
+		var alloc uint64
 		if os.Getenv("SLOTLATTIGO_MEASURE_NO_MATRICES") == "" {
 			ev, err := newBootEvaluator(*btp, info.galEls)
 			if err != nil {
 				t.Fatal(err)
 			}
 			mb = matrixBytes(ev)
+			if os.Getenv("SLOTLATTIGO_MEASURE_TRANSIENT") != "" {
+				transient, alloc = measureBootTransient(t, btp, ev, k)
+			}
 			ev = nil
 			runtime.GC()
 		}
 		sec := time.Since(tm).Seconds()
 		out, _ := json.Marshal(map[string]any{
-			"log_n": logN, "log_slots": k, "key_offsets": info.offsets, "conjugation": info.conjugation,
+			"log_n": logN, "log_slots": k, "log_bsgs_ratio": ratio, "key_offsets": info.offsets, "conjugation": info.conjugation,
 			"galois_keys": len(info.galEls), "galois_key_bytes": keyBytes * len(info.galEls),
 			"extra_keys_over_full": len(union.galEls) - len(bootKeyInfo(*setup.btp).galEls),
-			"matrix_bytes":         mb, "matrix_seconds": sec, "depth": btp.BootstrappingParameters.MaxLevel() - btp.ResidualParameters.MaxLevel(),
+			"matrix_bytes":         mb, "matrix_seconds": sec, "transient_bytes": transient, "alloc_bytes": alloc, "depth": btp.BootstrappingParameters.MaxLevel() - btp.ResidualParameters.MaxLevel(),
 		})
 		fmt.Println("VARIANT " + string(out))
 	}
+}
+
+// measureBootTransient generates the keys of btp (a variant's or the full-slot bootstrap's
+// parameters), wires them to ev (its matrices encoded) as calibrateBootstrap does, and
+// measures, after one warm-up, the Go heap one bootstrap of a 2^k-slot ciphertext at level 0
+// holds above what was live before it (heapPeakDuring: the temporaries, among them the DFTs'
+// pre-rotated baby steps, which grow with the BSGS ratio) and what it allocates
+// (SLOTLATTIGO_MEASURE_TRANSIENT; the data of params.py's boot.variants transient_bytes).
+func measureBootTransient(t *testing.T, btp *bootstrapping.Parameters, ev *bootstrapping.Evaluator, k int) (int64, uint64) {
+	t.Helper()
+	res := btp.ResidualParameters
+	sk := rlwe.NewKeyGenerator(res).GenSecretKeyNew()
+	evk, _, err := btp.GenEvaluationKeys(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := btp.BootstrappingParameters
+	ev.EvaluationKeys = evk
+	ev.Evaluator = ckks.NewEvaluator(bp, evk)
+	ev.DFTEvaluator = dft.NewEvaluator(bp, ev.Evaluator)
+	ev.Mod1Evaluator = mod1.NewEvaluator(ev.Evaluator, polynomial.NewEvaluator(bp, ev.Evaluator), ev.Mod1Parameters)
+	rng := rand.New(rand.NewSource(int64(k)))
+	vals := make([]float64, 1<<k)
+	for i := range vals {
+		vals[i] = (rng.Float64()*2 - 1) / 16
+	}
+	pt := ckks.NewPlaintext(res, 0)
+	pt.LogDimensions.Cols = k
+	if err := ckks.NewEncoder(res).Encode(vals, pt); err != nil {
+		t.Fatal(err)
+	}
+	ct, err := rlwe.NewEncryptor(res, sk).EncryptNew(pt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := bootstrapCt(ev, ct, 1); err != nil { // warm-up
+		t.Fatal(err)
+	}
+	transient, alloc, err := heapPeakDuring(func() error {
+		_, _, err := bootstrapCt(ev, ct, 1)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return transient, alloc
 }
 
 // TestBootVariantsLogN12 runs every kind of variant through Run on the bootstrapping chain at
@@ -142,6 +233,13 @@ func TestMeasureBootVariants(t *testing.T) {
 func TestBootVariantsLogN12(t *testing.T) {
 	const logN, slots = 12, 2048
 	params := strings.Replace(withVariants(6, 9), `"log_n": 14, "slots": 8192`, `"log_n": 12, "slots": 2048`, 1)
+	// the 2^9-slot variant's DFT matrices at log_bsgs_ratio 3 (keys of other offsets, made by
+	// the client and asked for by the evaluator from the same params entry)
+	params = strings.Replace(params, `{"log_slots": 9, "key_offsets": null, "matrix_bytes": 1}`,
+		`{"log_slots": 9, "key_offsets": null, "matrix_bytes": 1, "log_bsgs_ratio": 3}`, 1)
+	if !strings.Contains(params, `"log_bsgs_ratio": 3`) {
+		t.Fatal("the params did not take the ratio")
+	}
 	rng := rand.New(rand.NewSource(5))
 	const A = 0.0625
 	vec := func(n int, bound float64) []float64 {

@@ -89,6 +89,13 @@ PRIME_BITS_RANGE = range(20, 62)  # 20..61: Lattigo generates NTT primes of at m
 MAX_PRIMES = 128  # an absurd chain is a mistake, not a parameter set
 
 
+# Lattigo's LogBSGSRatio of its bootstrapping parameters' DFT matrices; a preset's variant
+# may choose another (BootVariant.log_bsgs_ratio, docs/lattigo.md "The DFTs' baby-step
+# giant-step ratio"); MAX_LOG_BSGS_RATIO bounds it against mistakes (measured: 1 to 4)
+DEFAULT_LOG_BSGS_RATIO = 1
+MAX_LOG_BSGS_RATIO = 6
+
+
 class BootVariantLiteral(BaseModel):
     """One sparse bootstrap a bootstrapping preset offers (issue 36, docs/formats.md): the
     bootstrapping parameters at ``log_slots`` (2^log_slots < slots), the slot rotation
@@ -100,6 +107,9 @@ class BootVariantLiteral(BaseModel):
     log_slots: StrictInt
     key_offsets: list[StrictInt]
     matrix_bytes: StrictInt
+    # log2 of the baby-to-giant step ratio of the variant's DFT matrices (CoeffsToSlots and
+    # SlotsToCoeffs; Lattigo's LogBSGSRatio); 1 is Lattigo's default and may be left out
+    log_bsgs_ratio: StrictInt = DEFAULT_LOG_BSGS_RATIO
 
 
 class BootLiteral(BaseModel):
@@ -159,9 +169,13 @@ class BootVariant:
     log_slots: int
     key_offsets: tuple[int, ...]
     matrix_bytes: int
+    # the DFT matrices' baby-to-giant step ratio (log2); the key offsets and matrix bytes are
+    # those of the matrices at this ratio
+    log_bsgs_ratio: int = DEFAULT_LOG_BSGS_RATIO
 
     def to_json(self) -> dict[str, object]:
-        return {"log_slots": self.log_slots, "key_offsets": list(self.key_offsets), "matrix_bytes": self.matrix_bytes}
+        return {"log_slots": self.log_slots, "key_offsets": list(self.key_offsets), "matrix_bytes": self.matrix_bytes,
+                **({"log_bsgs_ratio": self.log_bsgs_ratio} if self.log_bsgs_ratio != DEFAULT_LOG_BSGS_RATIO else {})}
 
 
 @dataclass(frozen=True)
@@ -242,7 +256,7 @@ class Boot:
             matrix_bytes=lit.matrix_bytes,
             log_q=tuple(lit.log_q),
             log_p=tuple(lit.log_p),
-            variants=tuple(BootVariant(v.log_slots, tuple(v.key_offsets), v.matrix_bytes)
+            variants=tuple(BootVariant(v.log_slots, tuple(v.key_offsets), v.matrix_bytes, v.log_bsgs_ratio)
                            for v in (lit.variants or ())),
         )
         seen: set[int] = set()
@@ -559,6 +573,9 @@ def _validate_boot(p: Params, b: Boot) -> None:
         if v.matrix_bytes <= 0:
             raise ParamsError(f"must be a positive number of bytes, got {v.matrix_bytes}",
                               field=f"boot.variants[{j}].matrix_bytes")
+        if not 0 <= v.log_bsgs_ratio <= MAX_LOG_BSGS_RATIO:
+            raise ParamsError(f"must be in 0..{MAX_LOG_BSGS_RATIO}, got {v.log_bsgs_ratio}",
+                              field=f"boot.variants[{j}].log_bsgs_ratio")
     for key in ("key_bytes", "matrix_bytes"):
         if getattr(b, key) <= 0:
             raise ParamsError(f"must be a positive number of bytes, got {getattr(b, key)}", field=f"boot.{key}")
@@ -644,6 +661,12 @@ BOOT_MAX_ABS = 0.0625
 # n14boot offers k = 9..12 (8192 slots: the sizes of the n16boot range scaled down, and the
 # test size of every variant); n16boot offers k = 11..14: ResNet-20's stages hold 2^14,
 # 2^13 and 2^12 values per image, and a halves bootstrap at k carries 2^(k+1) of them.
+# n16boot's k = 12..14 split their DFT matrices at log_bsgs_ratio 3 (Lattigo's is 1): on the
+# Zen 4, one core, keys resident (TestMeasureDFTRatio, 2026-11-28), CoeffsToSlots +
+# SlotsToCoeffs took 9.04 s against 10.92 s at 2^14 (ratio 2: 10.74), 6.41 s against 8.26 s
+# at 2^13 and 6.07 s against 7.83 s at 2^12 (ratio 4: 10.82 s, 75 keys), for 11-12 Galois
+# keys more per variant (offsets: SLOTLATTIGO_MEASURE_VARIANTS=16:14@3,13@3,12@3; the
+# matrices' bytes do not change). k = 11 keeps ratio 1 (not measured).
 _BOOT_VARIANTS_N14 = (
     BootVariant(9, (1, 2, 3, 4, 8, 16, 24, 32, 64, 128, 256, 384, 448, 480, 496, 504, 508, 510, 512, 516, 1016, 1020,
                     1024, 2048, 4096), 239_091_232),
@@ -658,14 +681,16 @@ _BOOT_VARIANTS_N14 = (
 _BOOT_VARIANTS_N16 = (
     BootVariant(11, (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 96, 128, 256, 384, 512, 1024, 1536, 1792, 1920, 1952, 1984,
                     2016, 2032, 2040, 2044, 2046, 2048, 2052, 4088, 4092, 4096, 8192, 16384), 1_434_475_808),
-    BootVariant(12, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 2048, 3072, 3584,
-                    3840, 3904, 3968, 4032, 4064, 4080, 4088, 4092, 4096, 4104, 8176, 8184, 8192, 16384), 1_862_301_984),
-    BootVariant(13, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 128, 192, 256, 512, 768, 1024, 1536, 2048, 3072,
-                    4096, 5120, 6144, 7168, 7680, 7936, 8000, 8064, 8128, 8160, 8176, 8184, 8188, 8192, 8200, 16368,
-                    16376, 16384), 2_139_130_656),
-    BootVariant(14, (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 192, 256, 384, 512, 768, 1024,
-                    1536, 2048, 3072, 4096, 6144, 8192, 10240, 12288, 14336, 15360, 15616, 15872, 16000, 16128,
-                    16256, 16320, 16352, 16368, 16376, 16380, 16384, 16392, 32752, 32760), 2_692_788_000),
+    BootVariant(12, (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                    192, 256, 320, 384, 448, 512, 768, 1024, 1280, 1536, 1792, 2048, 3584, 3840, 3968, 4032, 4080,
+                    4088, 4096, 8176, 8192, 16384), 1_862_301_984, log_bsgs_ratio=3),
+    BootVariant(13, (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                    192, 256, 320, 384, 448, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 6144,
+                    7680, 7936, 8064, 8128, 8176, 8184, 8192, 16368, 16384), 2_139_130_656, log_bsgs_ratio=3),
+    BootVariant(14, (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                    144, 160, 176, 192, 208, 224, 240, 256, 320, 384, 448, 512, 1024, 1536, 2048, 2560, 3072, 3584,
+                    4096, 5120, 6144, 7168, 8192, 12288, 15360, 15872, 16128, 16320, 16368, 16376, 16384, 32752),
+                2_692_788_000, log_bsgs_ratio=3),
 )
 
 

@@ -69,6 +69,13 @@ def test_boot_params_json_round_trip(name: str) -> None:
                               "key_bytes", "matrix_bytes"}
     assert Params.from_json(j) == p
     assert load_params(name) is p
+    # a variant's DFT ratio travels only where it is not Lattigo's 1 (plans of presets that
+    # keep 1 are byte for byte what they were before the field existed)
+    for v, vj in zip(p.boot.variants, j["boot"]["variants"], strict=True):  # type: ignore[union-attr,index]
+        assert ("log_bsgs_ratio" in vj) == (v.log_bsgs_ratio != 1)
+    j2 = copy.deepcopy(j)
+    j2["boot"]["variants"][0]["log_bsgs_ratio"] = 1  # type: ignore[index]
+    assert Params.from_json(j2) == p if p.boot.variants[0].log_bsgs_ratio == 1 else Params.from_json(j2) != p  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -80,6 +87,8 @@ def test_boot_params_json_round_trip(name: str) -> None:
         (lambda b: b.update(key_bytes=0), "boot.key_bytes"),
         (lambda b: b.update(log_q=[50, 40], log_qp=None), "boot.log_q"),
         (lambda b: b.update(log_qp=12), "boot.log_qp"),
+        (lambda b: b["variants"][1].update(log_bsgs_ratio=7), "boot.variants[1].log_bsgs_ratio"),
+        (lambda b: b["variants"][0].update(log_bsgs_ratio=-1), "boot.variants[0].log_bsgs_ratio"),
     ],
 )
 def test_boot_object_rejected_naming_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
