@@ -63,6 +63,7 @@ blocks step by step (:func:`executor_series`); a capped plan reports the model a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,16 +100,23 @@ EXECUTOR_FIELDS = (
 )
 
 
+def _without_variants(params: Params) -> Params:
+    """``params`` without the sparse bootstraps it offers (the full-slot bootstrap's set)."""
+    return params if params.boot is None else dataclasses.replace(params, boot=dataclasses.replace(params.boot, variants=()))
+
+
 def _preset_measurement(params: Params, key: str) -> Mapping[str, Any] | None:
     """``measurements[key]`` of the preset's calibrated table (``data/costs/<preset>-lattigo.json``)
-    when the table was calibrated on exactly ``params``; None otherwise."""
+    when the table was calibrated on exactly ``params``, but for the sparse bootstraps they
+    offer (``boot.variants``: the executor's sizes and the full-slot bootstrap's memory do not
+    depend on them; a variant's own memory is its params entry's); None otherwise."""
     from planner.cost.tables import COST_TABLES
 
     name = f"{params.name}-lattigo"
     if name not in COST_TABLES:
         return None
     table = COST_TABLES.create(name)
-    if table.params is None or Params.from_json(dict(table.params)) != params:
+    if table.params is None or _without_variants(Params.from_json(dict(table.params))) != _without_variants(params):
         return None
     m = (table.measurements or {}).get(key)
     return m if isinstance(m, Mapping) else None

@@ -79,6 +79,25 @@ def test_stored_sizes_are_executor_memory(preset: str) -> None:
             assert now[k] == v, k
 
 
+def test_stored_measurements_follow_the_preset_but_not_its_variants() -> None:
+    """The executor's sizes and the full-slot bootstrap's memory that a preset's table stored
+    apply to the preset whatever sparse bootstraps it offers (n16boot's table was calibrated
+    before its variants' DFT ratio changed their keys: a plan there must still count the
+    executor and the bootstrap, else ``--memory-cap`` bounds the plan's terms only), and to
+    no other chain or ring."""
+    import dataclasses
+
+    from planner.cost.process import boot_memory
+
+    p = load_params("n16boot")
+    assert p.boot is not None and any(v.log_bsgs_ratio != 1 for v in p.boot.variants)
+    assert executor_sizes(p) is not None and boot_memory(p) is not None
+    bare = dataclasses.replace(p, boot=dataclasses.replace(p.boot, variants=()))
+    assert executor_sizes(bare) == executor_sizes(p) and boot_memory(bare) == boot_memory(p)
+    other = dataclasses.replace(p, boot=dataclasses.replace(p.boot, key_bytes=p.boot.key_bytes + 1))
+    assert executor_sizes(other) is None and boot_memory(other) is None
+
+
 @needs_lattigo
 def test_planner_model_equals_backend_model_n12_n13() -> None:
     """Keep-all and capped plans with fused blocks at n12 and n13."""
