@@ -109,7 +109,7 @@ def _preset_measurement(params: Params, key: str) -> Mapping[str, Any] | None:
     """``measurements[key]`` of the preset's calibrated table (``data/costs/<preset>-lattigo.json``)
     when the table was calibrated on exactly ``params``, but for the sparse bootstraps they
     offer (``boot.variants``: the executor's sizes and the full-slot bootstrap's memory do not
-    depend on them; a variant's own memory is its params entry's); None otherwise."""
+    depend on them; a variant's DFT matrices are its params entry's matrix_bytes); None otherwise."""
     from planner.cost.tables import COST_TABLES
 
     name = f"{params.name}-lattigo"
