@@ -193,12 +193,22 @@ func newBootEvaluator(btp bootstrapping.Parameters, galEls []uint64) (*bootstrap
 // wireBootEvaluator points a bootstrapping evaluator at the executor's evaluator and the
 // block's encapsulation keys.
 func wireBootEvaluator(ev *bootstrapping.Evaluator, eval *ckks.Evaluator, blk *bootBlock) {
-	params := ev.BootstrappingParameters
-	ev.EvaluationKeys = &bootstrapping.EvaluationKeys{
+	setBootKeys(ev, &bootstrapping.EvaluationKeys{
 		EvkDenseToSparse:    blk.denseToSparse,
 		EvkSparseToDense:    blk.sparseToDense,
 		MemEvaluationKeySet: rlwe.NewMemEvaluationKeySet(blk.rlk, blk.galoisKeys()...),
+	}, eval)
+}
+
+// setBootKeys wires a bootstrapping evaluator built under stand-in keys (newBootEvaluator:
+// its DFT matrices stay) to evk and an evaluator of its bootstrapping parameters, as
+// bootstrapping.NewEvaluator wires its own (eval nil: one made on evk).
+func setBootKeys(ev *bootstrapping.Evaluator, evk *bootstrapping.EvaluationKeys, eval *ckks.Evaluator) {
+	params := ev.BootstrappingParameters
+	if eval == nil {
+		eval = ckks.NewEvaluator(params, evk)
 	}
+	ev.EvaluationKeys = evk
 	ev.Evaluator = eval
 	ev.DFTEvaluator = dft.NewEvaluator(params, eval)
 	ev.Mod1Evaluator = mod1.NewEvaluator(eval, polynomial.NewEvaluator(params, eval), ev.Mod1Parameters)

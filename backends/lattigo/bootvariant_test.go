@@ -13,9 +13,6 @@ import (
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/dft"
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/mod1"
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
@@ -182,11 +179,11 @@ func TestMeasureBootVariants(t *testing.T) {
 }
 
 // measureBootTransient generates the keys of btp (a variant's or the full-slot bootstrap's
-// parameters), wires them to ev (its matrices encoded) as calibrateBootstrap does, and
+// parameters), wires them to ev (its matrices encoded: setBootKeys), and
 // measures, after one warm-up, the Go heap one bootstrap of a 2^k-slot ciphertext at level 0
 // holds above what was live before it (heapPeakDuring: the temporaries, among them the DFTs'
 // pre-rotated baby steps, which grow with the BSGS ratio) and what it allocates
-// (SLOTLATTIGO_MEASURE_TRANSIENT; the data of params.py's boot.variants transient_bytes).
+// (SLOTLATTIGO_MEASURE_TRANSIENT; docs/lattigo.md, "The DFTs' baby-step giant-step ratio").
 func measureBootTransient(t *testing.T, btp *bootstrapping.Parameters, ev *bootstrapping.Evaluator, k int) (int64, uint64) {
 	t.Helper()
 	res := btp.ResidualParameters
@@ -195,11 +192,7 @@ func measureBootTransient(t *testing.T, btp *bootstrapping.Parameters, ev *boots
 	if err != nil {
 		t.Fatal(err)
 	}
-	bp := btp.BootstrappingParameters
-	ev.EvaluationKeys = evk
-	ev.Evaluator = ckks.NewEvaluator(bp, evk)
-	ev.DFTEvaluator = dft.NewEvaluator(bp, ev.Evaluator)
-	ev.Mod1Evaluator = mod1.NewEvaluator(ev.Evaluator, polynomial.NewEvaluator(bp, ev.Evaluator), ev.Mod1Parameters)
+	setBootKeys(ev, evk, nil)
 	rng := rand.New(rand.NewSource(int64(k)))
 	vals := make([]float64, 1<<k)
 	for i := range vals {

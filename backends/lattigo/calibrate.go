@@ -14,8 +14,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/dft"
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/mod1"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
@@ -644,12 +642,7 @@ func calibrateBootstrap(cal *calibration, c *client, opt calibrateOptions, randV
 	bc.KeygenSeconds = time.Since(t).Seconds()
 	bc.EvaluationKeyBytes = evk.BinarySize()
 	bc.GaloisKeys = len(evk.GaloisKeys)
-	// wired to the keys as bootstrapping.NewEvaluator wires its own (the matrices stay)
-	btpParams := c.btp.BootstrappingParameters
-	ev.EvaluationKeys = evk
-	ev.Evaluator = ckks.NewEvaluator(btpParams, evk)
-	ev.DFTEvaluator = dft.NewEvaluator(btpParams, ev.Evaluator)
-	ev.Mod1Evaluator = mod1.NewEvaluator(ev.Evaluator, polynomial.NewEvaluator(btpParams, ev.Evaluator), ev.Mod1Parameters)
+	setBootKeys(ev, evk, nil) // (the matrices stay)
 	vals := randVec()
 	pt := ckks.NewPlaintext(c.params, 0)
 	if err = c.ecd.Encode(vals, pt); err != nil {
