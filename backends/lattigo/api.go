@@ -231,15 +231,21 @@ type stats struct {
 	// "rotations", which counts the plan's rot instructions), fused convolutions, the bytes
 	// of the CinS matrices encoded (kept only where the plaintext cache keeps plaintexts)
 	// and the level each bootstrap_cins's EvalMod returned
-	CinsRotations      int     `json:"cins_rotations"`       // to_cins and unfused S_(N/2<-l)
-	CinsFusedRotations int     `json:"cins_fused_rotations"` // fused convolutions S_(N/2<-l) K
-	CinsFused          int     `json:"cins_fused"`
-	CinsMatrixBytes    int64   `json:"cins_matrix_bytes"`
-	CinsOutLevels      []int   `json:"cins_out_levels"`
-	BootBlockLoads     int     `json:"boot_block_loads"`
-	BootStreamReads    int     `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
-	BootStreamReused   int     `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
-	BootKeygenSeconds  float64 `json:"boot_keygen_seconds"`
+	CinsRotations      int   `json:"cins_rotations"`       // to_cins and unfused S_(N/2<-l)
+	CinsFusedRotations int   `json:"cins_fused_rotations"` // fused convolutions S_(N/2<-l) K
+	CinsFused          int   `json:"cins_fused"`
+	CinsMatrixBytes    int64 `json:"cins_matrix_bytes"`
+	CinsOutLevels      []int `json:"cins_out_levels"`
+	BootBlockLoads     int   `json:"boot_block_loads"`
+	BootStreamReads    int   `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
+	BootStreamReused   int   `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
+	// bootstraps on a streamed block that began on a predicted key order (bootorder.go),
+	// that began learning one (keys read in line), and the times a bootstrap left its
+	// order (a request off it, or stopping short of it: the order is learned again)
+	BootStreamPredicted int     `json:"boot_stream_predicted"`
+	BootStreamLearned   int     `json:"boot_stream_learned"`
+	BootStreamMisses    int     `json:"boot_stream_misses"`
+	BootKeygenSeconds   float64 `json:"boot_keygen_seconds"`
 	// PeakTrackedBytes: the largest sum of live ciphertexts, resident keys (plan and
 	// block), relinearisation key and resident DFT matrices, sampled after every
 	// instruction (what the memory model counts).
@@ -486,6 +492,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
 	st.BootStreamReads, st.BootStreamReused = keys.streamReads, keys.streamReused
+	st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses = keys.streamPredicted, keys.streamLearned, keys.streamMisses
 	if err != nil {
 		return "", err
 	}

@@ -323,9 +323,10 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 			// began the next run with 245 MiB of extended babies and 84 MiB of ciphertexts
 			// still live, and peaked 1.25x the model from the second run on
 			exOpt.Cache = newPtCache(-1)
-			// and its key store has not learned a streamed block's request order yet: the
-			// first bootstrap reads its keys in line (the memory model's count; carried
-			// over, LeNet-5's capped runs held 2 read-ahead keys more before it)
+			// and its key store holds no streamed block's request order yet: the block
+			// reads nothing ahead at its load, and its first bootstrap starts on its
+			// predicted order (bootorder.go; the memory model's count: carried over, the
+			// load read D keys ahead, and LeNet-5's capped runs held 2 keys more before it)
 			keys.streamSeq, keys.streamSeqs = nil, nil
 		}
 		io := &benchIO{}
@@ -353,6 +354,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
 		streamReused0, keysReused0 := keys.streamReused, keys.keysReused
+		predicted0, learned0, misses0 := keys.streamPredicted, keys.streamLearned, keys.streamMisses
 		split0, readCPU0 := keys.keyLoadSplit(), keys.readCPUNanos.Load()
 		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
@@ -408,6 +410,8 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads-blockLoads0
 		st.BootStreamReads = keys.streamReads - streamReads0
 		st.BootStreamReused = keys.streamReused - streamReused0
+		st.BootStreamPredicted, st.BootStreamLearned = keys.streamPredicted-predicted0, keys.streamLearned-learned0
+		st.BootStreamMisses = keys.streamMisses - misses0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
 			st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = len(keys.resident), keepAllLoadSec, keepAllBytes
 		}

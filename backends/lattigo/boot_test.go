@@ -495,13 +495,15 @@ func checkStreamedRun(t *testing.T, logN int, params, planJSON string, planK int
 	if st.BootKeyBytes > 3*gk || st.PeakKeyBytes > st.BootKeyBytes+4*gk {
 		t.Fatalf("block fixed part %d bytes, peak key bytes %d: more than 3 Galois keys resident", st.BootKeyBytes, st.PeakKeyBytes)
 	}
-	// a bootstrap asks for R keys (at log N 14, 55: C2S 4 x 6, conjugation, S2C 3 x 10):
-	// the first reads them in line and learns the order, then 2 are read ahead for the next
-	// bootstrap, and each request of the next two reads the key 2 places on (wrapping
-	// around): R + 2 + 2R reads
+	// a bootstrap asks for R keys (at log N 14, 55: C2S 4 x 6, conjugation, S2C 3 x 10) in
+	// the order predicted (bootorder.go): 2 are read ahead as the first begins, and each
+	// request reads the key 2 places on (wrapping around to the next bootstrap's): 2 + 3R
 	reqs := (st.BootStreamReads - 2) / 3
-	if st.Bootstraps != 3 || st.BootStreamReads != reqs+2+2*reqs || reqs < 3 || (logN == 14 && reqs != 55) {
-		t.Fatalf("%d bootstraps, %d streamed key reads (want R + 2 + 2R, R = 55 at log N 14)", st.Bootstraps, st.BootStreamReads)
+	if st.Bootstraps != 3 || st.BootStreamReads != 2+3*reqs || reqs < 3 || (logN == 14 && reqs != 55) {
+		t.Fatalf("%d bootstraps, %d streamed key reads (want 2 + 3R, R = 55 at log N 14)", st.Bootstraps, st.BootStreamReads)
+	}
+	if st.BootStreamPredicted != 1 || st.BootStreamLearned != 0 || st.BootStreamMisses != 0 {
+		t.Fatalf("streamed key order: %d predicted, %d learned, %d misses; want 1, 0, 0", st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses)
 	}
 	if mapped {
 		// every streamed key is mapped (a mapped key's memory is not reused)
@@ -509,11 +511,11 @@ func checkStreamedRun(t *testing.T, logN int, params, planJSON string, planK int
 			t.Fatalf("%d of %d streamed keys mapped, %d reused: want all mapped, none reused",
 				st.KeyStreamMapped, st.BootStreamReads, st.BootStreamReused)
 		}
-	} else if st.KeyStreamMapped != 0 || st.BootStreamReused != 2+2*reqs-3 {
-		// every read-ahead but the first three (the two after learning, and the first
-		// request of the second bootstrap, when no key is finished yet) reads into a
-		// finished key, and the outputs above are right with them
-		t.Fatalf("%d streamed keys mapped, %d reads into finished keys: want 0 and %d", st.KeyStreamMapped, st.BootStreamReused, 2+2*reqs-3)
+	} else if st.KeyStreamMapped != 0 || st.BootStreamReused != st.BootStreamReads-3 {
+		// every read but the first three (the two as the first bootstrap begins, and its
+		// first request's, when no key is finished yet) reads into a finished key, and the
+		// outputs above are right with them
+		t.Fatalf("%d streamed keys mapped, %d reads into finished keys: want 0 and %d", st.KeyStreamMapped, st.BootStreamReused, st.BootStreamReads-3)
 	}
 	// the storage reads are counted by what was read (Linux: /proc/thread-self/io)
 	if threadStorageReadBytes() >= 0 {

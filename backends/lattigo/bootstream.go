@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 )
 
@@ -18,10 +19,11 @@ import (
 // asked for before is dropped at the next request (the evaluation is one goroutine, so the
 // previous rotation has finished by then).
 //
-// The sequence is learned: the first bootstrap after the block is loaded reads each key
-// when asked (no read-ahead) and records the order; later bootstraps prefetch along it,
-// wrapping around to the next bootstrap's first keys. A request off the sequence (another
-// kind of bootstrap) is read in line and the sequence is learned again.
+// The sequence is predicted from the bootstrap's evaluator (bootorder.go), else learned:
+// the first bootstrap of its kind reads each key when asked (no read-ahead) and records the
+// order. Bootstraps prefetch along it, wrapping around to the next bootstrap's first keys.
+// A request off the sequence is read in line and the sequence is learned again (counted:
+// stats boot_stream_misses).
 //
 // The block's keys do not serve the plan's own rotations while streamed (the key schedule
 // gives such rotations keys of their own).
@@ -203,40 +205,57 @@ func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, []byte, error) {
 	return gk, mapping, nil
 }
 
-// beginBootstrap: the requests that follow are a full-slot bootstrap's.
-func (s *keyStore) beginBootstrap() {
-	s.beginBootstrapKind("full")
+// beginBootstrap: the requests that follow are a full-slot bootstrap's by ev (its key
+// order predicted from ev: bootorder.go).
+func (s *keyStore) beginBootstrap(ev *bootstrapping.Evaluator) {
+	s.beginBootstrapKind("full", func() []uint64 { return bootKeyOrder(ev, false) })
 }
 
 // beginBootstrapKind: the requests that follow are a bootstrap's of this kind ("full", or a
-// sparse variant s<k>/h<k>/p<k>, bootvariant.go). Each kind asks for its own keys in its
-// own order: the sequence is learned, and kept, per kind; a change of kind drops the
-// read-ahead of the previous one and starts on the new kind's sequence.
-func (s *keyStore) beginBootstrapKind(kind string) {
+// sparse variant s<k>/h<k>/p<k>, bootvariant.go; "cins": NeuJeans' bootstrap_cins). Each
+// kind asks for its own keys in its own order, kept per kind; a change of kind drops the
+// read-ahead of the previous one and starts on the new kind's sequence. A kind with no
+// sequence yet takes predict's (bootorder.go; predict may be nil, or return nil: none), and
+// failing that its first bootstrap learns one, reading each key in line.
+func (s *keyStore) beginBootstrapKind(kind string, predict func() []uint64) {
 	if s.streamKind == "" {
 		s.streamKind = "full"
 	}
+	restart := false
 	if kind != s.streamKind {
 		if s.streamSeqs == nil {
 			s.streamSeqs = map[string][]uint64{}
 		}
 		s.streamSeqs[s.streamKind] = s.streamSeq
 		s.streamKind, s.streamSeq = kind, s.streamSeqs[kind]
-		if st := s.stream; st != nil {
-			for p := range st.slots {
-				s.freeSlot(p)
-			}
-			s.dropLearnKey()
-			st.seq, st.learned, st.pos, st.last = s.streamSeq, len(s.streamSeq) > 0, 0, -1
-			for p := 0; st.learned && p < st.depth && p < len(st.seq); p++ {
-				s.ahead(p)
-			}
+		restart = true
+	}
+	st := s.stream
+	if st != nil && len(s.streamSeq) == 0 && predict != nil {
+		if seq := reorderPrediction(predict()); len(seq) > 0 {
+			s.streamSeq, restart = seq, true
+			s.streamPredicted++
 		}
 	}
-	if st := s.stream; st != nil && !st.learned {
+	if st != nil && restart {
+		for p := range st.slots {
+			s.freeSlot(p)
+		}
+		s.dropLearnKey()
+		st.seq, st.learned, st.pos, st.last = s.streamSeq, len(s.streamSeq) > 0, 0, -1
+		for p := 0; st.learned && p < st.depth && p < len(st.seq); p++ {
+			s.ahead(p)
+		}
+	}
+	if st != nil && !st.learned {
 		st.learnKs = st.learnKs[:0]
+		s.streamLearned++
 	}
 }
+
+// reorderPrediction: the identity; the tests swap in a wrong order to check that a
+// bootstrap off its predicted order still gets its keys, and learns the order.
+var reorderPrediction = func(seq []uint64) []uint64 { return seq }
 
 // endBootstrap: a bootstrap finished. The first one (or one off the sequence) fixes the
 // sequence; read-ahead then starts on the next bootstrap's first keys.
@@ -259,6 +278,7 @@ func (s *keyStore) endBootstrap() {
 		return
 	}
 	if st.pos != 0 { // the bootstrap stopped short of the sequence: learn again
+		s.streamMisses++
 		for p := range st.slots {
 			s.freeSlot(p)
 		}
@@ -305,6 +325,7 @@ func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 		return sl.gk, nil
 	}
 	if st.learned { // off the sequence: drop the read-ahead, read in line, learn again
+		s.streamMisses++
 		for p := range st.slots {
 			s.freeSlot(p)
 		}

@@ -483,7 +483,8 @@ func (e *executor) bootstrapVariant(in instr) error {
 	n, sc := 1<<k, scaleOf(in)
 	halves := in.Halves != nil && *in.Halves
 	kind := variantKind(in)
-	e.keys.beginBootstrapKind(strings.Replace(kind, "r", "s", 1)) // (replicas: s<k>'s keys, in its order)
+	// (replicas: s<k>'s keys, in its order; halves: the unpacking's conjugation last)
+	e.keys.beginBootstrapKind(strings.Replace(kind, "r", "s", 1), func() []uint64 { return bootKeyOrder(ev, halves) })
 	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
 	e.keys.inBootstrap = true
 	if halves {
@@ -565,7 +566,7 @@ func (e *executor) bootstrapPair(in instr) error {
 	t := time.Now()
 	inLevel := min(x.Level(), y.Level())
 	kind := variantKind(in)
-	e.keys.beginBootstrapKind(kind)
+	e.keys.beginBootstrapKind(kind, func() []uint64 { return bootKeyOrder(ev, true) })
 	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
 	e.keys.inBootstrap = true
 	z := e.newCt(inLevel)

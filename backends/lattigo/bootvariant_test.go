@@ -325,6 +325,12 @@ func TestBootVariantsLogN12(t *testing.T) {
 	if r.Stats.BootStreamReads == 0 {
 		t.Errorf("the block was not streamed")
 	}
+	// every kind's key order predicted from its evaluator (bootorder.go) and followed to the
+	// end by its bootstrap: no request off the order, no bootstrap reading its keys in line
+	if st := r.Stats; st.BootStreamPredicted != 7 || st.BootStreamLearned != 0 || st.BootStreamMisses != 0 {
+		t.Errorf("streamed key orders: %d predicted, %d learned, %d misses; want 7, 0, 0",
+			st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses)
+	}
 	if len(r.Stats.BootstrapKinds) != 7 || r.Stats.BootstrapKinds[0] != "full" || r.Stats.BootstrapKinds[3] != "p6" {
 		t.Errorf("bootstrap kinds %v", r.Stats.BootstrapKinds)
 	}
@@ -351,5 +357,70 @@ func TestBootVariantsLogN12(t *testing.T) {
 	t.Logf("phases %v (cpu %v, key waits %v); eval cpu %+v", ph.Seconds, ph.CPUSeconds, ph.KeyWait, *r.Stats.EvalCPU)
 	if c := r.Stats.EvalCPU; c == nil || c.UserSeconds <= 0 || c.GCCycles == 0 {
 		t.Errorf("eval_cpu %+v: no CPU time or GC cycle counted", c)
+	}
+}
+
+// A wrong prediction only costs read-ahead: with every predicted order reversed, each
+// kind's first bootstrap leaves it at its first request, reads its keys in line and learns
+// the order; the second follows what it learned; every output is right.
+func TestBootKeyOrderMispredicted(t *testing.T) {
+	defer func(f func([]uint64) []uint64) { reorderPrediction = f }(reorderPrediction)
+	reorderPrediction = func(seq []uint64) []uint64 {
+		r := make([]uint64, len(seq))
+		for i, g := range seq {
+			r[len(seq)-1-i] = g
+		}
+		return r
+	}
+	const slots = 2048
+	params := strings.Replace(withVariants(6, 9), `"log_n": 14, "slots": 8192`, `"log_n": 12, "slots": 2048`, 1)
+	rng := rand.New(rand.NewSource(7))
+	var program []string
+	var inputs, wants [][]float64
+	for j, k := range []int{0, 0, 9, 9} {
+		v := make([]float64, slots)
+		n := slots
+		if k > 0 {
+			n = 1 << k
+		}
+		for i := 0; i < n; i++ {
+			v[i] = (rng.Float64()*2 - 1) * 0.0625
+		}
+		inputs, wants = append(inputs, v), append(wants, v)
+		r := fmt.Sprintf("c%d", j)
+		program = append(program, fmt.Sprintf(`{"op": "input", "dst": "%s", "tensor": "x", "table": "t"}`, r))
+		for l := 9; l > 0; l-- {
+			m, d := fmt.Sprintf("c%d_m%d", j, l), fmt.Sprintf("c%d_%d", j, l)
+			program = append(program, fmt.Sprintf(`{"op": "pmul", "dst": "%s", "src": "%s", "pt": "one"}`, m, r),
+				fmt.Sprintf(`{"op": "rescale", "dst": "%s", "src": "%s"}`, d, m))
+			r = d
+		}
+		ls := ""
+		if k > 0 {
+			ls = fmt.Sprintf(`, "log_slots": %d`, k)
+		}
+		program = append(program, fmt.Sprintf(`{"op": "bootstrap", "dst": "b%d", "src": "%s"%s}`, j, r, ls),
+			fmt.Sprintf(`{"op": "output", "src": "b%d", "tensor": "y", "table": "t"}`, j))
+	}
+	planJSON := `{"schema": "slotplan.plan/1", "params": ` + params + `, "plaintexts": {"one": {"source": "const", "table": "one"}},
+	  "program": [{"op": "load_key", "block": "boot", "stream": 2}, ` + strings.Join(program, ",\n") + `]}`
+	one := make([]float64, slots)
+	for i := range one {
+		one[i] = 1
+	}
+	r := mustRun(t, planJSON, packVecs(inputs...), packVecs(one))
+	for j, want := range wants {
+		got := decodeOut(t, r.Outputs[j].Data)
+		e := 0.0
+		for i := range got {
+			e = math.Max(e, math.Abs(got[i]-want[i]))
+		}
+		if bits := math.Log2(0.0625 / e); bits < 14 {
+			t.Errorf("bootstrap %d: max abs error %.3g (%.1f bits)", j, e, bits)
+		}
+	}
+	if st := r.Stats; st.BootStreamPredicted != 2 || st.BootStreamLearned != 0 || st.BootStreamMisses != 2 {
+		t.Errorf("streamed key orders: %d predicted, %d learned, %d misses; want 2, 0, 2 (one miss per kind)",
+			st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses)
 	}
 }

@@ -658,7 +658,7 @@ func (e *executor) bootstrapCins(in instr) error {
 		}
 	}
 	e.keys.inBootstrap = true
-	e.keys.beginBootstrap()
+	e.keys.beginBootstrapKind("cins", nil) // (its own steps: learned, not predicted)
 	levelIn := ct.Level()
 	t := nowSeconds()
 	re, im, err := neujeansBootTail(e.btpEval, ct.CopyNew(), DefaultBootLogGain)

@@ -958,7 +958,7 @@ func (e *executor) step(in instr) error {
 			return err
 		}
 		e.keys.inBootstrap = true
-		e.keys.beginBootstrap()
+		e.keys.beginBootstrap(e.btpEval)
 		out, sec, err := bootstrapCt(e.btpEval, ct, inScaleOf(in)) // (in_scale: relabelled, bootvariant.go)
 		e.keys.inBootstrap = false
 		e.keys.endBootstrap()

@@ -41,17 +41,20 @@ type keyStore struct {
 
 	// The bootstrapping key block (bootstrapping plans): what the directory holds, and
 	// the resident block (nil when dropped).
-	bootByGalEl  map[uint64]manifestKey
-	block        *bootBlock
-	blockLoads   int
-	stream       *bootStream         // a streamed block's Galois keys (bootstream.go); nil: whole block
-	inBootstrap  bool                // the requests are a bootstrap's (a streamed block serves them)
-	streamSeq    []uint64            // a bootstrap's key requests, as learned (kept across block loads)
-	streamKind   string              // the kind of bootstrap streamSeq belongs to ("" or "full": full-slot; bootvariant.go)
-	streamSeqs   map[string][]uint64 // the learned sequences of the other kinds
-	streamReads  int                 // streamed block keys read
-	streamReused int                 // of them read into a key a bootstrap had finished with
-	streamWait   float64             // seconds a bootstrap waited for a streamed key (read in line or ahead)
+	bootByGalEl map[uint64]manifestKey
+	block       *bootBlock
+	blockLoads  int
+	stream      *bootStream         // a streamed block's Galois keys (bootstream.go); nil: whole block
+	inBootstrap bool                // the requests are a bootstrap's (a streamed block serves them)
+	streamSeq   []uint64            // a bootstrap's key requests, as learned (kept across block loads)
+	streamKind  string              // the kind of bootstrap streamSeq belongs to ("" or "full": full-slot; bootvariant.go)
+	streamSeqs  map[string][]uint64 // the learned sequences of the other kinds
+	// bootstraps that began on a predicted order, began learning one, and left their
+	// order (a request off it, or stopping short: learned again)
+	streamPredicted, streamLearned, streamMisses int
+	streamReads                                  int     // streamed block keys read
+	streamReused                                 int     // of them read into a key a bootstrap had finished with
+	streamWait                                   float64 // seconds a bootstrap waited for a streamed key (read in line or ahead)
 
 	residentBytes int64
 	peakBytes     int64

@@ -322,9 +322,10 @@ def memory_series(
     resident: set[int] = set()
     live: set[str] = set()
     # A streamed block (backends/lattigo/bootstream.go) holds no Galois key until its first
-    # bootstrap, which reads each key when asked (one at a time) and learns their order;
-    # from then on D keys are read ahead, and from the next bootstrap on the key handed out
-    # last stays too (D + 1). A block loaded again reads ahead at once (order known).
+    # bootstrap; from then on D + 1: the key handed out last and D read ahead along the
+    # bootstrap's key order (predicted from its evaluator, bootorder.go; a kind the executor
+    # cannot predict learns its order in its first bootstrap, holding fewer: 1 key during
+    # it, D after). A block loaded again reads D ahead at once (order known).
     stream: int | None = None
     learned = False
     held = 0
@@ -340,7 +341,7 @@ def memory_series(
                     params, used, held)
             keys = conj + sum(kb(k) for k in resident) + (block if block_resident else 0)
         if block_resident and stream is not None and ir.is_bootstrap(ins):
-            block = boot_block.stream_bytes(params, used, stream + 1 if learned else 1)
+            block = boot_block.stream_bytes(params, used, stream + 1)
             keys = conj + sum(kb(k) for k in resident) + block
         for p in pt_start.get(i, []):
             live_pt += params.plaintext_bytes(pt_level[p])
@@ -356,7 +357,7 @@ def memory_series(
         for p in pt_end.get(i, []):
             live_pt -= params.plaintext_bytes(pt_level[p])
         if block_resident and stream is not None and ir.is_bootstrap(ins):
-            held = stream + 1 if learned else stream
+            held = stream + 1
             learned = True
             block = boot_block.stream_bytes(params, used, held)
             keys = conj + sum(kb(k) for k in resident) + block

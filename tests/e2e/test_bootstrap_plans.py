@@ -447,9 +447,9 @@ def test_calibrated_ranges_tighten_bootstrap_scales_and_hold() -> None:
 
 
 def test_streamed_block_memory_follows_the_executor() -> None:
-    """A streamed block holds no Galois key until its first bootstrap, one key during that
-    bootstrap (read when asked, the order learned), D after it (read ahead) and D + 1 from
-    the next bootstrap on; loaded again, it reads D ahead at once (bootstream.go)."""
+    """A streamed block holds no Galois key until its first bootstrap and D + 1 from then
+    on (the key handed out last, D read ahead along the predicted order); loaded again, it
+    reads D ahead at once (bootstream.go, bootorder.go)."""
     from planner.ir.analysis import memory_series
 
     params = PRESETS["n14boot"]
@@ -468,7 +468,7 @@ def test_streamed_block_memory_follows_the_executor() -> None:
     ]
     keys = memory_series(prog, params)["keys"]
     held = [params.boot_stream_bytes(n) for n in range(d + 2)]
-    assert list(keys) == [0, held[0], held[1], held[d], held[d + 1], held[d + 1], held[d + 1], held[d],
+    assert list(keys) == [0, held[0], held[d + 1], held[d + 1], held[d + 1], held[d + 1], held[d + 1], held[d],
                           held[d + 1], held[d + 1]]
     assert max(keys) == params.boot_block_bytes(d)
 
