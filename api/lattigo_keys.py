@@ -145,7 +145,7 @@ def _bench(plan: Mapping[str, Any], graph: Graph, values: Mapping[str, np.ndarra
         "bootstrap_input_levels": list(st.get("bootstrap_input_levels") or []),
         # a bootstrapping plan's block loads, the streamed block's key reads, the levels dropped
         "boot_block_loads": st.get("boot_block_loads", 0), "boot_stream_reads": st.get("boot_stream_reads", 0),
-        "boot_stream_order": {k: st.get(f"boot_stream_{k}", 0) for k in ("predicted", "learned", "misses")},
+        "boot_stream": {k: st.get(f"boot_stream_{k}", 0) for k in ("predicted", "learned", "misses", "requests")},
         "level_drops": st.get("level_drops", 0),
         "workers": st.get("workers"),
         "fused_blocks": st.get("fused_blocks", 0),

@@ -321,9 +321,11 @@ def measured(rep: Any) -> dict[str, Any]:
         "key_stream_mapped": int(st.get("key_stream_mapped", 0)),
         "key_load_cpu_seconds": round(float(st.get("key_load_cpu_seconds", 0.0)), 3),
         "key_wait_seconds": round(float(st.get("key_wait_seconds", 0.0)), 3),
-        # a streamed block's bootstraps: begun on a predicted key order, begun learning one
-        # (keys read in line), and the times one left its order (backends/lattigo/bootorder.go)
-        "boot_stream_order": {k: int(st.get(f"boot_stream_{k}", 0)) for k in ("predicted", "learned", "misses")},
+        # a streamed block: key orders predicted, bootstraps begun learning one (keys read
+        # in line), the times one left its order (backends/lattigo/bootorder.go), and its
+        # keys read against those the bootstraps asked for (reads above requests: unused)
+        "boot_stream": {k: int(st.get(f"boot_stream_{k}", 0))
+                        for k in ("predicted", "learned", "misses", "reads", "requests")},
         "bootstrap_seconds_each": [[k, round(x, 3)] for k, x in zip(kinds_list, secs, strict=True)],
         # the sparse bootstraps by phase (wall, thread CPU, key waits) and the process's CPU,
         # collector and page faults over the evaluation (docs/lattigo.md, "Where the time goes")

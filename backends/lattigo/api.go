@@ -237,8 +237,9 @@ type stats struct {
 	CinsMatrixBytes    int64 `json:"cins_matrix_bytes"`
 	CinsOutLevels      []int `json:"cins_out_levels"`
 	BootBlockLoads     int   `json:"boot_block_loads"`
-	BootStreamReads    int   `json:"boot_stream_reads"`  // Galois keys of a streamed block read during bootstraps
-	BootStreamReused   int   `json:"boot_stream_reused"` // of them read into a key a bootstrap had finished with
+	BootStreamReads    int   `json:"boot_stream_reads"`    // Galois keys of a streamed block read during bootstraps
+	BootStreamRequests int   `json:"boot_stream_requests"` // and asked for by them (more reads than requests: keys read and not used)
+	BootStreamReused   int   `json:"boot_stream_reused"`   // of them read into a key a bootstrap had finished with
 	// bootstraps on a streamed block that began on a predicted key order (bootorder.go),
 	// that began learning one (keys read in line), and the times a bootstrap left its
 	// order (a request off it, or stopping short of it: the order is learned again)
@@ -491,7 +492,7 @@ func run(planJSON string, inputs []byte, plaintexts []byte, optionsJSON string) 
 	st.KeyWaitSeconds = keys.waitSeconds()
 	st.PeakKeyBytes, st.PeakResidentKeys = keys.peakBytes, keys.peakCount
 	st.Bootstraps, st.BootBlockLoads = len(st.BootstrapSeconds), keys.blockLoads
-	st.BootStreamReads, st.BootStreamReused = keys.streamReads, keys.streamReused
+	st.BootStreamReads, st.BootStreamReused, st.BootStreamRequests = keys.streamReads, keys.streamReused, keys.streamRequests
 	st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses = keys.streamPredicted, keys.streamLearned, keys.streamMisses
 	if err != nil {
 		return "", err

@@ -354,7 +354,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		}
 		loads0, loadSec0, blockLoads0, streamReads0 := keys.loads, keys.loadSeconds, keys.blockLoads, keys.streamReads
 		streamReused0, keysReused0 := keys.streamReused, keys.keysReused
-		predicted0, learned0, misses0 := keys.streamPredicted, keys.streamLearned, keys.streamMisses
+		predicted0, learned0, misses0, requests0 := keys.streamPredicted, keys.streamLearned, keys.streamMisses, keys.streamRequests
 		split0, readCPU0 := keys.keyLoadSplit(), keys.readCPUNanos.Load()
 		readBytes0 := keys.readBytes.Load()
 		ts := time.Now()
@@ -411,7 +411,7 @@ func benchPlan(planJSON string, inputs []byte, plaintexts []byte, optionsJSON st
 		st.BootStreamReads = keys.streamReads - streamReads0
 		st.BootStreamReused = keys.streamReused - streamReused0
 		st.BootStreamPredicted, st.BootStreamLearned = keys.streamPredicted-predicted0, keys.streamLearned-learned0
-		st.BootStreamMisses = keys.streamMisses - misses0
+		st.BootStreamMisses, st.BootStreamRequests = keys.streamMisses-misses0, keys.streamRequests-requests0
 		if !p.hasKeySchedule() && opt.KeepAllDisk {
 			st.KeyLoads, st.KeyLoadSeconds, st.KeyLoadBytes = len(keys.resident), keepAllLoadSec, keepAllBytes
 		}

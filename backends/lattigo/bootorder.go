@@ -1,6 +1,8 @@
 package slotlattigo
 
 import (
+	"strings"
+
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/dft"
 	ltcommon "github.com/tuneinsight/lattigo/v6/circuits/common/lintrans"
@@ -97,4 +99,70 @@ func dftKeyOrder(m dft.Matrix, galEl func(int) uint64) []uint64 {
 		}
 	}
 	return seq
+}
+
+// bootKind is the stream kind of a bootstrap instruction and its order's prediction:
+// "full", s<k> (replicas r<k> too: the same keys in the same order), h<k> and p<k> (the
+// unpacking's conjugation last), "cins" (NeuJeans' bootstrap_cins: its own steps, learned).
+func (e *executor) bootKind(in instr) (string, func() []uint64) {
+	switch {
+	case in.Op == "bootstrap_cins":
+		return "cins", nil
+	case in.LogSlots == nil:
+		return "full", func() []uint64 { return bootKeyOrder(e.btpEval, false) }
+	}
+	kind := strings.Replace(variantKind(in), "r", "s", 1)
+	conj := in.Op == "bootstrap2" || (in.Halves != nil && *in.Halves)
+	k := *in.LogSlots
+	return kind, func() []uint64 {
+		if e.bv == nil {
+			return nil
+		}
+		return bootKeyOrder(e.bv.evs[k], conj)
+	}
+}
+
+// beginBootstrap: instruction in, a bootstrap, asks for its keys from here on.
+func (e *executor) beginBootstrap(in instr) {
+	e.keys.inBootstrap = true
+	kind, predict := e.bootKind(in)
+	next, _, ok := e.nextBootstrap()
+	e.keys.beginBootstrapKind(kind, predict, ok && next == kind)
+}
+
+// endBootstrap: the current instruction's bootstrap is done; a streamed block reads ahead
+// for the plan's next bootstrap, of whatever kind.
+func (e *executor) endBootstrap() {
+	e.keys.inBootstrap = false
+	e.keys.endBootstrap()
+	if next, predict, ok := e.nextBootstrap(); ok {
+		e.keys.expectBootstrapKind(next, predict)
+	}
+}
+
+// nextBootstrap: the kind of the plan's first bootstrap after the current instruction
+// (nextBoot) and its order's prediction; false when none follows.
+func (e *executor) nextBootstrap() (string, func() []uint64, bool) {
+	if e.cur < len(e.nextBoot) {
+		if j := e.nextBoot[e.cur]; j >= 0 {
+			kind, predict := e.bootKind(e.plan.Program[j])
+			return kind, predict, true
+		}
+	}
+	return "", nil, false
+}
+
+// nextBootstraps maps each instruction to the index of the first bootstrap after it (-1:
+// none).
+func nextBootstraps(prog []instr) []int {
+	next := make([]int, len(prog))
+	j := -1
+	for i := len(prog) - 1; i >= 0; i-- {
+		next[i] = j
+		switch prog[i].Op {
+		case "bootstrap", "bootstrap2", "bootstrap_cins":
+			j = i
+		}
+	}
+	return next
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 )
 
@@ -35,7 +34,11 @@ import (
 // assists (3.6-4.4 s against 3.3-3.5 s with the block resident, ResNet-20 and LeNet-5).
 
 type bootStream struct {
-	depth   int
+	depth int
+	// wrap: the read-ahead runs on past the end of the order into the next bootstrap's
+	// first keys (the plan's next bootstrap is of the same kind; else it stops at the end
+	// and the next kind's keys are read ahead when this bootstrap ends)
+	wrap    bool
 	seq     []uint64 // the learned request order of one bootstrap
 	learned bool
 	pos     int                 // next expected position in seq (learned)
@@ -66,7 +69,7 @@ type streamJob struct {
 }
 
 func (s *keyStore) startStream(depth int) {
-	st := &bootStream{depth: depth, slots: map[int]*streamSlot{}, last: -1}
+	st := &bootStream{depth: depth, slots: map[int]*streamSlot{}, last: -1, wrap: true}
 	defer func() {
 		// a sequence learned while the block was loaded before: read ahead at once
 		if len(s.streamSeq) > 0 {
@@ -205,19 +208,37 @@ func (s *keyStore) readNow(galEl uint64) (*rlwe.GaloisKey, []byte, error) {
 	return gk, mapping, nil
 }
 
-// beginBootstrap: the requests that follow are a full-slot bootstrap's by ev (its key
-// order predicted from ev: bootorder.go).
-func (s *keyStore) beginBootstrap(ev *bootstrapping.Evaluator) {
-	s.beginBootstrapKind("full", func() []uint64 { return bootKeyOrder(ev, false) })
+// beginBootstrapKind: the requests that follow are a bootstrap's of this kind ("full", or a
+// sparse variant s<k>/h<k>/p<k>, bootvariant.go; "cins": NeuJeans' bootstrap_cins;
+// executor.bootKind). Each kind asks for its own keys in its own order, kept per kind. A
+// kind with no order yet takes predict's (bootorder.go; predict may be nil, or return
+// nil: none), and failing that its bootstrap learns one, reading each key in line.
+// wrap: the plan's next bootstrap is of the same kind (bootStream.wrap).
+func (s *keyStore) beginBootstrapKind(kind string, predict func() []uint64, wrap bool) {
+	s.switchBootstrapKind(kind, predict)
+	if st := s.stream; st != nil {
+		st.wrap = wrap
+		if !st.learned {
+			st.learnKs = st.learnKs[:0]
+			s.streamLearned++
+		}
+	}
 }
 
-// beginBootstrapKind: the requests that follow are a bootstrap's of this kind ("full", or a
-// sparse variant s<k>/h<k>/p<k>, bootvariant.go; "cins": NeuJeans' bootstrap_cins). Each
-// kind asks for its own keys in its own order, kept per kind; a change of kind drops the
-// read-ahead of the previous one and starts on the new kind's sequence. A kind with no
-// sequence yet takes predict's (bootorder.go; predict may be nil, or return nil: none), and
-// failing that its first bootstrap learns one, reading each key in line.
-func (s *keyStore) beginBootstrapKind(kind string, predict func() []uint64) {
+// expectBootstrapKind: the plan's next bootstrap is of this kind. When it is another kind
+// than the one just run, the read-ahead moves to its first keys now (the current kind's
+// next bootstrap, which the read-ahead wraps around to, is not the next one), so that they
+// are read during the work between the two.
+func (s *keyStore) expectBootstrapKind(kind string, predict func() []uint64) {
+	if s.stream != nil && kind != s.streamKind {
+		s.switchBootstrapKind(kind, predict)
+	}
+}
+
+// switchBootstrapKind makes kind the stream's: a change of kind keeps the previous kind's
+// order, drops its read-ahead and reads ahead along the new kind's order (predicted when
+// it has none).
+func (s *keyStore) switchBootstrapKind(kind string, predict func() []uint64) {
 	if s.streamKind == "" {
 		s.streamKind = "full"
 	}
@@ -247,10 +268,6 @@ func (s *keyStore) beginBootstrapKind(kind string, predict func() []uint64) {
 			s.ahead(p)
 		}
 	}
-	if st != nil && !st.learned {
-		st.learnKs = st.learnKs[:0]
-		s.streamLearned++
-	}
 }
 
 // reorderPrediction: the identity; the tests swap in a wrong order to check that a
@@ -272,7 +289,7 @@ func (s *keyStore) endBootstrap() {
 		st.seq = append([]uint64(nil), st.learnKs...)
 		s.streamSeq = st.seq
 		st.learned, st.pos, st.last = true, 0, -1
-		for p := 0; p < st.depth && p < len(st.seq); p++ {
+		for p := 0; st.wrap && p < st.depth && p < len(st.seq); p++ {
 			s.ahead(p)
 		}
 		return
@@ -289,6 +306,7 @@ func (s *keyStore) endBootstrap() {
 // streamKey hands out the block key galEl to a bootstrap.
 func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 	st := s.stream
+	s.streamRequests++
 	if st.learned && st.seq[st.pos] == galEl {
 		p := st.pos
 		if st.last >= 0 && st.last != p {
@@ -318,7 +336,7 @@ func (s *keyStore) streamKey(galEl uint64) (*rlwe.GaloisKey, error) {
 		}
 		st.last = p
 		st.pos = (p + 1) % len(st.seq)
-		if st.depth > 0 {
+		if st.depth > 0 && (st.wrap || p+st.depth < len(st.seq)) {
 			s.ahead(p + st.depth)
 		}
 		s.notePeak()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/bootstrapping"
@@ -483,10 +482,8 @@ func (e *executor) bootstrapVariant(in instr) error {
 	n, sc := 1<<k, scaleOf(in)
 	halves := in.Halves != nil && *in.Halves
 	kind := variantKind(in)
-	// (replicas: s<k>'s keys, in its order; halves: the unpacking's conjugation last)
-	e.keys.beginBootstrapKind(strings.Replace(kind, "r", "s", 1), func() []uint64 { return bootKeyOrder(ev, halves) })
-	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
-	e.keys.inBootstrap = true
+	e.beginBootstrap(in)
+	defer e.endBootstrap()
 	if halves {
 		if ct.Level() < e.params.LevelsConsumedPerRescaling() {
 			return fmt.Errorf("field \"halves\": register %q is at level %d, but the halves packing multiplies by a mask before the bootstrap and needs the source at level >= 1", in.Src, ct.Level())
@@ -566,9 +563,8 @@ func (e *executor) bootstrapPair(in instr) error {
 	t := time.Now()
 	inLevel := min(x.Level(), y.Level())
 	kind := variantKind(in)
-	e.keys.beginBootstrapKind(kind, func() []uint64 { return bootKeyOrder(ev, true) })
-	defer func() { e.keys.inBootstrap = false; e.keys.endBootstrap() }()
-	e.keys.inBootstrap = true
+	e.beginBootstrap(in)
+	defer e.endBootstrap()
 	z := e.newCt(inLevel)
 	if err = e.eval.Mul(y, complex(0, 1), z); err != nil {
 		return err

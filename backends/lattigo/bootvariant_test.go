@@ -331,6 +331,13 @@ func TestBootVariantsLogN12(t *testing.T) {
 		t.Errorf("streamed key orders: %d predicted, %d learned, %d misses; want 7, 0, 0",
 			st.BootStreamPredicted, st.BootStreamLearned, st.BootStreamMisses)
 	}
+	// every bootstrap here is of another kind than the one before: each reads ahead its
+	// successor's first key as it ends (bootorder.go, nextBootstrap) and none past its own
+	// last, so every key read is a key asked for (wrapping around into the same kind's
+	// order read one unused key per change of kind)
+	if st := r.Stats; st.BootStreamReads != st.BootStreamRequests || st.BootStreamReads == 0 {
+		t.Errorf("%d streamed key reads for %d requests: want one read per request", st.BootStreamReads, st.BootStreamRequests)
+	}
 	if len(r.Stats.BootstrapKinds) != 7 || r.Stats.BootstrapKinds[0] != "full" || r.Stats.BootstrapKinds[3] != "p6" {
 		t.Errorf("bootstrap kinds %v", r.Stats.BootstrapKinds)
 	}

@@ -657,13 +657,11 @@ func (e *executor) bootstrapCins(in instr) error {
 			}
 		}
 	}
-	e.keys.inBootstrap = true
-	e.keys.beginBootstrapKind("cins", nil) // (its own steps: learned, not predicted)
+	e.beginBootstrap(in)
 	levelIn := ct.Level()
 	t := nowSeconds()
 	re, im, err := neujeansBootTail(e.btpEval, ct.CopyNew(), DefaultBootLogGain)
-	e.keys.inBootstrap = false
-	e.keys.endBootstrap()
+	e.endBootstrap()
 	if err != nil {
 		return fmt.Errorf("bootstrap_cins of %q (level %d): %w", in.Src, levelIn, err)
 	}

@@ -79,6 +79,7 @@ type executor struct {
 	regs      map[string]*rlwe.Ciphertext
 	refs      map[*rlwe.Ciphertext]int
 	lastUse   map[string]int
+	nextBoot  []int // per instruction, the plan's next bootstrap (bootorder.go)
 
 	liveBytes int64
 	st        *stats
@@ -222,6 +223,7 @@ func newExecutor(setup *evalSetup, keys *keyStore, p *plan, ptValues map[string]
 			e.lastUse[r] = i
 		}
 	}
+	e.nextBoot = nextBootstraps(p.Program)
 	return e
 }
 
@@ -957,11 +959,9 @@ func (e *executor) step(in instr) error {
 		if err != nil {
 			return err
 		}
-		e.keys.inBootstrap = true
-		e.keys.beginBootstrap(e.btpEval)
+		e.beginBootstrap(in)
 		out, sec, err := bootstrapCt(e.btpEval, ct, inScaleOf(in)) // (in_scale: relabelled, bootvariant.go)
-		e.keys.inBootstrap = false
-		e.keys.endBootstrap()
+		e.endBootstrap()
 		if err != nil {
 			return fmt.Errorf("bootstrap of %q (level %d, scale 2^%.3f, in_scale %v): %w", in.Src, ct.Level(), ct.Scale.Log2(), inScaleOf(in), err)
 		}

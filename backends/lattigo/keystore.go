@@ -52,6 +52,7 @@ type keyStore struct {
 	// bootstraps that began on a predicted order, began learning one, and left their
 	// order (a request off it, or stopping short: learned again)
 	streamPredicted, streamLearned, streamMisses int
+	streamRequests                               int     // a streamed block's keys asked for by bootstraps
 	streamReads                                  int     // streamed block keys read
 	streamReused                                 int     // of them read into a key a bootstrap had finished with
 	streamWait                                   float64 // seconds a bootstrap waited for a streamed key (read in line or ahead)
