@@ -20,8 +20,9 @@ import (
 //
 // The sequence is predicted from the bootstrap's evaluator (bootorder.go), else learned:
 // the first bootstrap of its kind reads each key when asked (no read-ahead) and records the
-// order. Bootstraps prefetch along it, wrapping around to the next bootstrap's first keys.
-// A request off the sequence is read in line and the sequence is learned again (counted:
+// order. Bootstraps prefetch along it: on into the next bootstrap's first keys when the
+// plan's next bootstrap is of the same kind, else up to their own last key, the next
+// kind's first keys being read ahead as they end (bootorder.go). A request off the sequence is read in line and the sequence is learned again (counted:
 // stats boot_stream_misses).
 //
 // The block's keys do not serve the plan's own rotations while streamed (the key schedule
@@ -39,7 +40,7 @@ type bootStream struct {
 	// first keys (the plan's next bootstrap is of the same kind; else it stops at the end
 	// and the next kind's keys are read ahead when this bootstrap ends)
 	wrap    bool
-	seq     []uint64 // the learned request order of one bootstrap
+	seq     []uint64 // the request order of one bootstrap (predicted or learned)
 	learned bool
 	pos     int                 // next expected position in seq (learned)
 	slots   map[int]*streamSlot // by position in seq: resident or in flight
@@ -274,8 +275,8 @@ func (s *keyStore) switchBootstrapKind(kind string, predict func() []uint64) {
 // bootstrap off its predicted order still gets its keys, and learns the order.
 var reorderPrediction = func(seq []uint64) []uint64 { return seq }
 
-// endBootstrap: a bootstrap finished. The first one (or one off the sequence) fixes the
-// sequence; read-ahead then starts on the next bootstrap's first keys.
+// endBootstrap: a bootstrap finished. One that learned the sequence fixes it; read-ahead then
+// starts on the next bootstrap's first keys when the next is of the same kind (wrap).
 func (s *keyStore) endBootstrap() {
 	st := s.stream
 	if st == nil {
