@@ -323,7 +323,7 @@ class NoisyMachine(sim._Machine):
         d = np.abs(poly_derivative(ins, x)) ** 2
         sigma = self.model.sigma.poly * poly_weight(ins)
         if ins.mask is not None:  # the mask scales the polynomial (its rounding with it) and zeroes slots
-            m2 = self.poly_mask(ins, i) ** 2
+            m2 = np.abs(self.poly_mask(ins, i)) ** 2
             d = d * m2
             sigma *= math.sqrt(float(np.max(m2))) if m2.size else 0.0
         self.noise(ins.dst, sigma, "poly", d * self.v(ins.src))
@@ -420,10 +420,12 @@ class NoisyMachine(sim._Machine):
                 self.tail_tol = None
             n = int(ins.period or 0)
             xr = np.real(x)
-            z = xr[:n] + 1j * xr[n:2 * n] if ins.halves else xr[:n]
+            # premasked: the source carries the halves packing (the high half times i), as
+            # the sparse bootstrap's trace adds the two halves
+            z = x[:n] + x[n:2 * n] if ins.premasked else xr[:n] + 1j * xr[n:2 * n] if ins.halves else xr[:n]
             # halves: the executor masks the source first (one level), so the bootstrap's
-            # input is one level below the source
-            level0 = self.level(ins.src) <= (1 if ins.halves else 0)
+            # input is one level below the source (premasked: no mask)
+            level0 = self.level(ins.src) <= (1 if ins.halves and not ins.premasked else 0)
             self.variant_noise(ins.dst, z, n, 2 * n if ins.halves else n, sc, level0,
                                (sc * inv) ** 2 * self.v(ins.src), bool(ins.replicas))
             return

@@ -329,17 +329,16 @@ class _Machine:
         self.put(ins.dst, np.asarray(y, dtype=np.complex128 if np.iscomplexobj(y) else np.float64).reshape(self.S), i)
 
     def poly_mask(self, ins: ir.Poly, i: int) -> np.ndarray:
-        """A poly's mask (a real slot plaintext of at most ir.MAX_POLY_MASK_VALUES distinct
-        nonzero values, as the executor evaluates it)."""
+        """A poly's mask (a slot plaintext, real or complex, of at most
+        ir.MAX_POLY_MASK_VALUES distinct nonzero values, as the executor evaluates it)."""
         assert ins.mask is not None
         if ins.mask not in self.pts:
             raise SimulationError(f"instruction {i}: unknown plaintext {ins.mask!r}")
         if self.pts[ins.mask].get("l"):
             raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} is a slot plaintext, not a CinS one")
         m = self.pt_vector(ins.mask)
-        if np.iscomplexobj(m) and np.any(np.imag(m) != 0):
-            raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} must be real")
-        m = np.real(m)
+        if not (np.iscomplexobj(m) and np.any(np.imag(m) != 0)):
+            m = np.real(m)
         if len(np.unique(m[m != 0])) > ir.MAX_POLY_MASK_VALUES:
             raise SimulationError(f"instruction {i} (poly): the mask {ins.mask!r} holds more than "
                                   f"{ir.MAX_POLY_MASK_VALUES} distinct nonzero values")
@@ -369,8 +368,14 @@ class _Machine:
             self.put(ins.dst, x * (1.0 if ins.scale is None else float(ins.scale)), i)
         else:
             span = ins.period * (2 if ins.halves else 1)
+            if ins.premasked:
+                # the source carries the halves packing: the high half times i (unpacked here,
+                # so that the checks below see the real values it stands for)
+                x = unpack_premasked(x, ins.period)
             self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))
-            if ins.halves:
+            if np.iscomplexobj(x):  # (an imaginary part within a noisy register's tolerance)
+                x = np.real(x)
+            if ins.halves and not ins.premasked:
                 # the executor masks the source with one product before the bootstrap
                 if self.all_depths is None:
                     self.all_depths = register_depths([p for p in self.program if p is not None])
@@ -555,3 +560,12 @@ def simulate(
         leaked_slots=m.leaked, registers={**kept, **{r: m.regs[r] for r in keep if r in m.regs}},
         domain_exits=m.domain_exits,
     )
+
+
+def unpack_premasked(x: np.ndarray, n: int) -> np.ndarray:
+    """The value a premasked halves bootstrap at ``n`` slots refreshes: its source with slots
+    ``[n, 2n)`` divided by ``i`` (ir.Bootstrap ``premasked``); every slot is then real when
+    the source carries the halves packing."""
+    u = np.array(x, dtype=np.complex128, copy=True)
+    u[n:2 * n] = -1j * u[n:2 * n]
+    return u

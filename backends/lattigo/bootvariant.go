@@ -38,6 +38,9 @@ import (
 //     (the source must be at level >= 1), so that the block sum is z = x_lo + i*x_hi;
 //     after the bootstrap: out = P1*z + P2*conj(z) with P1 = scale*(M_lo - i*M_hi)/2 and
 //     P2 = scale*(M_lo + i*M_hi)/2 (one conjugation, two products, one rescale).
+//   - halves, premasked: the source carries c*x already (a poly's complex mask: maskedPoly),
+//     so no mask and no level come before the bootstrap; the rest as halves. plan.validate
+//     refuses a premasked source no poly with a complex mask wrote.
 //
 //   - in_scale s (bootstrap, full-slot or sparse; not bootstrap2): the source's scale is
 //     relabelled to s times what it is (the integer polynomial is left as it is), so the
@@ -123,6 +126,12 @@ func validateBootVariant(in instr, slots int, fail func(string, ...any) error) e
 		if in.Replicas != nil {
 			return fail("field \"replicas\" belongs to bootstrap")
 		}
+		if in.Premasked != nil {
+			return fail("field \"premasked\" belongs to bootstrap")
+		}
+	}
+	if in.Premasked != nil && *in.Premasked && (in.Halves == nil || !*in.Halves) {
+		return fail("field \"premasked\" belongs to a halves bootstrap (its source carries the halves packing)")
 	}
 	if err := validateInScale(in, fail); err != nil {
 		return err
@@ -484,7 +493,7 @@ func (e *executor) bootstrapVariant(in instr) error {
 	kind := variantKind(in)
 	e.beginBootstrap(in)
 	defer e.endBootstrap()
-	if halves {
+	if halves && (in.Premasked == nil || !*in.Premasked) {
 		if ct.Level() < e.params.LevelsConsumedPerRescaling() {
 			return fmt.Errorf("field \"halves\": register %q is at level %d, but the halves packing multiplies by a mask before the bootstrap and needs the source at level >= 1", in.Src, ct.Level())
 		}

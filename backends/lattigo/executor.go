@@ -486,18 +486,28 @@ const maxPolyMaskValues = 16
 
 // maskedPoly evaluates mask * poly(ct) at poly's depth: Lattigo's PolynomialVector with
 // poly times v on the slots where the mask is v (one polynomial per distinct nonzero v, in
-// increasing order) and zero on the slots where it is 0; the products by the coefficients
-// are products by plaintext vectors, so the mask costs no level of its own.
+// increasing order of real then imaginary part) and zero on the slots where it is 0; the
+// products by the coefficients are products by plaintext vectors, so the mask costs no
+// level of its own. A complex mask (complex coefficients) packs a premasked halves
+// bootstrap's source (bootvariant.go).
 func (e *executor) maskedPoly(ct *rlwe.Ciphertext, in instr, d int, target rlwe.Scale) (*rlwe.Ciphertext, error) {
 	raw, err := e.ptVector(in.Mask)
 	if err != nil {
 		return nil, err
 	}
-	vals, ok := raw.([]float64)
-	if !ok {
-		return nil, fmt.Errorf("poly: the mask %q must be a real plaintext", in.Mask)
+	var vals []complex128
+	switch v := raw.(type) {
+	case []float64:
+		vals = make([]complex128, len(v))
+		for s, x := range v {
+			vals[s] = complex(x, 0)
+		}
+	case []complex128: // a halves bootstrap's packing (its high half times i: premasked)
+		vals = v
+	default:
+		return nil, fmt.Errorf("poly: the mask %q must be a slot plaintext", in.Mask)
 	}
-	bySlot := map[float64][]int{}
+	bySlot := map[complex128][]int{}
 	for s, v := range vals {
 		if v != 0 {
 			bySlot[v] = append(bySlot[v], s)
@@ -506,15 +516,20 @@ func (e *executor) maskedPoly(ct *rlwe.Ciphertext, in instr, d int, target rlwe.
 	if len(bySlot) > maxPolyMaskValues {
 		return nil, fmt.Errorf("poly: the mask %q holds %d distinct nonzero values (at most %d)", in.Mask, len(bySlot), maxPolyMaskValues)
 	}
-	keys := make([]float64, 0, len(bySlot))
+	keys := make([]complex128, 0, len(bySlot))
 	for v := range bySlot {
 		keys = append(keys, v)
 	}
-	sort.Float64s(keys)
-	newPoly := func(v float64) bignum.Polynomial {
-		c := make([]float64, d+1)
+	sort.Slice(keys, func(a, b int) bool {
+		if real(keys[a]) != real(keys[b]) {
+			return real(keys[a]) < real(keys[b])
+		}
+		return imag(keys[a]) < imag(keys[b])
+	})
+	newPoly := func(v complex128) bignum.Polynomial {
+		c := make([]complex128, d+1)
 		for k := range c {
-			c[k] = in.Coeffs[k] * v
+			c[k] = complex(in.Coeffs[k], 0) * v
 		}
 		if in.Basis == "chebyshev" {
 			return bignum.NewPolynomial(bignum.Chebyshev, c, [2]float64{in.Domain[0], in.Domain[1]})

@@ -83,7 +83,10 @@ type instr struct {
 	LogSlots *int     `json:"log_slots"`
 	Halves   *bool    `json:"halves"`
 	Replicas *bool    `json:"replicas"`
-	Scale    *float64 `json:"scale"`
+	// premasked (halves only): the source carries the halves packing already (a poly's
+	// complex mask), so no mask product comes before the bootstrap (bootvariant.go)
+	Premasked *bool    `json:"premasked"`
+	Scale     *float64 `json:"scale"`
 	// in_scale (bootstrap, full or sparse): the source's scale is relabelled so that the
 	// bootstrap refreshes src / in_scale (no product, no level; bootvariant.go)
 	InScale *float64 `json:"in_scale"`
@@ -344,6 +347,9 @@ func (p *plan) validate(slots int) error {
 			if err == nil && in.Op == "bootstrap" {
 				err = validateBootVariant(in, slots, fail)
 			}
+			if err == nil && in.Premasked != nil && *in.Premasked {
+				err = p.checkPremasked(in, defined, fail)
+			}
 		case "bootstrap2":
 			err = validateBootVariant(in, slots, fail)
 		case "to_cins", "bootstrap_cins":
@@ -381,6 +387,20 @@ func (p *plan) validate(slots int) error {
 			}
 			defined[r] = i
 		}
+	}
+	return nil
+}
+
+// checkPremasked: a premasked halves bootstrap reads a register a poly with a complex mask
+// wrote (the packing the executor then does not apply; the simulator checks the values).
+func (p *plan) checkPremasked(in instr, defined map[string]int, fail func(string, ...any) error) error {
+	j, ok := defined[in.Src]
+	if !ok {
+		return nil // (reported as a read before the write)
+	}
+	w := p.Program[j]
+	if w.Op != "poly" || w.Mask == "" || p.Plaintexts[w.Mask].ImagTable == "" {
+		return fail("field \"premasked\": register %q must be written by a poly with a complex mask (the halves packing), not by instruction %d (%s)", in.Src, j, w.opName())
 	}
 	return nil
 }

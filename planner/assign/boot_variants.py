@@ -122,7 +122,7 @@ def used_span(lay: object) -> int | None:
 
 def options(
     lay: object, n_ct: int, clean: bool, s: int, s_half: int, prices: Mapping[str, float],
-    full: BootOption, absorbs: bool = False, replicas: bool = False,
+    full: BootOption, absorbs: bool = False, replicas: bool = False, halves_free: bool = False,
 ) -> tuple[BootOption, ...]:
     """The variants of one option besides the full bootstrap ``full`` (its cost, levels
     before and after): per kind the cheapest priced one that the layout fits, unless the
@@ -130,7 +130,10 @@ def options(
     layout is zero outside its used slots, or its mask costs no level (the node's polys take
     it); ``absorbs``: the option's own plaintext products (or polys) take the ``1/scale``
     before it (no level); ``replicas``: its readers take the result with copies in its
-    free slots (planner.assign.problem._reads_replicas), so the ``r<k>`` variants apply."""
+    free slots (planner.assign.problem._reads_replicas), so the ``r<k>`` variants apply;
+    ``halves_free``: every result register is a poly's that nothing else reads
+    (planner.assign.fold.result_masks), so the halves packing, the ``1/scale`` and a dirty
+    layout's mask are that poly's complex mask (no level: ir.Bootstrap ``premasked``)."""
     if not prices:
         return ()
     span = used_span(lay)
@@ -162,9 +165,11 @@ def options(
         # (bootstrap2: one product, unless the option's own products take it); a dirty
         # layout's mask: one level. halves: the executor multiplies the source by a complex
         # mask (1 on the low half, i on the high one) before the sparse bootstrap, one level
-        # (docs/formats.md)
+        # (docs/formats.md), unless a poly of the node's takes it (halves_free)
         if v.kind == "p":
             pre = int(scale > 1 and not absorbs or not clean)
+        elif v.kind == "h" and halves_free:
+            pre = 0
         else:
             # (in_scale takes the 1/scale up to its bound, 2^12; a product above it)
             pre = (0 if absorbs else 1 if not clean else int(scale > MAX_BOOT_IN_SCALE)) + (1 if v.kind == "h" else 0)

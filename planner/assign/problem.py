@@ -212,7 +212,8 @@ def _variant_options(
                               s, sh, prices, BootOption(FULL, full_w * c.out_layout.n_ct, pre, post),
                               absorbs=c.out_layout.clean and result_absorbs(c, params.slots)
                               or result_masks(c, params.slots),
-                              replicas=any(k[0] == "r" for k in prices) and replicas(c))
+                              replicas=any(k[0] == "r" for k in prices) and replicas(c),
+                              halves_free=result_masks(c, params.slots))
         for c, pre in zip(cs, pres, strict=True)
     )
     return out if any(out) else ()

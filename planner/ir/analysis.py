@@ -95,8 +95,9 @@ def level_drops(program: Program, max_level: int) -> dict[int, int]:
         writes = list(ins.writes())
         for r in ins.reads():
             if isinstance(ins, ir.Bootstrap | ir.Bootstrap2):
-                # a halves bootstrap masks its source with one product first (docs/formats.md)
-                n = 1 if isinstance(ins, ir.Bootstrap) and ins.halves else 0
+                # a halves bootstrap masks its source with one product first (docs/formats.md),
+                # unless the source carries the packing already (premasked)
+                n = 1 if isinstance(ins, ir.Bootstrap) and ins.halves and not ins.premasked else 0
             elif isinstance(ins, ir.Output):
                 n = max_level - depth.get(r, 0)
             else:

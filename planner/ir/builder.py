@@ -173,8 +173,10 @@ class ProgramBuilder:
         self.plaintexts[name] = Plaintext(name, source, table, l, imag_table)
         return name
 
-    def const_plaintext(self, key: tuple[Any, ...], table: str, coef: Callable[[], np.ndarray]) -> str:
-        """A ``source: "const"`` plaintext (masks); identical keys share one plaintext."""
+    def const_plaintext(self, key: tuple[Any, ...], table: str, coef: Callable[[], np.ndarray],
+                        imag: Callable[[], np.ndarray] | None = None) -> str:
+        """A ``source: "const"`` plaintext (masks); identical keys share one plaintext.
+        ``imag``: its imaginary part (a complex plaintext, table ``<table>/im``)."""
         if key in self._const_cache:
             return self._const_cache[key]
         slots = self.slots
@@ -182,7 +184,11 @@ class ProgramBuilder:
         def gen() -> tuple[np.ndarray, np.ndarray | None]:
             return np.full(slots, -1, dtype=np.int64), coef().astype(np.float64)
 
-        name = self.plaintext("const", table, gen)
+        def gen_imag() -> tuple[np.ndarray, np.ndarray | None]:
+            assert imag is not None
+            return np.full(slots, -1, dtype=np.int64), imag().astype(np.float64)
+
+        name = self.plaintext("const", table, gen, imag=None if imag is None else gen_imag)
         self._const_cache[key] = name
         return name
 
@@ -349,12 +355,15 @@ class ProgramBuilder:
         return dst
 
     def bootstrap(self, src: str, log_slots: int | None = None, halves: bool | None = None,
-                  scale: float | None = None, in_scale: float | None = None, replicas: bool | None = None) -> str:
+                  scale: float | None = None, in_scale: float | None = None, replicas: bool | None = None,
+                  premasked: bool = False) -> str:
         """``scale`` times the value over ``in_scale`` (default 1 each), depth reset to 0
         (bootstrapping presets); with ``log_slots`` a sparse variant (issue 36) at depth 1,
-        or at depth 0 with ``replicas`` (the first 2^log_slots slots copied over the others)."""
+        or at depth 0 with ``replicas`` (the first 2^log_slots slots copied over the others).
+        ``premasked`` (halves): ``src`` carries the halves packing already (a poly's complex
+        mask, :meth:`mask_poly`)."""
         dst = self._reg(0 if log_slots is None or replicas else 1)
-        self._emit(ir.Bootstrap(dst, src, log_slots, halves, scale, in_scale, replicas or None))
+        self._emit(ir.Bootstrap(dst, src, log_slots, halves, scale, in_scale, replicas or None, premasked or None))
         return dst
 
     def bootstrap2(self, srcs: tuple[str, str], log_slots: int, scale: float | None = None) -> tuple[str, str]:

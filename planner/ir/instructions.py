@@ -465,10 +465,12 @@ MAX_POLY_MASK_VALUES = 16
 @dataclass(frozen=True, slots=True)
 class Poly(Instr):
     """Element-wise polynomial (power basis, or Chebyshev over ``domain``); with ``mask`` (a
-    real plaintext), ``dst[s] = mask[s] * p(src[s])`` at the same depth: the products by the
+    plaintext), ``dst[s] = mask[s] * p(src[s])`` at the same depth: the products by the
     coefficients become products by ``mask`` times them (Lattigo's ``PolynomialVector``: a
     polynomial per distinct nonzero value of the mask, 0 on its zero slots), so the product
-    by a mask after the polynomial costs no level of its own."""
+    by a mask after the polynomial costs no level of its own.  A complex mask (at most
+    ``MAX_POLY_MASK_VALUES`` distinct nonzero values as the real one) is the halves packing
+    of a ``premasked`` bootstrap that reads the result (:class:`Bootstrap`)."""
 
     op: ClassVar[str] = "poly"
     counter: ClassVar[str | None] = "poly"
@@ -617,7 +619,14 @@ class Bootstrap(Instr):
 
     ``in_scale`` (either kind): the source's scale is relabelled (no product, no level), so
     the bootstrap refreshes ``src / in_scale``: ``dst = scale * src / in_scale``, and the
-    range rules above apply to ``src / in_scale``."""
+    range rules above apply to ``src / in_scale``.
+
+    ``premasked`` (with ``halves`` only): the source already carries the halves packing, so
+    the executor multiplies it by no mask (no level before the bootstrap): slots
+    ``[0, 2^k)`` hold the low half's values, slots ``[2^k, 2^(k+1))`` ``i`` times the high
+    half's (a poly's complex ``mask``, planner.lower.lowering), and every other slot 0.
+    ``dst`` is the unpacked real value as without it: ``dst[s] = scale * src[s]`` for
+    ``s < 2^k``, ``scale * src[s] / i`` for ``2^k <= s < 2^(k+1)``."""
 
     op: ClassVar[str] = "bootstrap"
     counter: ClassVar[str | None] = "bootstraps"
@@ -630,10 +639,16 @@ class Bootstrap(Instr):
     scale: float | None = None
     in_scale: float | None = None
     replicas: bool | None = None
+    premasked: bool | None = None
 
     @classmethod
     def _check(cls, d: Mapping[str, Any], bad: Bad, slots: int | None) -> None:
         _check_in_scale(d, bad)
+        if "premasked" in d:
+            if not isinstance(d["premasked"], bool):
+                raise bad("premasked", "premasked is true or false")
+            if d["premasked"] and not d.get("halves"):
+                raise bad("premasked", "premasked belongs to a halves bootstrap (its source carries the halves packing)")
         for f in ("halves", "replicas"):
             if f in d and "log_slots" not in d:
                 raise bad(f, f"{f} belongs to a sparse bootstrap (give log_slots)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import PlanFileError
-from planner.ir.instructions import Instr, Output, _is_int
+from planner.ir.instructions import Bootstrap, Instr, Output, Poly, _is_int
 
 PLAN_SCHEMA = "slotplan.plan/1"
 # Instructions a plan may hold (the largest golden plan has ~60k).
@@ -91,6 +91,7 @@ def _check_program(plan: Mapping[str, Any], where: str, slots: int) -> list[Inst
     if len(prog) > MAX_PROGRAM_LENGTH:
         raise _bad(where, "program", f"has {len(prog)} instructions, over the limit of {MAX_PROGRAM_LENGTH}")
     written: set[str] = set()
+    writer: dict[str, Instr] = {}
     out: list[Instr] = []
     for i, raw in enumerate(prog):
         at = f"program[{i}]"
@@ -98,6 +99,12 @@ def _check_program(plan: Mapping[str, Any], where: str, slots: int) -> list[Inst
         for pt in ins.plaintexts():
             if pt not in plan["plaintexts"]:
                 raise _bad(where, f"{at}.pt", f"unknown plaintext {pt!r}")
+        if isinstance(ins, Bootstrap) and ins.premasked:
+            w = writer.get(ins.src)
+            if w is not None and not (isinstance(w, Poly) and w.mask is not None
+                                      and "imag_table" in plan["plaintexts"][w.mask]):
+                raise _bad(where, f"{at}.premasked", f"register {ins.src!r} must be written by a poly with a "
+                                                     f"complex mask (the halves packing), not by {w.op}")
         for key in ins.read_fields:
             reg = getattr(ins, key)
             if reg is None and key not in ins.string_fields:
@@ -108,6 +115,7 @@ def _check_program(plan: Mapping[str, Any], where: str, slots: int) -> list[Inst
             if reg in written:
                 raise _bad(where, f"{at}.{key}", f"register {reg!r} is written twice (the program is SSA)")
             written.add(reg)
+            writer[reg] = ins
         out.append(ins)
     if not any(isinstance(ins, Output) for ins in out):
         raise _bad(where, "program", "has no output instruction")

@@ -6,7 +6,7 @@ the rewrite."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,6 +233,17 @@ def _lower_bootstrap(
             out.extend(b.bootstrap2((a, c), var.log_slots, scale))
             q += 2
             continue
+        i = b.maskable_poly(regs[q], start) if var.kind == "h" else None
+        if i is not None:
+            # halves from a poly of the node's own: the packing (the high half times i) and
+            # the 1/s are the poly's complex mask, so nothing comes before the bootstrap
+            # (planner.assign.boot_variants.options priced it so: halves_free)
+            pack = halves_packing(lay, q, var.log_slots, 1.0 if prescaled or s <= 1 else 1.0 / s)
+            pt = b.const_plaintext(("boot-halves", node_id, q, var.log_slots, prescaled),
+                                   f"pt/boot/{node_id}/halves{var.log_slots}/{q}", pack[0], pack[1])
+            out.append(b.bootstrap(b.mask_poly(i, pt), var.log_slots, True, scale, premasked=True))
+            q += 1
+            continue
         src = regs[q] if relabel else pre(q, regs[q])
         out.append(b.bootstrap(src, var.log_slots, True if var.kind == "h" else None, scale, in_scale,
                                replicas=var.kind == "r"))
@@ -240,6 +251,26 @@ def _lower_bootstrap(
     if var.kind == "r":  # the copies fill the free slots: dirty (its readers ignore them)
         return out, lay.with_clean(False)
     return out, lay.with_clean(True) if masked else lay
+
+
+def halves_packing(
+    lay: ChannelLayout, q: int, log_slots: int, f: float,
+) -> tuple[Callable[[], np.ndarray], Callable[[], np.ndarray]]:
+    """The real and imaginary parts of the complex mask that packs ciphertext ``q`` of
+    ``lay`` for a halves bootstrap at 2^log_slots slots, times ``f``: ``f`` on the used
+    slots of ``[0, 2^k)``, ``i f`` on those of ``[2^k, 2^(k+1))``, 0 elsewhere (ir.Bootstrap
+    ``premasked``)."""
+    n = 1 << log_slots
+
+    def part(lo: int, hi: int) -> Callable[[], np.ndarray]:
+        def gen() -> np.ndarray:
+            idx = lay.index_map(q)
+            s = np.arange(idx.size)
+            return np.where((idx >= 0) & (s >= lo) & (s < hi), f, 0.0)
+
+        return gen
+
+    return part(0, n), part(n, 2 * n)
 
 
 def _boot_report(problem: PlanProblem, sol: Solution) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from backends.lattigo_backend import LattigoError, available, run_plan, run_raw
 from backends.noise import load_model, simulate_noisy
 from backends.sim import SimulationError, simulate
+from common.errors import PlanFileError
 from planner import ir
 from planner.frontend.params import preset
 from tests.helpers import mem_available
@@ -57,9 +58,13 @@ def _down(prog: list[ir.Instr], name: str, level: int) -> str:
     return prev
 
 
-# (kind, log_slots, scale, input level): every log_slots n14boot offers, each kind
+# (kind, log_slots, scale, input level): every log_slots n14boot offers, each kind; "hm":
+# halves premasked, its source a degree-3 poly (depth 2) with the complex packing mask, so the
+# bootstrap reads level 0, where a halves bootstrap that masks its source could not run
 CASES = [("full", None, None, 0), ("s", 9, None, 0), ("h", 10, None, 1), ("p", 11, 2.0, 0), ("h", 12, 0.5, 2),
-         ("s", 12, -1.5, 0), ("r", 10, 3.0, 0), ("r", 11, None, 2)]
+         ("s", 12, -1.5, 0), ("r", 10, 3.0, 0), ("r", 11, None, 2), ("hm", 11, 2.0, 2)]
+# the premasked case's poly: |p(x)| <= A / 2 for |x| <= A / 2
+HM_COEFFS = (0.0, 0.5, 0.0, 0.25 / A**2)
 
 
 def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray],
@@ -68,8 +73,9 @@ def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.n
     inputs: dict[str, np.ndarray] = {}
     w = rng.uniform(0.8, 1.0, S)
     outs: list[tuple[str, str, int | None]] = []
+    masks: dict[str, np.ndarray] = {}
     for j, (kind, k, scale, level) in enumerate(CASES):
-        span = S if k is None else (1 << k) * (2 if kind == "h" else 1)
+        span = S if k is None else (1 << k) * (2 if kind in ("h", "hm") else 1)
         bound = A / (scale or 1) if kind == "r" else A if kind in ("full", "s") else A / 2
         names = [f"x{j}", f"y{j}"] if kind == "p" else [f"x{j}"]
         srcs = []
@@ -84,6 +90,15 @@ def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.n
         elif kind == "p":
             prog.append(ir.Bootstrap2(dsts=(f"a{j}", f"b{j}"), srcs=tuple(srcs), log_slots=k, scale=scale))
             dsts = [f"a{j}", f"b{j}"]
+        elif kind == "hm":
+            assert k is not None
+            n = 1 << k
+            masks[f"m{j}"] = np.where(np.arange(S) < n, 1.0, 0.0) + 1j * np.where(np.arange(S) >= n, 1.0, 0.0)
+            masks[f"m{j}"][2 * n:] = 0
+            prog.append(ir.Poly(dst=f"q{j}", src=srcs[0], coeffs=HM_COEFFS, mask=f"m{j}"))
+            prog.append(ir.Bootstrap(dst=f"b{j}", src=f"q{j}", log_slots=k, halves=True, scale=scale,
+                                     premasked=True))
+            dsts = [f"b{j}"]
         else:
             prog.append(ir.Bootstrap(dst=f"b{j}", src=srcs[0], log_slots=k, halves=(kind == "h") or None,
                                      scale=scale, replicas=(kind == "r") or None))
@@ -94,7 +109,22 @@ def mixed_plan(rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, np.n
     prog.append(ir.DropKey(block="boot"))
     ident = np.arange(S, dtype=np.int64)
     tables = {f"in/{nm}.idx": ident for nm in inputs} | {"pt/w.idx": ident, "out.idx": ident}
-    return _plan(prog), {**inputs, "w": w}, tables, outs
+    plan = _plan(prog)
+    for m, v in masks.items():  # complex const plaintexts
+        plan["plaintexts"][m] = {"source": "const", "table": f"pt/{m}", "imag_table": f"pt/{m}/im"}
+        for t, part in ((f"pt/{m}", v.real), (f"pt/{m}/im", v.imag)):
+            tables[f"{t}.idx"] = np.full(S, -1, dtype=np.int64)
+            tables[f"{t}.coef"] = part.copy()
+    return plan, {**inputs, "w": w}, tables, outs
+
+
+def _premasked_expected(vals: dict[str, np.ndarray], t: str) -> np.ndarray:
+    """What the premasked case's output ``t`` holds (numpy): scale * p(x) on [0, 2^(k+1))."""
+    j = int(t[2:])
+    kind, k, scale, level = CASES[j]
+    assert kind == "hm" and k is not None
+    src = vals[f"x{j}"] * vals["w"] ** (P.max_level - level)  # (_down's products)
+    return (scale or 1) * np.polynomial.polynomial.polyval(src, HM_COEFFS) * (np.arange(S) < 2 << k)
 
 
 def test_simulator_variants_and_noise() -> None:
@@ -116,6 +146,31 @@ def test_simulator_variants_and_noise() -> None:
             assert np.all(np.abs(noisy.result.outputs[t][n:]) > 0)
         elif kind == "s":  # unpacked: zeros outside [0, 2^k)
             assert not np.any(sim.outputs[t][1 << k:]) and not np.any(noisy.result.outputs[t][1 << k:])
+        if kind == "hm":  # the poly's values, unpacked from the packing (numpy)
+            np.testing.assert_allclose(sim.outputs[t], _premasked_expected(vals, t), rtol=0, atol=1e-12)
+
+
+def test_premasked_needs_the_packing() -> None:
+    """A premasked halves bootstrap: the IR refuses it without halves, the plan check when a
+    poly with a complex mask did not write its source, and the simulator when the values do
+    not carry the packing (a real mask: the high half is not i times a real value)."""
+    with pytest.raises(PlanFileError, match=r"premasked belongs to a halves bootstrap"):
+        ir.Instr.from_json({"op": "bootstrap", "dst": "b", "src": "x", "log_slots": 9, "premasked": True})
+    ident = np.arange(S, dtype=np.int64)
+    prog: list[ir.Instr] = [ir.LoadKey(block="boot"), ir.Input(dst="x0", tensor="x", table="in/x"),
+                            ir.Bootstrap(dst="b", src="x0", log_slots=9, halves=True, premasked=True),
+                            ir.Output(src="b", tensor="y", table="out")]
+    with pytest.raises(PlanFileError, match=r"field 'program\[2\]\.premasked': register 'x0' must be written by a poly "
+                                                r"with a complex mask \(the halves packing\), not by input"):
+        ir.validate_plan(_plan(prog) | {"summary": {}, "nodes": [], "options": {}})
+    prog[2:3] = [ir.Poly(dst="q", src="x0", coeffs=(0.0, 1.0), mask="w"),
+                 ir.Bootstrap(dst="b", src="q", log_slots=9, halves=True, premasked=True)]
+    x = np.zeros(S)
+    x[:1024] = 0.1
+    tables = {"in/x.idx": ident, "pt/w.idx": ident, "out.idx": ident}
+    with pytest.raises(SimulationError, match=r"instruction 3 \(bootstrap b <- q\): a sparse bootstrap variant "
+                                              r"refreshes real values only"):
+        simulate(_plan(prog), tables, {"x": x, "w": np.ones(S)})
 
 
 def test_simulator_refuses_unoffered_log_slots() -> None:
@@ -145,6 +200,11 @@ def test_simulator_refuses_unoffered_log_slots() -> None:
      r'instruction 1 \(bootstrap\): field "replicas": a halves bootstrap is always unpacked'),
     ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 9, "replicas": True, "scale": 1.5},
      r'instruction 1 \(bootstrap\): field "scale": a replicas bootstrap\'s scale is an integer'),
+    ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 9, "premasked": True},
+     r'instruction 1 \(bootstrap\): field "premasked" belongs to a halves bootstrap'),
+    ({"op": "bootstrap", "dst": "b", "src": "x0", "log_slots": 9, "halves": True, "premasked": True},
+     r'instruction 1 \(bootstrap\): field "premasked": register "x0" must be written by a poly with a complex '
+     r'mask \(the halves packing\), not by instruction 0 \(input\)'),
 ])
 def test_lattigo_refuses_bad_variant(tmp_path: Path, ins: dict[str, Any], message: str) -> None:
     """Malformed variant fields: the executor's one line naming instruction and field, no
@@ -186,7 +246,7 @@ def test_variants_on_lattigo(tmp_path: Path, _: int) -> None:
     inputs = {k: v for k, v in vals.items() if k != "w"}
     res = run_plan(plan, inputs, {"w": vals["w"]}, tables, key_dir=str(tmp_path / "keys"))
     st = res.stats
-    kinds = [("full" if k is None else f"{kd}{k}") for _, kd, k in outs]
+    kinds = [("full" if k is None else f"{kd[0]}{k}") for _, kd, k in outs]
     assert {"r10", "r11"} <= set(kinds)
     assert st["bootstrap_kinds"] == list(dict.fromkeys(kinds))
     levels = {v.tensor: v.level for v in res.vectors}
