@@ -373,7 +373,7 @@ class _Machine:
                 # so that the checks below see the real values it stands for)
                 x = unpack_premasked(x, ins.period)
             self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))
-            if np.iscomplexobj(x):  # (an imaginary part within a noisy register's tolerance)
+            if ins.premasked:  # (unpacked: an imaginary part within a noisy register's tolerance)
                 x = np.real(x)
             if ins.halves and not ins.premasked:
                 # the executor masks the source with one product before the bootstrap
