@@ -390,39 +390,45 @@ def test_replicas_of_a_clean_value_its_readers_ignore(rows: int, tmp_path: Path)
     assert len(objs) == 1
 
 
-def poly_chain(n: int, polys: int) -> Graph:
-    """x (n values) through ``polys`` odd degree-3 polys (two levels each, no fold): every
-    value a bootstrap may refresh is a poly's."""
-    tensors: dict[str, Any] = {"x": {"shape": [n], "role": "input", "range": [-1, 1]}}
+def poly_chain(shape: list[int], polys: int) -> Graph:
+    """x (of ``shape``) through ``polys`` odd degree-3 polys (two levels each, no fold):
+    every value a bootstrap may refresh is a poly's."""
+    tensors: dict[str, Any] = {"x": {"shape": shape, "role": "input", "range": [-1, 1]}}
     nodes: list[dict[str, Any]] = []
     prev = "x"
     for i in range(polys):
         nodes.append({"id": f"p{i}", "op": "poly", "inputs": [prev], "coeffs": [0.0, 0.8, 0.0, -0.3]})
         prev = f"p{i}"
-    return parse_graph({"schema": "slotplan.graph/1", "name": f"polychain{n}x{polys}", "tensors": tensors,
+    return parse_graph({"schema": "slotplan.graph/1", "name": f"polychain{'x'.join(map(str, shape))}-{polys}",
+                        "tensors": tensors,
                         "nodes": nodes, "outputs": [prev]})
 
 
-def test_halves_packing_in_the_poly_costs_no_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("shape", "pinned"), [([64], {}), ([2, 50], {"x": "[0:2];[1:50]"})],
+                         ids=["64", "2x50-two-ciphertexts"])
+def test_halves_packing_in_the_poly_costs_no_level(shape: list[int], pinned: dict[str, str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A poly's result bootstrapped by halves: the packing mask (the high half times i) and
     the range scaling are the poly's complex mask (``premasked``), so the bootstrap needs no
     level before it.  With halves priced cheapest, this chain of polys takes two premasked
-    halves bootstraps; the plan simulates equal to numpy (the simulator checks the packing)
-    and CP-SAT and z3 agree.  Priced with the old rule (one level before every halves
-    bootstrap) it takes three: the objective is higher."""
+    halves bootstraps (per ciphertext: 50 values a row, two rows pinned one per ciphertext,
+    in the second case); the plan simulates equal to numpy (the simulator checks the
+    packing) and CP-SAT and z3 agree.  Priced with the old rule (one level before every
+    halves bootstrap) the objective is higher (one ciphertext: three bootstraps)."""
+    n_ct = 2 if pinned else 1
     prices = {k: (v * 0.3 if k[0] == "h" else v)
               for k, v in with_replicas(placeholder_prices(FULL_MS, KS, PARAMS.slots), 1.0).items()}
     c = variant_costs(tmp_path, "n14boot-lattigo", prices, name="cheap-h")
-    g = poly_chain(64, 12)
+    g = poly_chain(shape, 12)
     objs = set()
     for solver in SOLVERS:
-        res = plan(g, c, {}, solver=solver)
+        res = plan(g, c, pinned, solver=solver)
         check_plan(res, g)
         prog = res.plan["program"]
         boots = [i for i in prog if i["op"] in ("bootstrap", "bootstrap2")]
         assert boots and all(b.get("halves") for b in boots), boots
         premasked = [b for b in boots if b.get("premasked")]
-        assert len(premasked) == len(boots) == 2, boots
+        assert len(premasked) == len(boots) == 2 * n_ct, boots
         writer = {i["dst"]: i for i in prog if "dst" in i}
         for b in premasked:  # its source: a poly with the complex packing mask
             w = writer[b["src"]]
@@ -435,6 +441,7 @@ def test_halves_packing_in_the_poly_costs_no_level(tmp_path: Path, monkeypatch: 
         return options(*args, **(kw | {"halves_free": False}))
 
     monkeypatch.setattr(boot_variants, "options", old_rule)
-    before = plan(g, c, {})
-    assert len([i for i in before.plan["program"] if i["op"] == "bootstrap"]) == 3
+    before = plan(g, c, pinned)
+    if n_ct == 1:  # (two ciphertexts: the old rule's plan takes pairs, bootstrap2)
+        assert len([i for i in before.plan["program"] if i["op"] == "bootstrap"]) == 3
     assert before.plan["summary"]["solver"]["objective"] > objs.pop()
