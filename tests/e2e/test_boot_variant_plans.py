@@ -442,6 +442,6 @@ def test_halves_packing_in_the_poly_costs_no_level(shape: list[int], pinned: dic
 
     monkeypatch.setattr(boot_variants, "options", old_rule)
     before = plan(g, c, pinned)
-    if n_ct == 1:  # (two ciphertexts: the old rule's plan takes pairs, bootstrap2)
+    if n_ct == 1:  # (two ciphertexts: the old rule makes one refresh a dearer pair, bootstrap2)
         assert len([i for i in before.plan["program"] if i["op"] == "bootstrap"]) == 3
     assert before.plan["summary"]["solver"]["objective"] > objs.pop()
