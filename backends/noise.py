@@ -355,7 +355,8 @@ class NoisyMachine(sim._Machine):
         base = np.full(2 * self.S, float(np.max(base)) if np.size(base) else 0.0)
         self.noise(ins.dst, self.model.sigma.rot * math.sqrt(max(1, ins.count())), "rot", base)
 
-    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool) -> None:
+    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool,
+                      premasked: bool = False) -> None:
         # a noisy register holds noise where the plan holds zeros: a value within the
         # register's noise (tail_tol) counts as zero, as does a noise-sized imaginary part
         tol = self.tail_tol
@@ -365,7 +366,7 @@ class NoisyMachine(sim._Machine):
                 x = np.where(np.abs(x.imag) <= tol, x.real, x)
             tail = x[span:]
             tail[np.abs(tail) <= tol] = 0
-        super().check_variant(x, i, what, log_slots, span, packed)
+        super().check_variant(x, i, what, log_slots, span, packed, premasked)
 
     def noise_tol(self, *regs: str) -> float:
         """How far from zero a slot may be and still hold a zero of the plan: 8 standard

@@ -372,7 +372,7 @@ class _Machine:
                 # the source carries the halves packing: the high half times i (unpacked here,
                 # so that the checks below see the real values it stands for)
                 x = unpack_premasked(x, ins.period)
-            self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves))
+            self.check_variant(x, i, what, int(ins.log_slots or 0), span, bool(ins.halves), bool(ins.premasked))
             if ins.premasked:  # (unpacked: an imaginary part within a noisy register's tolerance)
                 x = np.real(x)
             if ins.halves and not ins.premasked:
@@ -397,7 +397,8 @@ class _Machine:
             self.put(d, self.get(r, i) * (1.0 if ins.scale is None else float(ins.scale)), i)
         self.bootstraps += 1
 
-    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool) -> None:
+    def check_variant(self, x: np.ndarray, i: int, what: str, log_slots: int, span: int, packed: bool,
+                      premasked: bool = False) -> None:
         """A sparse bootstrap (issue 36): the params offer its slot count, the value is zero
         outside slots [0, span) (the sparse bootstrap sums the slot vector's blocks) and
         within boot.max_abs (/ 2 when two real values travel as one complex one)."""
@@ -416,6 +417,11 @@ class _Machine:
                 f"instruction {i} ({what}): slot {s} holds {complex(x[s]).real:.6g}, but a bootstrap at 2^{log_slots} "
                 f"slots{' (halves)' if span > (1 << log_slots) else ''} needs zeros from slot {span} on")
         if np.iscomplexobj(x) and np.any(x.imag != 0):
+            if premasked:  # (x: the source unpacked, unpack_premasked)
+                n = 1 << log_slots
+                raise SimulationError(
+                    f"instruction {i} ({what}): field 'premasked': the source does not carry the halves packing "
+                    f"(slots [0, {n}) real values, [{n}, {2 * n}) i times real values)")
             raise SimulationError(f"instruction {i} ({what}): a sparse bootstrap variant refreshes real values only")
         self.check_boot_input(x, i, what, "slot", 0.5 if packed else 1.0)
 

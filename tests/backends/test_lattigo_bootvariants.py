@@ -168,8 +168,9 @@ def test_premasked_needs_the_packing() -> None:
     x = np.zeros(S)
     x[:1024] = 0.1
     tables = {"in/x.idx": ident, "pt/w.idx": ident, "out.idx": ident}
-    with pytest.raises(SimulationError, match=r"instruction 3 \(bootstrap b <- q\): a sparse bootstrap variant "
-                                              r"refreshes real values only"):
+    with pytest.raises(SimulationError, match=r"instruction 3 \(bootstrap b <- q\): field 'premasked': the source "
+                                              r"does not carry the halves packing \(slots \[0, 512\) real values, "
+                                              r"\[512, 1024\) i times real values\)"):
         simulate(_plan(prog), tables, {"x": x, "w": np.ones(S)})
 
 
